@@ -1,0 +1,35 @@
+# Set-up and everyday commands. Each target creates .venv and installs qcli into it when needed,
+# so `make demo` and `make test` work on a machine that has nothing but Python.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+BUILD_VENV := .build-venv
+
+.PHONY: install demo test bench sample-models clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/qcli inspect sample_models/cnn/model.onnx --data sample_models/cnn/calib
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	@set -e; for script in benchmarks/*.py; do \
+		echo "== $$script"; $(BIN)/python $$script; done
+
+# Rebuilding the sample models needs torch (build time only) in a venv of its own.
+sample-models:
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r sample_models/requirements-build.txt
+	$(BUILD_VENV)/bin/python sample_models/build.py
+
+clean:
+	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache

@@ -1,0 +1,133 @@
+"""The `qcli` command line: parse options, call the library, render. The only typer module.
+
+One error boundary (`_guard`) turns QcliError into `error: ...` plus a hint on stderr and the
+error's exit code (2 bad input, 1 a quality gate); anything else is a bug, reported as an
+internal error with exit code 3. `--debug` lets every exception through with its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from qcli import __version__, render
+from qcli.errors import QcliError
+
+app = typer.Typer(
+    name="qcli",
+    help="Quantize float ONNX models into fast, small, accurate QDQ models, and prove it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+INTERNAL_ERROR = 3
+
+# Options shared by every command, declared once.
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout, nothing else.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="YAML config (its data.preprocess reads images).")
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"qcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """qcli: calibrate, quantize and analyze ONNX models."""
+
+
+def _guard(debug: bool, work: Callable[[], Any]) -> Any:
+    """Run `work`; map library errors to a message and an exit code."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        return work()
+    except QcliError as exc:
+        if debug:
+            raise
+        err.print(f"[bold red]error:[/bold red] {exc.message}", markup=True)
+        if exc.hint:
+            err.print(f"hint: {exc.hint}", markup=False)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise typer.Exit(130) from None
+    except Exception as exc:
+        if debug:
+            raise
+        err.print(f"[bold red]internal error:[/bold red] {type(exc).__name__}: {exc}", markup=True)
+        err.print("hint: this is a bug in qcli; rerun with --debug and report the traceback")
+        raise typer.Exit(INTERNAL_ERROR) from None
+
+
+def _console(quiet: bool) -> Console:
+    return Console(quiet=quiet, highlight=False)
+
+
+def _print_json(doc: dict) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+
+
+@app.command()
+def inspect(
+    model: Annotated[Path, typer.Argument(help="ONNX model file.")],
+    data: Annotated[
+        Path | None, typer.Option("--data", help="Also check a data folder against the model.")
+    ] = None,
+    config: ConfigOpt = None,
+    samples: Annotated[int | None, typer.Option("--samples", help="Check only the first N samples.")] = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Show a model's opsets, inputs/outputs, op types, weights and subgraphs."""
+
+    def work() -> None:
+        from qcli.config import load_preprocess
+        from qcli.data import DataFolder, model_inputs
+        from qcli.info import describe_data, describe_model
+        from qcli.model import load_model
+
+        info = describe_model(model)
+        if data is not None:
+            folder = DataFolder(
+                data,
+                model_inputs(load_model(model)),
+                preprocess=load_preprocess(config),
+                samples=samples,
+            )
+            info["data"] = describe_data(folder)
+        if json_out:
+            _print_json(info)
+            return
+        console = _console(quiet)
+        render.model_info(console, info)
+        if "data" in info:
+            render.data_info(console, info["data"])
+
+    _guard(debug, work)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    run()

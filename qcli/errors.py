@@ -1,0 +1,40 @@
+"""Errors the library raises: a message saying what went wrong and where, plus a hint saying
+what to do. The CLI is the only place that turns them into `error: ...` lines and exit codes."""
+
+from __future__ import annotations
+
+
+class QcliError(Exception):
+    """Base of every error qcli reports to a user. `exit_code` 2 means bad input or usage."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ModelError(QcliError):
+    """The model file is missing, unreadable, corrupt, or not something qcli can handle."""
+
+
+class DataError(QcliError):
+    """A data folder or one of its samples does not fit the model."""
+
+
+class ConfigError(QcliError):
+    """A YAML configuration (or a CLI flag standing in for one) is invalid."""
+
+
+class CalibrationError(QcliError):
+    """A calibration file is unreadable, stale, or lacks what was asked of it."""
+
+
+class GateFailed(QcliError):
+    """A quality gate (accuracy drop, speedup, compression, verification floor) failed."""
+
+    exit_code = 1

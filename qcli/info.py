@@ -1,0 +1,152 @@
+"""What `qcli inspect` reports about a model: opsets, inputs/outputs, op types, weights, subgraphs.
+
+`describe_model` returns a plain JSON-ready dict (the `--json` document); the CLI renders it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from qcli.model import external_data_files, fingerprint, load_model, tensor_from_attribute
+
+INFO_FORMAT = "qcli-inspect/1"
+
+
+def iter_graphs(graph: onnx.GraphProto, owner: str = "") -> Iterator[tuple[str, onnx.GraphProto]]:
+    """The graph and every subgraph below it (If branches, Loop/Scan bodies), depth first."""
+    yield owner, graph
+    for node in graph.node:
+        for attr in node.attribute:
+            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subgraphs:
+                yield from iter_graphs(sub, f"{node.name or node.op_type}.{attr.name}")
+
+
+def _value_info(value: onnx.ValueInfoProto) -> dict:
+    t = value.type.tensor_type
+    dims = []
+    for d in t.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or None)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else "unknown"
+    return {"name": value.name, "dtype": dtype, "shape": dims}
+
+
+def _weights(model: onnx.ModelProto) -> dict:
+    """Element count and bytes per dtype of initializers and Constant-node tensors."""
+    by_dtype: Counter[str] = Counter()
+    elements: Counter[str] = Counter()
+    initializers = constants = filled = 0
+    for _, graph in iter_graphs(model.graph):
+        # (data type, element count) of every stored tensor
+        tensors = [(t.data_type, _count(t.dims)) for t in graph.initializer]
+        initializers += len(graph.initializer)
+        known = {t.name: t for t in graph.initializer}
+        for node in graph.node:
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            if node.op_type == "Constant":
+                tensor = tensor_from_attribute(node)
+                if tensor is not None:
+                    known[node.output[0]] = tensor
+                    tensors.append((tensor.data_type, _count(tensor.dims)))
+                    constants += 1
+            elif node.op_type == "ConstantOfShape" and node.input and node.input[0] in known:
+                # A weight written as "fill this constant shape" (the model zoo's light models):
+                # it becomes a real tensor at run time, so it counts as one.
+                shape = onnx.numpy_helper.to_array(known[node.input[0]])
+                value = tensor_from_attribute(node)
+                dtype = value.data_type if value is not None else onnx.TensorProto.FLOAT
+                tensors.append((dtype, int(np.prod(shape, dtype=np.int64))))
+                filled += 1
+        for data_type, count in tensors:
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(data_type)
+            name = np.dtype(dtype).name
+            elements[name] += count
+            by_dtype[name] += count * np.dtype(dtype).itemsize
+    return {
+        "parameters": int(sum(elements.values())),
+        "bytes": int(sum(by_dtype.values())),
+        "by_dtype": {
+            k: {"parameters": int(elements[k]), "bytes": int(by_dtype[k])} for k in sorted(by_dtype)
+        },
+        "initializers": initializers,
+        "constant_nodes": constants,
+        "constant_of_shape_nodes": filled,
+    }
+
+
+def _count(dims) -> int:
+    return int(np.prod(dims, dtype=np.int64)) if len(dims) else 1
+
+
+def describe_model(path: str | os.PathLike) -> dict:
+    """Everything `qcli inspect` shows, as a JSON-ready dict."""
+    path = Path(path)
+    stored = load_model(path, load_external_data=False)
+    ext_files = external_data_files(stored)
+    model = load_model(path) if ext_files else stored
+    op_types: Counter[str] = Counter()
+    subgraphs = []
+    for owner, graph in iter_graphs(model.graph):
+        op_types.update(
+            n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in graph.node
+        )
+        if owner:
+            subgraphs.append({"owner": owner, "nodes": len(graph.node)})
+    external = [
+        {"file": name, "bytes": (path.parent / name).stat().st_size} for name in ext_files
+    ]
+    return {
+        "format": INFO_FORMAT,
+        "path": str(path),
+        "file_bytes": path.stat().st_size + sum(e["bytes"] for e in external),
+        "ir_version": model.ir_version,
+        "producer": " ".join(x for x in (model.producer_name, model.producer_version) if x),
+        "opsets": {(o.domain or "ai.onnx"): o.version for o in model.opset_import},
+        "fingerprint": fingerprint(model),
+        "inputs": [
+            _value_info(v) for v in model.graph.input
+            if v.name not in {t.name for t in model.graph.initializer}
+        ],
+        "outputs": [_value_info(v) for v in model.graph.output],
+        "nodes": sum(op_types.values()),
+        "op_types": dict(sorted(op_types.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "weights": _weights(model),
+        "external_data": external,
+        "subgraphs": subgraphs,
+    }
+
+
+def describe_data(folder) -> dict:
+    """Read a whole `DataFolder` (validating every sample) and summarise what it holds."""
+    samples = files = 0
+    shapes: Counter[str] = Counter()
+    labels: Counter[int] = Counter()
+    unlabelled = 0
+    for sample in folder:
+        files += 1
+        samples += sample.size
+        shapes[", ".join(f"{k}{list(v.shape[1:])}" for k, v in sample.inputs.items())] += sample.size
+        if sample.label is None:
+            unlabelled += sample.size
+        else:
+            labels.update(int(x) for x in sample.label)
+    return {
+        "path": str(folder.path),
+        "layout": folder.layout,
+        "files": files,
+        "samples": samples,
+        "shapes": dict(shapes.most_common()),
+        "labelled": samples - unlabelled,
+        "classes": {str(k): v for k, v in sorted(labels.items())},
+        "class_names": folder.class_names,
+    }

@@ -1,0 +1,198 @@
+"""Load, fingerprint, save and validate ONNX models.
+
+Every model qcli reads goes through `load_model` (clear errors for missing, truncated or
+non-ONNX files; external data resolved beside the model) and every model it writes goes
+through `save_model` (atomic: temp files in the target folder, then rename; external data for
+models whose protobuf would pass 2 GB) and `check_model` (onnx checker + onnxruntime load).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import helper, numpy_helper
+
+from qcli.errors import ModelError
+
+# Protobuf cannot serialise a message over 2 GiB; above this much weight data we write the
+# tensors to an external data file instead (the same threshold onnx uses).
+_PROTOBUF_LIMIT = 2**31 - 1
+EXTERNAL_DATA_THRESHOLD = 1024  # bytes: tensors at least this big go to the external file
+
+
+def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> onnx.ModelProto:
+    """Read an ONNX model, with its external data, or raise ModelError saying what is wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}", hint="check the path")
+    if path.is_dir():
+        raise ModelError(f"{path} is a folder, not an ONNX model file", hint="pass the .onnx file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelError(f"cannot read model {path}: {exc.strerror}") from exc
+    not_onnx = ModelError(
+        f"{path} is not a valid ONNX model (the file is empty, truncated or of another format)",
+        hint="re-export the model, or check that the download or copy finished",
+    )
+    try:
+        model = onnx.load_from_string(data)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise not_onnx from exc
+    # Protobuf happily parses some non-ONNX bytes into a near-empty message: require the
+    # fields every real model has.
+    if model.ir_version <= 0 or not model.opset_import or not model.graph.node:
+        raise not_onnx
+    if load_external_data and _uses_external_data(model):
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+        except (OSError, ValueError, onnx.checker.ValidationError) as exc:
+            raise ModelError(
+                f"cannot read the external data of {path}: {exc}",
+                hint="keep the model's .data file(s) in the same folder as the .onnx file",
+            ) from exc
+    return model
+
+
+def _uses_external_data(model: onnx.ModelProto) -> bool:
+    return any(
+        t.data_location == onnx.TensorProto.EXTERNAL
+        for t in onnx.external_data_helper._get_all_tensors(model)
+    )
+
+
+def external_data_files(model: onnx.ModelProto) -> list[str]:
+    """Names of the external data files a model (as stored on disk) refers to, sorted."""
+    names = set()
+    for t in onnx.external_data_helper._get_all_tensors(model):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    names.add(entry.value)
+    return sorted(names)
+
+
+def opset_version(model: onnx.ModelProto, domain: str = "") -> int:
+    """The model's opset for `domain` ("" and "ai.onnx" are the default domain)."""
+    for entry in model.opset_import:
+        if entry.domain in (domain, "ai.onnx" if domain == "" else domain):
+            return entry.version
+    raise ModelError(f"the model imports no opset for domain {domain or 'ai.onnx'!r}")
+
+
+def fingerprint(model: onnx.ModelProto) -> str:
+    """sha256 of the graph and its weights (not of metadata such as producer or doc strings).
+
+    Weights are hashed by name, type, shape and values, so a model hashes the same whether its
+    tensors are stored inline or were loaded from external data (as `load_model` does).
+    """
+    digest = hashlib.sha256()
+    for entry in sorted((o.domain, o.version) for o in model.opset_import):
+        digest.update(repr(entry).encode())
+    graph = model.graph
+    for part in (*graph.node, *graph.input, *graph.output, *graph.sparse_initializer, *model.functions):
+        digest.update(part.SerializeToString(deterministic=True))
+    for tensor in graph.initializer:
+        digest.update(f"{tensor.name}|{tensor.data_type}|{list(tensor.dims)}".encode())
+        digest.update(np.ascontiguousarray(numpy_helper.to_array(tensor)).tobytes())
+    return "sha256:" + digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def max_ir_version() -> int:
+    """The highest IR version the installed onnxruntime loads (probed, not assumed)."""
+    import onnxruntime as ort
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "probe",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
+    probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    for version in range(onnx.IR_VERSION, 6, -1):
+        probe.ir_version = version
+        try:
+            ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+            return version
+        except Exception as exc:  # onnxruntime raises its own Fail type
+            found = re.search(r"max supported IR version: (\d+)", str(exc))
+            if found:
+                return int(found.group(1))
+    return 7
+
+
+def clamp_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Lower the model's IR version to what onnxruntime loads (onnx's helpers write newer)."""
+    model.ir_version = min(model.ir_version, max_ir_version())
+    return model
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+    """Write `model` to `path` atomically; big models get their weights in `<name>.data`.
+
+    Everything is first written to a temporary folder beside the target, then renamed into
+    place, so an interrupted run never leaves a half-written model under the final name.
+    """
+    path = Path(path)
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    data_name = path.name + ".data"
+    external = model.ByteSize() > _PROTOBUF_LIMIT - 64 * 2**20
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=parent))
+    try:
+        tmp_model = tmpdir / path.name
+        if external:
+            to_save = onnx.ModelProto()
+            to_save.CopyFrom(model)
+            onnx.save_model(
+                to_save,
+                str(tmp_model),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=data_name,
+                size_threshold=EXTERNAL_DATA_THRESHOLD,
+            )
+            os.replace(tmpdir / data_name, parent / data_name)
+        else:
+            tmp_model.write_bytes(model.SerializeToString(deterministic=True))
+        os.replace(tmp_model, path)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return path
+
+
+def check_model(path: str | os.PathLike) -> None:
+    """Validate a written model: onnx's checker, then an onnxruntime session must load it."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as exc:
+        raise ModelError(f"the model written to {path} fails the ONNX checker: {exc}") from exc
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+        raise ModelError(f"onnxruntime cannot load the model written to {path}: {exc}") from exc
+
+
+def tensor_from_attribute(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The tensor a `Constant` node holds (any of its value attributes), or None."""
+    for attr in node.attribute:
+        if attr.name == "value":
+            return attr.t
+        if attr.name in ("value_float", "value_floats", "value_int", "value_ints"):
+            values = helper.get_attribute_value(attr)
+            dtype = np.float32 if "float" in attr.name else np.int64
+            return numpy_helper.from_array(np.asarray(values, dtype=dtype), node.output[0])
+    return None

@@ -1,0 +1,81 @@
+"""Rich renderings of the reports the library returns (dicts), for people at a terminal."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _shape(dims: list) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def model_info(console: Console, info: dict) -> None:
+    console.print(f"[bold]{info['path']}[/bold]  {human_bytes(info['file_bytes'])}")
+    opsets = ", ".join(f"{d} {v}" for d, v in info["opsets"].items())
+    console.print(f"IR {info['ir_version']} · opset {opsets} · producer {info['producer'] or '-'}")
+    console.print(f"fingerprint {info['fingerprint']}")
+
+    io = Table(title="Inputs and outputs", title_justify="left")
+    for col in ("", "name", "dtype", "shape"):
+        io.add_column(col)
+    for kind in ("inputs", "outputs"):
+        for v in info[kind]:
+            io.add_row(kind[:-1], v["name"], v["dtype"], _shape(v["shape"]))
+    console.print(io)
+
+    ops = Table(title=f"Op types ({info['nodes']} nodes)", title_justify="left")
+    ops.add_column("op type")
+    ops.add_column("count", justify="right")
+    for op, count in info["op_types"].items():
+        ops.add_row(op, str(count))
+    console.print(ops)
+
+    w = info["weights"]
+    console.print(
+        f"weights: {w['parameters']:,} parameters, {human_bytes(w['bytes'])} in "
+        f"{w['initializers']} initializers, {w['constant_nodes']} Constant and "
+        f"{w['constant_of_shape_nodes']} ConstantOfShape nodes"
+    )
+    weights = Table()
+    for col in ("dtype", "parameters", "bytes"):
+        weights.add_column(col, justify="left" if col == "dtype" else "right")
+    for dtype, row in w["by_dtype"].items():
+        weights.add_row(dtype, f"{row['parameters']:,}", human_bytes(row["bytes"]))
+    console.print(weights)
+
+    for e in info["external_data"]:
+        console.print(f"external data: {e['file']} ({human_bytes(e['bytes'])})")
+    for s in info["subgraphs"]:
+        console.print(f"subgraph: {s['owner']} ({s['nodes']} nodes)")
+
+
+def data_info(console: Console, data: dict) -> None:
+    labels = f"{data['labelled']} labelled" if data["labelled"] else "no labels"
+    console.print(
+        f"data {data['path']}: {data['samples']} samples in {data['files']} "
+        f"{data['layout']} file(s), {labels}, all valid for the model"
+    )
+    table = Table(title="Sample shapes (after the batch axis)", title_justify="left")
+    table.add_column("inputs")
+    table.add_column("samples", justify="right")
+    for shape, count in data["shapes"].items():
+        table.add_row(shape, str(count))
+    console.print(table)
+    if data["classes"]:
+        names = data["class_names"]
+        console.print(
+            "classes: "
+            + ", ".join(
+                f"{names[int(k)] if k.isdigit() and int(k) < len(names) else k}={v}"
+                for k, v in data["classes"].items()
+            )
+        )

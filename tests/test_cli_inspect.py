@@ -1,0 +1,122 @@
+"""`qcli --version`, `qcli inspect` and the CLI's error boundary, end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import LIGHT_MODELS, write_npz
+from qcli import __version__
+
+
+def test_version(cli) -> None:
+    result = cli("--version")
+    assert result.exit_code == 0
+    assert result.stdout == f"qcli {__version__}\n"
+
+
+def test_inspect_json_is_the_only_stdout(image_model: Path) -> None:
+    # A real subprocess through the console script: nothing but one JSON document on stdout.
+    result = subprocess.run(
+        [sys.executable, "-m", "qcli.cli", "inspect", str(image_model), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    info = json.loads(result.stdout)
+    assert info["format"] == "qcli-inspect/1"
+    assert info["inputs"] == [{"name": "image", "dtype": "float32", "shape": ["N", 1, 4, 4]}]
+    assert info["outputs"] == [{"name": "logits", "dtype": "float32", "shape": ["N", 3]}]
+    assert info["op_types"] == {"Constant": 1, "Flatten": 1, "MatMul": 1}
+    assert info["weights"]["parameters"] == 48
+    assert info["weights"]["constant_nodes"] == 1
+    assert info["opsets"] == {"ai.onnx": 17}
+
+
+def test_inspect_human_output(cli, image_model: Path) -> None:
+    result = cli("inspect", image_model)
+    assert result.exit_code == 0
+    assert "Op types (3 nodes)" in result.stdout
+    assert "MatMul" in result.stdout
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in LIGHT_MODELS.glob("*.onnx")))
+def test_inspect_model_zoo_graphs(cli, name: str) -> None:
+    info = cli.json("inspect", LIGHT_MODELS / name)
+    assert info["opsets"] == {"ai.onnx": 9}
+    assert info["weights"]["constant_of_shape_nodes"] > 0
+    assert info["weights"]["parameters"] > 1_000_000
+
+
+# ---- bad input: exit 2, `error: ...` on stderr, no traceback
+
+
+def _fails(result, message: str) -> None:
+    assert result.exit_code == 2, result.stdout + result.stderr
+    assert result.stderr.startswith(f"error: {message}"), result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_missing_model(cli, tmp_path: Path) -> None:
+    _fails(cli("inspect", tmp_path / "none.onnx"), f"model file not found: {tmp_path / 'none.onnx'}")
+
+
+def test_not_onnx(cli, tmp_path: Path) -> None:
+    path = tmp_path / "notes.onnx"
+    path.write_text("these are notes")
+    result = cli("inspect", path, "--json")
+    _fails(result, f"{path} is not a valid ONNX model (the file is empty, truncated or of another format)")
+    assert "hint: re-export the model" in result.stderr
+
+
+def test_truncated_model(cli, tmp_path: Path) -> None:
+    data = (LIGHT_MODELS / "light_resnet50.onnx").read_bytes()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[:1000])
+    _fails(cli("inspect", path), f"{path} is not a valid ONNX model")
+
+
+def test_bad_data_names_file_and_input(cli, image_model: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    write_npz(data / "0.npz", image=np.zeros((1, 4, 4), np.float32))
+    write_npz(data / "1.npz", image=np.zeros((1, 4, 5), np.float32))
+    _fails(
+        cli("inspect", image_model, "--data", data),
+        f"{data / '1.npz'}: input 'image' has shape [1, 1, 4, 5], "
+        "the model expects [N, 1, 4, 4] (axis 3 must be 4)",
+    )
+
+
+def test_empty_data_folder(cli, image_model: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _fails(cli("inspect", image_model, "--data", empty), f"no samples found in {empty}")
+
+
+def test_bad_yaml(cli, image_model: Path, tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  preprocess: {scale: 255\n")
+    data = tmp_path / "d"
+    data.mkdir()
+    write_npz(data / "0.npz", image=np.zeros((1, 4, 4), np.float32))
+    result = cli("inspect", image_model, "--data", data, "--config", config)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {config}:3:1: YAML syntax error")
+
+
+def test_debug_shows_the_traceback(cli, tmp_path: Path) -> None:
+    from qcli.errors import ModelError
+
+    with pytest.raises(ModelError):
+        cli("inspect", tmp_path / "none.onnx", "--debug")
+
+
+def test_usage_error_exits_2(cli) -> None:
+    assert cli("inspect").exit_code == 2

@@ -1,0 +1,123 @@
+"""Model loading, fingerprinting, atomic saving and validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from conftest import IMAGE_MODEL, LIGHT_MODELS, parse_model, save
+from qcli.errors import ModelError
+from qcli.model import (
+    check_model,
+    external_data_files,
+    fingerprint,
+    load_model,
+    max_ir_version,
+    save_model,
+)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match=f"model file not found: {tmp_path / 'x.onnx'}"):
+        load_model(tmp_path / "x.onnx")
+
+
+def test_folder_is_not_a_model(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="is a folder, not an ONNX model file"):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize("content", [b"", b"hello, this is not a model\n", b"\x08\x07"])
+def test_non_onnx_bytes(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(content)
+    with pytest.raises(ModelError) as err:
+        load_model(path)
+    assert str(err.value) == (
+        f"{path} is not a valid ONNX model (the file is empty, truncated or of another format)"
+    )
+
+
+def test_truncated_real_model(tmp_path: Path) -> None:
+    data = (LIGHT_MODELS / "light_squeezenet.onnx").read_bytes()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelError, match="is not a valid ONNX model"):
+        load_model(path)
+
+
+def _model_with_weight(value: float) -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.full((64, 64), value, np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 64])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = max_ir_version()
+    return model
+
+
+def test_external_data_is_read_and_missing_data_reported(tmp_path: Path) -> None:
+    model = _model_with_weight(0.5)
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
+    loaded = load_model(path)
+    assert numpy_helper.to_array(loaded.graph.initializer[0])[0, 0] == 0.5
+    assert external_data_files(load_model(path, load_external_data=False)) == ["ext.onnx.data"]
+    assert fingerprint(loaded) == fingerprint(_model_with_weight(0.5))  # same weights, same hash
+    (tmp_path / "ext.onnx.data").unlink()
+    with pytest.raises(ModelError, match=f"cannot read the external data of {path}"):
+        load_model(path)
+
+
+def test_fingerprint_covers_weights_not_metadata() -> None:
+    a, b = _model_with_weight(0.5), _model_with_weight(0.5)
+    b.producer_name = "someone else"
+    assert fingerprint(a) == fingerprint(b)
+    assert fingerprint(a) != fingerprint(_model_with_weight(0.25))
+    assert fingerprint(a).startswith("sha256:") and len(fingerprint(a)) == 71
+
+
+def test_save_is_atomic_and_deterministic(tmp_path: Path) -> None:
+    model = parse_model(IMAGE_MODEL)
+    out = tmp_path / "sub" / "out.onnx"
+    save_model(model, out)
+    first = out.read_bytes()
+    save_model(model, out)
+    assert out.read_bytes() == first
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.onnx"]  # no temp files left
+    check_model(out)
+
+
+def test_failed_save_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out.onnx"
+    out.write_bytes(b"previous")
+
+    def disk_full(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_bytes", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        save_model(parse_model(IMAGE_MODEL), out)
+    monkeypatch.undo()
+    assert out.read_bytes() == b"previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.onnx"]
+
+
+def test_check_model_reports_what_onnxruntime_refuses(tmp_path: Path) -> None:
+    model = parse_model(IMAGE_MODEL)
+    model.ir_version = max_ir_version() + 1
+    path = save(model, tmp_path / "new_ir.onnx")
+    with pytest.raises(ModelError, match="onnxruntime cannot load the model written to"):
+        check_model(path)
+
+
+def test_max_ir_version_is_what_onnxruntime_loads() -> None:
+    assert 7 <= max_ir_version() <= onnx.IR_VERSION
