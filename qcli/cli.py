@@ -124,6 +124,88 @@ def inspect(
     _guard(debug, work)
 
 
+MethodOpt = Annotated[
+    str | None,
+    typer.Option("--method", help="Range method: minmax, percentile, kl or mse (config: calibration.method)."),
+]
+PercentileOpt = Annotated[
+    float | None, typer.Option("--percentile", help="Percentile for --method percentile (default 99.999).")
+]
+SamplesOpt = Annotated[int | None, typer.Option("--samples", help="Use the first N samples (default 256).")]
+BatchOpt = Annotated[int | None, typer.Option("--batch-size", help="Samples per inference batch (default 8).")]
+
+
+def _calibration_config(config: Path | None, method, percentile, samples, batch_size):
+    from qcli.config import load_config
+
+    return load_config(config).merged(
+        calibration={"method": method, "percentile": percentile, "samples": samples, "batch_size": batch_size}
+    )
+
+
+@app.command()
+def calibrate(
+    model: Annotated[Path, typer.Argument(help="ONNX model file.")],
+    data: Annotated[Path, typer.Option("--data", help="Data folder of calibration samples.")],
+    method: MethodOpt = None,
+    percentile: PercentileOpt = None,
+    samples: SamplesOpt = None,
+    batch_size: BatchOpt = None,
+    config: Annotated[Path | None, typer.Option("--config", help="YAML config.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Calibration file (default ./<model>.calib.json).")
+    ] = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run the model over a data folder once and compute every range method's ranges."""
+
+    def work() -> None:
+        import time
+
+        from qcli.calibrate.engine import calibrate as run_calibration
+        from qcli.calibrate.table import METHODS, save_table
+        from qcli.data import DataFolder, model_inputs
+        from qcli.model import load_model
+
+        cfg = _calibration_config(config, method, percentile, samples, batch_size)
+        onnx_model = load_model(model)
+        folder = DataFolder(
+            data, model_inputs(onnx_model), preprocess=cfg.data.preprocess, samples=cfg.calibration.samples
+        )
+        out = output or Path.cwd() / f"{model.name.removesuffix('.onnx')}.calib.json"
+        start = time.perf_counter()
+        with render.progress_bar("calibrating", total=len(folder), quiet=quiet or json_out) as advance:
+            table = run_calibration(onnx_model, folder, cfg, progress=advance)
+        save_table(table, out)
+        seconds = time.perf_counter() - start
+        doc = {
+            "calibration_file": str(out),
+            "samples": table.samples,
+            "tensors": len(table.observers),
+            "method": table.settings.method,
+            "activations": f"{table.settings.dtype}{' symmetric' if table.settings.symmetric else ''}",
+            "seconds": round(seconds, 3),
+            "warnings": table.warnings,
+            "ranges": {
+                name: {
+                    "min": obs.min if obs.count else None,
+                    "max": obs.max if obs.count else None,
+                    **{m: list(table.ranges[m][name]) for m in METHODS},
+                    "clipped": table.clipped(name),
+                }
+                for name, obs in table.observers.items()
+            },
+        }
+        if json_out:
+            _print_json(doc)
+        else:
+            render.calibration(_console(quiet), doc)
+
+    _guard(debug, work)
+
+
 def run() -> None:
     """Console-script entry point."""
     app()

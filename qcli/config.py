@@ -1,56 +1,261 @@
-"""YAML configuration files: reading them with clear errors, and the sections in use so far.
+"""The YAML configuration (DESIGN.md §3): one typed schema, validated once at the edge.
 
-Only the `data.preprocess` section is read yet; the full schema (DESIGN.md §3) is validated
-here once calibration and quantization settings exist.
+`load_config(path)` parses a file and returns a frozen `Config`; errors name the file, the line
+and the key path (`calibration.percentile`), with a did-you-mean for unknown keys. Command-line
+flags are merged on top with `Config.merged(...)`, validated by the same schema. Nothing
+downstream reads raw dicts. Validation uses pydantic (models with `extra="forbid"`): a
+well-kept library that reports every error with its location, which we map to YAML lines.
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
 import os
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from qcli.data import Preprocess
 from qcli.errors import ConfigError, DataError
 
+Method = Literal["minmax", "percentile", "kl", "mse"]
+ActivationDtype = Literal["uint8", "int8", "uint16", "int16"]
+WeightDtype = Literal["int8", "uint8", "int4", "uint4"]
+Granularity = Literal["per_tensor", "per_channel", "per_block"]
+Precision = Literal["float", "int8", "uint8", "int16", "uint16"]
 
-def load_yaml(path: str | os.PathLike) -> dict:
-    """Parse a YAML file into a mapping; syntax errors name the file, line and column."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Calibration(_Section):
+    method: Method = "percentile"
+    percentile: float = Field(99.999, gt=50, le=100)
+    samples: int = Field(256, ge=1)
+    batch_size: int = Field(8, ge=1)
+    bins: int = Field(2048, ge=128, le=1 << 16)
+
+
+class Activations(_Section):
+    dtype: ActivationDtype = "uint8"
+    symmetric: bool = False
+
+
+class Weights(_Section):
+    dtype: WeightDtype = "int8"
+    symmetric: bool = True
+    granularity: Granularity = "per_channel"
+    block_size: int = Field(32, ge=8)
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError(f"block_size must be a power of two, got {v}")
+        return v
+
+
+class Match(_Section):
+    nodes: list[str] = []
+    op_types: list[str] = []
+    tensors: list[str] = []
+
+
+class CalibrationOverride(_Section):
+    method: Method | None = None
+    percentile: float | None = Field(None, gt=50, le=100)
+
+
+class Override(_Section):
+    match: Match
+    precision: Precision | None = None
+    activations: Activations | None = None
+    weights: Weights | None = None
+    calibration: CalibrationOverride | None = None
+    range: tuple[float, float] | None = None
+
+
+class Verify(_Section):
+    enabled: bool = True
+    min_top1_agreement: float = Field(0.99, ge=0, le=1)
+    min_cosine: float = Field(0.99, ge=-1, le=1)
+    max_latency_ratio: float = Field(1.0, gt=0)
+    rescue: bool = True
+
+
+class AutoPrecision(_Section):
+    enabled: bool = False
+    criteria: Literal["performance", "balanced", "accuracy", "custom"] = "balanced"
+    max_accuracy_drop: float = Field(0.01, ge=0)
+    min_speedup: float | None = Field(None, gt=0)
+    candidates: list[Precision] = ["int8", "int16", "float"]
+
+
+def _preprocess(value: Any) -> Preprocess | None:
+    if value is None or isinstance(value, Preprocess):
+        return value
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        return Preprocess.from_dict(value)
+    except DataError as exc:  # pydantic reports ValueErrors with the field's location
+        raise ValueError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
+
+
+class Data(_Section):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    preprocess: Annotated[Preprocess | None, BeforeValidator(_preprocess)] = None
+
+
+class Config(_Section):
+    version: Literal[1] = 1
+    calibration: Calibration = Calibration()
+    activations: Activations = Activations()
+    weights: Weights = Weights()
+    bias: Literal["int32"] = "int32"
+    exclude: Match = Match()
+    overrides: list[Override] = []
+    verify: Verify = Verify()
+    auto_precision: AutoPrecision = AutoPrecision()
+    data: Data = Data()
+
+    def merged(self, **sections: dict[str, Any]) -> Config:
+        """This config with command-line values laid over it, e.g.
+        `cfg.merged(calibration={"method": "kl"})`; None values are ignored."""
+        raw = self.model_dump(exclude={"data"})
+        for section, values in sections.items():
+            for key, value in values.items():
+                if value is not None:
+                    raw.setdefault(section, {})[key] = value
+        try:
+            merged = Config.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            key = _key_path(first["loc"])
+            raise ConfigError(f"command line: {key}: {first['msg']}") from None
+        return merged.model_copy(update={"data": self.data})
+
+
+def parse_config(raw: Any, source: str = "config", lines: dict[tuple, int] | None = None) -> Config:
+    """Validate a mapping (parsed YAML); errors name `source`, the line and the key path."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise _config_error(exc, raw, source, lines or {}) from None
+
+
+def load_config(path: str | os.PathLike | None) -> Config:
+    """The config in a YAML file (None: the defaults)."""
+    if path is None:
+        return Config()
+    path = Path(path)
+    text = _read(path)
     try:
         raw = yaml.safe_load(text)
+        lines = _key_lines(yaml.compose(text))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from exc
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
-    return raw
+    return parse_config(raw, str(path), lines)
 
 
 def load_preprocess(path: str | os.PathLike | None) -> Preprocess | None:
     """The `data.preprocess` section of a config file, validated, or None when absent."""
-    if path is None:
-        return None
-    raw = load_yaml(path)
-    data = raw.get("data")
-    if data is None:
-        return None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: 'data' must be a mapping")
-    if "preprocess" not in data:
-        return None
+    return load_config(path).data.preprocess
+
+
+def _read(path: Path) -> str:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
     try:
-        return Preprocess.from_dict(data["preprocess"])
-    except DataError as exc:
-        raise ConfigError(f"{path}: {exc.message}", hint=exc.hint) from exc
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+
+
+def _key_lines(node: yaml.Node | None, prefix: tuple = ()) -> dict[tuple, int]:
+    """1-based line of every key path in a composed YAML document."""
+    lines: dict[tuple, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            path = (*prefix, key.value)
+            lines[path] = key.start_mark.line + 1
+            lines.update(_key_lines(value, path))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines[(*prefix, i)] = item.start_mark.line + 1
+            lines.update(_key_lines(item, (*prefix, i)))
+    return lines
+
+
+def _config_error(exc: ValidationError, raw: dict, source: str, lines: dict[tuple, int]) -> ConfigError:
+    first = exc.errors()[0]
+    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    loc = tuple(p for p in loc if p not in ("tuple[float, float]",))
+    key = _key_path(loc)
+    line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), None)
+    where = f"{source}:{line}" if line else source
+    hint = None
+    if first["type"] == "extra_forbidden":
+        known = _known_keys(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
+        message = f"{where}: unknown key {key}"
+    else:
+        given = _lookup(raw, loc)
+        shown = f" (got {given!r})" if given is not _MISSING else ""
+        message = f"{where}: {key}: {first['msg']}{shown}"
+    more = len(exc.errors()) - 1
+    if more:
+        hint = (hint + "; " if hint else "") + f"{more} more problem(s) after this one"
+    return ConfigError(message, hint=hint)
+
+
+_MISSING = object()
+
+
+def _key_path(loc: tuple) -> str:
+    """`overrides[0].activations.dtype` from pydantic's ('overrides', 0, 'activations', 'dtype')."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _lookup(raw: Any, loc: tuple) -> Any:
+    node = raw
+    for part in loc:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    return copy.deepcopy(node)
+
+
+def _known_keys(loc: tuple) -> list[str]:
+    """Field names of the section at `loc` (list indices skipped)."""
+    model: Any = Config
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        annotation = field.annotation
+        for candidate in (annotation, *getattr(annotation, "__args__", ())):
+            inner = getattr(candidate, "__args__", (candidate,))
+            found = next((c for c in (candidate, *inner) if isinstance(c, type) and issubclass(c, BaseModel)), None)
+            if found is not None:
+                model = found
+                break
+        else:
+            return []
+    return list(model.model_fields)

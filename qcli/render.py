@@ -79,3 +79,90 @@ def data_info(console: Console, data: dict) -> None:
                 for k, v in data["classes"].items()
             )
         )
+
+
+def _speed_column():
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class Speed(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(f"{task.speed:.1f} samples/s" if task.speed else "")
+
+    return Speed()
+
+
+class progress_bar:
+    """A rich progress bar on stderr (samples, samples/s, ETA); a no-op when quiet.
+
+    >>> with progress_bar("calibrating", total=512) as advance: advance(8)
+    """
+
+    def __init__(self, description: str, total: int | None, quiet: bool = False):
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.quiet = quiet
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            _speed_column(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+            disable=quiet,
+        )
+        self.description, self.total = description, total
+
+    def __enter__(self):
+        self.progress.start()
+        task = self.progress.add_task(self.description, total=self.total)
+        return lambda n: self.progress.advance(task, n)
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+
+def num(x: float) -> str:
+    """Compact number: 3 significant digits, exponent only when far from 1."""
+    if x == 0:
+        return "0"
+    return f"{x:.3g}" if 0.01 <= abs(x) < 1000 else f"{x:.2e}"
+
+
+def calibration(console: Console, doc: dict, rows: int = 30) -> None:
+    from rich import box
+
+    method = doc["method"]
+    console.print(
+        f"Calibration: {doc['tensors']} tensors over {doc['samples']} samples; ranges for "
+        f"{doc['activations']} activations ({method} is selected)"
+    )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("tensor", overflow="fold", max_width=32)
+    for m in ("minmax", "percentile", "kl", "mse"):
+        table.add_column(m + ("*" if m == method else ""), justify="right", no_wrap=True)
+    table.add_column("clipped*", justify="right", no_wrap=True)
+    for name, t in list(doc["ranges"].items())[:rows]:
+        table.add_row(
+            name,
+            *(f"{num(t[m][0])}…{num(t[m][1])}" for m in ("minmax", "percentile", "kl", "mse")),
+            f"{100 * t['clipped']:.3f}%",
+        )
+    console.print(table)
+    if len(doc["ranges"]) > rows:
+        console.print(f"... {len(doc['ranges']) - rows} more tensors in {doc['calibration_file']} (all with --json)")
+    for warning in doc["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    console.print(
+        f"wrote {doc['calibration_file']} ({doc['seconds']:.1f} s, {doc['samples'] / max(doc['seconds'], 1e-9):.0f} samples/s)"
+    )

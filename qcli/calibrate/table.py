@@ -1,0 +1,209 @@
+"""The calibration table: per-tensor statistics plus the range each method chose, and the
+calibration file that stores it (DESIGN.md §4).
+
+The file is JSON, `"format": "qcli-calibration/1"`, carrying the model's fingerprint so that a
+stale file is refused. Because the histograms are stored, `quantize --calib` can switch the
+method, the percentile, or the activation dtype without reading the data again. Written
+atomically and deterministically: the same model, data and settings give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qcli.calibrate.observers import TensorObserver
+from qcli.calibrate.solvers import clipped_fraction, solve_range
+from qcli.errors import CalibrationError, QcliError
+from qcli.scheme import quant_dtype
+
+FORMAT = "qcli-calibration/1"
+METHODS = ("minmax", "percentile", "kl", "mse")
+
+Range = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class RangeSettings:
+    """What a range depends on besides the statistics: method, its parameters, the target."""
+
+    method: str = "percentile"
+    percentile: float = 99.999
+    bins: int = 2048
+    dtype: str = "uint8"
+    symmetric: bool = False
+
+    def params(self, method: str) -> dict[str, Any]:
+        if method == "percentile":
+            return {"percentile": self.percentile}
+        if method == "kl":
+            return {"bins": self.bins}
+        return {}
+
+
+@dataclass
+class CalibrationTable:
+    """Statistics of every observed tensor of one model, and the ranges solved from them."""
+
+    fingerprint: str
+    observers: dict[str, TensorObserver]
+    samples: int
+    settings: RangeSettings
+    ranges: dict[str, dict[str, Range]] = field(default_factory=dict)  # method -> tensor -> range
+    warnings: list[str] = field(default_factory=list)
+
+    def range(self, tensor: str, settings: RangeSettings | None = None) -> Range:
+        """The range of `tensor` for `settings` (default: the table's own), solved on demand."""
+        settings = settings or self.settings
+        if settings == self.settings and tensor in self.ranges.get(settings.method, {}):
+            return self.ranges[settings.method][tensor]
+        observer = self.observers.get(tensor)
+        if observer is None:
+            raise CalibrationError(
+                f"the calibration has no statistics for tensor {tensor!r}",
+                hint="calibrate again with the same --config as quantize",
+            )
+        return _solve(observer, settings, settings.method)
+
+    def clipped(self, tensor: str, method: str | None = None) -> float:
+        """Share of observed values outside the range `method` chose for `tensor`."""
+        lo, hi = self.ranges[method or self.settings.method][tensor]
+        observer = self.observers[tensor]
+        return clipped_fraction(observer, lo, hi) if observer.count else 0.0
+
+    def to_json(self) -> str:
+        doc = {
+            "format": FORMAT,
+            "fingerprint": self.fingerprint,
+            "samples": self.samples,
+            "settings": {
+                "method": self.settings.method,
+                "percentile": self.settings.percentile,
+                "bins": self.settings.bins,
+                "activations": {"dtype": self.settings.dtype, "symmetric": self.settings.symmetric},
+            },
+            "warnings": self.warnings,
+            "tensors": {
+                name: {
+                    **obs.to_dict(),
+                    "ranges": {m: list(self.ranges[m][name]) for m in self.ranges if name in self.ranges[m]},
+                }
+                for name, obs in self.observers.items()
+            },
+        }
+        # One line per tensor: readable in a diff, and not 4096 lines of histogram counts each.
+        tensors = doc.pop("tensors")
+        head = json.dumps(doc, indent=1, allow_nan=False)[:-2]
+        body = ",\n".join(
+            f"  {json.dumps(name)}: {json.dumps(entry, allow_nan=False, separators=(',', ':'))}"
+            for name, entry in tensors.items()
+        )
+        return f'{head},\n "tensors": {{\n{body}\n }}\n}}\n'
+
+
+
+def _solve(observer: TensorObserver, settings: RangeSettings, method: str) -> Range:
+    if observer.count == 0:  # only NaN/Inf (or nothing) seen: a range that quantizes to 0
+        return (0.0, 0.0)
+    lo, hi = solve_range(
+        method, observer, quant_dtype(settings.dtype), settings.symmetric, **settings.params(method)
+    )
+    return (float(lo), float(hi))
+
+
+def build_table(
+    observers: dict[str, TensorObserver], fingerprint: str, samples: int, settings: RangeSettings
+) -> CalibrationTable:
+    """Solve every method's range for every tensor and note tensors that need a look."""
+    table = CalibrationTable(fingerprint, observers, samples, settings)
+    for method in METHODS:
+        table.ranges[method] = {name: _solve(obs, settings, method) for name, obs in observers.items()}
+    for name, obs in observers.items():
+        if obs.nonfinite_count:
+            table.warnings.append(
+                f"tensor {name!r}: {obs.nonfinite_count} NaN/Inf value(s) ignored; its range "
+                "comes from the finite values"
+            )
+        if obs.count and obs.min == obs.max:
+            table.warnings.append(f"tensor {name!r} is constant ({obs.min:g}) over the calibration data")
+        elif obs.count == 0:
+            table.warnings.append(f"tensor {name!r} had no finite values; its range is [0, 0]")
+    return table
+
+
+def save_table(table: CalibrationTable, path: str | os.PathLike) -> Path:
+    """Write the calibration file atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(table.to_json())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a calibration file is not secret
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_table(path: str | os.PathLike, fingerprint: str | None = None) -> CalibrationTable:
+    """Read a calibration file; refuse it if malformed or made for another model."""
+    path = Path(path)
+    if not path.is_file():
+        raise CalibrationError(f"calibration file not found: {path}")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CalibrationError(
+            f"{path} is not a readable calibration file: {exc}", hint="run qcli calibrate again"
+        ) from exc
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else None
+        raise CalibrationError(
+            f"{path} is not a qcli calibration file (format {found!r}, expected {FORMAT!r})",
+            hint="run qcli calibrate to make one",
+        )
+    if fingerprint is not None and doc.get("fingerprint") != fingerprint:
+        raise CalibrationError(
+            f"{path} was made for another model (fingerprint {doc.get('fingerprint')}, "
+            f"this model is {fingerprint})",
+            hint="calibrate this model again: qcli calibrate MODEL --data DIR",
+        )
+    try:
+        s = doc["settings"]
+        settings = RangeSettings(
+            method=str(s["method"]),
+            percentile=float(s["percentile"]),
+            bins=int(s["bins"]),
+            dtype=str(s["activations"]["dtype"]),
+            symmetric=bool(s["activations"]["symmetric"]),
+        )
+        observers = {}
+        ranges: dict[str, dict[str, Range]] = {}
+        for name, entry in doc["tensors"].items():
+            observers[name] = TensorObserver.from_dict(entry, name=name)
+            for method, (lo, hi) in entry.get("ranges", {}).items():
+                if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+                    raise ValueError(f"bad {method} range for {name!r}")
+                ranges.setdefault(method, {})[name] = (float(lo), float(hi))
+        table = CalibrationTable(
+            str(doc["fingerprint"]), observers, int(doc["samples"]), settings, ranges, list(doc.get("warnings", []))
+        )
+    except QcliError as exc:
+        raise CalibrationError(f"{path}: {exc.message}", hint="run qcli calibrate again") from exc
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CalibrationError(
+            f"{path} is a damaged calibration file ({type(exc).__name__}: {exc})",
+            hint="run qcli calibrate again",
+        ) from exc
+    if settings.method not in METHODS:
+        raise CalibrationError(f"{path}: unknown method {settings.method!r}")
+    return table

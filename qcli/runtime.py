@@ -1,0 +1,55 @@
+"""onnxruntime sessions as qcli runs them: CPU provider, no idle spinning, any model size.
+
+Spinning is off (`session.intra_op.allow_spinning = 0`) because two sessions in one process
+(float and quantized, timed alternately) otherwise steal each other's cores: measured 50-200%
+slower float timings on a 2-core machine (DESIGN.md §7).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+
+from qcli.errors import ModelError
+from qcli.model import clamp_ir_version, save_model
+
+_INLINE_LIMIT = 2**31 - 256 * 2**20  # models bigger than this go through a temporary file
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3  # errors only: warnings about unused initializers are noise
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    return options
+
+
+def make_session(model: onnx.ModelProto | str | Path, threads: int | None = None) -> ort.InferenceSession:
+    """An onnxruntime CPU session for a ModelProto (kept in memory when it fits) or a path."""
+    options = session_options(threads)
+    providers = ["CPUExecutionProvider"]
+    try:
+        if isinstance(model, (str, Path)):
+            return ort.InferenceSession(str(model), options, providers=providers)
+        ir_version = model.ir_version
+        clamp_ir_version(model)  # onnx's helpers may write an IR newer than onnxruntime loads
+        try:
+            if model.ByteSize() < _INLINE_LIMIT:
+                return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+            with tempfile.TemporaryDirectory(prefix="qcli-") as tmp:
+                path = save_model(model, Path(tmp) / "model.onnx")
+                return ort.InferenceSession(str(path), options, providers=providers)
+        finally:
+            model.ir_version = ir_version
+    except ModelError:
+        raise
+    except Exception as exc:  # onnxruntime's Fail / InvalidGraph / NotImplemented
+        raise ModelError(
+            f"onnxruntime cannot load the model: {str(exc).strip()}",
+            hint="check that the model runs in onnxruntime on its own",
+        ) from exc
