@@ -206,6 +206,92 @@ def calibrate(
     _guard(debug, work)
 
 
+@app.command()
+def quantize(
+    model: Annotated[Path, typer.Argument(help="Float ONNX model file (never modified).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the quantized model.")],
+    data: Annotated[Path | None, typer.Option("--data", help="Calibrate on this data folder first.")] = None,
+    calib: Annotated[Path | None, typer.Option("--calib", help="Use this calibration file.")] = None,
+    method: MethodOpt = None,
+    percentile: PercentileOpt = None,
+    samples: SamplesOpt = None,
+    batch_size: BatchOpt = None,
+    config: Annotated[Path | None, typer.Option("--config", help="YAML config.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Quantize a model that already has Q/DQ or integer ops.")] = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Rewrite a float model into a QDQ model onnxruntime runs with int8 kernels."""
+
+    def work() -> None:
+        import os
+
+        from qcli.calibrate.engine import calibrate as run_calibration
+        from qcli.calibrate.table import load_table
+        from qcli.data import DataFolder, model_inputs
+        from qcli.errors import QcliError
+        from qcli.model import check_model, fingerprint, load_model, save_model
+        from qcli.quantize import quantize as run_quantize
+        from qcli.quantize import summary
+
+        if (data is None) == (calib is None):
+            raise QcliError("give exactly one of --data DIR (calibrate now) or --calib FILE")
+        if output.exists() and model.exists() and os.path.samefile(output, model):
+            raise QcliError(f"-o {output} is the input model; qcli never overwrites its input",
+                            hint="write the quantized model to another file")
+        onnx_model = load_model(model)
+        cfg = _calibration_config(config, method, percentile, samples, batch_size)
+        if calib is not None:
+            table = load_table(calib, fingerprint(onnx_model))
+            # The file's own method applies unless the command line or the config chose one.
+            chosen = load_config_fields(config)
+            cfg = cfg.merged(calibration={
+                "method": None if method or "method" in chosen else table.settings.method,
+                "percentile": None if percentile or "percentile" in chosen else table.settings.percentile,
+            })
+        else:
+            folder = DataFolder(
+                data, model_inputs(onnx_model), preprocess=cfg.data.preprocess, samples=cfg.calibration.samples
+            )
+            with render.progress_bar("calibrating", total=len(folder), quiet=quiet or json_out) as advance:
+                table = run_calibration(onnx_model, folder, cfg, progress=advance, force=force)
+        result = run_quantize(onnx_model, cfg, table, force=force)
+        save_model(result.model, output)
+        check_model(output)
+        doc = {
+            "output": str(output),
+            "method": cfg.calibration.method,
+            "activations": cfg.activations.dtype,
+            "weights": f"{cfg.weights.dtype} {cfg.weights.granularity}",
+            "bytes_before": _file_bytes(model),
+            "bytes_after": _file_bytes(output),
+            **summary(result),
+        }
+        doc["compression"] = round(doc["bytes_before"] / max(doc["bytes_after"], 1), 3)
+        if json_out:
+            _print_json(doc)
+        else:
+            render.quantization(_console(quiet), doc)
+
+    _guard(debug, work)
+
+
+def load_config_fields(config: Path | None) -> set[str]:
+    """Keys the config file sets explicitly in its calibration section."""
+    from qcli.config import load_config
+
+    return set(load_config(config).calibration.model_fields_set) if config else set()
+
+
+def _file_bytes(path: Path) -> int:
+    """A model's size on disk, external data files included."""
+    from qcli.model import external_data_files, load_model
+
+    stored = load_model(path, load_external_data=False)
+    return path.stat().st_size + sum((path.parent / f).stat().st_size for f in external_data_files(stored))
+
+
 def run() -> None:
     """Console-script entry point."""
     app()

@@ -166,3 +166,30 @@ def calibration(console: Console, doc: dict, rows: int = 30) -> None:
     console.print(
         f"wrote {doc['calibration_file']} ({doc['seconds']:.1f} s, {doc['samples'] / max(doc['seconds'], 1e-9):.0f} samples/s)"
     )
+
+
+def quantization(console: Console, doc: dict) -> None:
+    from rich import box
+
+    for note in doc["notes"]:
+        console.print(f"prepare: {note}")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Nodes", title_justify="left")
+    table.add_column("op type")
+    table.add_column("count", justify="right")
+    table.add_column("precision")
+    table.add_column("why float", overflow="fold")
+    for op, n in doc["quantized"].items():
+        table.add_row(op, str(n), "int8", "")
+    for op, n in doc["folded"].items():
+        table.add_row(op, str(n), "folded", "")
+    for row in doc["float"]:
+        table.add_row(row["op_type"], str(row["count"]), "float", row["reason"])
+    console.print(table)
+    console.print(
+        f"{doc['quantized_tensors']} activations as {doc['activations']}, {doc['weights']} weights "
+        f"({doc['weight_tensors']}), ranges by {doc['method']}"
+    )
+    console.print(
+        f"wrote {doc['output']}: {human_bytes(doc['bytes_before'])} -> {human_bytes(doc['bytes_after'])} "
+        f"({doc['compression']:.2f}x smaller)"
+    )

@@ -74,3 +74,102 @@ def quant_dtype(name: str) -> QuantDtype:
             f"unknown quantized dtype {name!r}; expected one of {', '.join(QUANT_DTYPES)}",
             hint=hint,
         ) from None
+
+
+# --------------------------------------------------------------------------- schemes
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How one tensor is quantized: integer type, granularity, symmetry.
+
+    `granularity` is 'per_tensor', 'per_channel' (one scale per slice along the weight's
+    channel axis, chosen per op by rules.weight_axis) or 'per_block' (one scale per
+    `block_size` consecutive values along the reduction axis).
+    """
+
+    dtype: QuantDtype
+    granularity: str = "per_tensor"
+    symmetric: bool = False
+    block_size: int = 0
+
+    @classmethod
+    def of(cls, dtype: str, granularity: str = "per_tensor", symmetric: bool = False, block_size: int = 0) -> QuantScheme:
+        return cls(quant_dtype(dtype), granularity, symmetric, block_size)
+
+
+def integer_range(qdtype: QuantDtype, symmetric: bool) -> tuple[int, int]:
+    """The integers a scheme uses. Symmetric signed schemes drop the most negative value
+    (int8: -127..127) so that +r and -r are both exact: the convention of onnxruntime and
+    TensorRT, which the range solvers assume too."""
+    if symmetric and qdtype.signed:
+        return -qdtype.qmax, qdtype.qmax
+    return qdtype.qmin, qdtype.qmax
+
+
+def choose_qparams(lo, hi, qdtype: QuantDtype, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Scale (float32) and zero point (qdtype's numpy type) mapping [lo, hi] onto the integers.
+
+    The range is first widened to contain 0 (so that 0.0, i.e. padding and ReLU's floor, is
+    exact). Symmetric: zero point 0 (signed) or the middle value (unsigned: 128 for uint8) and
+    scale = max|r| / (integers on the positive side). Asymmetric: scale = (hi - lo) / (qmax - qmin)
+    and zero point = round(qmin - lo / scale). A zero-width range gets scale 1 so that
+    dequantization still gives exact zeros. Works elementwise on arrays (per-channel).
+
+    >>> s, z = choose_qparams(-1.0, 3.0, quant_dtype("uint8"), symmetric=False)
+    >>> float(s), int(z)  # 4 / 255 per step, 0.0 -> 64
+    (0.01568627543747425, 64)
+    >>> s, z = choose_qparams(-0.5, 2.54, quant_dtype("int8"), symmetric=True)
+    >>> float(s), int(z)  # 2.54 / 127
+    (0.019999999552965164, 0)
+    """
+    lo = np.minimum(np.asarray(lo, dtype=np.float64), 0.0)
+    hi = np.maximum(np.asarray(hi, dtype=np.float64), 0.0)
+    qmin, qmax = integer_range(qdtype, symmetric)
+    if symmetric:
+        amax = np.maximum(-lo, hi)
+        if qdtype.signed:
+            scale = amax / qmax
+            zero = np.zeros_like(scale)
+        else:
+            half = (qmax - qmin) // 2  # uint8: 127 steps either side of 128
+            scale = amax / half
+            zero = np.full_like(scale, qmin + half + 1)
+    else:
+        scale = (hi - lo) / (qmax - qmin)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            zero = np.where(scale > 0, np.round(qmin - lo / np.where(scale > 0, scale, 1)), qmin)
+        zero = np.clip(zero, qmin, qmax)
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    return scale, zero.astype(qdtype.numpy_dtype)
+
+
+def quantize(x, scale, zero_point, qdtype: QuantDtype, axis: int | None = None, symmetric: bool = False) -> np.ndarray:
+    """x -> clip(round_half_to_even(x / scale) + zero_point), as ONNX QuantizeLinear computes it.
+
+    `axis` is the per-channel axis of `x` when scale/zero_point are 1-D.
+
+    >>> quantize(np.array([-1.0, 0.0, 0.3, 19.0]), np.float32(0.1), np.int8(0), quant_dtype("int8"), symmetric=True)
+    array([-10,   0,   3, 127], dtype=int8)
+    """
+    x = np.asarray(x, dtype=np.float32)
+    scale, zero_point = _broadcast(scale, x.ndim, axis), _broadcast(zero_point, x.ndim, axis)
+    qmin, qmax = integer_range(qdtype, symmetric)
+    q = np.rint(x / scale) + zero_point.astype(np.float64)
+    return np.clip(q, qmin, qmax).astype(qdtype.numpy_dtype)
+
+
+def dequantize(q, scale, zero_point, axis: int | None = None) -> np.ndarray:
+    """(q - zero_point) * scale, as ONNX DequantizeLinear computes it."""
+    q = np.asarray(q)
+    scale, zero_point = _broadcast(scale, q.ndim, axis), _broadcast(zero_point, q.ndim, axis)
+    return ((q.astype(np.int64) - zero_point.astype(np.int64)) * scale).astype(np.float32)
+
+
+def _broadcast(v, ndim: int, axis: int | None) -> np.ndarray:
+    v = np.asarray(v)
+    if v.ndim == 0 or axis is None:
+        return v
+    shape = [1] * ndim
+    shape[axis] = -1
+    return v.reshape(shape)

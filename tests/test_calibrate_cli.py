@@ -10,7 +10,10 @@ import onnx
 import pytest
 
 from conftest import parse_model, save, write_npz
-from qcli.calibrate.collect import calibration_tensors, with_outputs
+from qcli.calibrate.collect import with_outputs
+from qcli.config import Config
+from qcli.plan import make_plan
+from qcli.prepare import prepare
 from qcli.calibrate.table import load_table
 from qcli.errors import CalibrationError
 from qcli.model import fingerprint, load_model
@@ -48,7 +51,8 @@ def data(tmp_path: Path) -> Path:
 
 def test_observes_what_quantization_needs(conv_model: Path) -> None:
     # Conv's output feeds only Relu: the clipped output is observed instead.
-    assert calibration_tensors(load_model(conv_model)) == ["x", "r", "p", "f", "big", "y"]
+    prepared = prepare(load_model(conv_model)).model
+    assert make_plan(prepared, Config()).calibrated_tensors == ["x", "r", "p", "f", "big", "y"]
 
 
 def test_calibrate_writes_the_file_in_the_working_directory(
@@ -88,8 +92,10 @@ def test_constant_tensor_warns(cli, tmp_path: Path, data: Path) -> None:
     model = parse_model(
         """
         <ir_version: 8, opset_import: ["" : 17]>
-        net (float[N, 2, 6, 6] x) => (float[N, 2, 6, 6] y) <float[1] zero = {0.0}> {
-            y = Mul (x, zero)
+        net (float[N, 2, 6, 6] x) => (float[N, 2, 6, 6] y)
+            <float[2, 2, 1, 1] w = {1.0, 0.0, 0.0, 1.0}, float[1] zero = {0.0}> {
+            c = Conv (x, w)
+            y = Mul (c, zero)
         }
         """
     )

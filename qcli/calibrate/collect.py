@@ -10,8 +10,11 @@ observed; the quantizer leaves those subgraphs float unless they are inlined fir
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import queue
+import threading
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import onnx
@@ -134,33 +137,151 @@ def collect(
     tensors: list[str] | None = None,
     max_bins: int = DEFAULT_MAX_BINS,
     progress: Callable[[int], None] | None = None,
+    background: bool = True,
 ) -> Collected:
-    """Run `model` over `folder` once and observe `tensors` (default: `calibration_tensors`)."""
+    """Run `model` over `folder` once and observe `tensors` (default: `calibration_tensors`).
+
+    With `background` (the default) the pass is a three-stage pipeline: a thread reads and
+    batches the next samples, the calling thread runs onnxruntime, and another thread updates
+    the observers with the previous batch's outputs. onnxruntime and numpy release the GIL, so
+    the observers' work overlaps inference (onnxruntime rarely keeps every core busy on small
+    batches). Each stage holds at most one batch ahead of the next, so memory stays flat in
+    the number of samples; the statistics are the same as without threads (each observer sees
+    the batches in order, and its histogram does not depend on order anyway).
+    """
     names = calibration_tensors(model) if tensors is None else list(tensors)
     session = make_session(with_outputs(model, names))
     observers = {name: TensorObserver(max_bins=max_bins, name=name) for name in names}
-    skipped: list[str] = []
+    sink = _ObserverSink(names, observers, background)
     samples = batches = 0
-    for batch in folder.batches(batch_size):
-        try:
-            values = session.run(names, batch.inputs)
-        except Exception as exc:  # onnxruntime's Fail / InvalidArgument / RuntimeException
-            where = batch.sources[0] if len(batch.sources) == 1 else f"{batch.sources[0]} .. {batch.sources[-1]}"
-            raise DataError(
-                f"onnxruntime failed on {folder.path / where}: {str(exc).strip()}",
-                hint="check that this sample is a valid input for the model",
-            ) from exc
-        for name, value in zip(names, values):
-            observer = observers.get(name)
+    stream = folder.batches(batch_size)
+    if background:
+        stream = _prefetch(stream)
+    try:
+        for batch in stream:
+            try:
+                values = session.run(names, batch.inputs)
+            except Exception as exc:  # onnxruntime's Fail / InvalidArgument / RuntimeException
+                where = batch.sources[0] if len(batch.sources) == 1 else f"{batch.sources[0]} .. {batch.sources[-1]}"
+                raise DataError(
+                    f"onnxruntime failed on {folder.path / where}: {str(exc).strip()}",
+                    hint="check that this sample is a valid input for the model",
+                ) from exc
+            sink.put(values, batch.size)
+            samples += batch.size
+            batches += 1
+            if progress is not None:
+                progress(batch.size)
+    except BaseException:
+        sink.close(reraise=False)
+        raise
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()  # stops the reading thread, if any
+    sink.close()
+    return Collected(observers, samples, batches, sink.skipped)
+
+
+class _ObserverSink:
+    """Feeds each batch's outputs to the observers, inline or in one background thread.
+
+    The queue holds one batch: `put` blocks while the thread is a batch behind, so at most
+    three batches of outputs are alive (being observed, queued, being computed).
+    """
+
+    def __init__(self, names: list[str], observers: dict[str, TensorObserver], background: bool):
+        self.names = names
+        self.observers = observers
+        self.skipped: list[str] = []
+        self._error: BaseException | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, name="qcli-observe", daemon=True)
+            self._thread.start()
+
+    def put(self, values: list, samples: int) -> None:
+        if self._thread is None:
+            self._update(values, samples)
+            return
+        if self._error is not None:
+            raise self._error
+        self._queue.put((values, samples))
+
+    def close(self, reraise: bool = True) -> None:
+        """Wait for the observers to take every batch; raise what the thread raised."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if reraise and self._error is not None:
+            raise self._error
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is None:  # after an error, drain the queue so that `put` never blocks
+                try:
+                    self._update(*item)
+                except BaseException as exc:  # re-raised in the calling thread
+                    self._error = exc
+
+    def _update(self, values: list, samples: int) -> None:
+        for name, value in zip(self.names, values):
+            observer = self.observers.get(name)
             if observer is None:
                 continue
             if not isinstance(value, np.ndarray) or not np.issubdtype(value.dtype, np.floating):
-                del observers[name]
-                skipped.append(name)
+                del self.observers[name]
+                self.skipped.append(name)
                 continue
-            observer.update(value, samples=batch.size)
-        samples += batch.size
-        batches += 1
-        if progress is not None:
-            progress(batch.size)
-    return Collected(observers, samples, batches, skipped)
+            observer.update(value, samples=samples)
+
+
+T = TypeVar("T")
+_DONE = object()
+
+
+def _prefetch(items: Iterator[T], depth: int = 1) -> Generator[T, None, None]:
+    """Yield `items`, produced by a background thread up to `depth` items ahead.
+
+    An exception raised while producing is raised here, at the item it replaced. Closing the
+    generator (or leaving a loop over it early) stops the thread.
+    """
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not _offer(slots, (item, None), stop):
+                    return
+        except BaseException as exc:  # handed to the consumer
+            _offer(slots, (_DONE, exc), stop)
+            return
+        _offer(slots, (_DONE, None), stop)
+
+    thread = threading.Thread(target=produce, name="qcli-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = slots.get()
+            if error is not None:
+                raise error
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _offer(slots: queue.Queue, entry: tuple, stop: threading.Event) -> bool:
+    """Put `entry` once there is room; False if the consumer stopped first."""
+    while not stop.is_set():
+        try:
+            slots.put(entry, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False

@@ -1,4 +1,5 @@
-"""`calibrate`: one pass over a data folder -> a CalibrationTable with every method's ranges."""
+"""`calibrate`: prepare the model, plan it, observe exactly the tensors the plan quantizes over
+one pass of the data, and solve every method's ranges -> a CalibrationTable."""
 
 from __future__ import annotations
 
@@ -13,29 +14,32 @@ from qcli.data import DataFolder
 from qcli.model import fingerprint
 
 
-def range_settings(config: Config) -> RangeSettings:
-    c, a = config.calibration, config.activations
-    return RangeSettings(c.method, c.percentile, c.bins, a.dtype, a.symmetric)
-
-
 def calibrate(
     model: onnx.ModelProto,
     folder: DataFolder,
     config: Config,
     *,
     progress: Callable[[int], None] | None = None,
+    force: bool = False,
 ) -> CalibrationTable:
-    """Observe the model's activations over `folder` (its first `config.calibration.samples`)
-    and solve the ranges of all four methods for the configured activation dtype.
+    """Observe the activations `config`'s quantization needs over `folder` and solve the
+    ranges of all four methods for the configured activation dtype.
 
     The histograms keep at least `bins` bins across each tensor's range (twice that at most),
-    which is what the KL solver works on.
+    which is what the KL solver works on. The table is keyed to the fingerprint of `model`
+    as given (before preparation), which is what `quantize` checks.
     """
+    from qcli.plan import make_plan
+    from qcli.prepare import prepare
+
+    prepared = prepare(model, force=force).model
+    plan = make_plan(prepared, config)
     collected = collect(
-        model,
+        prepared,
         folder,
         batch_size=config.calibration.batch_size,
+        tensors=plan.calibrated_tensors,
         max_bins=2 * config.calibration.bins,
         progress=progress,
     )
-    return build_table(collected.observers, fingerprint(model), collected.samples, range_settings(config))
+    return build_table(collected.observers, fingerprint(model), collected.samples, RangeSettings.of(config))

@@ -38,6 +38,12 @@ class RangeSettings:
     dtype: str = "uint8"
     symmetric: bool = False
 
+    @classmethod
+    def of(cls, config) -> RangeSettings:
+        """The settings a `Config` asks for (its calibration and activations sections)."""
+        c, a = config.calibration, config.activations
+        return cls(c.method, c.percentile, c.bins, a.dtype, a.symmetric)
+
     def params(self, method: str) -> dict[str, Any]:
         if method == "percentile":
             return {"percentile": self.percentile}

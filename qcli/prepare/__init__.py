@@ -1,0 +1,108 @@
+"""Graph passes run before quantization: `prepare(model)` returns an equivalent model the
+quantizer can read (opset >= 13, weights as initializers, BatchNormalization folded, constant
+Ifs inlined, value_info filled) and one note per change.
+
+Each pass is a module with one function `model -> PassResult(model, modified, notes)`, usable
+and testable alone; `PASSES` lists them in order.
+
+Decisions (and why):
+- `prepare` copies the caller's model once; the passes then edit that copy in place (a pass
+  may also return a new ModelProto: always use `result.model`). The C++ tools (version
+  converter, shape inference) get a light copy without the big weights, so a model's weights
+  are copied about once per prepare, whatever their size, and models over 2 GB work.
+- Names: graph outputs and every tensor/node that survives keep their names (calibration
+  statistics and user overrides refer to them). Names created are derived from existing ones
+  (`<weight>/folded`, `<node>/bias`, `<If node>/<branch tensor>`, then `_1`, `_2`... if taken),
+  never random. Same input, same bytes out (`SerializeToString(deterministic=True)`).
+- Initializers that are also graph inputs (IR < 4 required it; some exporters still do it)
+  are constants: they are folded like any weight and dropped from the graph inputs. Feeding
+  them at run time is not supported (the data loader never does; quantized weights are baked).
+- Opset: upgraded to 13 only when below (never above 13: that is enough for per-channel and
+  int8 Q/DQ, and newer is the exporter's call); the IR version is raised to what the new
+  opset needs, never above what the installed onnxruntime loads. onnx's converter gets
+  Resize/Upsample (< 11) and Hardmax (< 13) wrong; those are put right (see `opset`).
+- Constant folding evaluates with onnxruntime (one thread, so results are bit-identical run
+  to run) and falls back to onnx's ReferenceEvaluator; only main-graph nodes are folded
+  (subgraph Constant nodes do become that subgraph's initializers). Shape(activation)
+  chains are not constant and stay.
+- After an If is inlined, constant folding and BatchNormalization folding run again so the
+  inlined branch is treated like the rest of the graph (notes are not repeated).
+- Shape inference never fails the run: on error, the model is kept and a note says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import onnx
+
+from qcli.prepare._graph import Options, PassResult
+from qcli.prepare.batchnorm import fold_batchnorm
+from qcli.prepare.constants import fold_constants
+from qcli.prepare.guard import refuse_quantized
+from qcli.prepare.opset import upgrade_opset
+from qcli.prepare.shapes import infer_shapes
+from qcli.prepare.subgraphs import inline_constant_if
+
+Pass = Callable[[onnx.ModelProto, Options], PassResult]
+
+PASSES: list[Pass] = [
+    refuse_quantized,  # already-quantized models are refused (unless force)
+    upgrade_opset,  # below 13 -> 13
+    fold_constants,  # Constant nodes and constant subgraphs -> initializers
+    fold_batchnorm,  # BatchNormalization -> the Conv/ConvTranspose/Gemm before it
+    inline_constant_if,  # If with a constant condition -> the taken branch
+    infer_shapes,  # value_info for every tensor
+]
+
+# Passes run again on what `inline_constant_if` inlined, before shape inference.
+AFTER_INLINING: list[Pass] = [fold_constants, fold_batchnorm]
+
+
+@dataclass
+class PrepareResult:
+    model: onnx.ModelProto
+    notes: list[str] = field(default_factory=list)  # one human sentence per change made
+
+
+def prepare(model: onnx.ModelProto, *, force: bool = False) -> PrepareResult:
+    """Run `PASSES` on a copy of `model` (the caller's ModelProto is never changed).
+
+    Raises ModelError for an already quantized model (unless `force`) and for a model whose
+    opset cannot be upgraded.
+    """
+    options = Options(force=force)
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    notes: list[str] = []
+    for step in PASSES:
+        result = step(work, options)
+        work = result.model
+        _add(notes, result.notes)
+        if step is inline_constant_if and result.modified:
+            for again in AFTER_INLINING:
+                result = again(work, options)
+                work = result.model
+                _add(notes, result.notes)
+    return PrepareResult(work, notes)
+
+
+def _add(notes: list[str], new: list[str]) -> None:
+    notes.extend(n for n in new if n not in notes)
+
+
+__all__ = [
+    "AFTER_INLINING",
+    "PASSES",
+    "Options",
+    "PassResult",
+    "PrepareResult",
+    "fold_batchnorm",
+    "fold_constants",
+    "infer_shapes",
+    "inline_constant_if",
+    "prepare",
+    "refuse_quantized",
+    "upgrade_opset",
+]

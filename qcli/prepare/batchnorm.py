@@ -1,0 +1,205 @@
+"""Fold inference-mode BatchNormalization into the Conv, ConvTranspose or Gemm before it:
+
+    BatchNormalization(Conv(X, W, b), gamma, beta, mean, var)
+        -> Conv(X, W * s, (b - mean) * s + beta)         s = gamma / sqrt(var + epsilon)
+
+with `s` applied along the producer's output-channel axis: axis 0 of a Conv weight, axis 1
+of a ConvTranspose weight (per group), the N axis of a Gemm's B (axis 1, or 0 with transB).
+The producer then writes the BatchNormalization's output name and keeps its own node name.
+
+A BatchNormalization stays (and a note says why) unless: it has one output and no training
+mode, its four parameters are initializers, its input comes from such a producer in the
+default domain, that producer's output feeds nothing else and is not a graph output, and the
+producer's weight (and bias, if any) are floating-point initializers of matching size.
+Main graph only. A weight shared with another node is not rewritten in place: the producer
+gets a folded copy named `<weight>/folded`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from qcli.prepare._graph import (
+    NameAllocator,
+    Options,
+    PassResult,
+    add_initializer,
+    is_default_domain,
+    label,
+    plural,
+    prune_value_info,
+    remove_nodes,
+    remove_unused_initializers,
+    set_tensor,
+    tensor_names,
+    use_counts,
+)
+
+PRODUCERS = ("Conv", "ConvTranspose", "Gemm")
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+
+
+def fold_batchnorm(model: onnx.ModelProto, options: Options = Options()) -> PassResult:
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    producers = {o: node for node in graph.node for o in node.output if o}
+    uses = use_counts(graph)
+    names = NameAllocator(tensor_names(graph))
+    folded: Counter[str] = Counter()
+    kept: list[str] = []
+    doomed: list[int] = []
+    for index, bn in enumerate(graph.node):
+        if bn.op_type != "BatchNormalization" or not is_default_domain(bn):
+            continue
+        producer = producers.get(bn.input[0])
+        reason = why_not_folded(bn, producer, initializers, uses)
+        if reason is None:
+            reason = _fold(bn, producer, initializers, uses, names, graph)
+        if reason is not None:
+            kept.append(f"{label(bn)} not folded: {reason}")
+            continue
+        folded[producer.op_type] += 1
+        doomed.append(index)
+    remove_nodes(graph, doomed)
+    notes = []
+    if folded:
+        total = sum(folded.values())
+        into = ", ".join(f"{op} ({n})" for op, n in sorted(folded.items())) if len(folded) > 1 else next(iter(folded))
+        notes.append(f"folded {plural(total, 'BatchNormalization node')} into {into}")
+        remove_unused_initializers(graph)
+        prune_value_info(graph)
+    return PassResult(model, bool(folded), notes + kept)
+
+
+def why_not_folded(
+    bn: onnx.NodeProto,
+    producer: onnx.NodeProto | None,
+    initializers: dict[str, onnx.TensorProto],
+    uses: Counter[str],
+) -> str | None:
+    """Why this BatchNormalization cannot be folded into its producer (None: it can)."""
+    if len([o for o in bn.output if o]) != 1:
+        return "it has training outputs (running mean/var)"
+    if any(a.name == "training_mode" and a.i for a in bn.attribute):
+        return "it runs in training mode"
+    for name in bn.input[1:5]:
+        if name not in initializers:
+            return f"its parameter '{name}' is not a constant"
+    source = bn.input[0]
+    if producer is None:
+        what = "an initializer" if source in initializers else "a graph input"
+        return f"its input '{source}' is {what}"
+    if producer.op_type not in PRODUCERS or not is_default_domain(producer):
+        return f"its input comes from {producer.op_type}"
+    if uses[source] > 1:
+        return f"the output of {label(producer)} also feeds other nodes or is a graph output"
+    for role, position in (("weight", 1), ("bias", 2)):
+        if len(producer.input) > position and producer.input[position]:
+            name = producer.input[position]
+            if name not in initializers:
+                return f"the {role} of {label(producer)} is not a constant"
+            if initializers[name].data_type not in FLOAT_TYPES:
+                return f"the {role} of {label(producer)} is not floating point"
+    return None
+
+
+def _fold(
+    bn: onnx.NodeProto,
+    producer: onnx.NodeProto,
+    initializers: dict[str, onnx.TensorProto],
+    uses: Counter[str],
+    names: NameAllocator,
+    graph: onnx.GraphProto,
+) -> str | None:
+    """Rewrite the producer's weight and bias; None when done, else why it was not."""
+    gamma, beta, mean, var = (numpy_helper.to_array(initializers[n]).astype(np.float64) for n in bn.input[1:5])
+    epsilon = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+    channels = gamma.size
+    if not (gamma.shape == beta.shape == mean.shape == var.shape == (channels,)):
+        return "its parameters are not 1-D of one size"
+    scale = gamma / np.sqrt(var + epsilon)
+    weight_tensor = initializers[producer.input[1]]
+    weight = numpy_helper.to_array(weight_tensor).astype(np.float64)
+    attrs = {a.name: helper.get_attribute_value(a) for a in producer.attribute}
+    has_bias = len(producer.input) > 2 and bool(producer.input[2])
+    bias = numpy_helper.to_array(initializers[producer.input[2]]).astype(np.float64) if has_bias else None
+
+    if producer.op_type == "Conv":
+        if weight.ndim < 3 or weight.shape[0] != channels:
+            return _mismatch(channels, producer, weight.shape[0] if weight.ndim else 0)
+        new_weight = weight * scale.reshape((-1,) + (1,) * (weight.ndim - 1))
+    elif producer.op_type == "ConvTranspose":
+        groups = int(attrs.get("group", 1))
+        if weight.ndim < 3 or weight.shape[1] * groups != channels or weight.shape[0] % groups:
+            return _mismatch(channels, producer, weight.shape[1] * groups if weight.ndim > 1 else 0)
+        # W is [C_in, C_out/groups, k...]; output channel g*C_out/groups + j scales W[g-th block, j]
+        grouped = weight.reshape((groups, weight.shape[0] // groups) + weight.shape[1:])
+        per_group = scale.reshape((groups, 1, weight.shape[1]) + (1,) * (weight.ndim - 2))
+        new_weight = (grouped * per_group).reshape(weight.shape)
+    else:  # Gemm: Y = alpha * A' B' + beta * C, with N = BN channels the columns of Y
+        axis = 0 if attrs.get("transB", 0) else 1
+        if weight.ndim != 2 or weight.shape[axis] != channels:
+            return _mismatch(channels, producer, weight.shape[axis] if weight.ndim == 2 else 0)
+        new_weight = weight * (scale[:, None] if axis == 0 else scale[None, :])
+        if bias is not None:
+            bias = bias * float(attrs.get("beta", 1.0))
+            try:
+                np.broadcast_shapes(bias.shape, (1, channels))
+            except ValueError:
+                return f"the bias of {label(producer)} does not broadcast to {channels} columns"
+
+    base_bias = bias if bias is not None else np.zeros(channels)
+    if producer.op_type != "Gemm" and base_bias.shape != (channels,):
+        return f"the bias of {label(producer)} does not have {channels} values"
+    new_bias = (base_bias - mean) * scale + beta
+
+    dtype = numpy_helper.to_array(weight_tensor).dtype
+    producer.input[1] = _store(new_weight.astype(dtype), producer.input[1], uses, names, graph, initializers)
+    if has_bias:
+        producer.input[2] = _store(new_bias.astype(dtype), producer.input[2], uses, names, graph, initializers)
+    else:
+        name = names.fresh(f"{producer.name or producer.output[0]}/bias")
+        initializers[name] = add_initializer(graph, new_bias.astype(dtype), name)
+        if len(producer.input) < 3:
+            producer.input.append(name)
+        else:
+            producer.input[2] = name
+    if producer.op_type == "Gemm":
+        _set_attribute(producer, "beta", 1.0)
+    producer.output[0] = bn.output[0]
+    return None
+
+
+def _mismatch(channels: int, producer: onnx.NodeProto, found: int) -> str:
+    return f"it has {channels} channels but {label(producer)} has {found} output channels"
+
+
+def _store(
+    value: np.ndarray,
+    name: str,
+    uses: Counter[str],
+    names: NameAllocator,
+    graph: onnx.GraphProto,
+    initializers: dict[str, onnx.TensorProto],
+) -> str:
+    """Write `value` over initializer `name` if only this producer reads it, else to a new
+    initializer `<name>/folded`; return the name the producer should read."""
+    if uses[name] <= 1:
+        set_tensor(initializers[name], value, name)
+        return name
+    new = names.fresh(f"{name}/folded")
+    initializers[new] = add_initializer(graph, value, new)
+    uses[name] -= 1
+    uses[new] += 1
+    return new
+
+
+def _set_attribute(node: onnx.NodeProto, name: str, value) -> None:
+    keep = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(keep)
+    node.attribute.append(helper.make_attribute(name, value))

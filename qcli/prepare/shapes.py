@@ -1,0 +1,59 @@
+"""Fill `value_info` with onnx shape inference (non-strict, with data propagation), so later
+stages know every tensor's dtype and shape. Never fails: if inference raises, the model is
+kept as it was and a note says so.
+
+Inference runs on a light copy of the model (big weights declared by type and shape only),
+which works the same for models over 2 GB; the inferred value_info (and graph-output types)
+are then copied back, graph by graph. Value_info the exporter wrote is kept when it agrees;
+if it contradicts inference, inference is retried without it.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from qcli.info import iter_graphs
+from qcli.prepare._graph import Options, PassResult, light_copy
+
+
+def infer_shapes(model: onnx.ModelProto, options: Options = Options()) -> PassResult:
+    before = _typed(model)
+    light = light_copy(model)
+    try:
+        inferred = _infer(light.model)
+    except Exception as first:  # onnx raises InferenceError, ValidationError, RuntimeError...
+        for _, graph in iter_graphs(light.model.graph):
+            del graph.value_info[:]
+        try:
+            inferred = _infer(light.model)
+        except Exception:
+            reason = str(first).strip().splitlines()[0] if str(first).strip() else type(first).__name__
+            return PassResult(model, False, [
+                f"shape inference failed ({reason[:200]}): later stages see fewer tensor types"
+            ])
+    added = set(light.added_inputs)
+    for (_, target), (_, source) in zip(iter_graphs(model.graph), iter_graphs(inferred.graph)):
+        del target.value_info[:]
+        target.value_info.extend(v for v in source.value_info if v.name not in added)
+        for mine, theirs in zip(target.output, source.output):
+            if mine.name == theirs.name:
+                mine.type.CopyFrom(theirs.type)
+    after = _typed(model)
+    gained = len(after - before)
+    if not gained:
+        return PassResult(model, False, [])
+    return PassResult(model, True, [f"shape inference typed {gained} more tensors"])
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+
+
+def _typed(model: onnx.ModelProto) -> set[str]:
+    """Tensors whose element type is known (value_info or graph outputs), all graphs."""
+    names = set()
+    for _, graph in iter_graphs(model.graph):
+        for value in (*graph.value_info, *graph.output):
+            if value.type.tensor_type.elem_type:
+                names.add(value.name)
+    return names

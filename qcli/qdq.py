@@ -1,0 +1,210 @@
+"""Materialize a Plan: the one module that edits the graph.
+
+- Each quantized activation `t` gets `QuantizeLinear(t) -> t_quantized -> DequantizeLinear ->
+  t_dequantized`, and every consumer of `t` reads `t_dequantized` (a graph output keeps its name:
+  the producer then writes `t_float` and the DequantizeLinear writes `t`). Tensors of one group
+  share one scale/zero-point pair of initializers.
+- Each weight becomes an integer initializer `w_quantized` (+ `w_scale`, `w_zero_point`, with
+  `axis` when per-channel) and a DequantizeLinear writing `w_dequantized`; the float initializer is
+  dropped when nothing else reads it, which is where the file shrinks.
+- Each bias becomes int32 with scale = input scale x weight scale and zero point 0.
+New names derive from the tensor names, nodes are kept in topological order (original order
+first), so the output is deterministic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from qcli.plan import Plan
+from qcli.scheme import choose_qparams, quantize
+from qcli.errors import ModelError
+
+
+def _weight_qparams(values: np.ndarray, plan) -> tuple[np.ndarray, np.ndarray]:
+    scheme = plan.scheme
+    if plan.axis is None:
+        return choose_qparams(values.min(), values.max(), scheme.dtype, scheme.symmetric)
+    other = tuple(a for a in range(values.ndim) if a != plan.axis)
+    return choose_qparams(values.min(axis=other), values.max(axis=other), scheme.dtype, scheme.symmetric)
+
+
+def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
+    """A new model with the plan's Q/DQ nodes, quantized weights and biases."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    inits = {t.name: t for t in graph.initializer}
+    quantized_nodes = {d.index for d in plan.nodes if d.quantized}
+    new_inits: list[onnx.TensorProto] = []
+    new_nodes: list[onnx.NodeProto] = []
+    renames: dict[tuple[int, int], str] = {}  # (node index, input index) -> new input name
+
+    def uses(name: str, only_quantized: bool) -> list[tuple[int, int]]:
+        return [
+            (i, k)
+            for i, node in enumerate(graph.node)
+            if not only_quantized or i in quantized_nodes
+            for k, inp in enumerate(node.input)
+            if inp == name
+        ]
+
+    def dequantize_node(q_name: str, scale: str, zero: str | None, output: str, axis: int | None) -> onnx.NodeProto:
+        """DequantizeLinear; `zero` None omits the zero point (all zeros: int8 weights, int32 bias)."""
+        inputs = [q_name, scale] + ([zero] if zero else [])
+        node = helper.make_node("DequantizeLinear", inputs, [output], name=f"{output}_DQ")
+        if axis is not None:
+            node.attribute.append(helper.make_attribute("axis", axis))
+        return node
+
+    # weights
+    weight_params: dict[str, np.ndarray] = {}
+    for wp in plan.weights.values():
+        values = numpy_helper.to_array(inits[wp.name]).astype(np.float32)
+        scale, zero = _weight_qparams(values, wp)
+        weight_params[wp.name] = scale
+        q = quantize(values, scale, zero, wp.scheme.dtype, wp.axis, wp.scheme.symmetric)
+        new_inits += [
+            _tensor(q, f"{wp.name}_quantized", wp.scheme.dtype.onnx_type),
+            numpy_helper.from_array(scale, f"{wp.name}_scale"),
+        ]
+        # The zero point stays even when all zeros: onnxruntime fuses Gemm only with one.
+        new_inits.append(_tensor(zero, f"{wp.name}_zero_point", wp.scheme.dtype.onnx_type))
+        new_nodes.append(
+            dequantize_node(
+                f"{wp.name}_quantized", f"{wp.name}_scale", f"{wp.name}_zero_point", f"{wp.name}_dequantized", wp.axis
+            )
+        )
+        for use in uses(wp.name, only_quantized=True):
+            renames[use] = f"{wp.name}_dequantized"
+
+    # activations (and embedding tables quantized with their group's params)
+    graph_outputs = {o.name for o in graph.output}
+    producer = {o: (i, k) for i, n in enumerate(graph.node) for k, o in enumerate(n.output)}
+    output_renames: dict[tuple[int, int], str] = {}
+    group_scale: dict[str, np.ndarray] = {}
+    for group in plan.groups:
+        if group.scale is None:
+            raise ModelError(f"internal: group {group.tensors[0]!r} has no qparams (assign_ranges first)")
+        base = group.tensors[0]
+        scale_name, zero_name = f"{base}_scale", f"{base}_zero_point"
+        onnx_type = group.scheme.dtype.onnx_type
+        new_inits += [numpy_helper.from_array(np.float32(group.scale), scale_name), _tensor(group.zero_point, zero_name, onnx_type)]
+        for t in group.tensors:
+            group_scale[t] = group.scale
+            if t == group.constant:
+                values = numpy_helper.to_array(inits[t]).astype(np.float32)
+                q = quantize(values, group.scale, group.zero_point, group.scheme.dtype, None, group.scheme.symmetric)
+                new_inits.append(_tensor(q, f"{t}_quantized", onnx_type))
+                new_nodes.append(dequantize_node(f"{t}_quantized", scale_name, zero_name, f"{t}_dequantized", None))
+                for use in uses(t, only_quantized=True):
+                    renames[use] = f"{t}_dequantized"
+                continue
+            if t in graph_outputs and t in producer:
+                source = f"{t}_float"
+                output_renames[producer[t]] = source
+                target = t
+            else:
+                source, target = t, f"{t}_dequantized"
+                for use in uses(t, only_quantized=False):
+                    renames[use] = target
+            new_nodes.append(
+                helper.make_node(
+                    "QuantizeLinear", [source, scale_name, zero_name], [f"{t}_quantized"], name=f"{t}_Q"
+                )
+            )
+            new_nodes.append(dequantize_node(f"{t}_quantized", scale_name, zero_name, target, None))
+
+    # biases: int32, scale = s_input * s_weight
+    for bp in plan.biases.values():
+        if bp.input not in group_scale:
+            continue
+        values = numpy_helper.to_array(inits[bp.name]).astype(np.float64)
+        scale = (np.float64(group_scale[bp.input]) * weight_params[bp.weight].astype(np.float64)).astype(np.float32)
+        scale = np.broadcast_to(scale, values.shape).copy() if scale.ndim else scale
+        q = np.clip(np.rint(values / scale), -(2**31) + 1, 2**31 - 1).astype(np.int32)
+        axis = 0 if scale.ndim else None
+        new_inits += [
+            numpy_helper.from_array(q, f"{bp.name}_quantized"),
+            numpy_helper.from_array(scale, f"{bp.name}_scale"),
+        ]
+        new_nodes.append(
+            dequantize_node(f"{bp.name}_quantized", f"{bp.name}_scale", None, f"{bp.name}_dequantized", axis)
+        )
+        for use in uses(bp.name, only_quantized=True):
+            renames[use] = f"{bp.name}_dequantized"
+
+    for (i, k), name in renames.items():
+        graph.node[i].input[k] = name
+    for (i, k), name in output_renames.items():
+        graph.node[i].output[k] = name
+
+    # Drop float initializers nothing reads any more.
+    read = {name for node in [*graph.node, *new_nodes] for name in node.input}
+    read |= {name for node in graph.node for attr in node.attribute if attr.type == onnx.AttributeProto.GRAPH
+             for sub in _subgraph_inputs(attr.g) for name in [sub]}
+    kept = [t for t in graph.initializer if t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + new_inits)
+    inputs = [i for i in graph.input if i.name not in inits or i.name in read]
+    del graph.input[:]
+    graph.input.extend(inputs)
+
+    nodes = _toposort([*graph.node, *new_nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return out
+
+
+def _tensor(values: np.ndarray, name: str, onnx_type: int) -> onnx.TensorProto:
+    """An initializer of `onnx_type` (int4/uint4 are packed two per byte by onnx's helper)."""
+    values = np.asarray(values)
+    if onnx_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return helper.make_tensor(name, onnx_type, values.shape, values.flatten().tolist())
+    return numpy_helper.from_array(values, name)
+
+
+def _subgraph_inputs(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from its parent's scope (anything it uses but does not define)."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(n for n in node.input if n)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                used |= _subgraph_inputs(attr.g)
+        defined.update(node.output)
+    return used - defined
+
+
+def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
+    """Stable topological order: among ready nodes, the earliest in `nodes` goes first."""
+    import heapq
+
+    produced = {o for n in nodes for o in n.output}
+    needs: list[set[str]] = []
+    waiting: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        inputs = {n for n in node.input if n} | {
+            n for attr in node.attribute if attr.type == onnx.AttributeProto.GRAPH for n in _subgraph_inputs(attr.g)
+        }
+        missing = {n for n in inputs if n in produced and n not in available}
+        needs.append(missing)
+        for n in missing:
+            waiting.setdefault(n, []).append(i)
+    ready = [i for i, m in enumerate(needs) if not m]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for out in nodes[i].output:
+            for j in waiting.pop(out, []):
+                needs[j].discard(out)
+                if not needs[j]:
+                    heapq.heappush(ready, j)
+    if len(order) != len(nodes):
+        raise ModelError("internal: the quantized graph has a cycle")
+    return order

@@ -1,0 +1,715 @@
+"""Graph prepare passes: each pass keeps the model's outputs (onnxruntime before/after on
+random inputs) and leaves the expected ops; `prepare` on the model-zoo graphs shipped with onnx.
+
+Tolerances: folds that only move data (Constant, ConstantOfShape, If inlining, opset
+conversion) must be exact; folds that re-associate float math (BatchNormalization into the
+weights) get rtol 1e-4 / atol 1e-5; whole zoo networks (dozens of folded layers, logits up
+to 1e31) get rtol 1e-3.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+from qcli.errors import ModelError
+from qcli.model import max_ir_version
+from qcli.prepare import (
+    PASSES,
+    fold_batchnorm,
+    fold_constants,
+    infer_shapes,
+    inline_constant_if,
+    prepare,
+    refuse_quantized,
+    upgrade_opset,
+)
+from qcli.prepare._graph import Options, light_copy
+from qcli.runtime import make_session, session_options
+
+LIGHT_MODELS = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+EXACT = dict(rtol=0, atol=0)
+BN_TOLERANCE = dict(rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- helpers
+
+def build(text: str, check: bool = True, **initializers: np.ndarray) -> onnx.ModelProto:
+    """A model from ONNX text, plus initializers given as arrays (random weights do not
+    fit in the text); IR clamped to what onnxruntime loads."""
+    model = onnx.parser.parse_model(text)
+    for name, array in initializers.items():
+        model.graph.initializer.append(numpy_helper.from_array(np.asarray(array), name))
+    model.ir_version = min(model.ir_version, max_ir_version())
+    if check:
+        onnx.checker.check_model(model)
+    return model
+
+
+def copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    clone = onnx.ModelProto()
+    clone.CopyFrom(model)
+    return clone
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random values for the inputs a caller feeds (not initializers); free dims are 2."""
+    rng = np.random.default_rng(seed)
+    constant = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in constant:
+            continue
+        tensor = value.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else 2 for d in tensor.shape.dim]
+        if tensor.elem_type == onnx.TensorProto.BOOL:
+            feeds[value.name] = rng.random(shape) > 0.5
+        else:
+            feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = make_session(model)
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def assert_same_outputs(before, after, feeds=None, **tolerance) -> None:
+    feeds = feeds if feeds is not None else random_feeds(before)
+    expected, actual = outputs(before, feeds), outputs(after, feeds)
+    assert list(actual) == list(expected)  # same output names, same order
+    for name in expected:
+        if expected[name].dtype.kind in "OSU":  # strings
+            np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)
+        else:
+            np.testing.assert_allclose(actual[name], expected[name], err_msg=name, **(tolerance or EXACT))
+
+
+def run_pass(step, model: onnx.ModelProto, **options):
+    """Run one pass on a copy (passes edit in place) and check the outputs did not change."""
+    result = step(copy(model), Options(**options))
+    onnx.checker.check_model(result.model)
+    return result
+
+
+def ops(model: onnx.ModelProto) -> Counter[str]:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
+    return numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name))
+
+
+def bn_params(channels: int, seed: int = 1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "gamma": rng.uniform(0.5, 2.0, channels).astype(np.float32),
+        "beta": rng.standard_normal(channels).astype(np.float32),
+        "mean": rng.standard_normal(channels).astype(np.float32),
+        "var": rng.uniform(0.5, 2.0, channels).astype(np.float32),
+    }
+
+
+def weights(*shape: int, seed: int = 2) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# ---------------------------------------------------------------- batchnorm
+
+CONV_BN = """
+<ir_version: 8, opset_import: ["" : 13]>
+net (float[2, 3, 8, 8] x) => (float[2, 4, 8, 8] y) {
+    [conv] c = Conv <pads = [1, 1, 1, 1]> (x, w, b)
+    [bn] y = BatchNormalization <epsilon = 0.001> (c, gamma, beta, mean, var)
+}
+"""
+
+
+def test_conv_bn_folded() -> None:
+    model = build(CONV_BN, w=weights(4, 3, 3, 3), b=weights(4, seed=3), **bn_params(4))
+    result = run_pass(fold_batchnorm, model)
+    assert result.modified
+    assert result.notes == ["folded 1 BatchNormalization node into Conv"]
+    assert ops(result.model) == Counter(Conv=1)
+    conv = result.model.graph.node[0]
+    assert (conv.name, list(conv.input), list(conv.output)) == ("conv", ["x", "w", "b"], ["y"])
+    assert {t.name for t in result.model.graph.initializer} == {"w", "b"}  # BN params removed
+    assert_same_outputs(model, result.model, **BN_TOLERANCE)
+
+
+def test_conv_without_bias_gets_one() -> None:
+    text = CONV_BN.replace("(x, w, b)", "(x, w)")
+    model = build(text, w=weights(4, 3, 3, 3), **bn_params(4))
+    result = run_pass(fold_batchnorm, model)
+    assert ops(result.model) == Counter(Conv=1)
+    assert list(result.model.graph.node[0].input) == ["x", "w", "conv/bias"]
+    assert_same_outputs(model, result.model, **BN_TOLERANCE)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_conv_transpose_bn_folded(groups: int) -> None:
+    # ConvTranspose weight: [C_in, C_out / groups, k, k]; output channels on axis 1, per group
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[1, 4, 5, 5] x) => (float[1, 6, 11, 11] y) {{
+        [up] c = ConvTranspose <strides = [2, 2], group = {groups}> (x, w, b)
+        [bn] y = BatchNormalization (c, gamma, beta, mean, var)
+    }}
+    """
+    model = build(text, w=weights(4, 6 // groups, 3, 3), b=weights(6, seed=3), **bn_params(6))
+    result = run_pass(fold_batchnorm, model)
+    assert ops(result.model) == Counter(ConvTranspose=1)
+    assert_same_outputs(model, result.model, **BN_TOLERANCE)
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gemm_bn_folded(trans_b: int, bias: bool) -> None:
+    shape = (5, 8) if trans_b else (8, 5)
+    inputs = "(x, w, c)" if bias else "(x, w)"
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[3, 8] x) => (float[3, 5] y) {{
+        [fc] g = Gemm <transB = {trans_b}, alpha = 1.5, beta = 0.5> {inputs}
+        [bn] y = BatchNormalization (g, gamma, beta, mean, var)
+    }}
+    """
+    extra = {"c": weights(1, 5, seed=4)} if bias else {}
+    model = build(text, w=weights(*shape), **extra, **bn_params(5))
+    result = run_pass(fold_batchnorm, model)
+    assert ops(result.model) == Counter(Gemm=1)
+    assert_same_outputs(model, result.model, **BN_TOLERANCE)
+
+
+def test_bn_after_add_not_folded() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 4, 6, 6] x) => (float[2, 4, 6, 6] y) {
+        [add] s = Add (x, x)
+        [bn] y = BatchNormalization (s, gamma, beta, mean, var)
+    }
+    """
+    model = build(text, **bn_params(4))
+    result = run_pass(fold_batchnorm, model)
+    assert not result.modified
+    assert result.notes == ["BatchNormalization 'bn' not folded: its input comes from Add"]
+    assert ops(result.model) == Counter(Add=1, BatchNormalization=1)
+
+
+def test_bn_not_folded_when_conv_output_is_shared() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 3, 6, 6] x) => (float[2, 4, 6, 6] y, float[2, 4, 6, 6] z) {
+        [conv] c = Conv (x, w)
+        [bn] y = BatchNormalization (c, gamma, beta, mean, var)
+        [relu] z = Relu (c)
+    }
+    """
+    model = build(text, w=weights(4, 3, 1, 1), **bn_params(4))
+    result = run_pass(fold_batchnorm, model)
+    assert result.notes == [
+        "BatchNormalization 'bn' not folded: the output of Conv 'conv' also feeds other nodes or is a graph output"
+    ]
+    assert ops(result.model)["BatchNormalization"] == 1
+
+
+def test_shared_weight_is_copied_not_overwritten() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 3, 6, 6] x) => (float[2, 3, 6, 6] y, float[2, 3, 6, 6] z) {
+        [conv1] c = Conv (x, w)
+        [bn] y = BatchNormalization (c, gamma, beta, mean, var)
+        [conv2] z = Conv (x, w)
+    }
+    """
+    model = build(text, w=weights(3, 3, 1, 1), **bn_params(3))
+    result = run_pass(fold_batchnorm, model)
+    assert [list(n.input)[1] for n in result.model.graph.node] == ["w/folded", "w"]
+    np.testing.assert_array_equal(initializer(result.model, "w"), initializer(model, "w"))
+    assert_same_outputs(model, result.model, **BN_TOLERANCE)
+
+
+# ---------------------------------------------------------------- constants
+
+def test_constant_node_weights_at_opset_11() -> None:
+    text = """
+    <ir_version: 6, opset_import: ["" : 11]>
+    net (float[2, 4] x) => (float[2, 3] y) {
+        w = Constant <value = float[4, 3] {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}> ()
+        b = Constant <value = float[3] {0.5, -1.0, 2.0}> ()
+        [fc] g = Gemm (x, w, b)
+        y = Relu (g)
+    }
+    """
+    model = build(text)
+    result = prepare(model)
+    assert result.notes[:2] == ["upgraded opset 11 -> 13", "raised the IR version 6 -> 7 (opset 13 needs it)"]
+    assert "turned 2 Constant nodes into initializers" in result.notes
+    assert ops(result.model) == Counter(Gemm=1, Relu=1)
+    assert {t.name for t in result.model.graph.initializer} == {"w", "b"}
+    assert_same_outputs(model, result.model)
+
+
+def test_every_constant_form_becomes_an_initializer() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[3] x) => (float[3] y, int64[2] n, string[2] s) {
+        a = Constant <value_float = 2.0> ()
+        k = Constant <value_ints = [4, 5]> ()
+        one = Constant <value_int = 1> ()
+        s = Constant <value_strings = ["p", "q"]> ()
+        t = Mul (x, a)
+        y = Add (t, t)
+        n = Add (k, one)
+    }
+    """
+    model = build(text)
+    result = run_pass(fold_constants, model)
+    # `n` is a graph output: its node stays (only its Constant inputs became initializers)
+    assert ops(result.model) == Counter(Mul=1, Add=2)
+    assert initializer(result.model, "a").shape == ()
+    assert initializer(result.model, "s").tolist() == ["p", "q"]
+    assert result.notes[0] == "turned 4 Constant nodes into initializers"
+    assert_same_outputs(model, result.model)
+
+
+def test_cast_int8_times_scale_is_folded() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 4] x) => (float[2, 3] y) {
+        wf = Cast <to = 1> (wq)
+        w = Mul (wf, scale)
+        [mm] y = MatMul (x, w)
+    }
+    """
+    wq = np.random.default_rng(5).integers(-128, 127, (4, 3)).astype(np.int8)
+    model = build(text, wq=wq, scale=np.array([0.1, 0.02, 0.5], np.float32))
+    result = run_pass(fold_constants, model)
+    assert ops(result.model) == Counter(MatMul=1)
+    assert [t.name for t in result.model.graph.initializer] == ["w"]
+    assert initializer(result.model, "w").dtype == np.float32
+    assert "folded 2 constant nodes into initializers (Cast 1, Mul 1)" in result.notes
+    assert "removed 2 unused initializers" in result.notes
+    assert_same_outputs(model, result.model)
+
+
+def test_constant_of_shape_transpose_reshape_folded_but_not_shape_of_activation() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 6] x) => (float[2, 4] y) {
+        shape = Constant <value = int64[2] {4, 6}> ()
+        w0 = ConstantOfShape <value = float[1] {0.25}> (shape)
+        wt = Transpose <perm = [1, 0]> (w0)
+        flat = Constant <value = int64[2] {6, 4}> ()
+        w = Reshape (wt, flat)
+        h = MatMul (x, w)
+        hs = Shape (h)
+        ones = Constant <value = int64[2] {1, 1}> ()
+        target = Mul (hs, ones)
+        y = Expand (h, target)
+    }
+    """
+    model = build(text)
+    result = run_pass(fold_constants, model)
+    assert ops(result.model) == Counter(MatMul=1, Shape=1, Mul=1, Expand=1)  # Shape(h) chain stays
+    assert result.notes == [
+        "turned 3 Constant nodes into initializers",
+        "folded 3 constant nodes into initializers (ConstantOfShape 1, Reshape 1, Transpose 1)",
+        "removed 2 unused initializers",
+    ]
+    w = initializer(result.model, "w")
+    assert w.shape == (6, 4) and np.all(w == 0.25)
+    assert_same_outputs(model, result.model)
+
+
+def _sorted(text: str) -> str:
+    """Let the test text list nodes in any order: sort them topologically (stable)."""
+    model = onnx.parser.parse_model(text)
+    produced = {o for n in model.graph.node for o in n.output}
+    ready = {i for n in model.graph.node for i in n.input if i not in produced} | {""}
+    pending, order = list(model.graph.node), []
+    while pending:
+        node = next(n for n in pending if all(i in ready for i in n.input))
+        pending.remove(node)
+        order.append(node)
+        ready.update(node.output)
+    del model.graph.node[:]
+    model.graph.node.extend(order)
+    return onnx.printer.to_text(model)
+
+
+def test_initializer_inputs_of_old_models_become_constants() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 3] x, float[3, 3] w) => (float[2, 3] y) {
+        y = MatMul (x, w)
+    }
+    """
+    model = build(text, w=weights(3, 3))
+    result = run_pass(fold_constants, model)
+    assert [v.name for v in result.model.graph.input] == ["x"]
+    assert result.notes == [
+        "treated 1 initializer also listed as graph inputs as constants (removed from the inputs)"
+    ]
+    assert_same_outputs(model, result.model, feeds={"x": weights(2, 3)})
+
+
+# ---------------------------------------------------------------- If subgraphs
+
+IF_MODEL = """
+<ir_version: 8, opset_import: ["" : 13]>
+net (float[2, 3] x, bool c2) => (float[2, 3] y) {
+    cond = Constant <value = bool {COND}> ()
+    [choose] r = If (cond) <
+        then_branch = then_graph () => (float[2, 3] then_out) {
+            k = Constant <value = float {2.0}> ()
+            t = Mul (x, k)
+            then_out = Add (t, x)
+        },
+        else_branch = else_graph () => (float[2, 3] else_out) {
+            else_out = Neg (x)
+        }
+    >
+    [other] r2 = If (c2) <
+        then_branch = a () => (float[2, 3] t) { t = Relu (x) },
+        else_branch = b () => (float[2, 3] u) { u = Sigmoid (x) }
+    >
+    y = Add (r, r2)
+}
+"""
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_with_constant_condition_is_inlined(cond: bool) -> None:
+    # both If nodes' then branches define `t`: once one is inlined, the other's would shadow
+    # it, so the inlined one is renamed
+    model = build(IF_MODEL.replace("COND", str(int(cond))))
+    before = copy(model)
+    model = fold_constants(model).model  # the condition becomes an initializer first
+    result = run_pass(inline_constant_if, model)
+    branch = "then_branch" if cond else "else_branch"
+    assert result.notes[0] == f"inlined the {branch} of If 'choose' (its condition is constant {cond})"
+    assert ops(result.model)["If"] == 1  # `other` has a run-time condition
+    assert "If 'other' has a run-time condition: its branches stay float" in result.notes
+    produced = [o for n in result.model.graph.node for o in n.output]
+    assert "r" in produced and "t" not in produced
+    if cond:
+        assert "choose/t" in produced
+        assert {t.name for t in result.model.graph.initializer} == {"k"}
+    for c2 in (True, False):
+        assert_same_outputs(before, result.model, feeds={"x": weights(2, 3), "c2": np.array(c2)})
+
+
+def test_if_with_run_time_condition_is_left_alone() -> None:
+    text = IF_MODEL.replace("cond = Constant <value = bool {COND}> ()", "").replace(
+        "net (float[2, 3] x,", "net (float[2, 3] x, bool cond,"
+    )
+    model = build(text)
+    result = prepare(model)
+    assert "If 'choose' has a run-time condition: its branches stay float" in result.notes
+    assert ops(result.model)["If"] == 2
+    for cond in (True, False):
+        feeds = {"x": weights(2, 3), "cond": np.array(cond), "c2": np.array(not cond)}
+        assert_same_outputs(model, result.model, feeds=feeds)
+
+
+def test_prepare_folds_inside_inlined_branches() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[1, 3, 6, 6] x) => (float[1, 4, 6, 6] y) {
+        cond = Constant <value = bool {1}> ()
+        [cond_if] y = If (cond) <
+            then_branch = a () => (float[1, 4, 6, 6] ya) {
+                [conv] c = Conv (x, w)
+                [bn] ya = BatchNormalization (c, gamma, beta, mean, var)
+            },
+            else_branch = b () => (float[1, 4, 6, 6] yb) {
+                [conv_else] yb = Conv (x, w)
+            }
+        >
+    }
+    """
+    model = build(text, check=False, w=weights(4, 3, 1, 1), **bn_params(4))
+    onnx.checker.check_model(model)
+    result = prepare(model)
+    assert ops(result.model) == Counter(Conv=1)
+    assert "folded 1 BatchNormalization node into Conv" in result.notes
+    assert_same_outputs(model, result.model, **BN_TOLERANCE)
+
+
+# ---------------------------------------------------------------- guard
+
+QDQ_MODEL = """
+<ir_version: 8, opset_import: ["" : 13]>
+net (float[2, 4] x) => (float[2, 4] y) {
+    [q] q = QuantizeLinear (x, s, z)
+    [dq] d = DequantizeLinear (q, s, z)
+    y = Relu (d)
+}
+"""
+
+
+def test_quantized_model_is_refused() -> None:
+    model = build(QDQ_MODEL, s=np.array(0.1, np.float32), z=np.array(0, np.uint8))
+    with pytest.raises(ModelError) as err:
+        prepare(model)
+    assert str(err.value) == (
+        "the model is already quantized: it contains 1 DequantizeLinear and 1 QuantizeLinear nodes (first: 'q')"
+    )
+    assert err.value.hint == "pass the float model; --force quantizes it anyway"
+
+
+def test_quantized_model_accepted_with_force() -> None:
+    model = build(QDQ_MODEL, s=np.array(0.1, np.float32), z=np.array(0, np.uint8))
+    result = prepare(model, force=True)
+    assert result.notes[0] == (
+        "the model is already quantized (1 DequantizeLinear and 1 QuantizeLinear nodes); going on because of --force"
+    )
+    assert ops(result.model) == Counter(QuantizeLinear=1, DequantizeLinear=1, Relu=1)
+    assert_same_outputs(model, result.model)
+
+
+def test_guard_finds_quantized_ops_in_subgraphs() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13, "com.microsoft" : 1]>
+    net (float[2, 4] x, bool c) => (float[2, 4] y) {
+        y = If (c) <
+            then_branch = a () => (float[2, 4] ya) { ya = Relu (x) },
+            else_branch = b () => (float[2, 4] yb) { [qg] yb = com.microsoft.QGemm (x) }
+        >
+    }
+    """
+    model = build(text, check=False)
+    with pytest.raises(ModelError, match=r"contains 1 QGemm node \(first: 'qg'\)"):
+        refuse_quantized(model)
+    assert refuse_quantized(model, Options(force=True)).notes == [
+        "the model is already quantized (1 QGemm node); going on because of --force"
+    ]
+
+
+# ---------------------------------------------------------------- opset
+
+OLD_OPSET_MODELS = {
+    "opset 9: Upsample, BatchNormalization, Dropout": ("""
+        <ir_version: 4, opset_import: ["" : 9]>
+        net (float[1, 3, 5, 7] x) => (float[1, 3, 20, 28] y) {
+            s = Constant <value = float[4] {1, 1, 2, 2}> ()
+            u = Upsample <mode = "linear"> (x, s)
+            d = Dropout <ratio = 0.3> (u)
+            b = BatchNormalization (d, gamma, beta, mean, var)
+            y = Upsample <mode = "nearest"> (b, s)
+        }
+        """, bn_params(3)),
+    "opset 9: Scatter (ScatterElements at 11)": ("""
+        <ir_version: 4, opset_import: ["" : 9]>
+        net (float[2, 5] x) => (float[2, 5] y) {
+            u = Slice <starts = [0], ends = [1], axes = [1]> (x)
+            y = Scatter <axis = 1> (x, idx, u)
+        }
+        """, {"idx": np.array([[3], [1]], np.int64)}),
+    "opset 10: Resize linear/nearest (up and down), Clip with min/max attributes": ("""
+        <ir_version: 5, opset_import: ["" : 10]>
+        net (float[1, 2, 6, 9] x) => (float[1, 2, 9, 13] up, float[1, 2, 2, 5] down) {
+            c = Clip <min = -0.5, max = 0.8> (x)
+            su = Constant <value = float[4] {1, 1, 1.5, 1.5}> ()
+            up = Resize <mode = "nearest"> (c, su)
+            sd = Constant <value = float[4] {1, 1, 0.6, 0.7}> ()
+            r = Resize <mode = "linear"> (c, sd)
+            down = Resize <mode = "nearest"> (r, su2)
+            su2 = Constant <value = float[4] {1, 1, 0.9, 0.9}> ()
+        }
+        """, {}),
+    "opset 11: Hardmax on a middle axis, Softmax, Dropout, Clip with inputs": ("""
+        <ir_version: 6, opset_import: ["" : 11]>
+        net (float[2, 3, 4] x) => (float[2, 3, 4] h, float[2, 3, 4] s) {
+            lo = Constant <value = float {-0.2}> ()
+            c = Clip (x, lo)
+            d = Dropout (c)
+            h = Hardmax <axis = 1> (d)
+            s = Softmax <axis = 1> (d)
+        }
+        """, {}),
+    "opset 12: Dropout with ratio input, Squeeze/Unsqueeze/ReduceSum axes": ("""
+        <ir_version: 7, opset_import: ["" : 12]>
+        net (float[2, 3, 4] x) => (float[2, 1, 3] y) {
+            ratio = Constant <value = float {0.1}> ()
+            d = Dropout (x, ratio)
+            r = ReduceSum <axes = [2], keepdims = 1> (d)
+            q = Squeeze <axes = [2]> (r)
+            y = Unsqueeze <axes = [1]> (q)
+        }
+        """, {}),
+}
+
+
+@pytest.mark.parametrize("case", list(OLD_OPSET_MODELS))
+def test_opset_upgrade_keeps_numerics(case: str) -> None:
+    text, params = OLD_OPSET_MODELS[case]
+    model = build(_sorted(text), **params)
+    for i, node in enumerate(model.graph.node):
+        node.name = f"node{i}"
+    old = model.opset_import[0].version
+    result = run_pass(upgrade_opset, model)
+    assert result.modified and result.notes[0] == f"upgraded opset {old} -> 13"
+    assert [(o.domain, o.version) for o in result.model.opset_import] == [("", 13)]
+    assert 7 <= result.model.ir_version <= max_ir_version()
+    assert "Upsample" not in ops(result.model)
+    # node and tensor names survive (calibration and overrides refer to them)
+    names = {n.name for n in result.model.graph.node}
+    assert {n.name for n in model.graph.node} <= names
+    produced = {o for n in result.model.graph.node for o in n.output}
+    assert {o for n in model.graph.node for o in n.output} <= produced
+    assert_same_outputs(model, result.model, rtol=1e-6, atol=1e-6)
+    full = prepare(model)
+    assert_same_outputs(model, full.model, **BN_TOLERANCE)
+
+
+def test_resize_note_and_attributes() -> None:
+    text, params = OLD_OPSET_MODELS["opset 10: Resize linear/nearest (up and down), Clip with min/max attributes"]
+    result = run_pass(upgrade_opset, build(_sorted(text), **params))
+    assert "kept the opset-10 meaning of 3 Resize/Upsample nodes (asymmetric coordinates, floor rounding), " \
+        "which onnx's version converter drops" in result.notes
+    modes = {
+        n.output[0]: {a.name: a.s.decode() for a in n.attribute if a.type == onnx.AttributeProto.STRING}
+        for n in result.model.graph.node if n.op_type == "Resize"
+    }
+    assert modes["up"]["nearest_mode"] == "floor" and modes["down"]["nearest_mode"] == "ceil"
+    assert modes["r"]["coordinate_transformation_mode"] == "asymmetric"
+
+
+def test_opset_13_and_newer_left_alone() -> None:
+    model = build(CONV_BN, w=weights(4, 3, 3, 3), b=weights(4, seed=3), **bn_params(4))
+    result = upgrade_opset(copy(model))
+    assert not result.modified and result.notes == []
+    assert result.model.SerializeToString() == model.SerializeToString()
+
+
+def test_unknown_op_names_the_node() -> None:
+    text = """
+    <ir_version: 6, opset_import: ["" : 11]>
+    net (float[2, 3] x) => (float[2, 3] y) {
+        [ln] y = LayerNormalization (x)
+    }
+    """
+    model = build(text, check=False)
+    with pytest.raises(ModelError) as err:
+        upgrade_opset(model)
+    assert str(err.value) == (
+        "cannot upgrade opset 11 -> 13: LayerNormalization 'ln' uses 'LayerNormalization', which is "
+        "not a standard ONNX op at opset 11"
+    )
+    assert "re-export the model at opset 13 or newer" in err.value.hint
+
+
+# ---------------------------------------------------------------- shapes
+
+def test_shape_inference_fills_value_info() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[N, 3, 8, 8] x) => (float y) {
+        c = Conv <pads = [1, 1, 1, 1]> (x, w)
+        r = Relu (c)
+        y = ReduceMean <keepdims = 0> (r)
+    }
+    """
+    model = build(text, w=weights(4, 3, 3, 3))
+    result = run_pass(infer_shapes, model)
+    shapes = {
+        v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in result.model.graph.value_info
+    }
+    assert shapes == {"c": ["N", 4, 8, 8], "r": ["N", 4, 8, 8]}
+    assert result.notes == ["shape inference typed 2 more tensors"]
+
+
+def test_shape_inference_failure_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args, **kwargs):
+        raise onnx.shape_inference.InferenceError("[ShapeInferenceError] something odd\nmore")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", broken)
+    model = build(CONV_BN, w=weights(4, 3, 3, 3), b=weights(4, seed=3), **bn_params(4))
+    result = infer_shapes(copy(model))
+    assert not result.modified
+    assert result.notes == [
+        "shape inference failed ([ShapeInferenceError] something odd): later stages see fewer tensor types"
+    ]
+    assert result.model.SerializeToString() == model.SerializeToString()
+
+
+# ---------------------------------------------------------------- prepare as a whole
+
+def test_passes_are_listed_in_order() -> None:
+    assert [p.__name__ for p in PASSES] == [
+        "refuse_quantized", "upgrade_opset", "fold_constants", "fold_batchnorm",
+        "inline_constant_if", "infer_shapes",
+    ]
+
+
+def test_caller_model_untouched_and_output_deterministic() -> None:
+    model = build(IF_MODEL.replace("COND", "1"))
+    model.opset_import[0].version = 11  # exercise the opset pass too
+    model.ir_version = 6
+    original = model.SerializeToString(deterministic=True)
+    first = prepare(model).model.SerializeToString(deterministic=True)
+    assert model.SerializeToString(deterministic=True) == original
+    assert prepare(model).model.SerializeToString(deterministic=True) == first
+
+
+def test_light_copy_leaves_big_weights_out() -> None:
+    model = build(CONV_BN, w=weights(64, 3, 3, 3), b=weights(64, seed=3), **bn_params(64))
+    light = light_copy(model, threshold=1024)
+    assert light.left_out == ["w"] and light.added_inputs == ["w"]
+    assert [t.name for t in light.model.graph.initializer] == ["b", "gamma", "beta", "mean", "var"]
+
+
+# ---------------------------------------------------------------- model-zoo graphs
+
+ZOO = sorted(p.stem for p in LIGHT_MODELS.glob("light_*.onnx"))
+
+
+def _with_logits(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Expose the Softmax input too: with the zoo's constant weights every class gets 0.001,
+    so the logits are what shows a numerical change."""
+    last = model.graph.node[-1]
+    if last.op_type == "Softmax":
+        model.graph.output.append(onnx.ValueInfoProto(name=last.input[0]))
+    return model
+
+
+# Folded, these three hold 230-580 MB of weights: serialising, checking and loading them
+# takes seconds each, and the float original needs its own session on top. Measured on 2
+# cores, all nine with output comparison took 40-47 s, so these three are prepared, checked
+# and loaded in onnxruntime only; the six others (up to 100 MB) also compare outputs.
+LOAD_CHECK_ONLY = {"light_bvlc_alexnet", "light_zfnet512", "light_vgg19"}
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_model(name: str) -> None:
+    model = _with_logits(onnx.load(LIGHT_MODELS / f"{name}.onnx"))
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 9)]
+    result = prepare(model)
+    out = result.model
+    assert result.notes[0] == "upgraded opset 9 -> 13"
+    assert [o.name for o in out.graph.output] == [o.name for o in model.graph.output]
+    assert "ConstantOfShape" not in ops(out) and "Constant" not in ops(out)
+    assert "BatchNormalization" not in ops(out) or name == "light_densenet121"  # BN after Concat
+    data = out.SerializeToString()
+    onnx.checker.check_model(data)
+    if name in LOAD_CHECK_ONLY:
+        ort.InferenceSession(data, session_options(), providers=["CPUExecutionProvider"])
+    else:
+        assert_same_outputs(model, out, rtol=1e-3, atol=1e-6)
+
+
+def test_zoo_prepare_is_deterministic() -> None:
+    model = onnx.load(LIGHT_MODELS / "light_shufflenet.onnx")  # opset, folding, 49 BN folds
+    first = prepare(model).model.SerializeToString(deterministic=True)
+    assert prepare(model).model.SerializeToString(deterministic=True) == first

@@ -1,0 +1,159 @@
+"""`qcli quantize` end to end: QDQ structure, numerics vs float, fusion, files, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import SAMPLE_MODELS, parse_model, save, write_npz
+from test_calibrate_cli import CONV_MODEL
+from qcli.runtime import make_session
+
+
+def op_counts(path: Path) -> Counter:
+    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+
+
+def fused_op_counts(path: Path, tmp_path: Path) -> Counter:
+    """Op types after onnxruntime's graph optimizations: what really runs."""
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return op_counts(tmp_path / "optimized.onnx")
+
+
+RESIDUAL = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[N, 4, 8, 8] x) => (float[N, 5] y)
+    <float[4, 4, 3, 3] w1 = {W1}, float[4] b1 = {0.1, -0.1, 0.05, 0.0},
+     float[4, 4, 3, 3] w2 = {W2}, float[5, 4] wf = {WF}, float[5] bf = {0.5, -0.5, 0.25, 0, 0.1}> {
+    c1 = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)
+    r1 = Relu (c1)
+    c2 = Conv <pads = [1, 1, 1, 1]> (r1, w2)
+    s = Add (c2, x)
+    r2 = Relu (s)
+    p = GlobalAveragePool (r2)
+    f = Flatten (p)
+    y = Gemm <transB = 1> (f, wf, bf)
+}
+"""
+
+
+def _values(n: int, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    return "{" + ", ".join(f"{v:.4f}" for v in rng.normal(0, 0.3, n)) + "}"
+
+
+@pytest.fixture
+def residual(tmp_path: Path) -> Path:
+    text = RESIDUAL.replace("{W1}", _values(144, 1)).replace("{W2}", _values(144, 2)).replace("{WF}", _values(20, 3))
+    return save(parse_model(text), tmp_path / "residual.onnx")
+
+
+@pytest.fixture
+def residual_data(tmp_path: Path) -> Path:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        write_npz(folder / f"{i:03d}.npz", x=rng.standard_normal((4, 8, 8)).astype(np.float32))
+    return folder
+
+
+def _outputs(path: Path, x: np.ndarray) -> np.ndarray:
+    return make_session(path).run(None, {"x": x})[0]
+
+
+def test_residual_block_is_quantized_fused_and_close(cli, residual, residual_data, tmp_path) -> None:
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", residual, "-o", out, "--data", residual_data)
+    assert doc["quantized"] == {"Conv": 2, "Add": 1, "Gemm": 1, "GlobalAveragePool": 1, "Flatten": 1}
+    assert doc["folded"] == {"Relu": 2}
+    assert doc["float"] == []
+    counts = op_counts(out)
+    # activations x, r1 (Relu folded into c1), c2, r2 (Relu folded into s), p, f, y: one Q and
+    # one DQ each; weights w1, w2, wf and biases b1, bf: one DQ each
+    assert counts["QuantizeLinear"] == 7
+    assert counts["DequantizeLinear"] == 7 + 5
+    fused = fused_op_counts(out, tmp_path)
+    assert fused["QLinearConv"] == 2 and fused["QLinearAdd"] == 1 and fused["QGemm"] == 1
+    assert fused["Conv"] == 0 and fused["Add"] == 0
+
+    x = np.random.default_rng(7).standard_normal((16, 4, 8, 8)).astype(np.float32)
+    ref, got = _outputs(residual, x), _outputs(out, x)
+    cosine = (ref * got).sum() / np.linalg.norm(ref) / np.linalg.norm(got)
+    assert cosine > 0.995
+    assert np.abs(ref - got).max() < 0.05 * np.abs(ref).max()
+
+    meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert meta["qcli.version"]
+    assert json.loads(meta["qcli.config"])["activations"] == {"dtype": "uint8", "symmetric": False}
+    assert json.loads(meta["qcli.calibration"])["method"] == "percentile"
+
+
+def test_output_is_deterministic_and_reproducible_from_the_calibration_file(
+    cli, residual, residual_data, tmp_path
+) -> None:
+    a, b, c = tmp_path / "a.onnx", tmp_path / "b.onnx", tmp_path / "c.onnx"
+    calib = tmp_path / "r.calib.json"
+    assert cli("quantize", residual, "-o", a, "--data", residual_data, "-q").exit_code == 0
+    assert cli("quantize", residual, "-o", b, "--data", residual_data, "-q").exit_code == 0
+    assert a.read_bytes() == b.read_bytes()
+    assert cli("calibrate", residual, "--data", residual_data, "-o", calib, "-q").exit_code == 0
+    assert cli("quantize", residual, "-o", c, "--calib", calib, "-q").exit_code == 0
+    assert c.read_bytes() == a.read_bytes()
+    # switching the method from the stored histograms needs no data and changes the ranges
+    d = tmp_path / "d.onnx"
+    assert cli("quantize", residual, "-o", d, "--calib", calib, "--method", "minmax", "-q").exit_code == 0
+    assert d.read_bytes() != a.read_bytes()
+
+
+def test_never_overwrites_the_input(cli, residual, residual_data) -> None:
+    before = residual.read_bytes()
+    result = cli("quantize", residual, "-o", residual, "--data", residual_data)
+    assert result.exit_code == 2
+    assert f"error: -o {residual} is the input model; qcli never overwrites its input" in result.stderr
+    assert residual.read_bytes() == before
+
+
+def test_data_or_calib_required(cli, residual, tmp_path) -> None:
+    result = cli("quantize", residual, "-o", tmp_path / "q.onnx")
+    assert result.exit_code == 2
+    assert "error: give exactly one of --data DIR (calibrate now) or --calib FILE" in result.stderr
+
+
+def test_stale_calibration_file(cli, residual, residual_data, tmp_path) -> None:
+    calib = tmp_path / "c.json"
+    cli("calibrate", residual, "--data", residual_data, "-o", calib, "-q")
+    other = save(parse_model(CONV_MODEL), tmp_path / "other.onnx")
+    result = cli("quantize", other, "-o", tmp_path / "q.onnx", "--calib", calib)
+    assert result.exit_code == 2
+    assert f"error: {calib} was made for another model" in result.stderr
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_already_quantized_model_refused(cli, residual, residual_data, tmp_path) -> None:
+    q = tmp_path / "q.onnx"
+    cli("quantize", residual, "-o", q, "--data", residual_data, "-q")
+    result = cli("quantize", q, "-o", tmp_path / "qq.onnx", "--data", residual_data)
+    assert result.exit_code == 2
+    assert "already quantized" in result.stderr
+
+
+def test_sample_cnn(cli, tmp_path) -> None:
+    cnn = SAMPLE_MODELS / "cnn"
+    out = tmp_path / "cnn.onnx"
+    doc = cli.json("quantize", cnn / "model.onnx", "-o", out, "--data", cnn / "calib")
+    assert doc["float"] == []
+    assert doc["quantized"]["Conv"] == 9
+    assert "folded 9 BatchNormalization nodes into Conv" in doc["notes"]
+    fused = fused_op_counts(out, tmp_path)
+    assert fused["QLinearConv"] == 9 and fused["Conv"] == 0
+    assert os.path.getsize(cnn / "model.onnx") / os.path.getsize(out) > 2.9
