@@ -32,7 +32,7 @@ import onnx
 from qcli.calibrate.table import CalibrationTable, RangeSettings
 from qcli.config import Config, Match
 from qcli.errors import CalibrationError, ConfigError
-from qcli.rules import activation_inputs, rule_for, weight_axis
+from qcli.rules import OUTPUT_RANGES, activation_inputs, rule_for, weight_axis
 from qcli.scheme import QuantScheme, choose_qparams
 
 ANCHORS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
@@ -46,6 +46,7 @@ class Group:
     tensors: list[str]
     scheme: QuantScheme
     constant: str | None = None  # an initializer member (embedding table) fixes the params
+    fixed_range: tuple[float, float] | None = None  # known without calibration (rules.OUTPUT_RANGES)
     range: tuple[float, float] | None = None
     scale: np.ndarray | None = None
     zero_point: np.ndarray | None = None
@@ -96,7 +97,7 @@ class Plan:
     @property
     def calibrated_tensors(self) -> list[str]:
         """Tensors whose range must come from calibration."""
-        return [t for g in self.groups if g.constant is None for t in g.tensors]
+        return [t for g in self.groups if g.constant is None and g.fixed_range is None for t in g.tensors]
 
 
 def node_names(model: onnx.ModelProto) -> list[str]:
@@ -338,7 +339,12 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
         members.setdefault(groups.find(t), []).append(t)
     for tensors in members.values():
         constant = next((t for t in tensors if t in inits), None)
-        group = Group(tensors, act, constant)
+        fixed = next(
+            (OUTPUT_RANGES[graph.node[producer[t]].op_type] for t in tensors
+             if t in producer and graph.node[producer[t]].op_type in OUTPUT_RANGES),
+            None,
+        )
+        group = Group(tensors, act, constant, fixed)
         if constant is not None:
             plan.weights.pop(constant, None)  # quantized with the group's params instead
         plan.groups.append(group)
@@ -368,7 +374,9 @@ def assign_ranges(plan: Plan, model: onnx.ModelProto, table: CalibrationTable, s
     """Give every group its range (union of its members' calibrated ranges) and qparams."""
     inits = {t.name: t for t in model.graph.initializer}
     for group in plan.groups:
-        if group.constant is not None:
+        if group.fixed_range is not None:
+            lo, hi = group.fixed_range
+        elif group.constant is not None:
             values = onnx.numpy_helper.to_array(inits[group.constant])
             lo, hi = float(values.min()), float(values.max())
         else:

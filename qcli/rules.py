@@ -90,6 +90,16 @@ RULES: dict[str, OpRule] = {
 }
 
 
+# Outputs whose range is known without calibration. Softmax's also must not be narrower: when
+# onnxruntime fuses DequantizeLinear -> Softmax -> QuantizeLinear into QLinearSoftmax, an output
+# scale below 1/256 makes the int8 kernel wrap large probabilities around to 0 (measured with
+# onnxruntime 1.31), so Softmax outputs always use the full [0, 1].
+OUTPUT_RANGES: dict[str, tuple[float, float]] = {
+    "Softmax": (0.0, 1.0),
+    "Sigmoid": (0.0, 1.0),
+}
+
+
 def rule_for(node: onnx.NodeProto) -> OpRule | None:
     """The rule of a node of the default ONNX domain, or None (the node stays float)."""
     if node.domain not in ("", "ai.onnx"):

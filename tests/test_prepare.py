@@ -23,6 +23,7 @@ from qcli.errors import ModelError
 from qcli.model import max_ir_version
 from qcli.prepare import (
     PASSES,
+    Options,
     fold_batchnorm,
     fold_constants,
     infer_shapes,
@@ -31,7 +32,7 @@ from qcli.prepare import (
     refuse_quantized,
     upgrade_opset,
 )
-from qcli.prepare._graph import Options, light_copy
+from qcli.prepare._graph import light_copy
 from qcli.runtime import make_session, session_options
 
 LIGHT_MODELS = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
@@ -94,7 +95,7 @@ def assert_same_outputs(before, after, feeds=None, **tolerance) -> None:
 
 
 def run_pass(step, model: onnx.ModelProto, **options):
-    """Run one pass on a copy (passes edit in place) and check the outputs did not change."""
+    """Run one pass on a copy (passes edit the model they get) and check the result is valid."""
     result = step(copy(model), Options(**options))
     onnx.checker.check_model(result.model)
     return result
@@ -127,14 +128,18 @@ def weights(*shape: int, seed: int = 2) -> np.ndarray:
 CONV_BN = """
 <ir_version: 8, opset_import: ["" : 13]>
 net (float[2, 3, 8, 8] x) => (float[2, 4, 8, 8] y) {
-    [conv] c = Conv <pads = [1, 1, 1, 1]> (x, w, b)
+    [conv] c = Conv <pads = [1, 1, 1, 1], group = 1> (x, w, b)
     [bn] y = BatchNormalization <epsilon = 0.001> (c, gamma, beta, mean, var)
 }
 """
 
 
-def test_conv_bn_folded() -> None:
-    model = build(CONV_BN, w=weights(4, 3, 3, 3), b=weights(4, seed=3), **bn_params(4))
+@pytest.mark.parametrize("groups, channels", [(1, 4), (3, 6)])
+def test_conv_bn_folded(groups: int, channels: int) -> None:
+    # Conv weight: [C_out, C_in / groups, k, k]; output channels on axis 0 whatever the groups
+    text = CONV_BN.replace("group = 1", f"group = {groups}").replace("2, 4, 8, 8", f"2, {channels}, 8, 8")
+    w = weights(channels, 3 // groups, 3, 3)
+    model = build(text, w=w, b=weights(channels, seed=3), **bn_params(channels))
     result = run_pass(fold_batchnorm, model)
     assert result.modified
     assert result.notes == ["folded 1 BatchNormalization node into Conv"]
@@ -357,7 +362,7 @@ def test_initializer_inputs_of_old_models_become_constants() -> None:
     result = run_pass(fold_constants, model)
     assert [v.name for v in result.model.graph.input] == ["x"]
     assert result.notes == [
-        "treated 1 initializer also listed as graph inputs as constants (removed from the inputs)"
+        "treated 1 initializer that was also a graph input as a constant (removed it from the inputs)"
     ]
     assert_same_outputs(model, result.model, feeds={"x": weights(2, 3)})
 
@@ -437,8 +442,7 @@ def test_prepare_folds_inside_inlined_branches() -> None:
         >
     }
     """
-    model = build(text, check=False, w=weights(4, 3, 1, 1), **bn_params(4))
-    onnx.checker.check_model(model)
+    model = build(text, w=weights(4, 3, 1, 1), **bn_params(4))
     result = prepare(model)
     assert ops(result.model) == Counter(Conv=1)
     assert "folded 1 BatchNormalization node into Conv" in result.notes
@@ -607,6 +611,24 @@ def test_unknown_op_names_the_node() -> None:
         "not a standard ONNX op at opset 11"
     )
     assert "re-export the model at opset 13 or newer" in err.value.hint
+
+
+def test_converter_failure_names_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(model, version):
+        raise RuntimeError(
+            "/project/onnx/version_converter/convert.cc:101: convert_graph: Assertion `false` "
+            "failed: No Adapter For Upsample from opset 9"
+        )
+
+    monkeypatch.setattr(onnx.version_converter, "convert_version", broken)
+    text, params = OLD_OPSET_MODELS["opset 9: Upsample, BatchNormalization, Dropout"]
+    with pytest.raises(ModelError) as err:
+        upgrade_opset(build(_sorted(text), **params))
+    assert str(err.value) == (
+        "onnx's version converter failed on Upsample upgrading opset 9 -> 13: "
+        "Assertion `false` failed: No Adapter For Upsample from opset 9"
+    )
+    assert err.value.hint.startswith("re-export the model at opset 13 or newer")
 
 
 # ---------------------------------------------------------------- shapes

@@ -69,7 +69,8 @@ def fold_batchnorm(model: onnx.ModelProto, options: Options = Options()) -> Pass
     if folded:
         total = sum(folded.values())
         into = ", ".join(f"{op} ({n})" for op, n in sorted(folded.items())) if len(folded) > 1 else next(iter(folded))
-        notes.append(f"folded {plural(total, 'BatchNormalization node')} into {into}")
+        others = f" ({len(kept)} others not folded)" if kept else ""
+        notes.append(f"folded {plural(total, 'BatchNormalization node')} into {into}{others}")
         remove_unused_initializers(graph)
         prune_value_info(graph)
     return PassResult(model, bool(folded), notes + kept)

@@ -58,12 +58,14 @@ def fold_constants(model: onnx.ModelProto, options: Options = Options()) -> Pass
     graph = model.graph
     count = constants_to_initializers(model)
     if count:
-        notes.append(f"turned {plural(count, 'Constant node')} into initializers")
+        into = "an initializer" if count == 1 else "initializers"
+        notes.append(f"turned {plural(count, 'Constant node')} into {into}")
     dropped = _drop_initializer_inputs(model)
-    if dropped:
+    if dropped == 1:
+        notes.append("treated 1 initializer that was also a graph input as a constant (removed it from the inputs)")
+    elif dropped:
         notes.append(
-            f"treated {plural(dropped, 'initializer')} also listed as graph inputs as constants "
-            "(removed from the inputs)"
+            f"treated {dropped} initializers that were also graph inputs as constants (removed them from the inputs)"
         )
     folded, failures = _fold(model)
     if folded:
@@ -109,7 +111,7 @@ def _densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
 def constants_to_initializers(model: onnx.ModelProto) -> int:
     """Replace the Constant nodes of every graph by initializers of that graph."""
     count = 0
-    for _, graph in iter_graphs(model.graph):
+    for graph in [g for _, g in iter_graphs(model.graph)]:
         doomed = []
         for index, node in enumerate(graph.node):
             if node.op_type != "Constant" or not is_default_domain(node) or not node.output:
@@ -178,6 +180,9 @@ def _fold(model: onnx.ModelProto) -> tuple[Counter[str], list[str]]:
         foldable, needed = _plan(graph, set(failed))
         if not foldable:
             return Counter(), _failure_notes(graph, failed)
+        if not needed:  # constant nodes nothing reads: just drop them
+            values = {}
+            break
         try:
             values = evaluate(model, [graph.node[i] for i in foldable], needed)
             break

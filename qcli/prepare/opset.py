@@ -66,7 +66,7 @@ def upgrade_opset(model: onnx.ModelProto, options: Options = Options()) -> PassR
         return PassResult(model)
     _check_ops_exist(model, old)
     notes: list[str] = []
-    hardmax = _rewrite_hardmax(model, old)
+    hardmax = _rewrite_hardmax(model)
     if hardmax:
         notes.append(
             f"rewrote {plural(hardmax, 'Hardmax node')} as Flatten -> Hardmax -> Reshape to keep "
@@ -110,7 +110,7 @@ def _check_ops_exist(model: onnx.ModelProto, version: int) -> None:
 def _conversion_error(exc: Exception, model: onnx.ModelProto, version: int) -> ModelError:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     text = re.sub(r"^\S*convert\.cc:\d+: \w+: ", "", text)  # C++ file/line prefix
-    ops = sorted({n.op_type for _, g in iter_graphs(model.graph) for n in g.node}, key=lambda s: -len(s))
+    ops = sorted({n.op_type for _, g in iter_graphs(model.graph) for n in g.node}, key=lambda s: (-len(s), s))
     named = next((op for op in ops if re.search(rf"\b{re.escape(op)}", text)), None)
     where = f" on {named}" if named else ""
     return ModelError(
@@ -146,21 +146,24 @@ def _rank(graph: onnx.GraphProto, name: str) -> int | None:
     return None
 
 
-def _rewrite_hardmax(model: onnx.ModelProto, version: int) -> int:
+def _rewrite_hardmax(model: onnx.ModelProto) -> int:
     """Hardmax<axis=a>(x) -> Reshape(Hardmax<axis=1>(Flatten<axis=a>(x)), Shape(x)): on a 2-D
     input the old and new meanings agree, so the converter's pass-through is then right."""
     rewritten = 0
     tensors = NameAllocator(tensor_names(model.graph))
     nodes = NameAllocator(node_names(model.graph))
     inferred = None
-    for _, graph in iter_graphs(model.graph):
+    for graph in [g for _, g in iter_graphs(model.graph)]:
         for index in reversed(range(len(graph.node))):
             node = graph.node[index]
             if node.op_type != "Hardmax" or not is_default_domain(node):
                 continue
             axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
             if inferred is None:
-                inferred = onnx.shape_inference.infer_shapes(light_copy(model).model, strict_mode=False).graph
+                try:
+                    inferred = onnx.shape_inference.infer_shapes(light_copy(model).model).graph
+                except Exception:  # no ranks known: every Hardmax off the last axis is rewritten
+                    inferred = onnx.GraphProto()
             rank = _rank(graph, node.input[0]) or _rank(inferred, node.input[0])
             if axis == -1 or (rank is not None and axis in (rank - 1, -1)):
                 continue  # along the last axis both meanings agree

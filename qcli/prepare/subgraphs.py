@@ -37,7 +37,7 @@ def inline_constant_if(model: onnx.ModelProto, options: Options = Options()) -> 
         found = next(
             (
                 (i, n) for i, n in enumerate(graph.node)
-                if n.op_type == "If" and is_default_domain(n) and n.input[0] in constants
+                if n.op_type == "If" and is_default_domain(n) and _is_scalar(constants.get(n.input[0]))
             ),
             None,
         )
@@ -58,6 +58,10 @@ def inline_constant_if(model: onnx.ModelProto, options: Options = Options()) -> 
         elif node.op_type in ("Loop", "Scan") and is_default_domain(node):
             notes.append(f"{label(node)} is left as is: its body stays float")
     return PassResult(model, modified, notes)
+
+
+def _is_scalar(tensor: onnx.TensorProto | None) -> bool:
+    return tensor is not None and int(np.prod(tensor.dims, dtype=np.int64)) == 1
 
 
 def _inline(model: onnx.ModelProto, index: int, branch_name: str) -> None:

@@ -1,0 +1,98 @@
+"""Quality gates: thresholds a report must meet (the CLI exits 1 when one fails).
+
+- `max_accuracy_drop` (fraction, 0.01 = one point): with labels, on top-1 (float - quantized);
+  without labels, on 1 - top-1 agreement of the first class-score output, or 1 - mean cosine of
+  the first float output when there is no class-score output;
+- `min_speedup`: float median latency / quantized median latency;
+- `min_compression`: float file bytes / quantized file bytes.
+Each result says by how much it passed or missed, e.g. "speedup 0.92x < 1.10x (short by 0.18x)".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qcli.analyze.report import Accuracy, Fidelity, GateResult, Size, Speed, rounded
+from qcli.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Gates:
+    max_accuracy_drop: float | None = None
+    min_speedup: float | None = None
+    min_compression: float | None = None
+
+    def __post_init__(self) -> None:
+        drop = self.max_accuracy_drop
+        if drop is not None and not 0 <= drop <= 1:
+            raise ConfigError(
+                f"max_accuracy_drop must be a fraction between 0 and 1, got {drop}",
+                hint="0.01 allows one point of top-1 accuracy",
+            )
+        for name in ("min_speedup", "min_compression"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be a positive ratio, got {value}")
+
+    @property
+    def any(self) -> bool:
+        return any(v is not None for v in (self.max_accuracy_drop, self.min_speedup, self.min_compression))
+
+
+def accuracy_measure(accuracy: Accuracy | None, fidelity: list[Fidelity]) -> tuple[str, float | None, bool]:
+    """(metric name, drop as a fraction, whether it is in points of top-1) for the accuracy gate."""
+    if accuracy is not None:
+        return "top-1 drop", accuracy.top1_drop, True
+    for f in fidelity:
+        if f.top1_agreement is not None:
+            return f"1 - top-1 agreement ({f.output})", 1.0 - f.top1_agreement, True
+    for f in fidelity:
+        if f.cosine is not None:
+            return f"1 - cosine ({f.output})", 1.0 - f.cosine, False
+    return "accuracy drop", None, False
+
+
+def check_gates(
+    gates: Gates, accuracy: Accuracy | None, fidelity: list[Fidelity], speed: Speed | None, size: Size
+) -> list[GateResult]:
+    results = []
+    if gates.max_accuracy_drop is not None:
+        metric, value, points = accuracy_measure(accuracy, fidelity)
+        results.append(_at_most("max_accuracy_drop", metric, value, gates.max_accuracy_drop, points))
+    if gates.min_speedup is not None:
+        results.append(_at_least("min_speedup", "speedup", speed.speedup if speed else None, gates.min_speedup))
+    if gates.min_compression is not None:
+        results.append(_at_least("min_compression", "compression", size.compression, gates.min_compression))
+    return results
+
+
+def _at_most(name: str, metric: str, value: float | None, limit: float, points: bool) -> GateResult:
+    if value is None:
+        return GateResult(name, metric, None, limit, False, None,
+                          f"{metric}: not measurable (no class-score or float output to compare)")
+
+    def show(x: float) -> str:
+        if points:
+            n = 100 * x
+            return f"{n:.2f} point" + ("" if abs(n) == 1 else "s")
+        return f"{x:.4g}"
+
+    margin = limit - value
+    passed = value <= limit + 1e-12
+    if passed:
+        message = f"{metric} {show(value)} <= {show(limit)} ({show(margin)} to spare)"
+    else:
+        message = f"{metric} {show(value)} > {show(limit)} (over by {show(-margin)})"
+    return GateResult(name, metric, rounded(value), limit, passed, rounded(margin), message)
+
+
+def _at_least(name: str, metric: str, value: float | None, limit: float) -> GateResult:
+    if value is None:
+        return GateResult(name, metric, None, limit, False, None, f"{metric}: not measured")
+    margin = value - limit
+    passed = value >= limit
+    if passed:
+        message = f"{metric} {value:.2f}x >= {limit:.2f}x ({margin:.2f}x to spare)"
+    else:
+        message = f"{metric} {value:.2f}x < {limit:.2f}x (short by {-margin:.2f}x)"
+    return GateResult(name, metric, rounded(value), limit, passed, rounded(margin), message)

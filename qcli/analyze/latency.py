@@ -1,0 +1,78 @@
+"""Latency of the float and the quantized model, timed fairly against each other.
+
+Both sessions come from `make_session` (CPU, same thread count, no idle spinning: a spinning
+idle session steals the cores of the timed one, DESIGN.md §7) and get the same input. The runs
+alternate in an A B B A pattern, so drifts (turbo clocks, a busy neighbour, cache warmth) hit both
+models alike; the median and the 90th percentile are reported, and speedup = float median /
+quantized median.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from qcli.analyze.report import Latency, Speed, rounded
+from qcli.data import Batch, InputSpec
+
+ORDER = "alternating, A B B A (float first on even rounds)"
+
+
+def timed_inputs(first: Batch, specs: list[InputSpec], batch: int) -> tuple[dict[str, np.ndarray], int]:
+    """The first samples of the data, repeated along the batch axis to `batch` samples.
+
+    Inputs with a fixed first dimension cannot be batched: they are used as they are and the
+    batch is what they hold. Returns the feed and its batch size.
+    """
+    if not all(spec.batchable for spec in specs):
+        return dict(first.inputs), first.size
+    feeds = {}
+    for name, array in first.inputs.items():
+        reps = -(-batch // array.shape[0])
+        feeds[name] = np.ascontiguousarray(np.concatenate([array] * reps)[:batch]) if reps > 1 else array[:batch]
+    return feeds, batch
+
+
+def _stats(times_ns: list[int], batch: int) -> Latency:
+    ms = np.asarray(times_ns, dtype=np.float64) / 1e6
+    median = float(np.median(ms))
+    return Latency(
+        median_ms=round(median, 4),
+        p90_ms=round(float(np.percentile(ms, 90)), 4),
+        mean_ms=round(float(ms.mean()), 4),
+        min_ms=round(float(ms.min()), 4),
+        max_ms=round(float(ms.max()), 4),
+        throughput=rounded(batch / (median / 1e3)) if median > 0 else 0.0,
+        runs_ms=[round(float(x), 4) for x in ms],
+    )
+
+
+def measure(
+    run_float: Callable[[], object],
+    run_quantized: Callable[[], object],
+    *,
+    runs: int,
+    warmup: int,
+    batch: int,
+    threads: int | None,
+) -> Speed:
+    """Time `runs` calls of each (after `warmup` untimed calls of each), alternating."""
+    if runs < 1:
+        raise ValueError("runs must be at least 1")
+    for _ in range(warmup):
+        run_float()
+        run_quantized()
+    timed: tuple[list[int], list[int]] = ([], [])
+    fns = (run_float, run_quantized)
+    clock = time.perf_counter_ns
+    for i in range(runs):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        for which in order:
+            start = clock()
+            fns[which]()
+            timed[which].append(clock() - start)
+    f, q = _stats(timed[0], batch), _stats(timed[1], batch)
+    speedup = float(np.median(timed[0])) / max(float(np.median(timed[1])), 1.0)
+    return Speed(threads, batch, warmup, runs, ORDER, f, q, rounded(speedup, 4))

@@ -1,0 +1,153 @@
+"""Streaming accuracy and error measures: each accumulator takes one batch at a time, keeps only
+running sums, and never holds an array past the `update` call.
+
+The math, on a float reference `x` and a quantized result `y`:
+- SQNR (dB) = 10 log10(Σx² / Σ(y − x)²), summed over every element seen;
+- cosine = mean over samples of x·y / (|x| |y|) (each sample flattened);
+- top-1 agreement = fraction of samples whose argmax over classes is the same.
+
+>>> sqnr_db(100.0, 1.0)
+20.0
+>>> acc = SqnrAccumulator(); acc.update(np.array([3.0, 4.0]), np.array([3.0, 4.5])); round(acc.db, 2)
+20.0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# Below this much noise power per unit of signal the two tensors are equal for any purpose;
+# SQNR is then reported as None ("exact") rather than as an infinite number JSON cannot hold.
+_SILENT_SIGNAL = 1e-30
+
+
+def sqnr_db(signal: float, noise: float) -> float | None:
+    """10 log10(signal / noise); None when there is no noise at all (the tensors are equal).
+
+    >>> sqnr_db(1.0, 0.001)
+    30.0
+    >>> sqnr_db(5.0, 0.0) is None
+    True
+    """
+    if noise <= 0:
+        return None
+    return 10.0 * math.log10(max(signal, _SILENT_SIGNAL) / noise)
+
+
+def is_class_scores(value: np.ndarray) -> bool:
+    """A class-score output: float, rank 2 `[N, C]` with at least 2 classes."""
+    return value.ndim == 2 and value.shape[1] >= 2 and np.issubdtype(value.dtype, np.floating)
+
+
+def _rows(value: np.ndarray, batch: int) -> np.ndarray:
+    """The output as one flattened row per sample (the whole tensor as one row when it has no
+    batch axis)."""
+    if value.ndim >= 1 and value.shape[0] == batch:
+        return value.reshape(batch, -1)
+    return value.reshape(1, -1)
+
+
+@dataclass
+class SqnrAccumulator:
+    """Running Σx², Σ(y − x)², max |y − x| and element count over all batches."""
+
+    signal: float = 0.0
+    noise: float = 0.0
+    max_abs: float = 0.0
+    elements: int = 0
+
+    def update(self, reference: np.ndarray, value: np.ndarray) -> None:
+        x = np.asarray(reference, dtype=np.float64)
+        y = np.asarray(value, dtype=np.float64)
+        if x.shape != y.shape:
+            raise ValueError(f"shapes differ: {list(x.shape)} vs {list(y.shape)}")
+        diff = y - x
+        self.signal += float(np.dot(x.ravel(), x.ravel()))
+        self.noise += float(np.dot(diff.ravel(), diff.ravel()))
+        if diff.size:
+            self.max_abs = max(self.max_abs, float(np.abs(diff).max()))
+        self.elements += x.size
+
+    @property
+    def db(self) -> float | None:
+        return sqnr_db(self.signal, self.noise)
+
+
+@dataclass
+class FidelityAccumulator:
+    """How closely `value` follows `reference` for one output, over all batches.
+
+    Float outputs: SQNR, mean and minimum per-sample cosine, max abs error; class-score outputs
+    also top-1 agreement. Other outputs (integers, bools): fraction of samples exactly equal.
+    """
+
+    samples: int = 0
+    agree: int = 0
+    exact: int = 0
+    cosine_sum: float = 0.0
+    cosine_min: float = 1.0
+    class_scores: bool | None = None
+    floating: bool | None = None
+
+    def __post_init__(self) -> None:
+        self.sqnr = SqnrAccumulator()
+
+    def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
+        reference, value = np.asarray(reference), np.asarray(value)
+        if reference.shape != value.shape:
+            raise ValueError(f"shapes differ: {list(reference.shape)} vs {list(value.shape)}")
+        if self.floating is None:
+            self.floating = bool(np.issubdtype(reference.dtype, np.floating))
+            self.class_scores = is_class_scores(reference)
+        x, y = _rows(reference, batch), _rows(value, batch)
+        self.samples += x.shape[0]
+        self.exact += int(np.all(x == y, axis=1).sum())
+        if not self.floating:
+            return
+        self.sqnr.update(x, y)
+        x64, y64 = x.astype(np.float64), y.astype(np.float64)
+        dot = np.einsum("ij,ij->i", x64, y64)
+        norms = np.linalg.norm(x64, axis=1) * np.linalg.norm(y64, axis=1)
+        both_zero = (np.linalg.norm(x64, axis=1) == 0) & (np.linalg.norm(y64, axis=1) == 0)
+        cosine = np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0), np.where(both_zero, 1.0, 0.0))
+        self.cosine_sum += float(cosine.sum())
+        self.cosine_min = min(self.cosine_min, float(cosine.min()))
+        if self.class_scores:
+            self.agree += int((x.argmax(axis=1) == y.argmax(axis=1)).sum())
+
+    @property
+    def top1_agreement(self) -> float | None:
+        return self.agree / self.samples if self.class_scores and self.samples else None
+
+    @property
+    def cosine(self) -> float | None:
+        return self.cosine_sum / self.samples if self.floating and self.samples else None
+
+
+@dataclass
+class TopKAccumulator:
+    """Top-1 and top-5 hits of class scores against integer labels."""
+
+    classes: int
+    samples: int = 0
+    top1: int = 0
+    top5: int = 0
+
+    def update(self, scores: np.ndarray, labels: np.ndarray) -> None:
+        labels = np.asarray(labels).reshape(-1)
+        self.samples += labels.shape[0]
+        self.top1 += int((scores.argmax(axis=1) == labels).sum())
+        if self.classes >= 5:
+            top = np.argpartition(-scores, 4, axis=1)[:, :5]
+            self.top5 += int((top == labels[:, None]).any(axis=1).sum())
+
+    @property
+    def top1_rate(self) -> float | None:
+        return self.top1 / self.samples if self.samples else None
+
+    @property
+    def top5_rate(self) -> float | None:
+        return self.top5 / self.samples if self.samples and self.classes >= 5 else None

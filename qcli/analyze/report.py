@@ -1,0 +1,299 @@
+"""The analysis `Report`: plain dataclasses, one JSON schema (`qcli-analysis/1`).
+
+`Report.to_dict()` gives the JSON document with keys in a fixed order (field order below);
+`Report.from_dict()` reads it back (`from_dict(to_dict(r)) == r`). Numbers are rounded when
+the report is built (6 significant digits; latencies to 0.1 µs), so two runs over the same
+models and data give the same document except for timings: the `speed` section and the
+`min_speedup` gate.
+
+Units: accuracies, agreements and drops are fractions (0.01 = one point); SQNR in dB (None
+when the quantized tensor equals the float one exactly); latencies in milliseconds; sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qcli.errors import QcliError
+
+FORMAT = "qcli-analysis/1"
+
+
+def rounded(x: float | None, digits: int = 6) -> float | None:
+    """`x` to `digits` significant digits (None stays None)."""
+    if x is None:
+        return None
+    return float(f"{x:.{digits}g}")
+
+
+@dataclass
+class ModelInfo:
+    path: str
+    fingerprint: str
+    quantization: dict | None = None  # the quantized model's `qcli.config` metadata, when present
+
+
+@dataclass
+class DataInfo:
+    path: str
+    layout: str
+    samples: int
+    labelled: int
+    labels_file: str | None
+    batch_size: int
+    reference_outputs: bool
+
+
+@dataclass
+class ClassAccuracy:
+    """Top-k of one model against the labels."""
+
+    top1: float
+    top5: float | None
+
+
+@dataclass
+class Accuracy:
+    """Against ground-truth labels, on the class-score output `output`."""
+
+    output: str
+    classes: int
+    samples: int  # labelled samples counted
+    float: ClassAccuracy
+    quantized: ClassAccuracy
+    top1_drop: float  # float top-1 - quantized top-1
+    top5_drop: float | None
+
+
+@dataclass
+class Fidelity:
+    """How closely one output follows a reference (the float model, or reference outputs)."""
+
+    output: str
+    kind: str  # class-scores | float | other
+    samples: int
+    top1_agreement: float | None  # class-scores only
+    cosine: float | None  # mean per-sample cosine similarity (float outputs)
+    cosine_min: float | None
+    sqnr_db: float | None  # over every element; None = no error at all
+    max_abs_error: float | None
+    exact_match: float  # fraction of samples bit-identical
+
+
+@dataclass
+class ReferenceFidelity:
+    """Both models against the reference outputs stored with the data (`output_<i>.pb`)."""
+
+    output: str
+    float: Fidelity
+    quantized: Fidelity
+
+
+@dataclass
+class LayerError:
+    """Error of one quantized activation: float model's tensor vs quantized model's dequantized one."""
+
+    tensor: str  # name in the float model
+    quantized_tensor: str  # name in the quantized model (usually `<tensor>_dequantized`)
+    node: str  # producing node in the float model ("" for a graph input)
+    op_type: str  # its op type ("input" for a graph input)
+    dtype: str  # quantized type (uint8, int8, ...)
+    elements: int
+    sqnr_db: float | None
+    mse: float  # mean squared error
+    signal_power: float  # mean squared float value
+    max_abs_error: float
+
+
+@dataclass
+class Layers:
+    tensors: list[LayerError]  # graph order
+    skipped: list[str] = field(default_factory=list)  # "name: why" for quantized tensors not measured
+
+    def worst(self, n: int) -> list[LayerError]:
+        """The n lowest-SQNR tensors (exact ones last), worst first."""
+        ranked = sorted(
+            self.tensors,
+            key=lambda t: (t.sqnr_db is None, t.sqnr_db if t.sqnr_db is not None else 0.0),
+        )
+        return ranked[:n]
+
+
+@dataclass
+class Latency:
+    """Latency of one model over the timed runs, in milliseconds."""
+
+    median_ms: float
+    p90_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    throughput: float  # samples per second at the median
+    runs_ms: list[float]  # every timed run, in run order
+
+
+@dataclass
+class Speed:
+    threads: int | None  # None: onnxruntime's default
+    batch: int
+    warmup: int
+    runs: int
+    order: str  # how the runs of the two models were interleaved
+    float: Latency
+    quantized: Latency
+    speedup: float  # float median / quantized median
+
+
+@dataclass
+class DtypeBytes:
+    count: int
+    bytes: int
+
+
+@dataclass
+class ModelSize:
+    file_bytes: int  # the .onnx file plus its external data files
+    external_data: list[str]
+    weight_bytes: int  # initializers and Constant-node tensors
+    weights: dict[str, DtypeBytes]  # by dtype
+
+
+@dataclass
+class Size:
+    float: ModelSize
+    quantized: ModelSize
+    compression: float  # float file bytes / quantized file bytes
+
+
+@dataclass
+class GateResult:
+    name: str  # max_accuracy_drop | min_speedup | min_compression
+    metric: str  # what was measured, e.g. "top-1 drop", "1 - top-1 agreement", "speedup"
+    value: float | None
+    threshold: float
+    passed: bool
+    margin: float | None  # how far past the threshold (positive: room left, negative: short by)
+    message: str
+
+
+@dataclass
+class Settings:
+    """The options the analysis ran with."""
+
+    samples: int | None
+    batch_size: int
+    runs: int
+    warmup: int
+    threads: int | None
+    latency_batch: int
+    worst: int
+    layers: bool
+
+
+@dataclass
+class Report:
+    float_model: ModelInfo
+    quantized_model: ModelInfo
+    data: DataInfo
+    settings: Settings
+    accuracy: Accuracy | None
+    fidelity: list[Fidelity]
+    reference: list[ReferenceFidelity]
+    layers: Layers | None
+    speed: Speed | None
+    size: Size
+    gates: list[GateResult]
+    notes: list[str] = field(default_factory=list)
+    qcli_version: str = ""
+    format: str = FORMAT
+
+    @property
+    def passed(self) -> bool:
+        """True when every gate passed (or none was set)."""
+        return all(g.passed for g in self.gates)
+
+    def gate_error(self):
+        """A GateFailed (exit code 1) listing the failed gates, or None when all passed."""
+        from qcli.errors import GateFailed
+
+        failed = [g.message for g in self.gates if not g.passed]
+        if not failed:
+            return None
+        return GateFailed("quality gate failed: " + "; ".join(failed))
+
+    def worst_layers(self) -> list[LayerError]:
+        return self.layers.worst(self.settings.worst) if self.layers else []
+
+    def to_dict(self) -> dict:
+        doc = {"format": self.format, "qcli_version": self.qcli_version, "passed": self.passed}
+        for f in dataclasses.fields(self):
+            if f.name not in doc:
+                doc[f.name] = _plain(getattr(self, f.name))
+        return doc
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> Report:
+        if doc.get("format") != FORMAT:
+            raise QcliError(
+                f"not a {FORMAT} report (format: {doc.get('format')!r})",
+                hint="read reports written by `qcli analyze --report FILE.json`",
+            )
+        doc = {k: v for k, v in doc.items() if k != "passed"}
+        return _build(cls, doc)
+
+
+def read_report(path: str | Path) -> Report:
+    """Load a JSON report written by `write_report`."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise QcliError(f"cannot read report {path}: {exc}") from exc
+    try:
+        return Report.from_dict(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise QcliError(f"{path} is not a valid {FORMAT} report: {exc}") from exc
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _build(tp, value):
+    """Rebuild a value of type `tp` (dataclass, list[...], dict[str, ...], X | None) from JSON."""
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _build(args[0], value)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return [_build(item, v) for v in value]
+    if origin is dict:
+        _, item = typing.get_args(tp)
+        return {k: _build(item, v) for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        known = {f.name for f in dataclasses.fields(tp)}
+        unknown = set(value) - known
+        if unknown:
+            raise ValueError(f"unknown keys for {tp.__name__}: {', '.join(sorted(unknown))}")
+        return tp(**{k: _build(hints[k], v) for k, v in value.items()})
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value

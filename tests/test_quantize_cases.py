@@ -1,0 +1,231 @@
+"""The hard cases of real exported models: each quantizes with the default config, loads in
+onnxruntime, and stays close to the float model (cosine of the outputs on random data)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import SAMPLE_MODELS
+from qcli.calibrate.engine import calibrate
+from qcli.config import Config
+from qcli.data import DataFolder, model_inputs
+from qcli.model import check_model, clamp_ir_version, load_model, save_model
+from qcli.quantize import quantize
+from qcli.runtime import make_session
+
+RNG = np.random.default_rng(0)
+
+
+def weight(*shape: int, scale: float = 0.3) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def make(nodes, inputs, outputs, inits, opset: int = 17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(model)
+    return clamp_ir_version(model)
+
+
+def quantize_and_compare(model: onnx.ModelProto, tmp_path: Path, batches: list[dict], min_cosine: float = 0.99):
+    """Calibrate on `batches` (written as .npz samples), quantize, check, and compare outputs."""
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    for i, batch in enumerate(batches):
+        np.savez(data / f"{i:03d}.npz", **batch)
+    table = calibrate(model, DataFolder(data, model_inputs(model)), Config())
+    result = quantize(model, Config(), table)
+    path = save_model(result.model, tmp_path / "q.onnx")
+    check_model(path)
+    # compare on inputs drawn like the calibration data (the first few batches)
+    float_session, quant_session = make_session(model), make_session(path)
+    for test in batches[:4]:
+        ref, got = float_session.run(None, test), quant_session.run(None, test)
+        for r, g in zip(ref, got):
+            cosine = float((r * g).sum() / (np.linalg.norm(r) * np.linalg.norm(g) + 1e-12))
+            assert cosine >= min_cosine, cosine
+    return result, path
+
+
+def ops(path: Path) -> Counter:
+    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+
+
+def test_decomposed_layernorm_keeps_cosine(tmp_path: Path) -> None:
+    """ReduceMean/Sub/Pow/Sqrt/Div stay float by default; the MatMuls around them are int8."""
+    d = 16
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="/fc1/MatMul"),
+        helper.make_node("ReduceMean", ["h"], ["mu"], axes=[-1], name="/ln/ReduceMean"),
+        helper.make_node("Sub", ["h", "mu"], ["c"], name="/ln/Sub"),
+        helper.make_node("Pow", ["c", "two"], ["sq"], name="/ln/Pow"),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1], name="/ln/ReduceMean_1"),
+        helper.make_node("Add", ["var", "eps"], ["ve"], name="/ln/Add"),
+        helper.make_node("Sqrt", ["ve"], ["sd"], name="/ln/Sqrt"),
+        helper.make_node("Div", ["c", "sd"], ["n"], name="/ln/Div"),
+        helper.make_node("Mul", ["n", "gamma"], ["g"], name="/ln/Mul"),
+        helper.make_node("Add", ["g", "beta"], ["ln"], name="/ln/Add_1"),
+        helper.make_node("MatMul", ["ln", "w2"], ["y"], name="/fc2/MatMul"),
+    ]
+    inits = {
+        "w1": weight(d, d), "two": np.float32([2.0]), "eps": np.float32([1e-5]),
+        "gamma": (1 + weight(d, scale=0.1)), "beta": weight(d, scale=0.1), "w2": weight(d, 4),
+    }
+    model = make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S", d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "S", 4])],
+        inits,
+    )
+    batches = [{"x": RNG.standard_normal((1, 7, d)).astype(np.float32)} for _ in range(24)]
+    result, path = quantize_and_compare(model, tmp_path, batches)
+    floats = {d.name for d in result.plan.nodes if not d.quantized}
+    assert {"/ln/ReduceMean", "/ln/Sub", "/ln/Pow", "/ln/Sqrt", "/ln/Div"} <= floats
+    assert {d.name for d in result.plan.nodes if d.quantized} >= {"/fc1/MatMul", "/fc2/MatMul"}
+
+
+def test_lstm_stays_float_and_correct(tmp_path: Path) -> None:
+    hidden, d = 8, 6
+    nodes = [
+        helper.make_node("LSTM", ["x", "W", "R", "B"], ["Y", "Yh"], hidden_size=hidden, name="/lstm/LSTM"),
+        helper.make_node("Squeeze", ["Yh", "axes"], ["h"], name="/Squeeze"),
+        helper.make_node("MatMul", ["h", "wo"], ["y"], name="/head/MatMul"),
+    ]
+    inits = {
+        "W": weight(1, 4 * hidden, d), "R": weight(1, 4 * hidden, hidden), "B": weight(1, 8 * hidden, scale=0.1),
+        "axes": np.int64([0]), "wo": weight(hidden, 3),
+    }
+    model = make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["S", "N", d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        inits,
+    )
+    batches = [{"x": RNG.standard_normal((5, 1, d)).astype(np.float32)} for _ in range(16)]
+    result, path = quantize_and_compare(model, tmp_path, batches)
+    decision = {d.name: d for d in result.plan.nodes}
+    assert not decision["/lstm/LSTM"].quantized
+    assert decision["/head/MatMul"].quantized
+    assert ops(path)["LSTM"] == 1
+
+
+def test_if_with_runtime_condition_left_float_inside(tmp_path: Path) -> None:
+    then_graph = helper.make_graph(
+        [helper.make_node("Mul", ["h", "two"], ["t_out"], name="/then/Mul")], "then", [],
+        [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, None)],
+    )
+    else_graph = helper.make_graph(
+        [helper.make_node("Neg", ["h"], ["e_out"], name="/else/Neg")], "else", [],
+        [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="/fc1/MatMul"),
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="/ReduceSum"),
+        helper.make_node("Greater", ["s", "zero"], ["cond"], name="/Greater"),
+        helper.make_node("If", ["cond"], ["z"], then_branch=then_graph, else_branch=else_graph, name="/If"),
+        helper.make_node("MatMul", ["z", "w2"], ["y"], name="/fc2/MatMul"),
+    ]
+    inits = {"w1": weight(6, 6), "w2": weight(6, 2), "zero": np.float32(0.0), "two": np.float32([2.0])}
+    model = make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+        inits,
+    )
+    batches = [{"x": RNG.standard_normal((1, 6)).astype(np.float32)} for _ in range(20)]
+    result, path = quantize_and_compare(model, tmp_path, batches, min_cosine=0.98)
+    assert "If '/If' has a run-time condition: its branches stay float" in result.notes
+    for x in (np.ones((1, 6), np.float32), -np.ones((1, 6), np.float32)):  # both branches run
+        ref = make_session(model).run(None, {"x": x})[0]
+        got = make_session(path).run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, ref, rtol=0.1, atol=0.1 * np.abs(ref).max())
+
+
+def test_dynamic_axes_and_int64_second_input(tmp_path: Path) -> None:
+    """Token ids (int64) and a float mask, dynamic batch and sequence: Gather embedding table
+    quantized as a weight, attention-like MatMuls int8."""
+    vocab, d = 20, 8
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"], name="/embed/Gather"),
+        helper.make_node("Unsqueeze", ["mask", "axes"], ["m"], name="/Unsqueeze"),
+        helper.make_node("Mul", ["e", "m"], ["em"], name="/Mul"),
+        helper.make_node("MatMul", ["em", "wq"], ["q"], name="/q/MatMul"),
+        helper.make_node("Transpose", ["em"], ["et"], perm=[0, 2, 1], name="/Transpose"),
+        helper.make_node("MatMul", ["q", "et"], ["scores"], name="/scores/MatMul"),
+        helper.make_node("Softmax", ["scores"], ["p"], axis=-1, name="/Softmax"),
+        helper.make_node("MatMul", ["p", "em"], ["y"], name="/ctx/MatMul"),
+    ]
+    inits = {"table": weight(vocab, d), "axes": np.int64([-1]), "wq": weight(d, d)}
+    model = make(
+        nodes,
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "S"]),
+            helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["N", "S"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "S", d])],
+        inits,
+    )
+    batches = []
+    for i in range(24):
+        s = 4 + i % 3  # varying sequence lengths
+        batches.append({"ids": RNG.integers(0, vocab, (1, s)).astype(np.int64), "mask": np.ones((1, s), np.float32)})
+    result, path = quantize_and_compare(model, tmp_path, batches, min_cosine=0.98)
+    decided = {d.name: d for d in result.plan.nodes}
+    assert decided["/q/MatMul"].quantized and decided["/scores/MatMul"].quantized
+    assert not decided["/Softmax"].quantized
+    assert "table" not in {t.name for t in onnx.load(str(path)).graph.initializer}  # int8 table only
+
+
+def test_weight_written_as_int8_times_scale(tmp_path: Path) -> None:
+    """Some exporters store a weight as Mul(Cast(int8), scale): folded, then quantized."""
+    nodes = [
+        helper.make_node("Cast", ["w_int8"], ["w_f"], to=TensorProto.FLOAT, name="/Cast"),
+        helper.make_node("Mul", ["w_f", "w_scale"], ["w"], name="/MulScale"),
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="/fc/MatMul"),
+    ]
+    inits = {"w_int8": RNG.integers(-127, 128, (8, 4)).astype(np.int8), "w_scale": np.float32([0.01])}
+    model = make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        inits,
+    )
+    batches = [{"x": RNG.standard_normal((1, 8)).astype(np.float32)} for _ in range(16)]
+    result, path = quantize_and_compare(model, tmp_path, batches)
+    assert ops(path)["Cast"] == 0 and ops(path)["MatMul"] == 1
+    assert "w" in result.plan.weights
+
+
+def test_external_data_round_trip(tmp_path: Path) -> None:
+    d = 64
+    model = make(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="/a"), helper.make_node("MatMul", ["h", "w2"], ["y"], name="/b")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", d])],
+        {"w": weight(d, d), "w2": weight(d, d)},
+    )
+    src = tmp_path / "ext.onnx"
+    onnx.save_model(model, str(src), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
+    loaded = load_model(src)
+    batches = [{"x": RNG.standard_normal((1, d)).astype(np.float32)} for _ in range(16)]
+    quantize_and_compare(loaded, tmp_path, batches)
+
+
+def test_sample_mlp_with_constant_node_weights_opset11(tmp_path: Path) -> None:
+    mlp = SAMPLE_MODELS / "mlp"
+    model = load_model(mlp / "model.onnx")
+    assert any(n.op_type == "Constant" for n in model.graph.node)
+    table = calibrate(model, DataFolder(mlp / "calib", model_inputs(model)), Config())
+    result = quantize(model, Config(), table)
+    path = save_model(result.model, tmp_path / "mlp.onnx")
+    check_model(path)
+    assert "upgraded opset 11 -> 13" in result.notes
+    assert Counter(d.op_type for d in result.plan.nodes if d.quantized and not d.reason) == {"Gemm": 3}
+    assert all(w.axis == 0 for w in result.plan.weights.values())  # per-channel, after the upgrade
+    assert (mlp / "model.onnx").stat().st_size / path.stat().st_size > 2.9
