@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
+# The main job end to end on the sample CNN; outputs go to out/ (git-ignored).
 demo: $(STAMP)
-	$(BIN)/qcli inspect sample_models/cnn/model.onnx --data sample_models/cnn/calib
+	$(BIN)/qcli inspect sample_models/cnn/model.onnx
+	$(BIN)/qcli calibrate sample_models/cnn/model.onnx --data sample_models/cnn/calib -o out/cnn.calib.json
+	$(BIN)/qcli quantize sample_models/cnn/model.onnx --calib out/cnn.calib.json -o out/cnn.int8.onnx
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

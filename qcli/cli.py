@@ -231,7 +231,7 @@ def quantize(
         from qcli.calibrate.table import load_table
         from qcli.data import DataFolder, model_inputs
         from qcli.errors import QcliError
-        from qcli.model import check_model, fingerprint, load_model, save_model
+        from qcli.model import fingerprint, load_model, save_model
         from qcli.quantize import quantize as run_quantize
         from qcli.quantize import summary
 
@@ -257,8 +257,7 @@ def quantize(
             with render.progress_bar("calibrating", total=len(folder), quiet=quiet or json_out) as advance:
                 table = run_calibration(onnx_model, folder, cfg, progress=advance, force=force)
         result = run_quantize(onnx_model, cfg, table, force=force)
-        save_model(result.model, output)
-        check_model(output)
+        save_model(result.model, output, check=True)
         doc = {
             "output": str(output),
             "method": cfg.calibration.method,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -60,9 +61,23 @@ class Weights(_Section):
 
 
 class Match(_Section):
+    """Selects nodes (by name pattern AND op type when both are given) and tensors by name.
+    Patterns are globs (`/encoder/*`) or `re:<regex>` (full match)."""
+
     nodes: list[str] = []
     op_types: list[str] = []
     tensors: list[str] = []
+
+    @field_validator("nodes", "tensors")
+    @classmethod
+    def _regexes_compile(cls, patterns: list[str]) -> list[str]:
+        for p in patterns:
+            if p.startswith("re:"):
+                try:
+                    re.compile(p[3:])
+                except re.error as exc:
+                    raise ValueError(f"regular expression {p[3:]!r} does not compile: {exc}") from None
+        return patterns
 
 
 class CalibrationOverride(_Section):
@@ -72,6 +87,14 @@ class CalibrationOverride(_Section):
 
 class Override(_Section):
     match: Match
+
+    @field_validator("match")
+    @classmethod
+    def _selects_something(cls, m: Match) -> Match:
+        if not (m.nodes or m.op_types or m.tensors):
+            raise ValueError("match needs at least one of nodes, op_types, tensors")
+        return m
+
     precision: Precision | None = None
     activations: Activations | None = None
     weights: Weights | None = None

@@ -137,11 +137,13 @@ def clamp_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, check: bool = False) -> Path:
     """Write `model` to `path` atomically; big models get their weights in `<name>.data`.
 
     Everything is first written to a temporary folder beside the target, then renamed into
     place, so an interrupted run never leaves a half-written model under the final name.
+    With `check`, the written files must pass `check_model` before they are renamed: a model
+    that fails validation never appears under the final name.
     """
     path = Path(path)
     parent = path.parent
@@ -162,28 +164,34 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
                 location=data_name,
                 size_threshold=EXTERNAL_DATA_THRESHOLD,
             )
-            os.replace(tmpdir / data_name, parent / data_name)
         else:
             tmp_model.write_bytes(model.SerializeToString(deterministic=True))
+        if check:
+            check_model(tmp_model, shown_as=path)
+        if external:
+            os.replace(tmp_model.parent / data_name, parent / data_name)
         os.replace(tmp_model, path)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return path
 
 
-def check_model(path: str | os.PathLike) -> None:
-    """Validate a written model: onnx's checker, then an onnxruntime session must load it."""
+def check_model(path: str | os.PathLike, *, shown_as: str | os.PathLike | None = None) -> None:
+    """Validate a written model: onnx's checker, then an onnxruntime session must load it.
+    Messages name `shown_as` (the final path) when checking a temporary file."""
     import onnxruntime as ort
 
     path = Path(path)
+    name = shown_as or path
+    hint = "this is a bug in qcli: rerun with --debug and report it with the model's opset and ops"
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as exc:
-        raise ModelError(f"the model written to {path} fails the ONNX checker: {exc}") from exc
+        raise ModelError(f"the model written to {name} fails the ONNX checker: {exc}", hint=hint) from exc
     try:
         ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-        raise ModelError(f"onnxruntime cannot load the model written to {path}: {exc}") from exc
+        raise ModelError(f"onnxruntime cannot load the model written to {name}: {exc}", hint=hint) from exc
 
 
 def tensor_from_attribute(node: onnx.NodeProto) -> onnx.TensorProto | None:

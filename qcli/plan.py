@@ -3,13 +3,14 @@
 Two steps. `make_plan(model, config)` decides the structure from the op rules (rules.py) and
 the config alone: which nodes are quantized (and why others stay float), which activations get
 a Q/DQ pair, which activations share one scale (groups, by union-find over tensors joined by
-`shares` ops, as pt2e's SharedQuantizationSpec), which initializers are weights and biases.
-`assign_ranges(plan, table)` then gives each group its range from the calibration table and
-turns it into scale and zero point. Calibration observes exactly `plan.calibrated_tensors`.
+`shares` ops, as pt2e's SharedQuantizationSpec), which initializers are weights and biases, and
+each group's and weight's scheme after the YAML overrides. `assign_ranges(plan, model, table)`
+then gives each group its range and turns it into scale and zero point. Calibration observes
+exactly `plan.calibrated_tensors`.
 
-Decisions (README "What gets quantized" says the same):
+Decisions (README "What gets quantized" and "Configuration" say the same for users):
 - A compute node is quantized when its rule says so, its activation inputs and outputs are
-  float tensors, its weight (Conv, ConvTranspose) is an initializer, and the config does not
+  float32 tensors, its weight (Conv, ConvTranspose) is an initializer, and the config does not
   exclude it or any of its tensors.
 - Relu/Clip right after a quantized producer are folded: the producer's output gets no Q/DQ,
   the clipped output does (onnxruntime then drops the Relu into the int8 kernel).
@@ -18,25 +19,29 @@ Decisions (README "What gets quantized" says the same):
 - Int8 pays off in the kernels of Conv, ConvTranspose, MatMul and Gemm ("anchors"). A group of
   connected quantizable nodes without an anchor (say a lone Add between float ops) stays float:
   its Q/DQ pairs would cost more time than its int8 kernel saves.
+- Overrides apply in order, later wins. A rule's `match` selects nodes (by `nodes` name patterns
+  AND `op_types` when both are given) and tensors (by `tensors`); settings for a node apply to
+  its quantized activations (inputs and outputs) and its weights. When the members of one
+  shared group are given different activation dtypes, the widest wins (16 over 8 bits; on a
+  tie, the later rule), and a note says so.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
 
 from qcli.calibrate.table import CalibrationTable, RangeSettings
-from qcli.config import Config, Match
-from qcli.errors import CalibrationError, ConfigError
-from qcli.rules import OUTPUT_RANGES, activation_inputs, rule_for, weight_axis
+from qcli.config import Activations, Config, Match, Weights
+from qcli.errors import CalibrationError
+from qcli.rules import OUTPUT_RANGES, activation_inputs, block_axis, rule_for, weight_axis
 from qcli.scheme import QuantScheme, choose_qparams
 
 ANCHORS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
-FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 
 
 @dataclass
@@ -46,7 +51,8 @@ class Group:
     tensors: list[str]
     scheme: QuantScheme
     constant: str | None = None  # an initializer member (embedding table) fixes the params
-    fixed_range: tuple[float, float] | None = None  # known without calibration (rules.OUTPUT_RANGES)
+    fixed_range: tuple[float, float] | None = None  # known without calibration, or set by YAML
+    settings: dict | None = None  # per-group calibration override fields (method, percentile)
     range: tuple[float, float] | None = None
     scale: np.ndarray | None = None
     zero_point: np.ndarray | None = None
@@ -56,7 +62,7 @@ class Group:
 class WeightPlan:
     name: str  # initializer
     scheme: QuantScheme
-    axis: int | None  # per-channel axis, None for per-tensor
+    axis: int | None  # per-channel (or per-block) axis, None for per-tensor
 
 
 @dataclass(frozen=True)
@@ -82,12 +88,7 @@ class Plan:
     biases: dict[str, BiasPlan] = field(default_factory=dict)
     nodes: list[NodeDecision] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)  # config rules that matched nothing
-
-    def group_of(self, tensor: str) -> Group | None:
-        return self._index().get(tensor)
-
-    def _index(self) -> dict[str, Group]:
-        return {t: g for g in self.groups for t in g.tensors}
+    notes: list[str] = field(default_factory=list)  # conflicts resolved, and the like
 
     @property
     def activations(self) -> list[str]:
@@ -108,41 +109,39 @@ def node_names(model: onnx.ModelProto) -> list[str]:
 # --------------------------------------------------------------------------- matching
 
 
-def _pattern(text: str, where: str):
+def pattern(text: str):
+    """A name test: `re:<regex>` (full match) or a glob (`*`, `?`, `[...]`)."""
     if text.startswith("re:"):
-        try:
-            regex = re.compile(text[3:])
-        except re.error as exc:
-            raise ConfigError(f"{where}: regular expression {text[3:]!r} does not compile: {exc}") from None
+        regex = re.compile(text[3:])  # compiled once already by the config schema
         return lambda name: regex.fullmatch(name) is not None
     return lambda name: fnmatch.fnmatchcase(name, text)
 
 
 @dataclass
-class _Matcher:
-    """One exclude/override `match:`: nodes by name (glob or re:), op types, tensors."""
+class Selection:
+    """What one `match:` selects in a graph: node indices and tensor names."""
 
     where: str
-    match: Match
-    hits: int = 0
+    nodes: set[int]
+    tensors: set[str]
 
-    def __post_init__(self) -> None:
-        self.node_tests = [_pattern(p, f"{self.where}.nodes") for p in self.match.nodes]
-        self.tensor_tests = [_pattern(p, f"{self.where}.tensors") for p in self.match.tensors]
+    @property
+    def empty(self) -> bool:
+        return not self.nodes and not self.tensors
 
-    def node(self, name: str, op_type: str) -> bool:
-        if not (self.match.nodes or self.match.op_types):
-            return False
-        ok = (not self.match.nodes or any(t(name) for t in self.node_tests)) and (
-            not self.match.op_types or op_type in self.match.op_types
-        )
-        self.hits += ok
-        return ok
 
-    def tensor(self, name: str) -> bool:
-        ok = bool(self.tensor_tests) and any(t(name) for t in self.tensor_tests)
-        self.hits += ok
-        return ok
+def select(match: Match, where: str, names: list[str], graph: onnx.GraphProto, tensors: set[str]) -> Selection:
+    node_tests = [pattern(p) for p in match.nodes]
+    tensor_tests = [pattern(p) for p in match.tensors]
+    nodes: set[int] = set()
+    if match.nodes or match.op_types:
+        for i, node in enumerate(graph.node):
+            if (not node_tests or any(t(names[i]) for t in node_tests)) and (
+                not match.op_types or node.op_type in match.op_types
+            ):
+                nodes.add(i)
+    chosen = {t for t in tensors if any(test(t) for test in tensor_tests)}
+    return Selection(where, nodes, chosen)
 
 
 # --------------------------------------------------------------------------- planning
@@ -165,7 +164,8 @@ class _UnionFind:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
-def _types(model: onnx.ModelProto) -> dict[str, int]:
+def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every typed tensor of the main graph (value_info from shape inference)."""
     g = model.graph
     types = {t.name: t.data_type for t in g.initializer}
     for vi in (*g.input, *g.value_info, *g.output):
@@ -174,34 +174,55 @@ def _types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
+def _activation_scheme(a: Activations) -> QuantScheme:
+    return QuantScheme.of(a.dtype, "per_tensor", a.symmetric)
+
+
+def _weight_scheme(w: Weights) -> QuantScheme:
+    return QuantScheme.of(w.dtype, w.granularity, w.symmetric, w.block_size if w.granularity == "per_block" else 0)
+
+
+@dataclass
+class _Requests:
+    """What the overrides ask for, per tensor and per weight (later rules overwrite)."""
+
+    activation: dict[str, tuple[QuantScheme, int]] = field(default_factory=dict)  # scheme, rule index
+    weight: dict[str, QuantScheme] = field(default_factory=dict)
+    settings: dict[str, dict] = field(default_factory=dict)  # tensor -> calibration override fields
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
 def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
     """The structure of the quantization (no ranges yet); see the module docstring."""
     graph = model.graph
     names = node_names(model)
-    types = _types(model)
+    types = tensor_types(model)
     inits = {t.name: t for t in graph.initializer}
     graph_outputs = {o.name for o in graph.output}
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output}
     consumers: dict[str, list[int]] = {}
     for i, node in enumerate(graph.node):
         for name in node.input:
             consumers.setdefault(name, []).append(i)
+    all_tensors = set(types) | set(producer) | {i.name for i in graph.input}
 
-    def is_float(name: str) -> bool:
-        return types.get(name) in FLOAT_TYPES
+    def is_float(name: str) -> bool:  # int8 kernels take and give float32 around their Q/DQ
+        return types.get(name) == onnx.TensorProto.FLOAT
 
-    excludes = [_Matcher("exclude", config.exclude)]
-    float_overrides = [
-        _Matcher(f"overrides[{k}].match", o.match) for k, o in enumerate(config.overrides) if o.precision == "float"
+    # Every rule's selection, up front (also tells which rules match nothing).
+    exclude = select(config.exclude, "exclude", names, graph, all_tensors)
+    overrides = [
+        (k, o, select(o.match, f"overrides[{k}].match", names, graph, all_tensors))
+        for k, o in enumerate(config.overrides)
     ]
-    rules_off = excludes + float_overrides
-    excluded_tensors = {
-        t for t in {*types, *(o for n in graph.node for o in n.output)} if any(m.tensor(t) for m in rules_off)
-    }
+    off = [exclude] + [sel for _, o, sel in overrides if o.precision == "float"]
+    off_nodes = set().union(*(s.nodes for s in off))
+    off_tensors = set().union(*(s.tensors for s in off))
 
-    act = QuantScheme.of(config.activations.dtype, "per_tensor", config.activations.symmetric)
-    w_cfg = config.weights
-    weight_scheme = QuantScheme.of(w_cfg.dtype, w_cfg.granularity, w_cfg.symmetric, w_cfg.block_size)
+    default_act = _activation_scheme(config.activations)
+    default_weight = _weight_scheme(config.weights)
 
+    # 1. Which nodes could be quantized.
     reasons: dict[int, str] = {}
     candidates: set[int] = set()
     for i, node in enumerate(graph.node):
@@ -209,10 +230,11 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
         if rule is None:
             reasons[i] = "no int8 kernel for this op" if node.domain in ("", "ai.onnx") else f"custom domain {node.domain}"
             continue
-        if any(m.node(names[i], node.op_type) for m in rules_off):
+        if i in off_nodes:
             reasons[i] = "excluded by config"
             continue
-        if rule.default_float:
+        enabled = any(i in sel.nodes and o.precision not in (None, "float") for _, o, sel in overrides)
+        if rule.default_float and not enabled:
             reasons[i] = rule.reason
             continue
         if rule.kind == "fold":
@@ -220,11 +242,11 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             continue
         acts = [node.input[k] for k in activation_inputs(node, rule) if node.input[k] not in inits]
         touched = acts + [o for o in node.output if o]
-        if any(t in excluded_tensors for t in touched):
+        if any(t in off_tensors for t in touched):
             reasons[i] = "a tensor of it is excluded by config"
             continue
         if not all(is_float(t) for t in touched):
-            reasons[i] = "not float" if rule.kind == "compute" else "moves non-float data"
+            reasons[i] = "not float32" if rule.kind == "compute" else "moves non-float data"
             continue
         if rule.kind == "compute":
             weights = [node.input[k] for k in rule.weights if k < len(node.input) and node.input[k]]
@@ -232,13 +254,11 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
                 reasons[i] = "its weight is not a constant"
                 continue
             if any(w in inits and not is_float(w) for w in weights):
-                reasons[i] = "its weight is not float"
+                reasons[i] = "its weight is not float32"
                 continue
         candidates.add(i)
 
-    # Keep only connected groups of candidates that contain an anchor.
-    producer = {o: i for i, n in enumerate(graph.node) for o in n.output}
-
+    # 2. Keep only connected groups of candidates that contain an anchor.
     def source(name: str) -> int | None:
         """The node producing `name`, looking through Relu/Clip (they fold into it)."""
         j = producer.get(name)
@@ -246,41 +266,42 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             j = producer.get(graph.node[j].input[0])
         return j
 
-    uf = _UnionFind()
+    components = _UnionFind()
     for i in candidates:
-        uf.find(str(i))
+        components.find(str(i))
         for name in graph.node[i].input:
             j = source(name)
             if j in candidates:
-                uf.union(str(i), str(j))
-    anchored = {uf.find(str(i)) for i in candidates if graph.node[i].op_type in ANCHORS}
+                components.union(str(i), str(j))
+    anchored = {components.find(str(i)) for i in candidates if graph.node[i].op_type in ANCHORS}
     for i in sorted(candidates):
-        if uf.find(str(i)) not in anchored:
+        if components.find(str(i)) not in anchored:
             candidates.discard(i)
             reasons[i] = "no Conv/MatMul/Gemm next to it: int8 would be slower here"
 
+    # 3. Tensors of compute nodes, weights, biases, folded Relu/Clip.
     plan = Plan()
-    quantized_tensors: set[str] = set()
-    groups = _UnionFind()
+    quantized: set[str] = set()
     folded: dict[int, str] = {}
-    compute = [i for i in sorted(candidates) if rule_for(graph.node[i]).kind == "compute"]
-    for i in compute:
+    node_tensors: dict[int, set[str]] = {}  # quantized activations each node touches
+    weight_users: dict[str, list[int]] = {}
+    for i in sorted(candidates):
         node, rule = graph.node[i], rule_for(graph.node[i])
+        if rule.kind != "compute":
+            continue
+        mine = node_tensors.setdefault(i, set())
         acts = set(activation_inputs(node, rule))
         for k in sorted(acts | {k for k in rule.weights if k < len(node.input) and node.input[k]}):
             name = node.input[k]
             if name not in inits:
-                quantized_tensors.add(name)
-            elif k in rule.weights:
-                axis = None
-                if weight_scheme.granularity != "per_tensor":
-                    axis = weight_axis(node, rule, len(inits[name].dims))
-                scheme = weight_scheme if axis is not None else QuantScheme(
-                    weight_scheme.dtype, "per_tensor", weight_scheme.symmetric
-                )
-                plan.weights.setdefault(name, WeightPlan(name, scheme, axis))
+                quantized.add(name)
+                mine.add(name)
+                continue
+            weight_users.setdefault(name, []).append(i)
+            if k in rule.weights:
+                plan.weights.setdefault(name, _weight_plan(name, default_weight, node, len(inits[name].dims)))
             else:  # a constant operand of Add/Mul: quantized like an activation, from its values
-                plan.weights.setdefault(name, WeightPlan(name, act, None))
+                plan.weights.setdefault(name, WeightPlan(name, default_act, None))
         if rule.bias is not None and rule.bias < len(node.input) and node.input[rule.bias] in inits:
             weight = node.input[rule.weights[0]]
             if weight in plan.weights and is_float(node.input[rule.bias]):
@@ -293,20 +314,23 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
                 and all(
                     (r := rule_for(graph.node[u])) is not None
                     and r.kind == "fold"
-                    and reasons.get(u) != "excluded by config"
+                    and u not in off_nodes
                     and _static_clip(graph.node[u], inits)
-                    and graph.node[u].output[0] not in excluded_tensors
+                    and graph.node[u].output[0] not in off_tensors
                     for u in users
                 )
             )
             if fold:
                 for u in users:
                     folded[u] = names[i]
-                    quantized_tensors.add(graph.node[u].output[0])
+                    quantized.add(graph.node[u].output[0])
+                    mine.add(graph.node[u].output[0])
             else:
-                quantized_tensors.add(out)
+                quantized.add(out)
+                mine.add(out)
 
-    # Data movement shares its neighbours' scale; iterate until nothing changes.
+    # 4. Data movement shares its neighbours' scale; iterate until nothing changes.
+    groups = _UnionFind()
     shares = [i for i in sorted(candidates) if rule_for(graph.node[i]).kind == "shares"]
     active: set[int] = set()
     changed = True
@@ -316,14 +340,12 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             if i in active:
                 continue
             node, rule = graph.node[i], rule_for(graph.node[i])
-            data = [node.input[k] for k in activation_inputs(node, rule)]
-            members = data + [o for o in node.output if o]
-            if any(t in quantized_tensors for t in members):
+            members = [node.input[k] for k in activation_inputs(node, rule)] + [o for o in node.output if o]
+            if any(t in quantized for t in members):
                 active.add(i)
                 changed = True
-                for t in members:
-                    if t not in inits:
-                        quantized_tensors.add(t)
+                quantized.update(t for t in members if t not in inits)
+                node_tensors[i] = set(members)
                 for t in members[1:]:
                     groups.union(members[0], t)
     for i in shares:
@@ -331,11 +353,38 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             candidates.discard(i)
             reasons[i] = "no quantized neighbour"
 
-    # Groups, in graph order of their first tensor.
+    # 5. What the overrides ask for, applied in order.
+    requests = _Requests()
+    for k, o, sel in overrides:
+        if o.precision == "float":
+            continue
+        act = None
+        if o.activations is not None:
+            act = _activation_scheme(o.activations)
+        elif o.precision is not None:
+            act = QuantScheme.of(o.precision, "per_tensor", config.activations.symmetric)
+        targets = set(sel.tensors)
+        for i in sel.nodes:
+            targets |= node_tensors.get(i, set())
+        for t in targets:
+            if act is not None:
+                requests.activation[t] = (act, k)
+            if o.calibration is not None:
+                requests.settings.setdefault(t, {}).update(o.calibration.model_dump(exclude_none=True))
+            if o.range is not None:
+                requests.ranges[t] = o.range
+        if o.weights is not None:
+            for name, users in weight_users.items():
+                if name in plan.weights and (name in sel.tensors or any(u in sel.nodes for u in users)):
+                    node = graph.node[users[0]]
+                    plan.weights[name] = _weight_plan(name, _weight_scheme(o.weights), node, len(inits[name].dims))
+
+    # 6. Groups, in graph order of their first tensor.
     order = [i.name for i in graph.input] + [o for n in graph.node for o in n.output]
     position = {name: k for k, name in enumerate(order)}
+    constants = {t for i in active for t in _data_consts(graph.node[i], inits)}
     members: dict[str, list[str]] = {}
-    for t in sorted(quantized_tensors | {t for i in active for t in _data_consts(graph.node[i], inits)}, key=lambda t: (position.get(t, -1), t)):
+    for t in sorted(quantized | constants, key=lambda t: (position.get(t, -1), t)):
         members.setdefault(groups.find(t), []).append(t)
     for tensors in members.values():
         constant = next((t for t in tensors if t in inits), None)
@@ -344,7 +393,21 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
              if t in producer and graph.node[producer[t]].op_type in OUTPUT_RANGES),
             None,
         )
-        group = Group(tensors, act, constant, fixed)
+        group = Group(tensors, default_act, constant, fixed)
+        asked = [(requests.activation[t], t) for t in tensors if t in requests.activation]
+        if asked:
+            (scheme, _), _ = max(asked, key=lambda a: (a[0][0].dtype.bits, a[0][1]))
+            group.scheme = scheme
+            if len({a[0][0] for a in asked}) > 1 or (len(asked) < len(tensors) and scheme != default_act):
+                plan.notes.append(
+                    f"tensors {', '.join(tensors)} share one scale: all get {scheme.dtype.name} "
+                    "(the widest any override asked for)"
+                )
+        for t in tensors:
+            if t in requests.ranges:
+                group.fixed_range = requests.ranges[t]
+            if t in requests.settings:
+                group.settings = requests.settings[t]  # fields; resolved in assign_ranges
         if constant is not None:
             plan.weights.pop(constant, None)  # quantized with the group's params instead
         plan.groups.append(group)
@@ -356,8 +419,21 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             plan.nodes.append(NodeDecision(i, names[i], node.op_type, True))
         else:
             plan.nodes.append(NodeDecision(i, names[i], node.op_type, False, reasons.get(i, "")))
-    plan.unmatched = [m.where for m in rules_off if m.hits == 0 and (m.match.nodes or m.match.op_types or m.match.tensors)]
+    plan.unmatched = [s.where for s in [exclude] + [sel for _, _, sel in overrides] if s.empty and (
+        s.where != "exclude" or config.exclude.nodes or config.exclude.op_types or config.exclude.tensors)]
     return plan
+
+
+def _weight_plan(name: str, scheme: QuantScheme, node: onnx.NodeProto, rank: int) -> WeightPlan:
+    """The scheme's axis for this weight; per-tensor where the op has no such axis."""
+    axis = None
+    if scheme.granularity == "per_channel":
+        axis = weight_axis(node, rule_for(node), rank)
+    elif scheme.granularity == "per_block":
+        axis = block_axis(node, rank)
+    if axis is None:
+        scheme = replace(scheme, granularity="per_tensor", block_size=0)
+    return WeightPlan(name, scheme, axis)
 
 
 def _static_clip(node: onnx.NodeProto, inits: dict) -> bool:
@@ -380,10 +456,13 @@ def assign_ranges(plan: Plan, model: onnx.ModelProto, table: CalibrationTable, s
             values = onnx.numpy_helper.to_array(inits[group.constant])
             lo, hi = float(values.min()), float(values.max())
         else:
-            ranges = []
-            for t in group.tensors:
-                if t in table.observers:
-                    ranges.append(table.range(t, settings))
+            mine = replace(
+                settings,
+                dtype=group.scheme.dtype.name,
+                symmetric=group.scheme.symmetric,
+                **(group.settings or {}),
+            )
+            ranges = [table.range(t, mine) for t in group.tensors if t in table.observers]
             if not ranges:
                 raise CalibrationError(
                     f"the calibration has no statistics for tensor {group.tensors[0]!r}",

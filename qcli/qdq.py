@@ -23,12 +23,36 @@ from qcli.scheme import choose_qparams, quantize
 from qcli.errors import ModelError
 
 
+CONTRIB = "com.microsoft"
+
+
 def _weight_qparams(values: np.ndarray, plan) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and zero point of a weight: one, one per channel along `axis`, or one per block of
+    `block_size` values along `axis` (then shaped like the weight with that axis shortened)."""
     scheme = plan.scheme
     if plan.axis is None:
         return choose_qparams(values.min(), values.max(), scheme.dtype, scheme.symmetric)
+    if scheme.granularity == "per_block":
+        moved = np.moveaxis(values, plan.axis, 0)
+        size, block = moved.shape[0], scheme.block_size
+        count = -(-size // block)
+        padded = np.pad(moved, [(0, count * block - size)] + [(0, 0)] * (moved.ndim - 1))
+        blocks = padded.reshape(count, block, *moved.shape[1:])
+        scale, zero = choose_qparams(blocks.min(axis=1), blocks.max(axis=1), scheme.dtype, scheme.symmetric)
+        return np.moveaxis(scale, 0, plan.axis), np.moveaxis(zero, 0, plan.axis)
     other = tuple(a for a in range(values.ndim) if a != plan.axis)
     return choose_qparams(values.min(axis=other), values.max(axis=other), scheme.dtype, scheme.symmetric)
+
+
+def _expand_blocks(param: np.ndarray, plan, size: int) -> np.ndarray:
+    """Per-block params repeated to the weight's shape (for quantizing the values)."""
+    return np.take(np.repeat(param, plan.scheme.block_size, axis=plan.axis), np.arange(size), axis=plan.axis)
+
+
+def qdq_domain(bits: int, opset: int) -> str:
+    """Standard QuantizeLinear/DequantizeLinear take 8 bits from opset 13 and 4/16 bits from
+    opset 21; below that onnxruntime's com.microsoft versions take 4 and 16 bits."""
+    return "" if bits == 8 or opset >= 21 else CONTRIB
 
 
 def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
@@ -51,12 +75,21 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
             if inp == name
         ]
 
-    def dequantize_node(q_name: str, scale: str, zero: str | None, output: str, axis: int | None) -> onnx.NodeProto:
-        """DequantizeLinear; `zero` None omits the zero point (all zeros: int8 weights, int32 bias)."""
+    opset = next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), 13)
+    domains: set[str] = set()
+
+    def dequantize_node(
+        q_name: str, scale: str, zero: str | None, output: str, axis: int | None, bits: int = 8, block: int = 0
+    ) -> onnx.NodeProto:
+        """DequantizeLinear; `zero` None omits the zero point (all zeros: int32 bias)."""
         inputs = [q_name, scale] + ([zero] if zero else [])
-        node = helper.make_node("DequantizeLinear", inputs, [output], name=f"{output}_DQ")
+        domain = qdq_domain(bits, opset)
+        domains.add(domain)
+        node = helper.make_node("DequantizeLinear", inputs, [output], name=f"{output}_DQ", domain=domain)
         if axis is not None:
             node.attribute.append(helper.make_attribute("axis", axis))
+        if block:
+            node.attribute.append(helper.make_attribute("block_size", block))
         return node
 
     # weights
@@ -65,7 +98,12 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
         values = numpy_helper.to_array(inits[wp.name]).astype(np.float32)
         scale, zero = _weight_qparams(values, wp)
         weight_params[wp.name] = scale
-        q = quantize(values, scale, zero, wp.scheme.dtype, wp.axis, wp.scheme.symmetric)
+        if wp.scheme.granularity == "per_block":
+            size = values.shape[wp.axis]
+            q = quantize(values, _expand_blocks(scale, wp, size), _expand_blocks(zero, wp, size),
+                         wp.scheme.dtype, None, wp.scheme.symmetric)
+        else:
+            q = quantize(values, scale, zero, wp.scheme.dtype, wp.axis, wp.scheme.symmetric)
         new_inits += [
             _tensor(q, f"{wp.name}_quantized", wp.scheme.dtype.onnx_type),
             numpy_helper.from_array(scale, f"{wp.name}_scale"),
@@ -74,7 +112,8 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
         new_inits.append(_tensor(zero, f"{wp.name}_zero_point", wp.scheme.dtype.onnx_type))
         new_nodes.append(
             dequantize_node(
-                f"{wp.name}_quantized", f"{wp.name}_scale", f"{wp.name}_zero_point", f"{wp.name}_dequantized", wp.axis
+                f"{wp.name}_quantized", f"{wp.name}_scale", f"{wp.name}_zero_point", f"{wp.name}_dequantized",
+                wp.axis, wp.scheme.dtype.bits, wp.scheme.block_size,
             )
         )
         for use in uses(wp.name, only_quantized=True):
@@ -98,7 +137,9 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
                 values = numpy_helper.to_array(inits[t]).astype(np.float32)
                 q = quantize(values, group.scale, group.zero_point, group.scheme.dtype, None, group.scheme.symmetric)
                 new_inits.append(_tensor(q, f"{t}_quantized", onnx_type))
-                new_nodes.append(dequantize_node(f"{t}_quantized", scale_name, zero_name, f"{t}_dequantized", None))
+                new_nodes.append(
+                    dequantize_node(f"{t}_quantized", scale_name, zero_name, f"{t}_dequantized", None, group.scheme.dtype.bits)
+                )
                 for use in uses(t, only_quantized=True):
                     renames[use] = f"{t}_dequantized"
                 continue
@@ -112,15 +153,18 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
                     renames[use] = target
             new_nodes.append(
                 helper.make_node(
-                    "QuantizeLinear", [source, scale_name, zero_name], [f"{t}_quantized"], name=f"{t}_Q"
+                    "QuantizeLinear", [source, scale_name, zero_name], [f"{t}_quantized"], name=f"{t}_Q",
+                    domain=qdq_domain(group.scheme.dtype.bits, opset),
                 )
             )
-            new_nodes.append(dequantize_node(f"{t}_quantized", scale_name, zero_name, target, None))
+            new_nodes.append(
+                dequantize_node(f"{t}_quantized", scale_name, zero_name, target, None, group.scheme.dtype.bits)
+            )
 
     # biases: int32, scale = s_input * s_weight
     for bp in plan.biases.values():
-        if bp.input not in group_scale:
-            continue
+        if bp.input not in group_scale or plan.weights[bp.weight].scheme.granularity == "per_block":
+            continue  # no scale to derive it from: the bias stays float
         values = numpy_helper.to_array(inits[bp.name]).astype(np.float64)
         scale = (np.float64(group_scale[bp.input]) * weight_params[bp.weight].astype(np.float64)).astype(np.float32)
         scale = np.broadcast_to(scale, values.shape).copy() if scale.ndim else scale
@@ -151,6 +195,9 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
     inputs = [i for i in graph.input if i.name not in inits or i.name in read]
     del graph.input[:]
     graph.input.extend(inputs)
+
+    if CONTRIB in domains and not any(o.domain == CONTRIB for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(CONTRIB, 1))
 
     nodes = _toposort([*graph.node, *new_nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
     del graph.node[:]

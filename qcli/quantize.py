@@ -15,6 +15,8 @@ import onnx
 from qcli import __version__
 from qcli.calibrate.table import CalibrationTable, RangeSettings
 from qcli.config import Config
+from qcli.errors import ConfigError
+from qcli.model import opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import prepare
 from qcli.qdq import materialize
@@ -33,6 +35,13 @@ def quantize(
     """Quantize `model` with the ranges of `table` (solved for `config`'s method and dtype)."""
     prepared = prepare(model, force=force)
     plan = make_plan(prepared.model, config)
+    opset = opset_version(prepared.model)
+    blocked = [w.name for w in plan.weights.values() if w.scheme.granularity == "per_block"]
+    if blocked and opset < 21:
+        raise ConfigError(
+            f"per_block weights need opset 21 (DequantizeLinear's block_size); the model is at opset {opset}",
+            hint="re-export the model at opset 21, or use granularity: per_channel",
+        )
     settings = RangeSettings.of(config)
     assign_ranges(plan, prepared.model, table, settings)
     out = materialize(prepared.model, plan)
@@ -43,7 +52,7 @@ def quantize(
     ):
         entry = out.metadata_props.add()
         entry.key, entry.value = key, value
-    notes = list(prepared.notes)
+    notes = list(prepared.notes) + plan.notes
     notes += [f"config rule {where} matched nothing" for where in plan.unmatched]
     return QuantizeResult(out, plan, notes)
 

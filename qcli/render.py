@@ -147,11 +147,11 @@ def calibration(console: Console, doc: dict, rows: int = 30) -> None:
         f"Calibration: {doc['tensors']} tensors over {doc['samples']} samples; ranges for "
         f"{doc['activations']} activations ({method} is selected)"
     )
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("tensor", overflow="fold", max_width=32)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+    table.add_column("tensor", overflow="fold", min_width=16)
     for m in ("minmax", "percentile", "kl", "mse"):
-        table.add_column(m + ("*" if m == method else ""), justify="right", no_wrap=True)
-    table.add_column("clipped*", justify="right", no_wrap=True)
+        table.add_column(m + ("*" if m == method else ""), justify="right")
+    table.add_column("clip*", justify="right")
     for name, t in list(doc["ranges"].items())[:rows]:
         table.add_row(
             name,

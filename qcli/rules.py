@@ -124,3 +124,16 @@ def weight_axis(node: onnx.NodeProto, rule: OpRule, weight_rank: int) -> int | N
         return 0 if trans_b else 1
     axis = rule.channel_axis
     return axis % weight_rank if weight_rank else None
+
+
+def block_axis(node: onnx.NodeProto, weight_rank: int) -> int | None:
+    """Axis of a weight along which per-block scales run: the reduction axis (MatMul's K, the
+    second-to-last; Gemm's K, 1 with transB=1 else 0; Conv's input channels)."""
+    if node.op_type == "MatMul" and weight_rank >= 2:
+        return weight_rank - 2
+    if node.op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 1 if trans_b else 0
+    if node.op_type in ("Conv", "ConvTranspose") and weight_rank >= 2:
+        return 1 if node.op_type == "Conv" else 0
+    return None

@@ -121,3 +121,12 @@ def test_check_model_reports_what_onnxruntime_refuses(tmp_path: Path) -> None:
 
 def test_max_ir_version_is_what_onnxruntime_loads() -> None:
     assert 7 <= max_ir_version() <= onnx.IR_VERSION
+
+
+def test_checked_save_never_leaves_an_invalid_model(tmp_path: Path) -> None:
+    model = parse_model(IMAGE_MODEL)
+    model.ir_version = max_ir_version() + 1  # onnxruntime refuses it
+    out = tmp_path / "out.onnx"
+    with pytest.raises(ModelError, match=f"onnxruntime cannot load the model written to {out}"):
+        save_model(model, out, check=True)
+    assert list(tmp_path.iterdir()) == []

@@ -119,6 +119,44 @@ def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     return augmented
 
 
+# Ops whose output holds exactly their first input's values, rearranged: same count, min, max,
+# histogram and NaN/Inf counts.
+_REARRANGING = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "DepthToSpace", "SpaceToDepth"}
+
+
+def value_aliases(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
+    """Tensors of `names` that hold exactly the values of another tensor of `names`
+    (through Reshape, Transpose, Flatten... chains), mapped to that tensor.
+
+    Their statistics are copied from it rather than computed again (`adopt_values`): in a
+    Transformer, the q/k/v projections' Reshape and Transpose outputs would otherwise triple
+    the histogram work for those tensors.
+    """
+    producer = {out: node for node in model.graph.node for out in node.output if out}
+    wanted = set(names)
+
+    def source_of(name: str) -> str | None:
+        """The furthest tensor of `names` up a chain of rearranging ops ending at `name`."""
+        found, seen = None, {name}
+        node = producer.get(name)
+        while node is not None and node.op_type in _REARRANGING and node.domain in ("", "ai.onnx"):
+            source = node.input[0] if node.input else ""
+            if not source or source in seen:
+                break
+            seen.add(source)
+            if source in wanted:
+                found = source
+            node = producer.get(source)
+        return found
+
+    aliases = {}
+    for name in names:
+        source = source_of(name)
+        if source is not None:
+            aliases[name] = source
+    return aliases
+
+
 @dataclass
 class Collected:
     """What one pass produced: an observer per float tensor, and what was left out."""
@@ -149,10 +187,10 @@ def collect(
     the number of samples; the statistics are the same as without threads (each observer sees
     the batches in order, and its histogram does not depend on order anyway).
     """
-    names = calibration_tensors(model) if tensors is None else list(tensors)
+    names = calibration_tensors(model) if tensors is None else list(dict.fromkeys(tensors))
     session = make_session(with_outputs(model, names))
     observers = {name: TensorObserver(max_bins=max_bins, name=name) for name in names}
-    sink = _ObserverSink(names, observers, background)
+    sink = _ObserverSink(names, observers, value_aliases(model, names), background)
     samples = batches = 0
     stream = folder.batches(batch_size)
     if background:
@@ -180,6 +218,9 @@ def collect(
         if close is not None:
             close()  # stops the reading thread, if any
     sink.close()
+    for name, source in sink.aliases.items():
+        if name in observers and source in observers:
+            observers[name].adopt_values(observers[source])
     return Collected(observers, samples, batches, sink.skipped)
 
 
@@ -190,9 +231,12 @@ class _ObserverSink:
     three batches of outputs are alive (being observed, queued, being computed).
     """
 
-    def __init__(self, names: list[str], observers: dict[str, TensorObserver], background: bool):
+    def __init__(
+        self, names: list[str], observers: dict[str, TensorObserver], aliases: dict[str, str], background: bool
+    ):
         self.names = names
         self.observers = observers
+        self.aliases = aliases  # tensor -> the tensor whose values it holds: layout noted only
         self.skipped: list[str] = []
         self._error: BaseException | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=1)
@@ -231,11 +275,14 @@ class _ObserverSink:
             observer = self.observers.get(name)
             if observer is None:
                 continue
-            if not isinstance(value, np.ndarray) or not np.issubdtype(value.dtype, np.floating):
+            if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
                 del self.observers[name]
                 self.skipped.append(name)
                 continue
-            observer.update(value, samples=samples)
+            if name in self.aliases:
+                observer.update_layout(value, samples=samples)
+            else:
+                observer.update(value, samples=samples)
 
 
 T = TypeVar("T")

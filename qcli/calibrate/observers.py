@@ -58,6 +58,9 @@ MIN_EXPONENT = -160
 #: Grid indices stay below 2**INDEX_BITS in magnitude, so they are exact in float64.
 INDEX_BITS = 52
 
+#: numpy dtype -> its name (`dtype.name` is a slow property, and `update` needs it per batch).
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
 #: Elements per chunk in `bin_counts`: keeps the temporaries in cache (measured ~1.5x faster
 #: than whole-batch temporaries on a 1M-element batch) and bounds the extra memory.
 _CHUNK = 1 << 16
@@ -133,7 +136,7 @@ def bin_counts(x: np.ndarray, exponent: int, first: int, nbins: int) -> np.ndarr
     fix_negative_zero = exponent > 0 and first < 0 and x.dtype.itemsize >= 4
     scale = work.type(math.ldexp(1.0, -exponent))
 
-    counts = np.zeros(nbins, dtype=np.int64)
+    counts = None
     scaled = np.empty(min(_CHUNK, x.size), dtype=work)
     index = np.empty(scaled.size, dtype=np.intp)
     for start in range(0, x.size, _CHUNK):
@@ -145,8 +148,11 @@ def bin_counts(x: np.ndarray, exponent: int, first: int, nbins: int) -> np.ndarr
             y[(y == 0) & (chunk < 0)] = -1
         y -= first
         np.copyto(i, y, casting="unsafe")
-        counts += np.bincount(i, minlength=nbins)
-    return counts
+        if counts is None:
+            counts = np.bincount(i, minlength=nbins).astype(np.int64, copy=False)
+        else:
+            counts += np.bincount(i, minlength=nbins)
+    return counts if counts is not None else np.zeros(nbins, dtype=np.int64)
 
 
 # ------------------------------------------------------------------------------ histogram
@@ -270,6 +276,11 @@ class TensorObserver:
         self._min = math.inf
         self._max = -math.inf
         self._hist: GridHistogram | None = None
+        # `update` adds a batch that falls inside [min, max] into the counts in place; once the
+        # histogram has been handed out (`histogram`, `bin_counts`) it is copied first, so a
+        # histogram a caller holds never changes under it.
+        self._counts_shared = False
+        self._last_layout: tuple[np.dtype, tuple[int, ...]] | None = None
 
     # ----------------------------------------------------------------- accessors
 
@@ -290,6 +301,7 @@ class TensorObserver:
     @property
     def histogram(self) -> GridHistogram | None:
         """The histogram of the finite values (None before any)."""
+        self._counts_shared = True
         return self._hist
 
     @property
@@ -302,6 +314,7 @@ class TensorObserver:
 
     @property
     def bin_counts(self) -> np.ndarray:
+        self._counts_shared = True
         return self._hist.counts if self._hist is not None else np.zeros(0, dtype=np.int64)
 
     def __repr__(self) -> str:
@@ -314,25 +327,40 @@ class TensorObserver:
 
     def update(self, x: Any, samples: int = 1) -> None:
         """Add a batch (any shape, any float dtype) holding `samples` samples."""
-        a = np.asarray(x)
-        if not np.issubdtype(a.dtype, np.floating):
-            raise TypeError(f"observer expects a float tensor, got {a.dtype}")
-        self._note_layout(a.dtype.name, a.shape)
+        a = x if isinstance(x, np.ndarray) else np.asarray(x)
+        dtype = a.dtype
+        if dtype.kind != "f":
+            raise TypeError(f"observer expects a float tensor, got {dtype}")
+        self._note_batch_layout(dtype, a.shape)
         self.samples += samples
         if a.size == 0:
             return
         flat = a.reshape(-1)
-        if flat.dtype.itemsize > 8:  # long double: float64 is all quantization can use
+        if dtype.itemsize > 8:  # long double: float64 is all quantization can use
             flat = flat.astype(np.float64)
-        elif flat.dtype == np.float16:  # numpy's float16 min/max are ~5x slower than a cast
+        elif dtype == np.float16:  # numpy's float16 min/max are ~5x slower than a cast
             flat = flat.astype(np.float32)
-        lo, hi = flat.min(), flat.max()
-        if not (np.isfinite(lo) and np.isfinite(hi)):  # NaN propagates: one check covers all
+        lo, hi = float(flat.min()), float(flat.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN propagates: one check covers all
             flat = self._count_nonfinite(flat)
             if flat.size == 0:
                 return
-            lo, hi = flat.min(), flat.max()
-        lo, hi = float(lo), float(hi)
+            lo, hi = float(flat.min()), float(flat.max())
+
+        h = self._hist
+        if h is not None and lo >= self._min and hi <= self._max:
+            # Inside the range seen so far (the usual case after the first batches): the grid
+            # stays, the batch's counts go straight into the histogram.
+            k = h.exponent
+            batch_first = grid_index(lo, k)
+            batch_bins = grid_index(hi, k) - batch_first + 1
+            if self._counts_shared:
+                h = self._hist = GridHistogram(k, h.first, h.counts.copy())
+                self._counts_shared = False
+            start = batch_first - h.first
+            h.counts[start : start + batch_bins] += bin_counts(flat, k, batch_first, batch_bins)
+            self.count += flat.size
+            return
 
         new_lo, new_hi = min(self._min, lo), max(self._max, hi)
         k = grid_exponent(new_lo, new_hi, self.max_bins)
@@ -341,6 +369,7 @@ class TensorObserver:
         batch_bins = grid_index(hi, k) - batch_first + 1
         batch = GridHistogram(k, batch_first, bin_counts(flat, k, batch_first, batch_bins))
         self._hist = GridHistogram(k, first, _combine(self._hist, batch, k, first, last))
+        self._counts_shared = False
         self._min, self._max = new_lo, new_hi
         self.count += flat.size
 
@@ -351,13 +380,54 @@ class TensorObserver:
         self.neginf_count += int((flat == -np.inf).sum())
         return flat[finite]
 
+    def update_layout(self, x: Any, samples: int = 1) -> None:
+        """Record a batch's dtype, shape and sample count, but not its values: for a tensor
+        whose values are exactly those of another observed tensor (see `adopt_values`)."""
+        a = x if isinstance(x, np.ndarray) else np.asarray(x)
+        if a.dtype.kind != "f":
+            raise TypeError(f"observer expects a float tensor, got {a.dtype}")
+        self._note_batch_layout(a.dtype, a.shape)
+        self.samples += samples
+
+    def adopt_values(self, other: TensorObserver) -> TensorObserver:
+        """Take `other`'s value statistics (counts, min, max, histogram, NaN/Inf counts) as this
+        observer's, keeping its own dtype, shape and samples; return it.
+
+        For a tensor that holds exactly `other`'s values, rearranged (the output of Reshape,
+        Transpose, Flatten...): every statistic of its values is `other`'s, so observing it
+        again would only repeat the work. `other` must have the same `max_bins`.
+        """
+        if other.max_bins != self.max_bins:
+            raise ValueError(f"max_bins differ ({other.max_bins} vs {self.max_bins})")
+        self.count = other.count
+        self.nan_count, self.posinf_count, self.neginf_count = (
+            other.nan_count,
+            other.posinf_count,
+            other.neginf_count,
+        )
+        self._min, self._max = other._min, other._max
+        h = other._hist
+        self._hist = None if h is None else GridHistogram(h.exponent, h.first, h.counts.copy())
+        self._counts_shared = False
+        return self
+
+    def _note_batch_layout(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        layout = (dtype, shape)
+        if layout != self._last_layout:  # noting the same layout twice changes nothing
+            name = _DTYPE_NAMES.get(dtype)
+            if name is None:
+                name = _DTYPE_NAMES.setdefault(dtype, dtype.name)
+            self._note_layout(name, shape)
+            self._last_layout = layout
+
     def _note_layout(self, dtype: str, shape: tuple[int | None, ...] | None) -> None:
         if self.dtype is None:
             self.dtype, self.shape = dtype, (tuple(shape) if shape is not None else None)
             return
         # A tensor has one dtype in a model; should batches differ anyway, record the common
         # type (promotion is order-independent, so merged shards still agree).
-        self.dtype = np.result_type(self.dtype, dtype).name
+        if dtype != self.dtype:
+            self.dtype = np.result_type(self.dtype, dtype).name
         self.shape = _merge_shape(self.shape, shape)
 
     def merge(self, other: TensorObserver) -> TensorObserver:
@@ -380,6 +450,7 @@ class TensorObserver:
         k = grid_exponent(new_lo, new_hi, self.max_bins)
         first, last = grid_index(new_lo, k), grid_index(new_hi, k)
         self._hist = GridHistogram(k, first, _combine(self._hist, other._hist, k, first, last))
+        self._counts_shared = False
         self._min, self._max = new_lo, new_hi
         self.count += other.count
         return self

@@ -1,6 +1,7 @@
 """Graph passes run before quantization: `prepare(model)` returns an equivalent model the
-quantizer can read (opset >= 13, weights as initializers, BatchNormalization folded, constant
-Ifs inlined, value_info filled) and one note per change.
+quantizer can read (opset >= 13, weights as initializers, exporter quirks canonicalized (Sum ->
+Add, no Dropout/Identity, per-channel Mul/Add folded into the Conv before), BatchNormalization
+folded, constant Ifs inlined, value_info filled) and one note per change.
 
 Each pass is a module with one function `model -> PassResult(model, modified, notes)`, usable
 and testable alone; `PASSES` lists them in order.
@@ -25,8 +26,12 @@ Decisions (and why):
   to run) and falls back to onnx's ReferenceEvaluator; only main-graph nodes are folded
   (subgraph Constant nodes do become that subgraph's initializers). Shape(activation)
   chains are not constant and stay.
-- After an If is inlined, constant folding and BatchNormalization folding run again so the
-  inlined branch is treated like the rest of the graph (notes are not repeated).
+- Canonicalization runs after constant folding (its patterns need constants as initializers)
+  and before BatchNormalization folding (removing a Dropout or folding a BatchNormalization's
+  exported second half as Mul/Add exposes Conv -> BatchNormalization).
+- After an If is inlined, constant folding, canonicalization and BatchNormalization folding
+  run again so the inlined branch is treated like the rest of the graph (notes are not
+  repeated).
 - Shape inference never fails the run: on error, the model is kept and a note says so.
 """
 
@@ -39,6 +44,7 @@ import onnx
 
 from qcli.prepare._graph import Options, PassResult
 from qcli.prepare.batchnorm import fold_batchnorm
+from qcli.prepare.canonicalize import canonicalize
 from qcli.prepare.constants import fold_constants
 from qcli.prepare.guard import refuse_quantized
 from qcli.prepare.opset import upgrade_opset
@@ -51,13 +57,14 @@ PASSES: list[Pass] = [
     refuse_quantized,  # already-quantized models are refused (unless force)
     upgrade_opset,  # below 13 -> 13
     fold_constants,  # Constant nodes and constant subgraphs -> initializers
+    canonicalize,  # Sum -> Add, Dropout/Identity removed, per-channel Mul/Add -> the Conv before
     fold_batchnorm,  # BatchNormalization -> the Conv/ConvTranspose/Gemm before it
     inline_constant_if,  # If with a constant condition -> the taken branch
     infer_shapes,  # value_info for every tensor
 ]
 
 # Passes run again on what `inline_constant_if` inlined, before shape inference.
-AFTER_INLINING: list[Pass] = [fold_constants, fold_batchnorm]
+AFTER_INLINING: list[Pass] = [fold_constants, canonicalize, fold_batchnorm]
 
 
 @dataclass
@@ -98,6 +105,7 @@ __all__ = [
     "Options",
     "PassResult",
     "PrepareResult",
+    "canonicalize",
     "fold_batchnorm",
     "fold_constants",
     "infer_shapes",

@@ -122,29 +122,82 @@ def _fold(
     channels = gamma.size
     if not (gamma.shape == beta.shape == mean.shape == var.shape == (channels,)):
         return "its parameters are not 1-D of one size"
+    found = output_channels(producer, initializers)
+    if found != channels:
+        return f"it has {channels} channels but {label(producer)} has {found or 0} output channels"
     scale = gamma / np.sqrt(var + epsilon)
+    reason = scale_and_shift(producer, scale, beta - mean * scale, initializers, uses, names, graph)
+    if reason is None:
+        producer.output[0] = bn.output[0]
+    return reason
+
+
+def output_channels(producer: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> int | None:
+    """How many channels the producer's output has on axis 1 (Conv, ConvTranspose,
+    BatchNormalization) or on its last axis (Gemm's N), from its constant weight; None when
+    the weight does not have a shape the op allows."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in producer.attribute}
+    if producer.op_type == "BatchNormalization":
+        dims = list(initializers[producer.input[1]].dims)
+        return dims[0] if len(dims) == 1 else None
+    dims = list(initializers[producer.input[1]].dims)
+    if producer.op_type == "Conv":
+        return dims[0] if len(dims) >= 3 else None
+    if producer.op_type == "ConvTranspose":
+        groups = int(attrs.get("group", 1))
+        if len(dims) < 3 or dims[0] % groups:
+            return None
+        return dims[1] * groups
+    if producer.op_type == "Gemm" and len(dims) == 2:
+        return dims[0] if attrs.get("transB", 0) else dims[1]
+    return None
+
+
+def scale_and_shift(
+    producer: onnx.NodeProto,
+    scale: np.ndarray,
+    shift: np.ndarray,
+    initializers: dict[str, onnx.TensorProto],
+    uses: Counter[str],
+    names: NameAllocator,
+    graph: onnx.GraphProto,
+) -> str | None:
+    """Make the producer compute `out * scale + shift` (per output channel, both 1-D of
+    `output_channels(producer)` values) by rewriting its constant weight and bias:
+
+        Conv(X, W, b) * s + t               -> Conv(X, W * s, b * s + t)       (s on W's axis 0)
+        ConvTranspose(X, W, b) * s + t      -> ConvTranspose(X, W * s, b * s + t)  (axis 1, per group)
+        Gemm(A, B, C) * s + t               -> Gemm(A, B * s, beta * C * s + t) <beta = 1>
+        BatchNormalization(X, g, b, m, v) * s + t -> BatchNormalization(X, g * s, b * s + t, m, v)
+
+    A missing bias is added as `<node>/bias` (unless `t` is all zeros). The caller checks
+    that the weight and bias are floating-point initializers and renames the output.
+    None when done, else why not (nothing is changed then)."""
+    channels = scale.size
+    attrs = {a.name: helper.get_attribute_value(a) for a in producer.attribute}
+    if producer.op_type == "BatchNormalization":
+        gamma, beta = (numpy_helper.to_array(initializers[n]) for n in producer.input[1:3])
+        new_gamma = gamma.astype(np.float64) * scale
+        new_beta = beta.astype(np.float64) * scale + shift
+        producer.input[1] = _store(new_gamma.astype(gamma.dtype), producer.input[1], uses, names, graph, initializers)
+        producer.input[2] = _store(new_beta.astype(beta.dtype), producer.input[2], uses, names, graph, initializers)
+        return None
+
     weight_tensor = initializers[producer.input[1]]
     weight = numpy_helper.to_array(weight_tensor).astype(np.float64)
-    attrs = {a.name: helper.get_attribute_value(a) for a in producer.attribute}
     has_bias = len(producer.input) > 2 and bool(producer.input[2])
     bias = numpy_helper.to_array(initializers[producer.input[2]]).astype(np.float64) if has_bias else None
 
     if producer.op_type == "Conv":
-        if weight.ndim < 3 or weight.shape[0] != channels:
-            return _mismatch(channels, producer, weight.shape[0] if weight.ndim else 0)
         new_weight = weight * scale.reshape((-1,) + (1,) * (weight.ndim - 1))
     elif producer.op_type == "ConvTranspose":
         groups = int(attrs.get("group", 1))
-        if weight.ndim < 3 or weight.shape[1] * groups != channels or weight.shape[0] % groups:
-            return _mismatch(channels, producer, weight.shape[1] * groups if weight.ndim > 1 else 0)
         # W is [C_in, C_out/groups, k...]; output channel g*C_out/groups + j scales W[g-th block, j]
         grouped = weight.reshape((groups, weight.shape[0] // groups) + weight.shape[1:])
         per_group = scale.reshape((groups, 1, weight.shape[1]) + (1,) * (weight.ndim - 2))
         new_weight = (grouped * per_group).reshape(weight.shape)
-    else:  # Gemm: Y = alpha * A' B' + beta * C, with N = BN channels the columns of Y
+    else:  # Gemm: Y = alpha * A' B' + beta * C, with the channels the N columns of Y
         axis = 0 if attrs.get("transB", 0) else 1
-        if weight.ndim != 2 or weight.shape[axis] != channels:
-            return _mismatch(channels, producer, weight.shape[axis] if weight.ndim == 2 else 0)
         new_weight = weight * (scale[:, None] if axis == 0 else scale[None, :])
         if bias is not None:
             bias = bias * float(attrs.get("beta", 1.0))
@@ -153,30 +206,26 @@ def _fold(
             except ValueError:
                 return f"the bias of {label(producer)} does not broadcast to {channels} columns"
 
-    base_bias = bias if bias is not None else np.zeros(channels)
-    if producer.op_type != "Gemm" and base_bias.shape != (channels,):
+    if producer.op_type != "Gemm" and bias is not None and bias.shape != (channels,):
         return f"the bias of {label(producer)} does not have {channels} values"
-    new_bias = (base_bias - mean) * scale + beta
+    add_bias = bias is not None or bool(np.any(shift))
+    new_bias = (bias if bias is not None else np.zeros(channels)) * scale + shift
 
     dtype = numpy_helper.to_array(weight_tensor).dtype
     producer.input[1] = _store(new_weight.astype(dtype), producer.input[1], uses, names, graph, initializers)
     if has_bias:
         producer.input[2] = _store(new_bias.astype(dtype), producer.input[2], uses, names, graph, initializers)
-    else:
+    elif add_bias:
         name = names.fresh(f"{producer.name or producer.output[0]}/bias")
         initializers[name] = add_initializer(graph, new_bias.astype(dtype), name)
+        uses[name] += 1
         if len(producer.input) < 3:
             producer.input.append(name)
         else:
             producer.input[2] = name
-    if producer.op_type == "Gemm":
+    if producer.op_type == "Gemm" and (has_bias or add_bias):
         _set_attribute(producer, "beta", 1.0)
-    producer.output[0] = bn.output[0]
     return None
-
-
-def _mismatch(channels: int, producer: onnx.NodeProto, found: int) -> str:
-    return f"it has {channels} channels but {label(producer)} has {found} output channels"
 
 
 def _store(

@@ -1,0 +1,217 @@
+"""The report as one self-contained HTML page: inline CSS and SVG charts, no script, no network,
+no external fonts (the system's sans-serif and monospace)."""
+
+from __future__ import annotations
+
+from html import escape
+
+from qcli.analyze import summary as s
+from qcli.analyze import svg
+from qcli.analyze.report import Report
+from qcli.render import human_bytes
+
+CSS = """
+:root { color-scheme: light; }
+* { box-sizing: border-box; }
+body { margin: 0; background: #f3f4f6; color: #111827;
+  font: 15px/1.5 system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif; }
+main { max-width: 1040px; margin: 0 auto; padding: 28px 24px 48px; }
+header h1 { font-size: 26px; margin: 0 0 4px; }
+header .models { color: #374151; font-size: 15px; margin: 0 0 2px; }
+header .data { color: #6b7280; font-size: 13px; margin: 0; }
+code, .mono { font-family: ui-monospace, 'SFMono-Regular', 'DejaVu Sans Mono', Menlo, Consolas, monospace; font-size: 0.9em; }
+.verdict { display: inline-block; margin: 14px 0 0; padding: 6px 14px; border-radius: 999px; font-weight: 600; }
+.verdict.pass { background: #dcfce7; color: #166534; }
+.verdict.fail { background: #fee2e2; color: #991b1b; }
+.verdict.none { background: #e5e7eb; color: #374151; }
+.cards { display: grid; grid-template-columns: repeat(4, 1fr); gap: 14px; margin: 22px 0 8px; }
+.card { background: #fff; border-radius: 10px; padding: 14px 16px; box-shadow: 0 1px 2px rgba(0,0,0,.06); }
+.card .label { color: #6b7280; font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+.card .value { font-size: 26px; font-weight: 700; margin: 2px 0; }
+.card .detail { color: #4b5563; font-size: 13px; }
+.card.bad .value { color: #b91c1c; }
+.card.good .value { color: #15803d; }
+section { background: #fff; border-radius: 10px; padding: 18px 20px 20px; margin: 18px 0;
+  box-shadow: 0 1px 2px rgba(0,0,0,.06); }
+section h2 { font-size: 19px; margin: 0 0 12px; }
+section h3 { font-size: 15px; margin: 18px 0 8px; color: #374151; }
+table { border-collapse: collapse; width: 100%; font-size: 14px; }
+th { text-align: left; color: #4b5563; font-weight: 600; border-bottom: 2px solid #e5e7eb; padding: 6px 10px; }
+td { border-bottom: 1px solid #f0f1f3; padding: 5px 10px; vertical-align: top; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.name { overflow-wrap: anywhere; }
+.pass { color: #15803d; font-weight: 600; }
+.fail { color: #b91c1c; font-weight: 600; }
+.chart { margin: 8px 0 14px; }
+.muted { color: #6b7280; font-size: 13px; }
+ul.notes { margin: 6px 0 0; padding-left: 20px; color: #374151; font-size: 14px; }
+footer { color: #9ca3af; font-size: 12px; text-align: center; margin-top: 26px; }
+"""
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], right: set[int], names: set[int] = frozenset(),
+           raw: set[int] = frozenset()) -> str:
+    out = ["<table><thead><tr>"]
+    out += [f'<th class="{"num" if i in right else ""}">{escape(h)}</th>' for i, h in enumerate(header)]
+    out.append("</tr></thead><tbody>")
+    for row in rows:
+        cells = []
+        for i, c in enumerate(row):
+            cls = "num" if i in right else "name mono" if i in names else ""
+            cells.append(f'<td class="{cls}">{c if i in raw else escape(c)}</td>')
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _cards(report: Report) -> str:
+    cards = []
+    acc = report.accuracy
+    if acc is not None:
+        good = acc.top1_drop <= 0.01
+        cards.append(("Top-1 accuracy", s.pct(acc.quantized.top1),
+                      f"float {s.pct(acc.float.top1)} · {s.points(acc.top1_drop)}", good))
+    else:
+        fid = next((f for f in report.fidelity if f.top1_agreement is not None), None)
+        if fid is not None:
+            cards.append(("Top-1 agreement", s.pct(fid.top1_agreement), f"with the float model on {fid.output}",
+                          fid.top1_agreement >= 0.99))
+        else:
+            fid = next((f for f in report.fidelity if f.cosine is not None), None)
+            if fid is not None:
+                cards.append(("Cosine similarity", f"{fid.cosine:.4f}", f"to the float model on {fid.output}", fid.cosine >= 0.99))
+    if report.speed is not None:
+        sp = report.speed
+        cards.append(("Speedup", s.ratio(sp.speedup),
+                      f"{s.ms(sp.float.median_ms)} → {s.ms(sp.quantized.median_ms)} median", sp.speedup >= 1))
+    else:
+        cards.append(("Speedup", "–", "latency not measured", None))
+    cards.append(("Compression", s.ratio(report.size.compression),
+                  f"{human_bytes(report.size.float.file_bytes)} → {human_bytes(report.size.quantized.file_bytes)}",
+                  report.size.compression >= 1))
+    if report.gates:
+        failed = sum(not g.passed for g in report.gates)
+        cards.append(("Gates", f"{len(report.gates) - failed} / {len(report.gates)}",
+                      "passed" if not failed else f"{failed} failed", not failed))
+    elif report.layers is not None and report.layers.tensors:
+        worst = report.layers.worst(1)[0]
+        cards.append(("Worst layer", s.db(worst.sqnr_db), worst.op_type + " " + svg._shorten(worst.tensor, 28),
+                      worst.sqnr_db is None or worst.sqnr_db >= 20))
+    out = ['<div class="cards">']
+    for label, value, detail, good in cards:
+        cls = "" if good is None else "good" if good else "bad"
+        out.append(f'<div class="card {cls}"><div class="label">{escape(label)}</div>'
+                   f'<div class="value">{escape(value)}</div><div class="detail">{escape(detail)}</div></div>')
+    out.append("</div>")
+    return "".join(out)
+
+
+def to_html(report: Report) -> str:
+    f_name, q_name = s.name(report.float_model.path), s.name(report.quantized_model.path)
+    d = report.data
+    verdict = s.verdict(report)
+    klass = "none" if not report.gates else "pass" if report.passed else "fail"
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>qcli analysis: {escape(f_name)} vs {escape(q_name)}</title>",
+        f"<style>{CSS}</style></head><body><main>",
+        "<header><h1>Quantization report</h1>",
+        f'<p class="models"><code>{escape(f_name)}</code> (float) → <code>{escape(q_name)}</code> (quantized)</p>',
+        f'<p class="data">{d.samples} samples from <code>{escape(d.path)}</code>'
+        + (f", {d.labelled} labelled" if d.labelled else ", no labels")
+        + (", with reference outputs" if d.reference_outputs else "") + "</p>",
+        f'<div class="verdict {klass}">{"✓ " if klass == "pass" else "✗ " if klass == "fail" else ""}'
+        f"{escape(verdict[0].upper() + verdict[1:])}</div></header>",
+        _cards(report),
+    ]
+
+    # Summary
+    parts.append("<section><h2>Summary</h2>")
+    rows = [tuple(c.replace("`", "") for c in r) for r in s.summary_rows(report)]
+    parts.append(_table(("", "float", "quantized", "change"), rows, {1, 2, 3}))
+    parts.append("</section>")
+
+    # Gates
+    if report.gates:
+        parts.append("<section><h2>Gates</h2>")
+        rows = []
+        for row, g in zip(s.gate_rows(report), report.gates):
+            result = f'<span class="{"pass" if g.passed else "fail"}">{"✓ pass" if g.passed else "✗ FAIL"}</span>'
+            rows.append((*map(escape, row[:4]), result, escape(g.message)))
+        parts.append(_table((*s.GATE_HEADER, "detail"), rows, {2, 3}, raw={0, 1, 2, 3, 4, 5}))
+        parts.append("</section>")
+
+    # Accuracy and fidelity
+    parts.append("<section><h2>Fidelity to the float model</h2>")
+    parts.append(_table(s.FIDELITY_HEADER, [s.fidelity_row(f) for f in report.fidelity], {1, 2, 3, 4, 5}, names={0}))
+    parts.append('<p class="muted">Top-1 agreement: share of samples whose highest-scoring class is the same in '
+                 "both models. Cosine: per-sample cosine similarity of the outputs. SQNR: float output power over "
+                 "the power of the difference, in dB.</p>")
+    if report.reference:
+        parts.append("<h3>Against the reference outputs stored with the data</h3>")
+        rows = []
+        for ref in report.reference:
+            for model, fid in (("float", ref.float), ("quantized", ref.quantized)):
+                r = s.fidelity_row(fid)
+                rows.append((r[0], model, *r[1:]))
+        parts.append(_table(("output", "model", *s.FIDELITY_HEADER[1:]), rows, {2, 3, 4, 5, 6}, names={0}))
+    parts.append("</section>")
+
+    # Layers
+    layers = report.layers
+    if layers is not None and layers.tensors:
+        worst = report.worst_layers()
+        parts.append(f"<section><h2>Per-layer error ({len(layers.tensors)} quantized activations)</h2>")
+        parts.append('<p class="muted">SQNR between the float model\'s activation and the quantized model\'s '
+                     "dequantized one, over all samples. Hover a bar for details.</p>")
+        parts.append(f'<div class="chart">{svg.sqnr_chart(layers.tensors, [t.tensor for t in worst])}</div>')
+        parts.append(f"<h3>Worst {len(worst)} layers</h3>")
+        parts.append(_table(s.LAYER_HEADER, s.layer_rows(worst), {0, 5, 6}, names={1, 2}))
+        if layers.skipped:
+            parts.append('<ul class="notes">' + "".join(f"<li>not measured: {escape(x)}</li>" for x in layers.skipped) + "</ul>")
+        parts.append("</section>")
+
+    # Speed
+    if report.speed is not None:
+        sp = report.speed
+        parts.append("<section><h2>Speed</h2>")
+        threads = f"{sp.threads} intra-op thread{'s' if sp.threads > 1 else ''}" if sp.threads else "onnxruntime's default threads"
+        parts.append(f'<p class="muted">onnxruntime CPU, {threads}, idle spinning off; {sp.warmup} warm-up then '
+                     f"{sp.runs} timed runs per model on the same input (batch {sp.batch}), {escape(sp.order)}. "
+                     f"Speedup = float median / quantized median = <b>{s.ratio(sp.speedup)}</b>.</p>")
+        parts.append(f'<div class="chart">{svg.latency_chart(sp)}</div>')
+        parts.append(f'<div class="chart">{svg.run_sequence_chart(sp)}</div>')
+        rows = [(label, s.ms(lat.median_ms), s.ms(lat.p90_ms), s.ms(lat.mean_ms), s.ms(lat.min_ms), s.ms(lat.max_ms),
+                 s.rate(lat.throughput)) for label, lat in (("float", sp.float), ("quantized", sp.quantized))]
+        parts.append(_table(("model", "median", "p90", "mean", "min", "max", "samples/s"), rows, {1, 2, 3, 4, 5, 6}))
+        parts.append("</section>")
+
+    # Size
+    sz = report.size
+    parts.append("<section><h2>Size</h2>")
+    parts.append(f'<div class="chart">{svg.size_chart(sz.float, sz.quantized)}</div>')
+    rows = []
+    for label, m in (("float", sz.float), ("quantized", sz.quantized)):
+        by_type = ", ".join(f"{k} {human_bytes(v.bytes)}" for k, v in m.weights.items()) or "none"
+        rows.append((label, f"{m.file_bytes:,}", human_bytes(m.file_bytes), human_bytes(m.weight_bytes), by_type))
+    parts.append(_table(("model", "file bytes", "file", "weights", "weights by type"), rows, {1, 2, 3}))
+    parts.append(f'<p class="muted">Compression = float file bytes / quantized file bytes = <b>{s.ratio(sz.compression)}</b>'
+                 " (external data files included).</p>")
+    parts.append("</section>")
+
+    # Settings and notes
+    parts.append("<section><h2>Settings</h2>")
+    items = [
+        f"float model <code>{escape(report.float_model.path)}</code> <span class=\"muted mono\">{escape(report.float_model.fingerprint)}</span>",
+        f"quantized model <code>{escape(report.quantized_model.path)}</code> <span class=\"muted mono\">{escape(report.quantized_model.fingerprint)}</span>",
+        f"data <code>{escape(d.path)}</code> ({escape(d.layout)})"
+        + (f", labels from <code>{escape(d.labels_file)}</code>" if d.labels_file else ""),
+        escape(s.settings_text(report)),
+    ] + [f"note: {escape(n)}" for n in report.notes]
+    parts.append('<ul class="notes">' + "".join(f"<li>{i}</li>" for i in items) + "</ul>")
+    parts.append("</section>")
+    parts.append(f"<footer>qcli {escape(report.qcli_version)} · {escape(report.format)}</footer>")
+    parts.append("</main></body></html>")
+    return "\n".join(parts) + "\n"

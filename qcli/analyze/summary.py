@@ -1,0 +1,144 @@
+"""The report as rows of text, shared by the Markdown, HTML and terminal renderings (so the three
+say the same thing in the same words)."""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+
+from qcli.analyze.report import Fidelity, LayerError, Report
+from qcli.render import human_bytes, num
+
+
+def pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.2f}%"
+
+
+def points(x: float | None) -> str:
+    """A drop as signed points of accuracy: 0.0025 -> "-0.25 pts" (a drop is a minus)."""
+    if x is None:
+        return "–"
+    value = -100 * x
+    return f"{value:+.2f} pts" if abs(value) >= 0.005 else "±0.00 pts"
+
+
+def db(x: float | None) -> str:
+    return "exact" if x is None else f"{x:.1f} dB"
+
+
+def ms(x: float) -> str:
+    return f"{x:.3f} ms" if x < 100 else f"{x:.1f} ms"
+
+
+def ratio(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def name(path: str) -> str:
+    return PurePath(path).name or path
+
+
+def verdict(report: Report) -> str:
+    if not report.gates:
+        return "no gates set"
+    failed = [g for g in report.gates if not g.passed]
+    if not failed:
+        return f"all {len(report.gates)} gate{'s' if len(report.gates) > 1 else ''} passed"
+    return f"{len(failed)} of {len(report.gates)} gate{'s' if len(report.gates) > 1 else ''} failed"
+
+
+def summary_rows(report: Report) -> list[tuple[str, str, str, str]]:
+    """(measure, float, quantized, change) rows: accuracy, latency, throughput, size."""
+    rows = []
+    acc = report.accuracy
+    if acc is not None:
+        rows.append((f"top-1 accuracy ({acc.samples} labelled)", pct(acc.float.top1), pct(acc.quantized.top1), points(acc.top1_drop)))
+        if acc.float.top5 is not None:
+            rows.append(("top-5 accuracy", pct(acc.float.top5), pct(acc.quantized.top5), points(acc.top5_drop)))
+    for ref in report.reference:
+        f, q = ref.float, ref.quantized
+        if f.top1_agreement is not None:
+            rows.append((f"top-1 agreement with reference `{ref.output}`", pct(f.top1_agreement), pct(q.top1_agreement),
+                         points((f.top1_agreement or 0) - (q.top1_agreement or 0))))
+        elif f.cosine is not None:
+            rows.append((f"cosine to reference `{ref.output}`", f"{f.cosine:.5f}", f"{q.cosine:.5f}", ""))
+    sp = report.speed
+    if sp is not None:
+        threads = f", {sp.threads} thread{'s' if sp.threads > 1 else ''}" if sp.threads else ""
+        faster = f"{ratio(sp.speedup)} faster" if sp.speedup >= 1 else f"{ratio(1 / sp.speedup)} slower"
+        rows.append((f"latency median (batch {sp.batch}{threads})", ms(sp.float.median_ms), ms(sp.quantized.median_ms), faster))
+        rows.append(("latency p90", ms(sp.float.p90_ms), ms(sp.quantized.p90_ms), ""))
+        rows.append(("throughput (samples/s)", rate(sp.float.throughput), rate(sp.quantized.throughput), ""))
+    sz = report.size
+    rows.append(("file size", human_bytes(sz.float.file_bytes), human_bytes(sz.quantized.file_bytes),
+                 f"{ratio(sz.compression)} smaller" if sz.compression >= 1 else f"{ratio(1 / sz.compression)} larger"))
+    rows.append(("weights", human_bytes(sz.float.weight_bytes), human_bytes(sz.quantized.weight_bytes),
+                 f"{ratio(sz.float.weight_bytes / max(sz.quantized.weight_bytes, 1))} smaller"))
+    return rows
+
+
+FIDELITY_HEADER = ("output", "top-1 agreement", "cosine (mean / min)", "SQNR", "max abs error", "samples")
+
+
+def fidelity_row(f: Fidelity) -> tuple[str, ...]:
+    if f.kind == "other":
+        return (f.output, "–", "–", "–", "–", f"{f.samples} ({pct(f.exact_match)} identical)")
+    cosine = f"{f.cosine:.5f} / {f.cosine_min:.5f}" if f.cosine is not None else "–"
+    return (f.output, pct(f.top1_agreement), cosine, db(f.sqnr_db), num(f.max_abs_error or 0.0), str(f.samples))
+
+
+GATE_HEADER = ("gate", "measure", "value", "threshold", "result")
+
+
+def gate_rows(report: Report) -> list[tuple[str, ...]]:
+    rows = []
+    for g in report.gates:
+        in_points = g.name == "max_accuracy_drop" and "cosine" not in g.metric
+        if g.value is None:
+            value = "not measured"
+        elif in_points:
+            value = f"{100 * g.value:.2f} pts"
+        elif g.name == "max_accuracy_drop":
+            value = f"{g.value:.4g}"
+        else:
+            value = ratio(g.value)
+        if in_points:
+            threshold = f"<= {100 * g.threshold:.2f} pts"
+        elif g.name == "max_accuracy_drop":
+            threshold = f"<= {g.threshold:.4g}"
+        else:
+            threshold = f">= {ratio(g.threshold)}"
+        rows.append((g.name, g.metric, value, threshold, "pass" if g.passed else "FAIL"))
+    return rows
+
+
+LAYER_HEADER = ("#", "tensor", "node", "op type", "dtype", "SQNR", "max abs error")
+
+
+def layer_rows(layers: list[LayerError]) -> list[tuple[str, ...]]:
+    return [
+        (str(i), t.tensor, t.node or "(graph input)", t.op_type, t.dtype, db(t.sqnr_db), num(t.max_abs_error))
+        for i, t in enumerate(layers, start=1)
+    ]
+
+
+def settings_text(report: Report) -> str:
+    s = report.settings
+    parts = [f"batch size {s.batch_size}"]
+    if s.samples:
+        parts.append(f"first {s.samples} samples")
+    if report.speed:
+        parts.append(f"{s.runs} timed runs after {s.warmup} warm-up, {report.speed.order}")
+        parts.append(f"threads {s.threads or 'default'}")
+    quant = report.quantized_model.quantization or {}
+    config = quant.get("config") or {}
+    if config:
+        method = (config.get("calibration") or {}).get("method")
+        act = (config.get("activations") or {}).get("dtype")
+        weights = config.get("weights") or {}
+        parts.append(f"quantized by qcli {quant.get('version', '')}: {act} activations, "
+                     f"{weights.get('dtype')} {weights.get('granularity')} weights, {method} ranges")
+    return "; ".join(parts)

@@ -1,0 +1,65 @@
+"""The report at a terminal: rich tables for the summary, gates, fidelity and the worst layers."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from qcli.analyze import summary as s
+from qcli.analyze.report import Report
+
+
+def _table(title: str, header: tuple[str, ...], right: set[int]) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, col in enumerate(header):
+        table.add_column(col, justify="right" if i in right else "left", overflow="fold")
+    return table
+
+
+def render(console: Console, report: Report) -> None:
+    """Print `report` to `console` (the CLI's; quiet consoles print nothing)."""
+    d = report.data
+    labels = f"{d.labelled} labelled" if d.labelled else "no labels"
+    console.print(
+        f"[bold]{escape(s.name(report.float_model.path))}[/bold] → "
+        f"[bold]{escape(s.name(report.quantized_model.path))}[/bold] on {escape(d.path)}: {d.samples} samples ({labels}"
+        + (", reference outputs" if d.reference_outputs else "") + ")"
+    )
+    summary = _table("Summary", ("", "float", "quantized", "change"), {1, 2, 3})
+    for row in s.summary_rows(report):
+        summary.add_row(*(escape(c.replace("`", "")) for c in row))
+    console.print(summary)
+
+    fidelity = _table("Fidelity to the float model", s.FIDELITY_HEADER, {1, 2, 3, 4, 5})
+    for f in report.fidelity:
+        fidelity.add_row(*map(escape, s.fidelity_row(f)))
+    for ref in report.reference:
+        for model, fid in (("float", ref.float), ("quantized", ref.quantized)):
+            row = s.fidelity_row(fid)
+            fidelity.add_row(*map(escape, (f"{row[0]} ({model} vs reference)", *row[1:])))
+    console.print(fidelity)
+
+    layers = report.layers
+    if layers is not None and layers.tensors:
+        worst = report.worst_layers()
+        table = _table(f"Worst layers ({len(worst)} of {len(layers.tensors)}, by SQNR)", s.LAYER_HEADER, {0, 5, 6})
+        for row in s.layer_rows(worst):
+            table.add_row(*map(escape, row))
+        console.print(table)
+        for skipped in layers.skipped:
+            console.print(f"[yellow]not measured:[/yellow] {escape(skipped)}", markup=True, highlight=False)
+
+    if report.gates:
+        gates = _table("Gates", s.GATE_HEADER, {2, 3})
+        for row, g in zip(s.gate_rows(report), report.gates):
+            gates.add_row(*map(escape, row[:4]), "[green]pass[/green]" if g.passed else "[bold red]FAIL[/bold red]")
+        console.print(gates)
+        for g in report.gates:
+            style = "green" if g.passed else "bold red"
+            console.print(f"[{style}]{'✓' if g.passed else '✗'}[/{style}] {escape(g.message)}", highlight=False)
+    for note in report.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
+    if report.speed:
+        console.print(f"[dim]{escape(s.settings_text(report))}[/dim]", highlight=False)

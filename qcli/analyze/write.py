@@ -1,0 +1,53 @@
+"""Write a report in the format its file extension names, atomically (temp file, then rename)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from qcli.analyze.report import Report
+from qcli.errors import QcliError
+
+FORMATS = (".json", ".md", ".html")
+
+
+def report_text(report: Report, suffix: str) -> str:
+    """The report as the text of a `.json`, `.md` or `.html` file."""
+    suffix = suffix.lower()
+    if suffix == ".json":
+        return report.to_json()
+    if suffix == ".md":
+        from qcli.analyze.markdown import to_markdown
+
+        return to_markdown(report)
+    if suffix == ".html":
+        from qcli.analyze.htmlpage import to_html
+
+        return to_html(report)
+    raise QcliError(
+        f"cannot write a report as {suffix or 'a file without extension'!r}",
+        hint="name the report file .json, .md or .html",
+    )
+
+
+def write_report(report: Report, path: str | os.PathLike) -> Path:
+    """Write `report` to `path` (.json, .md or .html); a crash never leaves a half-written file."""
+    path = Path(path)
+    text = report_text(report, path.suffix)
+    if path.is_dir():
+        raise QcliError(f"{path} is a folder", hint="give the report a file name ending in .json, .md or .html")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Not mkstemp: its files are private (0600); a report gets the usual umask permissions.
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            with open(tmp, "x", encoding="utf-8", newline="\n") as fh:
+                fh.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise QcliError(f"cannot write report {path}: {exc.strerror or exc}") from exc
+    return path

@@ -1,0 +1,337 @@
+"""Rewrite what exporters write in odd but equivalent ways into the forms the quantizer (and
+onnxruntime's int8 kernels) know, main graph only:
+
+    Sum(a) -> a                          (as an Identity, then removed as below)
+    Sum(a, b) -> Add(a, b)
+    Sum(a, b, c, ...) -> Add(...Add(Add(a, b), c)..., last)
+    Dropout(x) -> x                      (mask output unused; training_mode absent or constant false)
+    Identity(x) -> x
+    Mul(P(...), c) -> P'(...)            c per-channel: [C,1,1], [1,C,1,1], [C], scalar...
+    Add(P(...), c) -> P'(...)              P = Conv, ConvTranspose, Gemm or BatchNormalization
+
+The affine fold rewrites the producer's weight and bias (`batchnorm.scale_and_shift`):
+`Conv(X, W, b) * c -> Conv(X, W * c, b * c)`, `Conv(X, W, b) + c -> Conv(X, W, b + c)`,
+`BatchNormalization(X, g, b, m, v) * c + d -> BatchNormalization(X, g * c, b * c + d, m, v)`.
+Old caffe2 exports (densenet121, inception_v2) write the second half of every BatchNorm that
+way; folded, the BatchNormalization itself then folds into its Conv. Mul/Add order does not
+matter (`Mul(c, P(...))` too), and chains fold one after the other.
+
+Why: onnxruntime has an int8 Add but no int8 Sum, so residual Sums stayed float and split
+the int8 graph; Dropout/Identity between two ops hide patterns (Conv -> BatchNormalization,
+Conv -> Relu) and cost a Q/DQ pair each; a per-channel Mul/Add after a Conv is two extra
+int8 ops (or float ops between Q/DQ pairs) where the Conv's own weights can absorb it.
+
+Names: a rewritten node keeps its node name and output names (a Sum's last Add writes the
+Sum's output under the Sum's node name; the Adds before it are `<node>/add_1`, `<node>/add_2`
+... writing `<output>/add_1`...). A removed Dropout/Identity's readers read its input instead;
+when its output is a graph output, the node producing its input writes the graph output name
+instead (so graph output names never change). It stays when its input is a graph input, an
+initializer or another graph output (a graph output name cannot be given to two tensors). A
+folded Mul/Add's producer writes the Mul/Add's output name, as BatchNormalization folding does.
+
+Not done (and said in a note): Dropout whose mask is used or that may run in training mode;
+an affine fold whose producer's output also feeds other nodes. Mul/Add with a constant that
+is not per-channel (it would change the output's shape or mix channels) are left alone
+silently, as are Sub and Div. The pass expects opset >= 7 (`prepare` upgrades to 13 first)
+and does nothing below it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from qcli.info import iter_graphs
+from qcli.prepare._graph import (
+    DEFAULT_DOMAINS,
+    NameAllocator,
+    Options,
+    PassResult,
+    is_default_domain,
+    label,
+    light_copy,
+    node_names,
+    plural,
+    prune_value_info,
+    remove_nodes,
+    remove_unused_initializers,
+    tensor_names,
+    use_counts,
+)
+from qcli.prepare.batchnorm import output_channels, scale_and_shift
+
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+AFFINE_PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "BatchNormalization")
+
+
+def canonicalize(model: onnx.ModelProto, options: Options = Options()) -> PassResult:
+    opset = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 0)
+    if opset < 7:
+        return PassResult(model, False, [])
+    graph = model.graph
+    notes: list[str] = []
+    rewritten, single_sums = _rewrite_sums(graph, notes)
+    removed, gone = _remove_noops(graph, notes)
+    # Sums of one input became Identity nodes: count them with the Sums, not the Identities
+    from_sums = len(single_sums & gone)
+    if from_sums:
+        notes.append(f"removed {plural(from_sums, 'Sum node')} of a single input")
+    if removed["Dropout"]:
+        notes.append(f"removed {plural(removed['Dropout'], 'Dropout node')} (no-ops at inference)")
+    if removed["Identity"] - from_sums:
+        notes.append(f"removed {plural(removed['Identity'] - from_sums, 'Identity node')}")
+    folded = _fold_affine(model, notes)
+    modified = bool(rewritten or removed or folded)
+    if modified:
+        remove_unused_initializers(graph)
+        prune_value_info(graph)
+    return PassResult(model, modified, notes)
+
+
+# ---------------------------------------------------------------- Sum
+
+
+def _rewrite_sums(graph: onnx.GraphProto, notes: list[str]) -> tuple[int, set[str]]:
+    """Sum -> Add (2 inputs), a chain of Adds (more), Identity (1; removed later). Returns how
+    many Sums were rewritten and the outputs of those that became Identity nodes."""
+    tensors = NameAllocator(tensor_names(graph))
+    nodes = NameAllocator(node_names(graph))
+    single: set[str] = set()
+    pairs = 0
+    chains: list[tuple[int, list[onnx.NodeProto]]] = []
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Sum" or not is_default_domain(node) or not node.input or not all(node.input):
+            continue
+        if len(node.input) == 1:
+            node.op_type = "Identity"
+            single.add(node.output[0])
+        elif len(node.input) == 2:
+            node.op_type = "Add"
+            pairs += 1
+        else:
+            chains.append((index, _add_chain(node, tensors, nodes)))
+    for index, before in reversed(chains):  # last first: earlier indices stay valid
+        for offset, new in enumerate(before):
+            graph.node.insert(index + offset, new)
+    if pairs:
+        notes.append(f"replaced {plural(pairs, 'Sum node')} of 2 inputs with Add")
+    if chains:
+        adds = sum(len(before) + 1 for _, before in chains)
+        notes.append(
+            f"replaced {plural(len(chains), 'Sum node')} of more than 2 inputs with chains of Add ({adds} Add nodes)"
+        )
+    return len(single) + pairs + len(chains), single
+
+
+def _add_chain(node: onnx.NodeProto, tensors: NameAllocator, nodes: NameAllocator) -> list[onnx.NodeProto]:
+    """Turn `node` (a Sum of n > 2 inputs) into the last Add of a left-to-right chain; return
+    the n - 2 Adds to insert before it."""
+    inputs, output = list(node.input), node.output[0]
+    base = node.name or output
+    before = []
+    partial = inputs[0]
+    for step, name in enumerate(inputs[1:-1], start=1):
+        out = tensors.fresh(f"{output}/add_{step}")
+        before.append(onnx.helper.make_node("Add", [partial, name], [out], name=nodes.fresh(f"{base}/add_{step}")))
+        partial = out
+    node.op_type = "Add"
+    del node.input[:]
+    node.input.extend([partial, inputs[-1]])
+    return before
+
+
+# ---------------------------------------------------------------- Dropout, Identity
+
+
+def _remove_noops(graph: onnx.GraphProto, notes: list[str]) -> tuple[Counter[str], set[str]]:
+    """Remove Identity and inference-mode Dropout nodes; returns how many of each, and the
+    (first) outputs of the removed nodes."""
+    uses = use_counts(graph)
+    outputs = {o.name for o in graph.output}
+    inputs = {v.name for v in graph.input}
+    constants = {t.name: t for t in graph.initializer}
+    producer = {o: i for i, node in enumerate(graph.node) for o in node.output if o}
+    alias: dict[str, str] = {}  # a removed tensor name -> the name that now carries its value
+
+    def resolve(name: str) -> str:
+        while name in alias:
+            name = alias[name]
+        return name
+
+    removed: Counter = Counter()
+    gone: set[str] = set()
+    doomed: list[int] = []
+    for index, node in enumerate(graph.node):
+        if node.op_type not in ("Identity", "Dropout") or not is_default_domain(node):
+            continue
+        if not node.input or not node.input[0] or not node.output or not node.output[0]:
+            continue
+        if node.op_type == "Dropout":
+            reason = _dropout_kept(node, uses, constants)
+            if reason is not None:
+                notes.append(f"{label(node)} kept: {reason}")
+                continue
+        source, target = resolve(node.input[0]), node.output[0]
+        if target not in outputs:
+            alias[target] = source
+        elif source in outputs or source in inputs or source in constants or source not in producer:
+            continue  # the graph output needs its own tensor: keep this node
+        else:  # the producer writes the graph output's name itself
+            writer = graph.node[producer[source]]
+            for position, name in enumerate(writer.output):
+                if name == source:
+                    writer.output[position] = target
+            producer[target] = producer.pop(source)
+            alias[source] = target
+        doomed.append(index)
+        removed[node.op_type] += 1
+        gone.add(target)
+    if doomed:
+        for _, sub in iter_graphs(graph):  # readers at any depth (outer-scope references)
+            for node in sub.node:
+                for position, name in enumerate(node.input):
+                    if name in alias:
+                        node.input[position] = resolve(name)
+            if sub is not graph:
+                for value in sub.output:
+                    if value.name in alias:
+                        value.name = resolve(value.name)
+        remove_nodes(graph, doomed)
+    return removed, gone
+
+
+def _dropout_kept(node: onnx.NodeProto, uses: Counter[str], constants: dict[str, onnx.TensorProto]) -> str | None:
+    """Why this Dropout must stay (None: it is a no-op at inference)."""
+    if len(node.output) > 1 and node.output[1] and uses[node.output[1]]:
+        return "its mask output is used"
+    if len(node.input) > 2 and node.input[2]:
+        flag = constants.get(node.input[2])
+        if flag is None or np.any(numpy_helper.to_array(flag)):
+            return "its training_mode input is not a constant false"
+    return None
+
+
+# ---------------------------------------------------------------- per-channel Mul/Add
+
+
+def _fold_affine(model: onnx.ModelProto, notes: list[str]) -> int:
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    producers = {o: node for node in graph.node for o in node.output if o}
+    uses = use_counts(graph)
+    names = NameAllocator(tensor_names(graph))
+    ranks: dict[str, int] | None = None  # of BatchNormalization inputs, inferred when needed
+    into: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    doomed: list[int] = []
+    for index, node in enumerate(graph.node):
+        if node.op_type not in ("Mul", "Add") or not is_default_domain(node) or len(node.input) != 2:
+            continue
+        a, b = node.input
+        if b in initializers and a not in initializers:
+            source, constant = a, initializers[b]
+        elif a in initializers and b not in initializers:
+            source, constant = b, initializers[a]
+        else:
+            continue
+        producer = producers.get(source)
+        if producer is None or producer.op_type not in AFFINE_PRODUCERS or not is_default_domain(producer):
+            continue
+        if _producer_blocker(producer, initializers) or constant.data_type not in FLOAT_TYPES:
+            continue
+        channels = output_channels(producer, initializers)
+        if channels is None:
+            continue
+        if producer.op_type == "BatchNormalization":
+            if ranks is None:
+                ranks = _ranks(model)
+            rank = ranks.get(producer.input[0])
+        elif producer.op_type == "Gemm":
+            rank = 2
+        else:
+            rank = len(initializers[producer.input[1]].dims)
+        values = _per_channel(constant, channels, rank)
+        if values is None:
+            continue
+        if uses[source] > 1:
+            notes.append(f"{label(node)} not folded into {label(producer)}: its input also feeds other nodes or is a graph output")
+            continue
+        if node.op_type == "Mul":
+            scale, shift = values, np.zeros(channels)
+        else:
+            scale, shift = np.ones(channels), values
+        reason = scale_and_shift(producer, scale, shift, initializers, uses, names, graph)
+        if reason is not None:
+            notes.append(f"{label(node)} not folded into {label(producer)}: {reason}")
+            continue
+        producer.output[0] = node.output[0]
+        producers[node.output[0]] = producer
+        uses[constant.name] -= 1
+        into[producer.op_type] += 1
+        kinds[node.op_type] += 1
+        doomed.append(index)
+    remove_nodes(graph, doomed)
+    if doomed:
+        what = " and ".join(f"{plural(n, f'{op} node')}" for op, n in sorted(kinds.items(), key=lambda kv: kv[0] != "Mul"))
+        where = ", ".join(f"{op} ({n})" for op, n in sorted(into.items())) if len(into) > 1 else next(iter(into))
+        notes.insert(_first_affine_note(notes), f"folded {what} with per-channel constants into {where}")
+    return len(doomed)
+
+
+def _first_affine_note(notes: list[str]) -> int:
+    """Where the summary note goes: before the 'not folded' notes of this step."""
+    for position, note in enumerate(notes):
+        if " not folded into " in note:
+            return position
+    return len(notes)
+
+
+def _producer_blocker(producer: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> bool:
+    """True when the producer's constants cannot be rewritten (not initializers, not float,
+    or a BatchNormalization in training mode)."""
+    if producer.op_type == "BatchNormalization":
+        if len([o for o in producer.output if o]) != 1 or any(a.name == "training_mode" and a.i for a in producer.attribute):
+            return True
+        params = producer.input[1:5]
+        return len(params) < 4 or any(n not in initializers or initializers[n].data_type not in FLOAT_TYPES for n in params)
+    if len(producer.input) < 2:
+        return True
+    for position in (1, 2):
+        if len(producer.input) > position and producer.input[position]:
+            name = producer.input[position]
+            if name not in initializers or initializers[name].data_type not in FLOAT_TYPES:
+                return True
+    return False
+
+
+def _per_channel(constant: onnx.TensorProto, channels: int, rank: int | None) -> np.ndarray | None:
+    """The constant as `channels` values when it broadcasts against a [N, C, ...] output of
+    `rank` dims along C only (or is a single value); None otherwise."""
+    dims = list(constant.dims)
+    size = int(np.prod(dims, dtype=np.int64)) if dims else 1
+    if rank is None or len(dims) > rank or rank < 2:
+        return None
+    aligned = [1] * (rank - len(dims)) + dims
+    if any(d != 1 for position, d in enumerate(aligned) if position != 1) or aligned[1] not in (1, channels):
+        return None
+    values = numpy_helper.to_array(constant).astype(np.float64).reshape(-1)
+    return np.full(channels, values[0]) if size == 1 else values
+
+
+def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """The rank of every tensor shape inference can tell (on a light copy: no weights)."""
+    light = light_copy(model).model
+    try:
+        light = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
+    except Exception:  # unknown ranks: the BatchNormalization folds are skipped
+        pass
+    graph = light.graph
+    ranks = {}
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        tensor = value.type.tensor_type
+        if tensor.HasField("shape"):
+            ranks[value.name] = len(tensor.shape.dim)
+    return ranks

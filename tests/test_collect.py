@@ -1,0 +1,174 @@
+"""collect: the pipelined pass (reader thread, onnxruntime, observer thread) gives exactly the
+statistics of a plain loop over the same batches, shares the work of tensors that only
+rearrange another's values, and cleans up its threads on errors."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import parse_model, save, write_npz
+from qcli.calibrate.collect import collect, value_aliases, with_outputs
+from qcli.calibrate.observers import TensorObserver
+from qcli.data import DataFolder, model_inputs
+from qcli.errors import DataError
+from qcli.runtime import make_session
+
+# q -> Reshape -> Transpose (values of q, rearranged), as in attention heads; s is not a
+# rearrangement (Slice keeps part of the values) and must be observed on its own.
+MODEL = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[N, 6, 8] x) => (float[N, 2, 6, 4] t, float[N, 6, 4] s)
+    <float[8, 8] w = {%s}, int64[4] heads = {0, 6, 2, 4}, int64[1] zero = {0}, int64[1] four = {4},
+     int64[1] last = {2}> {
+    q = MatMul (x, w)
+    r = Reshape (q, heads)
+    t = Transpose <perm = [0, 2, 1, 3]> (r)
+    s = Slice (q, zero, four, last)
+}
+""" % ", ".join(f"{v:.3f}" for v in np.linspace(-1.5, 2.0, 64))
+
+NAMES = ["x", "q", "r", "t", "s"]
+
+
+@pytest.fixture
+def model():
+    return parse_model(MODEL)
+
+
+def make_data(folder: Path, count: int, seed: int = 0) -> Path:
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        x = (rng.standard_normal((6, 8)) * (1 + i % 5)).astype(np.float32)
+        write_npz(folder / f"{i:03d}.npz", x=x)
+    return folder
+
+
+def reference(model, folder: Path, batch_size: int, max_bins: int = 256) -> dict[str, dict]:
+    """Every tensor observed directly, batch by batch, in one thread."""
+    session = make_session(with_outputs(model, NAMES))
+    observers = {name: TensorObserver(max_bins=max_bins, name=name) for name in NAMES}
+    for batch in DataFolder(folder, model_inputs(model)).batches(batch_size):
+        for name, value in zip(NAMES, session.run(NAMES, batch.inputs)):
+            observers[name].update(value, samples=batch.size)
+    return {name: obs.to_dict() for name, obs in observers.items()}
+
+
+def test_aliases_follow_rearranging_chains(model) -> None:
+    assert value_aliases(model, NAMES) == {"r": "q", "t": "q"}
+    # Without q observed, the Transpose output is a rearrangement of the Reshape output.
+    assert value_aliases(model, ["x", "r", "t", "s"]) == {"t": "r"}
+    assert value_aliases(model, ["t", "x"]) == {}
+    # The order of the names does not matter: aliases always point at a tensor observed itself.
+    assert value_aliases(model, ["t", "r", "q"]) == {"r": "q", "t": "q"}
+
+
+@pytest.mark.parametrize("background", [True, False])
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_statistics_equal_a_plain_loop(model, tmp_path: Path, background: bool, batch_size: int) -> None:
+    folder = make_data(tmp_path / "data", 17)
+    expected = reference(model, folder, batch_size)
+    got = collect(
+        model, DataFolder(folder, model_inputs(model)), batch_size=batch_size, tensors=NAMES,
+        max_bins=256, background=background,
+    )
+    assert got.samples == 17 and got.batches == -(-17 // batch_size) and got.skipped == []
+    assert list(got.observers) == NAMES
+    for name in NAMES:
+        assert got.observers[name].to_dict() == expected[name], name
+    # The rearranged tensors keep their own shapes.
+    assert got.observers["t"].shape == (batch_size if batch_size == 1 else None, 2, 6, 4)
+    assert got.observers["r"].shape[1:] == (6, 2, 4)
+
+
+def test_repeated_names_are_observed_once(model, tmp_path: Path) -> None:
+    folder = make_data(tmp_path / "data", 5)
+    got = collect(model, DataFolder(folder, model_inputs(model)), tensors=["q", "q", "x"], max_bins=256)
+    assert list(got.observers) == ["q", "x"]
+    assert got.observers["x"].count == 5 * 6 * 8
+
+
+def test_progress_is_reported_per_batch(model, tmp_path: Path) -> None:
+    folder = make_data(tmp_path / "data", 10)
+    seen: list[int] = []
+    collect(model, DataFolder(folder, model_inputs(model)), batch_size=4, tensors=NAMES, progress=seen.append)
+    assert seen == [4, 4, 2]
+
+
+def test_a_bad_sample_file_stops_the_pass_and_its_threads(model, tmp_path: Path) -> None:
+    folder = make_data(tmp_path / "data", 12)
+    (folder / "007.npz").write_bytes(b"not an npz")
+    before = threading.active_count()
+    with pytest.raises(DataError, match="007.npz"):
+        collect(model, DataFolder(folder, model_inputs(model)), batch_size=2, tensors=NAMES)
+    assert threading.active_count() == before
+
+
+def test_an_observer_error_reaches_the_caller(model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = make_data(tmp_path / "data", 12)
+    calls = []
+
+    def failing_update(self, x, samples=1):
+        calls.append(self.name)
+        if len(calls) > 3:
+            raise MemoryError("observer ran out of memory")
+
+    monkeypatch.setattr(TensorObserver, "update", failing_update)
+    before = threading.active_count()
+    with pytest.raises(MemoryError, match="observer ran out of memory"):
+        collect(model, DataFolder(folder, model_inputs(model)), batch_size=1, tensors=NAMES)
+    assert threading.active_count() == before
+
+
+def test_an_onnxruntime_failure_names_the_batch(tmp_path: Path) -> None:
+    model = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 4] x, int64[N, 1] i) => (float[N, 1] y) {
+            y = GatherElements <axis = 1> (x, i)
+        }
+        """
+    )
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for k in range(6):  # sample 4 indexes out of bounds
+        write_npz(folder / f"{k}.npz", x=np.ones(4, np.float32), i=np.array([9 if k == 4 else 1]))
+    before = threading.active_count()
+    with pytest.raises(DataError, match=r"onnxruntime failed on .*4\.npz"):
+        collect(model, DataFolder(folder, model_inputs(model)), batch_size=1, tensors=["x", "y"])
+    assert threading.active_count() == before
+
+
+def test_batches_do_not_pile_up_behind_a_slow_observer(
+    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Memory stays flat: onnxruntime runs at most two batches ahead of the observers (one
+    # queued, one being observed), however slow they are.
+    import time
+
+    folder = make_data(tmp_path / "data", 12)
+    observed: list[int] = []
+    update = TensorObserver.update
+
+    def slow_update(self, x, samples=1):
+        if self.name == "x":
+            time.sleep(0.02)
+        update(self, x, samples)
+        if self.name == "x":
+            observed.append(samples)
+
+    monkeypatch.setattr(TensorObserver, "update", slow_update)
+    lags: list[int] = []
+    ran: list[int] = []
+
+    def progress(n: int) -> None:
+        ran.append(n)
+        lags.append(len(ran) - len(observed))
+
+    got = collect(model, DataFolder(folder, model_inputs(model)), batch_size=1, tensors=NAMES, progress=progress)
+    assert got.observers["x"].samples == 12 and len(observed) == 12
+    assert max(lags) <= 2 and max(lags) >= 1  # it did run ahead, by two batches at most
