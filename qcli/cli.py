@@ -34,8 +34,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document o
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")]
 ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", help="YAML config (its data.preprocess reads images).")
+    str | None,
+    typer.Option("--config", help="YAML config file, or a preset: default, tensorrt, accuracy, weights-int4."),
 ]
+StrictOpt = Annotated[bool, typer.Option("--strict", help="A config rule that matches nothing is an error.")]
 
 
 def _version(value: bool) -> None:
@@ -135,7 +137,7 @@ SamplesOpt = Annotated[int | None, typer.Option("--samples", help="Use the first
 BatchOpt = Annotated[int | None, typer.Option("--batch-size", help="Samples per inference batch (default 8).")]
 
 
-def _calibration_config(config: Path | None, method, percentile, samples, batch_size):
+def _calibration_config(config: str | None, method, percentile, samples, batch_size):
     from qcli.config import load_config
 
     return load_config(config).merged(
@@ -151,7 +153,8 @@ def calibrate(
     percentile: PercentileOpt = None,
     samples: SamplesOpt = None,
     batch_size: BatchOpt = None,
-    config: Annotated[Path | None, typer.Option("--config", help="YAML config.")] = None,
+    config: ConfigOpt = None,
+    strict: StrictOpt = False,
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Calibration file (default ./<model>.calib.json).")
     ] = None,
@@ -177,7 +180,7 @@ def calibrate(
         out = output or Path.cwd() / f"{model.name.removesuffix('.onnx')}.calib.json"
         start = time.perf_counter()
         with render.progress_bar("calibrating", total=len(folder), quiet=quiet or json_out) as advance:
-            table = run_calibration(onnx_model, folder, cfg, progress=advance)
+            table = run_calibration(onnx_model, folder, cfg, progress=advance, strict=strict)
         save_table(table, out)
         seconds = time.perf_counter() - start
         doc = {
@@ -216,7 +219,8 @@ def quantize(
     percentile: PercentileOpt = None,
     samples: SamplesOpt = None,
     batch_size: BatchOpt = None,
-    config: Annotated[Path | None, typer.Option("--config", help="YAML config.")] = None,
+    config: ConfigOpt = None,
+    strict: StrictOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Quantize a model that already has Q/DQ or integer ops.")] = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -255,8 +259,8 @@ def quantize(
                 data, model_inputs(onnx_model), preprocess=cfg.data.preprocess, samples=cfg.calibration.samples
             )
             with render.progress_bar("calibrating", total=len(folder), quiet=quiet or json_out) as advance:
-                table = run_calibration(onnx_model, folder, cfg, progress=advance, force=force)
-        result = run_quantize(onnx_model, cfg, table, force=force)
+                table = run_calibration(onnx_model, folder, cfg, progress=advance, force=force, strict=strict)
+        result = run_quantize(onnx_model, cfg, table, force=force, strict=strict)
         save_model(result.model, output, check=True)
         doc = {
             "output": str(output),
@@ -276,7 +280,7 @@ def quantize(
     _guard(debug, work)
 
 
-def load_config_fields(config: Path | None) -> set[str]:
+def load_config_fields(config: str | None) -> set[str]:
     """Keys the config file sets explicitly in its calibration section."""
     from qcli.config import load_config
 
@@ -289,6 +293,68 @@ def _file_bytes(path: Path) -> int:
 
     stored = load_model(path, load_external_data=False)
     return path.stat().st_size + sum((path.parent / f).stat().st_size for f in external_data_files(stored))
+
+
+config_app = typer.Typer(help="Show, check and create YAML configs.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+def config_show(config: ConfigOpt = None, json_out: JsonOpt = False, debug: DebugOpt = False) -> None:
+    """Print the resolved config (defaults filled in) as YAML."""
+
+    def work() -> None:
+        from qcli.config import config_document, config_yaml, load_config
+
+        cfg = load_config(config)
+        if json_out:
+            _print_json(config_document(cfg))
+        else:
+            sys.stdout.write(config_yaml(cfg))
+
+    _guard(debug, work)
+
+
+@config_app.command("validate")
+def config_validate(
+    file: Annotated[str, typer.Argument(help="YAML config file or preset name.")],
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Check a config file against the schema; exit 2 with file:line and key on error."""
+
+    def work() -> None:
+        from qcli.config import load_config, resolve_config
+
+        load_config(file)
+        if json_out:
+            _print_json({"config": str(resolve_config(file)), "valid": True})
+        else:
+            _console(quiet).print(f"{resolve_config(file)}: valid")
+
+    _guard(debug, work)
+
+
+@config_app.command("init")
+def config_init(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the template.")] = Path("qcli.yaml"),
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Write a commented config template (the default preset) to start from."""
+
+    def work() -> None:
+        from qcli.config import PRESETS
+        from qcli.errors import QcliError
+
+        if output.exists() and not force:
+            raise QcliError(f"{output} exists", hint="choose another path with -o, or --force to overwrite")
+        output.write_text((PRESETS / "default.yaml").read_text())
+        _console(quiet).print(f"wrote {output}")
+
+    _guard(debug, work)
 
 
 def run() -> None:

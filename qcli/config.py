@@ -23,7 +23,7 @@ from qcli.data import Preprocess
 from qcli.errors import ConfigError, DataError
 
 Method = Literal["minmax", "percentile", "kl", "mse"]
-ActivationDtype = Literal["uint8", "int8", "uint16", "int16"]
+ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float"]  # float: weight-only
 WeightDtype = Literal["int8", "uint8", "int4", "uint4"]
 Granularity = Literal["per_tensor", "per_channel", "per_block"]
 Precision = Literal["float", "int8", "uint8", "int16", "uint16"]
@@ -173,11 +173,36 @@ def parse_config(raw: Any, source: str = "config", lines: dict[tuple, int] | Non
         raise _config_error(exc, raw, source, lines or {}) from None
 
 
+PRESETS = Path(__file__).parent / "presets"  # the repository's configs/, shipped in wheels
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def resolve_config(value: str | os.PathLike) -> Path:
+    """A config file path, or the preset of that name (`--config tensorrt`)."""
+    path = Path(value)
+    if path.is_file():
+        return path
+    text = str(value)
+    if "/" not in text and path.suffix not in (".yaml", ".yml"):
+        preset = PRESETS / f"{text}.yaml"
+        if preset.is_file():
+            return preset
+        close = difflib.get_close_matches(text, preset_names(), n=1)
+        raise ConfigError(
+            f"no config file or preset named {text!r}",
+            hint=(f"did you mean {close[0]!r}? " if close else "") + f"presets: {', '.join(preset_names())}",
+        )
+    raise ConfigError(f"config file not found: {path}")
+
+
 def load_config(path: str | os.PathLike | None) -> Config:
-    """The config in a YAML file (None: the defaults)."""
+    """The config in a YAML file or preset (None: the defaults)."""
     if path is None:
         return Config()
-    path = Path(path)
+    path = resolve_config(path)
     text = _read(path)
     try:
         raw = yaml.safe_load(text)
@@ -196,8 +221,6 @@ def load_preprocess(path: str | os.PathLike | None) -> Preprocess | None:
 
 
 def _read(path: Path) -> str:
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
     try:
         return path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -282,3 +305,18 @@ def _known_keys(loc: tuple) -> list[str]:
         else:
             return []
     return list(model.model_fields)
+
+
+def config_document(config: Config) -> dict:
+    """The resolved config as plain data (for `qcli config show`, metadata and reports)."""
+    import dataclasses
+
+    doc = config.model_dump(mode="json", exclude={"data"})
+    if config.data.preprocess is not None:
+        pre = dataclasses.asdict(config.data.preprocess)
+        doc["data"] = {"preprocess": {k: list(v) if isinstance(v, tuple) else v for k, v in pre.items() if v is not None}}
+    return doc
+
+
+def config_yaml(config: Config) -> str:
+    return yaml.safe_dump(config_document(config), sort_keys=False)

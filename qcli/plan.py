@@ -88,6 +88,7 @@ class Plan:
     biases: dict[str, BiasPlan] = field(default_factory=dict)
     nodes: list[NodeDecision] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)  # config rules that matched nothing
+    keep_float: set[int] = field(default_factory=set)  # nodes excluded by config: read float inputs
     notes: list[str] = field(default_factory=list)  # conflicts resolved, and the like
 
     @property
@@ -174,8 +175,13 @@ def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def _activation_scheme(a: Activations) -> QuantScheme:
-    return QuantScheme.of(a.dtype, "per_tensor", a.symmetric)
+def _activation_scheme(a: Activations) -> QuantScheme | None:
+    """None for `dtype: float` (weight-only quantization: activations keep no Q/DQ)."""
+    return None if a.dtype == "float" else QuantScheme.of(a.dtype, "per_tensor", a.symmetric)
+
+
+def _bits(scheme: QuantScheme | None) -> int:
+    return 32 if scheme is None else scheme.dtype.bits
 
 
 def _weight_scheme(w: Weights) -> QuantScheme:
@@ -223,6 +229,7 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
     default_weight = _weight_scheme(config.weights)
 
     # 1. Which nodes could be quantized.
+    keep_float = set(off_nodes)  # excluded by the config: they read their inputs unquantized
     reasons: dict[int, str] = {}
     candidates: set[int] = set()
     for i, node in enumerate(graph.node):
@@ -244,6 +251,7 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
         touched = acts + [o for o in node.output if o]
         if any(t in off_tensors for t in touched):
             reasons[i] = "a tensor of it is excluded by config"
+            keep_float.add(i)
             continue
         if not all(is_float(t) for t in touched):
             reasons[i] = "not float32" if rule.kind == "compute" else "moves non-float data"
@@ -279,8 +287,26 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             candidates.discard(i)
             reasons[i] = "no Conv/MatMul/Gemm next to it: int8 would be slower here"
 
+    # 2b. A compute node whose outputs only feed excluded nodes cannot be fused (nothing would
+    # read its quantized output): it stays float too.
+    def readers(name: str) -> list[int]:
+        """Consumers of `name`, looking through the Relu/Clip that would fold into its producer."""
+        out = []
+        for u in consumers.get(name, []):
+            r = rule_for(graph.node[u])
+            out += readers(graph.node[u].output[0]) if r is not None and r.kind == "fold" else [u]
+        return out
+
+    for i in sorted(candidates):
+        outs = [o for o in graph.node[i].output if o]
+        if rule_for(graph.node[i]).kind == "compute" and keep_float and all(
+            o not in graph_outputs and readers(o) and all(u in keep_float for u in readers(o)) for o in outs
+        ):
+            candidates.discard(i)
+            reasons[i] = "its output only feeds nodes excluded by config"
+
     # 3. Tensors of compute nodes, weights, biases, folded Relu/Clip.
-    plan = Plan()
+    plan = Plan(keep_float=keep_float)
     quantized: set[str] = set()
     folded: dict[int, str] = {}
     node_tensors: dict[int, set[str]] = {}  # quantized activations each node touches
@@ -300,7 +326,7 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             weight_users.setdefault(name, []).append(i)
             if k in rule.weights:
                 plan.weights.setdefault(name, _weight_plan(name, default_weight, node, len(inits[name].dims)))
-            else:  # a constant operand of Add/Mul: quantized like an activation, from its values
+            elif default_act is not None:  # a constant operand of Add/Mul: quantized like an activation
                 plan.weights.setdefault(name, WeightPlan(name, default_act, None))
         if rule.bias is not None and rule.bias < len(node.input) and node.input[rule.bias] in inits:
             weight = node.input[rule.weights[0]]
@@ -363,11 +389,12 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             act = _activation_scheme(o.activations)
         elif o.precision is not None:
             act = QuantScheme.of(o.precision, "per_tensor", config.activations.symmetric)
+        has_act = o.activations is not None or o.precision is not None
         targets = set(sel.tensors)
         for i in sel.nodes:
             targets |= node_tensors.get(i, set())
         for t in targets:
-            if act is not None:
+            if has_act:
                 requests.activation[t] = (act, k)
             if o.calibration is not None:
                 requests.settings.setdefault(t, {}).update(o.calibration.model_dump(exclude_none=True))
@@ -393,16 +420,18 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
              if t in producer and graph.node[producer[t]].op_type in OUTPUT_RANGES),
             None,
         )
-        group = Group(tensors, default_act, constant, fixed)
+        scheme = default_act
         asked = [(requests.activation[t], t) for t in tensors if t in requests.activation]
         if asked:
-            (scheme, _), _ = max(asked, key=lambda a: (a[0][0].dtype.bits, a[0][1]))
-            group.scheme = scheme
+            (scheme, _), _ = max(asked, key=lambda a: (_bits(a[0][0]), a[0][1]))
             if len({a[0][0] for a in asked}) > 1 or (len(asked) < len(tensors) and scheme != default_act):
                 plan.notes.append(
-                    f"tensors {', '.join(tensors)} share one scale: all get {scheme.dtype.name} "
-                    "(the widest any override asked for)"
+                    f"tensors {', '.join(tensors)} share one scale: all get "
+                    f"{scheme.dtype.name if scheme else 'float'} (the widest any override asked for)"
                 )
+        if scheme is None:  # weight-only: these activations keep no Q/DQ
+            continue
+        group = Group(tensors, scheme, constant, fixed)
         for t in tensors:
             if t in requests.ranges:
                 group.fixed_range = requests.ranges[t]
@@ -419,9 +448,27 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             plan.nodes.append(NodeDecision(i, names[i], node.op_type, True))
         else:
             plan.nodes.append(NodeDecision(i, names[i], node.op_type, False, reasons.get(i, "")))
-    plan.unmatched = [s.where for s in [exclude] + [sel for _, _, sel in overrides] if s.empty and (
-        s.where != "exclude" or config.exclude.nodes or config.exclude.op_types or config.exclude.tensors)]
+    rules = [(config.exclude, exclude)] + [(o.match, sel) for _, o, sel in overrides]
+    for match, sel in rules:
+        if sel.empty and (match.nodes or match.op_types or match.tensors):
+            plan.unmatched.append(_unmatched(match, sel.where, names, graph, all_tensors))
     return plan
+
+
+def _unmatched(match: Match, where: str, names: list[str], graph: onnx.GraphProto, tensors: set[str]) -> str:
+    """'<where> matched nothing', with the closest names the model does have."""
+    import difflib
+
+    def close(patterns: list[str], pool: list[str]) -> list[str]:
+        found: list[str] = []
+        for p in patterns:
+            bare = p[3:] if p.startswith("re:") else p.replace("*", "").replace("?", "")
+            found += difflib.get_close_matches(bare, pool, n=3, cutoff=0.5)
+        return sorted(set(found))[:5]
+
+    hints = close(match.nodes, names) + close(match.op_types, sorted({n.op_type for n in graph.node}))
+    hints += close(match.tensors, sorted(tensors))
+    return f"{where} matched nothing" + (f" (close: {', '.join(hints)})" if hints else "")
 
 
 def _weight_plan(name: str, scheme: QuantScheme, node: onnx.NodeProto, rank: int) -> WeightPlan:

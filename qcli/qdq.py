@@ -67,10 +67,12 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
     renames: dict[tuple[int, int], str] = {}  # (node index, input index) -> new input name
 
     def uses(name: str, only_quantized: bool) -> list[tuple[int, int]]:
+        """Where `name` is read: by quantized nodes only, or by every node the config did not
+        exclude (excluded nodes read the unquantized tensor)."""
         return [
             (i, k)
             for i, node in enumerate(graph.node)
-            if not only_quantized or i in quantized_nodes
+            if (i in quantized_nodes if only_quantized else i not in plan.keep_float)
             for k, inp in enumerate(node.input)
             if inp == name
         ]

@@ -14,9 +14,9 @@ import onnx
 
 from qcli import __version__
 from qcli.calibrate.table import CalibrationTable, RangeSettings
-from qcli.config import Config
-from qcli.errors import ConfigError
-from qcli.model import opset_version
+from qcli.config import Config, config_document
+from qcli.errors import ConfigError, ModelError
+from qcli.model import max_ir_version, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import prepare
 from qcli.qdq import materialize
@@ -30,31 +30,55 @@ class QuantizeResult:
 
 
 def quantize(
-    model: onnx.ModelProto, config: Config, table: CalibrationTable, *, force: bool = False
+    model: onnx.ModelProto, config: Config, table: CalibrationTable, *, force: bool = False, strict: bool = False
 ) -> QuantizeResult:
-    """Quantize `model` with the ranges of `table` (solved for `config`'s method and dtype)."""
+    """Quantize `model` with the ranges of `table` (solved for `config`'s method and dtype).
+    `strict`: a config rule that matches nothing raises ConfigError instead of a warning."""
     prepared = prepare(model, force=force)
     plan = make_plan(prepared.model, config)
-    opset = opset_version(prepared.model)
-    blocked = [w.name for w in plan.weights.values() if w.scheme.granularity == "per_block"]
-    if blocked and opset < 21:
-        raise ConfigError(
-            f"per_block weights need opset 21 (DequantizeLinear's block_size); the model is at opset {opset}",
-            hint="re-export the model at opset 21, or use granularity: per_channel",
-        )
+    check_unmatched(plan, strict)
+    if any(w.scheme.granularity == "per_block" for w in plan.weights.values()):
+        if opset_version(prepared.model) < BLOCK_OPSET:
+            prepared.model = _upgrade(prepared.model, BLOCK_OPSET, prepared.notes)
+            plan = make_plan(prepared.model, config)
     settings = RangeSettings.of(config)
     assign_ranges(plan, prepared.model, table, settings)
     out = materialize(prepared.model, plan)
     for key, value in (
         ("qcli.version", __version__),
-        ("qcli.config", json.dumps(config.model_dump(mode="json", exclude={"data"}), separators=(",", ":"))),
+        ("qcli.config", json.dumps(config_document(config), separators=(",", ":"))),
         ("qcli.calibration", json.dumps({"method": settings.method, "samples": table.samples, "fingerprint": table.fingerprint})),
     ):
         entry = out.metadata_props.add()
         entry.key, entry.value = key, value
     notes = list(prepared.notes) + plan.notes
-    notes += [f"config rule {where} matched nothing" for where in plan.unmatched]
+    notes += [f"warning: config rule {text}" for text in plan.unmatched]
     return QuantizeResult(out, plan, notes)
+
+
+def check_unmatched(plan: Plan, strict: bool) -> None:
+    if strict and plan.unmatched:
+        raise ConfigError(f"config rule {plan.unmatched[0]}", hint="fix the rule, or drop --strict to only warn")
+
+
+BLOCK_OPSET = 21  # DequantizeLinear's block_size attribute
+
+
+def _upgrade(model: onnx.ModelProto, target: int, notes: list[str]) -> onnx.ModelProto:
+    """Convert a prepared model to a newer opset (per-block weights need 21)."""
+    from onnx import version_converter
+
+    old = opset_version(model)
+    try:
+        converted = version_converter.convert_version(model, target)
+    except Exception as exc:  # the converter raises bare RuntimeErrors
+        raise ModelError(
+            f"cannot convert the model from opset {old} to {target} for per-block weights: {exc}",
+            hint="use weights granularity per_channel, or re-export the model at opset 21",
+        ) from exc
+    converted.ir_version = min(max(converted.ir_version, 10), max_ir_version())  # opset 21 needs IR 10
+    notes.append(f"upgraded opset {old} -> {target} for per-block weights")
+    return converted
 
 
 def summary(result: QuantizeResult) -> dict:

@@ -108,7 +108,8 @@ class progress_bar:
             TimeRemainingColumn,
         )
 
-        self.quiet = quiet
+        console = Console(stderr=True)
+        self.quiet = quiet or not console.is_terminal  # no bar in logs and pipes
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -117,9 +118,9 @@ class progress_bar:
             TimeElapsedColumn(),
             TextColumn("eta"),
             TimeRemainingColumn(),
-            console=Console(stderr=True),
+            console=console,
             transient=True,
-            disable=quiet,
+            disable=self.quiet,
         )
         self.description, self.total = description, total
 

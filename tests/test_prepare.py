@@ -24,6 +24,7 @@ from qcli.model import max_ir_version
 from qcli.prepare import (
     PASSES,
     Options,
+    canonicalize,
     fold_batchnorm,
     fold_constants,
     infer_shapes,
@@ -367,6 +368,261 @@ def test_initializer_inputs_of_old_models_become_constants() -> None:
     assert_same_outputs(model, result.model, feeds={"x": weights(2, 3)})
 
 
+# ---------------------------------------------------------------- canonicalize
+
+def names_of(model: onnx.ModelProto) -> list[tuple[str, str, list[str], list[str]]]:
+    return [(n.op_type, n.name, list(n.input), list(n.output)) for n in model.graph.node]
+
+
+def test_sum_of_two_becomes_add() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 3] x, float[3] y) => (float[2, 3] z) {
+        [res] s = Sum (x, y)
+        [act] z = Relu (s)
+    }
+    """
+    model = build(text)
+    result = run_pass(canonicalize, model)
+    assert result.modified and result.notes == ["replaced 1 Sum node of 2 inputs with Add"]
+    assert names_of(result.model) == [("Add", "res", ["x", "y"], ["s"]), ("Relu", "act", ["s"], ["z"])]
+    assert_same_outputs(model, result.model)
+
+
+def test_sum_of_many_becomes_a_chain_of_adds() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 3] a, float[2, 3] b, float[3] c, float[2, 1] d) => (float[2, 3] z) {
+        [total] s = Sum (a, b, c, d)
+        z = Relu (s)
+    }
+    """
+    model = build(text)
+    result = run_pass(canonicalize, model)
+    assert result.notes == ["replaced 1 Sum node of more than 2 inputs with chains of Add (3 Add nodes)"]
+    assert names_of(result.model)[:3] == [
+        ("Add", "total/add_1", ["a", "b"], ["s/add_1"]),
+        ("Add", "total/add_2", ["s/add_1", "c"], ["s/add_2"]),
+        ("Add", "total", ["s/add_2", "d"], ["s"]),
+    ]
+    # onnxruntime's Sum may add in another order: allow float rounding
+    assert_same_outputs(model, result.model, rtol=1e-6, atol=1e-6)
+
+
+def test_sum_of_one_is_removed() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 3] x) => (float[2, 3] z) {
+        r = Relu (x)
+        s = Sum (r)
+        z = Neg (s)
+    }
+    """
+    model = build(text)
+    result = run_pass(canonicalize, model)
+    assert result.notes == ["removed 1 Sum node of a single input"]
+    assert ops(result.model) == Counter(Relu=1, Neg=1)
+    assert list(result.model.graph.node[1].input) == ["r"]
+    assert_same_outputs(model, result.model)
+
+
+DROPOUT = """
+<ir_version: 8, opset_import: ["" : 13]>
+net (float[2, 4] x, bool flag) => (float[2, 4] y) {
+    [fc] h = MatMul (x, w)
+    [drop] d, mask = Dropout (h, ratio, TRAINING)
+    [act] y = Relu (d)
+}
+"""
+
+
+@pytest.mark.parametrize("training", ["", "off"])
+def test_dropout_removed(training: str) -> None:
+    text = DROPOUT.replace(", TRAINING", f", {training}" if training else "")
+    extra = {"off": np.array(False)} if training else {}
+    model = build(text, w=weights(4, 4), ratio=np.array(0.3, np.float32), **extra)
+    feeds = {"x": weights(2, 4, seed=7), "flag": np.array(True)}
+    result = run_pass(canonicalize, model)
+    assert result.notes == ["removed 1 Dropout node (no-ops at inference)"]
+    assert names_of(result.model) == [("MatMul", "fc", ["x", "w"], ["h"]), ("Relu", "act", ["h"], ["y"])]
+    assert {t.name for t in result.model.graph.initializer} == {"w"}  # ratio, training flag gone
+    assert_same_outputs(model, result.model, feeds=feeds)
+
+
+def test_dropout_kept_when_it_may_train_or_its_mask_is_read() -> None:
+    model = build(DROPOUT.replace("TRAINING", "flag"), w=weights(4, 4), ratio=np.array(0.3, np.float32))
+    result = run_pass(canonicalize, model)
+    assert not result.modified
+    assert result.notes == ["Dropout 'drop' kept: its training_mode input is not a constant false"]
+
+    text = DROPOUT.replace(", TRAINING", "").replace("=> (float[2, 4] y)", "=> (float[2, 4] y, bool[2, 4] mask)")
+    result = run_pass(canonicalize, build(text, w=weights(4, 4), ratio=np.array(0.3, np.float32)))
+    assert result.notes == ["Dropout 'drop' kept: its mask output is used"]
+    assert ops(result.model)["Dropout"] == 1
+
+
+def test_identity_removed_and_graph_output_names_kept() -> None:
+    # i1, i2: a chain in the middle; i3: into a graph output, so Neg writes `y` itself;
+    # i4: graph input -> graph output and i5: graph output -> graph output must stay;
+    # i6: read inside an If branch (an outer-scope reference)
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 3] x, bool c) => (float[2, 3] y, float[2, 3] passthrough, float[2, 3] copy, float[2, 3] z) {
+        [relu] r = Relu (x)
+        [i1] a = Identity (r)
+        [i2] b = Identity (a)
+        [neg] n = Neg (b)
+        [i3] y = Identity (n)
+        [i4] passthrough = Identity (x)
+        [i5] copy = Identity (y)
+        [i6] e = Identity (r)
+        [choose] z = If (c) <
+            then_branch = t () => (float[2, 3] t_out) { t_out = Abs (e) },
+            else_branch = f () => (float[2, 3] f_out) { f_out = Identity (e) }
+        >
+    }
+    """
+    model = build(text)
+    result = run_pass(canonicalize, model)
+    assert result.notes == ["removed 4 Identity nodes"]
+    nodes = {n.name: n for n in result.model.graph.node}
+    assert list(nodes) == ["relu", "neg", "i4", "i5", "choose"]
+    assert (list(nodes["neg"].input), list(nodes["neg"].output)) == (["r"], ["y"])
+    assert list(nodes["i5"].input) == ["y"]
+    branches = {a.name: a.g for a in nodes["choose"].attribute}
+    assert list(branches["then_branch"].node[0].input) == ["r"]
+    assert list(branches["else_branch"].node[0].input) == ["r"]  # inside subgraphs: left alone but rewired
+    assert [o.name for o in result.model.graph.output] == ["y", "passthrough", "copy", "z"]
+    for c in (True, False):
+        assert_same_outputs(model, result.model, feeds={"x": weights(2, 3), "c": np.array(c)})
+
+
+CONV_AFFINE = """
+<ir_version: 8, opset_import: ["" : 13]>
+net (float[2, 3, 8, 8] x) => (float[2, 4, 8, 8] y) {
+    [conv] c = Conv <pads = [1, 1, 1, 1]> (x, w, b)
+    [scale] m = Mul (c, s)
+    [shift] a = Add (t, m)
+    [act] y = Relu (a)
+}
+"""
+
+
+@pytest.mark.parametrize("scale_shape, shift_shape", [((4, 1, 1), (1, 4, 1, 1)), ((), (4, 1, 1)), ((1, 4, 1, 1), (1,))])
+@pytest.mark.parametrize("bias", [True, False])
+def test_per_channel_mul_add_folded_into_conv(scale_shape, shift_shape, bias: bool) -> None:
+    text = CONV_AFFINE if bias else CONV_AFFINE.replace("(x, w, b)", "(x, w)")
+    extra = {"b": weights(4, seed=3)} if bias else {}
+    model = build(text, w=weights(4, 3, 3, 3), s=weights(*scale_shape, seed=4), t=weights(*shift_shape, seed=5), **extra)
+    result = run_pass(canonicalize, model)
+    assert result.notes == ["folded 1 Mul node and 1 Add node with per-channel constants into Conv"]
+    assert names_of(result.model) == [
+        ("Conv", "conv", ["x", "w", "b" if bias else "conv/bias"], ["a"]),
+        ("Relu", "act", ["a"], ["y"]),
+    ]
+    assert {t.name for t in result.model.graph.initializer} == {"w", "b" if bias else "conv/bias"}
+    assert_same_outputs(model, result.model, **BN_TOLERANCE)
+
+
+def test_mul_only_adds_no_bias_and_shared_weight_is_copied() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[1, 3, 5, 5] x) => (float[1, 4, 5, 5] y, float[1, 4, 5, 5] z) {
+        [conv1] c = Conv (x, w)
+        [scale] y = Mul (s, c)
+        [conv2] z = Conv (x, w)
+    }
+    """
+    model = build(text, w=weights(4, 3, 1, 1), s=weights(4, 1, 1, seed=4))
+    result = run_pass(canonicalize, model)
+    assert names_of(result.model) == [("Conv", "conv1", ["x", "w/folded"], ["y"]), ("Conv", "conv2", ["x", "w"], ["z"])]
+    np.testing.assert_array_equal(initializer(result.model, "w"), initializer(model, "w"))
+    assert_same_outputs(model, result.model, **BN_TOLERANCE)
+
+
+def test_affine_not_folded_when_not_per_channel_or_output_shared() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 3, 4, 4] x) => (float[2, 4, 4, 4] y, float[2, 4, 4, 4] z, float[2, 4, 4, 4] v) {
+        [conv1] c1 = Conv <pads = [1, 1, 1, 1]> (x, w)
+        [spatial] y = Mul (c1, full)
+        [conv2] c2 = Conv <pads = [1, 1, 1, 1]> (x, w)
+        [shift] z = Add (c2, t)
+        [other] v = Relu (c2)
+    }
+    """
+    model = build(text, w=weights(4, 3, 3, 3), full=weights(1, 4, 4, 4, seed=4), t=weights(4, 1, 1, seed=5))
+    result = run_pass(canonicalize, model)
+    assert not result.modified
+    assert result.notes == [
+        "Add 'shift' not folded into Conv 'conv2': its input also feeds other nodes or is a graph output"
+    ]
+    assert ops(result.model) == Counter(Conv=2, Mul=1, Add=1, Relu=1)
+
+
+def test_per_column_mul_folded_into_gemm_and_conv_transpose() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[3, 8] x, float[1, 4, 5, 5] u) => (float[3, 5] y, float[1, 6, 11, 11] v) {
+        [fc] g = Gemm <transB = 1, beta = 0.5> (x, wg, cg)
+        [scale] y = Mul (g, s)
+        [up] d = ConvTranspose <strides = [2, 2], group = 2> (u, wt)
+        [shift] v = Add (d, t)
+    }
+    """
+    model = build(text, wg=weights(5, 8), cg=weights(5, seed=3), s=weights(1, 5, seed=4),
+                  wt=weights(4, 3, 3, 3, seed=5), t=weights(6, 1, 1, seed=6))
+    result = run_pass(canonicalize, model)
+    assert result.notes == ["folded 1 Mul node and 1 Add node with per-channel constants into ConvTranspose (1), Gemm (1)"]
+    assert ops(result.model) == Counter(Gemm=1, ConvTranspose=1)
+    assert_same_outputs(model, result.model, **BN_TOLERANCE)
+
+
+def test_batchnorm_second_half_folded_then_batchnorm_into_conv() -> None:
+    # the caffe2 export of densenet121 / inception_v2: BN with unit gamma, then Mul and Add
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 3, 6, 6] x) => (float[2, 4, 6, 6] y, float[2, 3, 6, 6] z) {
+        [conv] c = Conv (x, w)
+        [bn] n = BatchNormalization (c, gamma, beta, mean, var)
+        [scale] m = Mul (n, s)
+        [shift] y = Add (m, t)
+        [add] p = Add (x, x)
+        [bn2] q = BatchNormalization (p, gamma3, beta3, mean3, var3)
+        [shift2] z = Add (q, t3)
+    }
+    """
+    three = {f"{k}3": v for k, v in bn_params(3, seed=8).items()}
+    model = build(text, w=weights(4, 3, 1, 1), s=weights(4, 1, 1, seed=4), t=weights(4, 1, 1, seed=5),
+                  t3=weights(1, 3, 1, 1, seed=6), **bn_params(4), **three)
+    result = run_pass(canonicalize, model)
+    assert result.notes == ["folded 1 Mul node and 2 Add nodes with per-channel constants into BatchNormalization"]
+    assert_same_outputs(model, result.model, **BN_TOLERANCE)
+    full = prepare(model)
+    assert ops(full.model) == Counter(Conv=1, Add=1, BatchNormalization=1)  # bn2 follows an Add
+    assert names_of(full.model)[0] == ("Conv", "conv", ["x", "w", "conv/bias"], ["y"])
+    assert_same_outputs(model, full.model, **BN_TOLERANCE)
+
+
+def test_dropout_between_conv_and_batchnorm_no_longer_blocks_folding() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 3, 6, 6] x) => (float[2, 4, 6, 6] y) {
+        [conv] c = Conv (x, w, b)
+        [drop] d = Dropout (c)
+        [id] i = Identity (d)
+        [bn] y = BatchNormalization (i, gamma, beta, mean, var)
+    }
+    """
+    model = build(text, w=weights(4, 3, 3, 3), b=weights(4, seed=3), **bn_params(4))
+    result = prepare(model)
+    assert ops(result.model) == Counter(Conv=1)
+    for note in ("removed 1 Dropout node (no-ops at inference)", "removed 1 Identity node",
+                 "folded 1 BatchNormalization node into Conv"):
+        assert note in result.notes
+    assert_same_outputs(model, result.model, **BN_TOLERANCE)
+
+
 # ---------------------------------------------------------------- If subgraphs
 
 IF_MODEL = """
@@ -670,7 +926,7 @@ def test_shape_inference_failure_is_a_note(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_passes_are_listed_in_order() -> None:
     assert [p.__name__ for p in PASSES] == [
-        "refuse_quantized", "upgrade_opset", "fold_constants", "fold_batchnorm",
+        "refuse_quantized", "upgrade_opset", "fold_constants", "canonicalize", "fold_batchnorm",
         "inline_constant_if", "infer_shapes",
     ]
 

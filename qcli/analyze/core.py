@@ -171,6 +171,11 @@ def analyze(
     fidelity_list = [_fidelity(n, acc) for n, acc in measures.fidelity.items()]
     reference = [ReferenceFidelity(n, _fidelity(n, a), _fidelity(n, b)) for n, (a, b) in measures.reference.items()]
     layer_report = Layers([_layer(p, measures.layers[p.tensor]) for p in pairs], skipped) if layers else None
+    for what, items in (("output", fidelity_list), ("tensor", layer_report.tensors if layer_report else [])):
+        for item in items:
+            if item.nonfinite:
+                notes.append(f"{what} {getattr(item, 'output', None) or getattr(item, 'tensor')!r}: "
+                             f"{item.nonfinite} NaN/Inf values left out of SQNR and cosine")
     size = compare_sizes(
         model_size(fm.path, fm.stored) if fm.path else proto_size(fm.proto),
         model_size(qm.path, qm.stored) if qm.path else proto_size(qm.proto),
@@ -468,6 +473,7 @@ def _fidelity(name: str, acc: FidelityAccumulator) -> Fidelity:
         sqnr_db=rounded(acc.sqnr.db, 5) if acc.floating else None,
         max_abs_error=rounded(acc.sqnr.max_abs) if acc.floating else None,
         exact_match=rounded(acc.exact / acc.samples) if acc.samples else 0.0,
+        nonfinite=acc.sqnr.nonfinite,
     )
 
 
@@ -484,4 +490,5 @@ def _layer(p, acc: SqnrAccumulator) -> LayerError:
         mse=rounded(acc.noise / n),
         signal_power=rounded(acc.signal / n),
         max_abs_error=rounded(acc.max_abs),
+        nonfinite=acc.nonfinite,
     )

@@ -19,7 +19,8 @@ main { max-width: 1040px; margin: 0 auto; padding: 28px 24px 48px; }
 header h1 { font-size: 26px; margin: 0 0 4px; }
 header .models { color: #374151; font-size: 15px; margin: 0 0 2px; }
 header .data { color: #6b7280; font-size: 13px; margin: 0; }
-code, .mono { font-family: ui-monospace, 'SFMono-Regular', 'DejaVu Sans Mono', Menlo, Consolas, monospace; font-size: 0.9em; }
+code, .mono { font-family: ui-monospace, 'SFMono-Regular', 'DejaVu Sans Mono', Menlo, Consolas, monospace;
+  font-size: 0.9em; }
 .verdict { display: inline-block; margin: 14px 0 0; padding: 6px 14px; border-radius: 999px; font-weight: 600; }
 .verdict.pass { background: #dcfce7; color: #166534; }
 .verdict.fail { background: #fee2e2; color: #991b1b; }
@@ -39,6 +40,7 @@ table { border-collapse: collapse; width: 100%; font-size: 14px; }
 th { text-align: left; color: #4b5563; font-weight: 600; border-bottom: 2px solid #e5e7eb; padding: 6px 10px; }
 td { border-bottom: 1px solid #f0f1f3; padding: 5px 10px; vertical-align: top; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.pass, .fail { white-space: nowrap; }
 td.name { overflow-wrap: anywhere; }
 .pass { color: #15803d; font-weight: 600; }
 .fail { color: #b91c1c; font-weight: 600; }
@@ -79,7 +81,8 @@ def _cards(report: Report) -> str:
         else:
             fid = next((f for f in report.fidelity if f.cosine is not None), None)
             if fid is not None:
-                cards.append(("Cosine similarity", f"{fid.cosine:.4f}", f"to the float model on {fid.output}", fid.cosine >= 0.99))
+                cards.append(("Cosine similarity", f"{fid.cosine:.4f}", f"to the float model on {fid.output}",
+                              fid.cosine >= 0.99))
     if report.speed is not None:
         sp = report.speed
         cards.append(("Speedup", s.ratio(sp.speedup),
@@ -170,14 +173,17 @@ def to_html(report: Report) -> str:
         parts.append(f"<h3>Worst {len(worst)} layers</h3>")
         parts.append(_table(s.LAYER_HEADER, s.layer_rows(worst), {0, 5, 6}, names={1, 2}))
         if layers.skipped:
-            parts.append('<ul class="notes">' + "".join(f"<li>not measured: {escape(x)}</li>" for x in layers.skipped) + "</ul>")
+            items = "".join(f"<li>not measured: {escape(x)}</li>" for x in layers.skipped)
+            parts.append(f'<ul class="notes">{items}</ul>')
         parts.append("</section>")
 
     # Speed
     if report.speed is not None:
         sp = report.speed
         parts.append("<section><h2>Speed</h2>")
-        threads = f"{sp.threads} intra-op thread{'s' if sp.threads > 1 else ''}" if sp.threads else "onnxruntime's default threads"
+        threads = "onnxruntime's default threads"
+        if sp.threads:
+            threads = f"{sp.threads} intra-op thread{'s' if sp.threads > 1 else ''}"
         parts.append(f'<p class="muted">onnxruntime CPU, {threads}, idle spinning off; {sp.warmup} warm-up then '
                      f"{sp.runs} timed runs per model on the same input (batch {sp.batch}), {escape(sp.order)}. "
                      f"Speedup = float median / quantized median = <b>{s.ratio(sp.speedup)}</b>.</p>")
@@ -197,15 +203,16 @@ def to_html(report: Report) -> str:
         by_type = ", ".join(f"{k} {human_bytes(v.bytes)}" for k, v in m.weights.items()) or "none"
         rows.append((label, f"{m.file_bytes:,}", human_bytes(m.file_bytes), human_bytes(m.weight_bytes), by_type))
     parts.append(_table(("model", "file bytes", "file", "weights", "weights by type"), rows, {1, 2, 3}))
-    parts.append(f'<p class="muted">Compression = float file bytes / quantized file bytes = <b>{s.ratio(sz.compression)}</b>'
+    parts.append('<p class="muted">Compression = float file bytes / quantized file bytes = '
+                 f"<b>{s.ratio(sz.compression)}</b>"
                  " (external data files included).</p>")
     parts.append("</section>")
 
     # Settings and notes
     parts.append("<section><h2>Settings</h2>")
     items = [
-        f"float model <code>{escape(report.float_model.path)}</code> <span class=\"muted mono\">{escape(report.float_model.fingerprint)}</span>",
-        f"quantized model <code>{escape(report.quantized_model.path)}</code> <span class=\"muted mono\">{escape(report.quantized_model.fingerprint)}</span>",
+        *(f'{label} model <code>{escape(m.path)}</code> <span class="muted mono">{escape(m.fingerprint)}</span>'
+          for label, m in (("float", report.float_model), ("quantized", report.quantized_model))),
         f"data <code>{escape(d.path)}</code> ({escape(d.layout)})"
         + (f", labels from <code>{escape(d.labels_file)}</code>" if d.labels_file else ""),
         escape(s.settings_text(report)),

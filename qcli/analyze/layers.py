@@ -24,7 +24,9 @@ class QuantizedTensor:
     dtype: str  # quantized element type
 
 
-def quantized_tensors(float_model: onnx.ModelProto, quantized_model: onnx.ModelProto) -> tuple[list[QuantizedTensor], list[str]]:
+def quantized_tensors(
+    float_model: onnx.ModelProto, quantized_model: onnx.ModelProto
+) -> tuple[list[QuantizedTensor], list[str]]:
     """The quantized activations in the quantized model's graph order, and "name: why" for the
     pairs that have no counterpart in the float model."""
     fgraph, qgraph = float_model.graph, quantized_model.graph

@@ -54,7 +54,8 @@ _CHUNK = 1 << 20
 def _sum_squares(v: np.ndarray) -> float:
     """Σv² of a flat array; BLAS dot per chunk of 1M elements, summed in float64 (a float32 dot
     over a chunk is accurate to ~1e-7 relative; a float64 copy of every activation costs 6x the time)."""
-    return float(sum(float(np.dot(v[i : i + _CHUNK], v[i : i + _CHUNK])) for i in range(0, v.size, _CHUNK)))
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected by the caller
+        return float(sum(float(np.dot(v[i : i + _CHUNK], v[i : i + _CHUNK])) for i in range(0, v.size, _CHUNK)))
 
 
 def _rows(value: np.ndarray, batch: int) -> np.ndarray:
@@ -73,14 +74,24 @@ class SqnrAccumulator:
     noise: float = 0.0
     max_abs: float = 0.0
     elements: int = 0
+    nonfinite: int = 0  # elements left out because either side was NaN or infinite
 
     def update(self, reference: np.ndarray, value: np.ndarray) -> None:
         x, y = _float(reference), _float(value)
         if x.shape != y.shape:
             raise ValueError(f"shapes differ: {list(x.shape)} vs {list(y.shape)}")
-        x, diff = x.ravel(), (y - x).ravel()
-        self.signal += _sum_squares(x)
-        self.noise += _sum_squares(diff)
+        with np.errstate(over="ignore", invalid="ignore"):  # inf - inf: counted below
+            x, diff = x.ravel(), (y - x).ravel()
+        signal, noise = _sum_squares(x), _sum_squares(diff)
+        if not (math.isfinite(signal) and math.isfinite(noise)):
+            # Rare: NaN/Inf somewhere, or float32 squares past 3.4e38. Redo in float64 on the
+            # finite elements only, and count the others.
+            keep = np.isfinite(x) & np.isfinite(diff)
+            self.nonfinite += int(keep.size - np.count_nonzero(keep))
+            x, diff = x[keep].astype(np.float64), diff[keep].astype(np.float64)
+            signal, noise = _sum_squares(x), _sum_squares(diff)
+        self.signal += signal
+        self.noise += noise
         if diff.size:
             self.max_abs = max(self.max_abs, float(diff.max()), -float(diff.min()))
         self.elements += x.size
@@ -103,6 +114,7 @@ class FidelityAccumulator:
     exact: int = 0
     cosine_sum: float = 0.0
     cosine_min: float = 1.0
+    cosine_rows: int = 0
     class_scores: bool | None = None
     floating: bool | None = None
 
@@ -123,12 +135,18 @@ class FidelityAccumulator:
             return
         self.sqnr.update(x, y)
         x64, y64 = x.astype(np.float64), y.astype(np.float64)
-        dot = np.einsum("ij,ij->i", x64, y64)
-        norms = np.linalg.norm(x64, axis=1) * np.linalg.norm(y64, axis=1)
-        both_zero = (np.linalg.norm(x64, axis=1) == 0) & (np.linalg.norm(y64, axis=1) == 0)
-        cosine = np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0), np.where(both_zero, 1.0, 0.0))
-        self.cosine_sum += float(cosine.sum())
-        self.cosine_min = min(self.cosine_min, float(cosine.min()))
+        with np.errstate(invalid="ignore", over="ignore"):
+            dot = np.einsum("ij,ij->i", x64, y64)
+            nx, ny = np.linalg.norm(x64, axis=1), np.linalg.norm(y64, axis=1)
+            norms = nx * ny
+            empty = np.where((nx == 0) & (ny == 0), 1.0, 0.0)  # two zero rows agree; one does not
+            cosine = np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0), empty)
+        # Rows holding NaN/Inf (or whose norms overflow) have no cosine; the SQNR counts them.
+        finite = np.isfinite(x64).all(axis=1) & np.isfinite(y64).all(axis=1) & np.isfinite(cosine)
+        if finite.any():
+            self.cosine_sum += float(cosine[finite].sum())
+            self.cosine_min = min(self.cosine_min, float(cosine[finite].min()))
+        self.cosine_rows += int(np.count_nonzero(finite))
         if self.class_scores:
             self.agree += int((x.argmax(axis=1) == y.argmax(axis=1)).sum())
 
@@ -138,7 +156,7 @@ class FidelityAccumulator:
 
     @property
     def cosine(self) -> float | None:
-        return self.cosine_sum / self.samples if self.floating and self.samples else None
+        return self.cosine_sum / self.cosine_rows if self.floating and self.cosine_rows else None
 
 
 @dataclass

@@ -83,6 +83,7 @@ class Fidelity:
     sqnr_db: float | None  # over every element; None = no error at all
     max_abs_error: float | None
     exact_match: float  # fraction of samples bit-identical
+    nonfinite: int = 0  # elements with NaN/Inf on either side, left out of SQNR and cosine
 
 
 @dataclass
@@ -108,6 +109,7 @@ class LayerError:
     mse: float  # mean squared error
     signal_power: float  # mean squared float value
     max_abs_error: float
+    nonfinite: int = 0  # elements with NaN/Inf on either side, left out of the sums
 
 
 @dataclass

@@ -55,7 +55,8 @@ def summary_rows(report: Report) -> list[tuple[str, str, str, str]]:
     rows = []
     acc = report.accuracy
     if acc is not None:
-        rows.append((f"top-1 accuracy ({acc.samples} labelled)", pct(acc.float.top1), pct(acc.quantized.top1), points(acc.top1_drop)))
+        rows.append((f"top-1 accuracy ({acc.samples} labelled)", pct(acc.float.top1), pct(acc.quantized.top1),
+                     points(acc.top1_drop)))
         if acc.float.top5 is not None:
             rows.append(("top-5 accuracy", pct(acc.float.top5), pct(acc.quantized.top5), points(acc.top5_drop)))
     for ref in report.reference:
@@ -69,7 +70,8 @@ def summary_rows(report: Report) -> list[tuple[str, str, str, str]]:
     if sp is not None:
         threads = f", {sp.threads} thread{'s' if sp.threads > 1 else ''}" if sp.threads else ""
         faster = f"{ratio(sp.speedup)} faster" if sp.speedup >= 1 else f"{ratio(1 / sp.speedup)} slower"
-        rows.append((f"latency median (batch {sp.batch}{threads})", ms(sp.float.median_ms), ms(sp.quantized.median_ms), faster))
+        rows.append((f"latency median (batch {sp.batch}{threads})", ms(sp.float.median_ms),
+                     ms(sp.quantized.median_ms), faster))
         rows.append(("latency p90", ms(sp.float.p90_ms), ms(sp.quantized.p90_ms), ""))
         rows.append(("throughput (samples/s)", rate(sp.float.throughput), rate(sp.quantized.throughput), ""))
     sz = report.size

@@ -66,7 +66,8 @@ def _text(x: float, y: float, text: str, *, anchor: str = "start", size: int = 1
             f'font-weight="{weight}"{f" style={chr(34)}{style}{chr(34)}" if style else ""}>{escape(text)}</text>')
 
 
-def _x_axis(body: list[str], ticks: list[float], scale, top: float, bottom: float, label: str, left: float, right: float) -> None:
+def _x_axis(body: list[str], ticks: list[float], scale, top: float, bottom: float, label: str,
+            left: float, right: float) -> None:
     for t in ticks:
         x = scale(t)
         body.append(f'<line x1="{x:.1f}" y1="{top:.1f}" x2="{x:.1f}" y2="{bottom:.1f}" stroke="{GRID}"/>')
@@ -128,7 +129,8 @@ def sqnr_chart(layers: list[LayerError], worst: list[str]) -> str:
         label = "exact" if t.sqnr_db is None else f"{t.sqnr_db:.1f}"
         body.append(_text(x1 + 4, y + 14, label, size=11, fill=MUTED))
         if ranked:
-            body.append(_text(x1 + 8 + 6.5 * len(label), y + 14, f"#{rank[t.tensor]}", size=11, fill=POOR, weight="600"))
+            body.append(_text(x1 + 8 + 6.5 * len(label), y + 14, f"#{rank[t.tensor]}", size=11, fill=POOR,
+                              weight="600"))
         body.append("</g>")
     body.append(f'<line x1="{zero:.1f}" y1="{top}" x2="{zero:.1f}" y2="{bottom}" stroke="{AXIS}"/>')
     body.append(_text(right, bottom + 36, "#k: k-th worst", anchor="end", size=11, fill=POOR))
@@ -159,7 +161,8 @@ def latency_chart(speed: Speed) -> str:
     body = [_text(0, 16, f"Latency of every timed run (batch {speed.batch}; lower is better)", size=14, weight="600")]
     _legend(body, 0, 36, [(FLOAT_COLOR, "float"), (QUANT_COLOR, "quantized")])
     _x_axis(body, ticks, scale, top, bottom, "milliseconds per run", left, right)
-    for k, (label, lat, color) in enumerate((("float", speed.float, FLOAT_COLOR), ("quantized", speed.quantized, QUANT_COLOR))):
+    models = (("float", speed.float, FLOAT_COLOR), ("quantized", speed.quantized, QUANT_COLOR))
+    for k, (label, lat, color) in enumerate(models):
         mid = top + k * row + row / 2
         runs = np.asarray(lat.runs_ms)
         q25, q75 = np.percentile(runs, [25, 75])
@@ -216,9 +219,11 @@ def run_sequence_chart(speed: Speed) -> str:
                 f'transform="rotate(-90 14 {(top + bottom) / 2:.1f})">ms</text>')
     for lat, color in ((speed.float, FLOAT_COLOR), (speed.quantized, QUANT_COLOR)):
         points = " ".join(f"{sx(i + 1):.1f},{sy(v):.1f}" for i, v in enumerate(lat.runs_ms))
-        body.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="1.2" stroke-opacity="0.6"/>')
+        body.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="1.2" '
+                    'stroke-opacity="0.6"/>')
         for i, v in enumerate(lat.runs_ms):
-            body.append(f'<circle cx="{sx(i + 1):.1f}" cy="{sy(v):.1f}" r="2.2" fill="{color}"><title>run {i + 1}: {v:.3f} ms</title></circle>')
+            body.append(f'<circle cx="{sx(i + 1):.1f}" cy="{sy(v):.1f}" r="2.2" fill="{color}">'
+                        f"<title>run {i + 1}: {v:.3f} ms</title></circle>")
     return _svg(width, bottom + 46, body, "latency per run")
 
 
@@ -257,7 +262,8 @@ def size_chart(float_size: ModelSize, quantized_size: ModelSize) -> str:
                 continue
             w = size.weights[d].bytes / hi * (right - left)
             body.append(f'<rect x="{x:.1f}" y="{y + 6}" width="{max(w, 0.5):.1f}" height="26" fill="{colors[d]}">'
-                        f'<title>{escape(d)}: {size.weights[d].count:,} values, {human_bytes(size.weights[d].bytes)}</title></rect>')
+                        f"<title>{escape(d)}: {size.weights[d].count:,} values, "
+                        f"{human_bytes(size.weights[d].bytes)}</title></rect>")
             x += w
         rest = max(size.file_bytes - size.weight_bytes, 0)
         if rest:

@@ -44,9 +44,18 @@ def render(console: Console, report: Report) -> None:
     layers = report.layers
     if layers is not None and layers.tensors:
         worst = report.worst_layers()
-        table = _table(f"Worst layers ({len(worst)} of {len(layers.tensors)}, by SQNR)", s.LAYER_HEADER, {0, 5, 6})
-        for row in s.layer_rows(worst):
-            table.add_row(*map(escape, row))
+        # Narrow terminals: the node goes under its tensor, and only when the tensor's name does
+        # not already say it (exporters name outputs "<node>_output_0"); dtype only when mixed.
+        mixed = len({t.dtype for t in worst}) > 1
+        header = ("#", "tensor", "op type", *(("dtype",) if mixed else ()), "SQNR", "max abs err")
+        table = _table(f"Worst layers ({len(worst)} of {len(layers.tensors)}, by SQNR)", header,
+                       {0, len(header) - 2, len(header) - 1})
+        table.columns[1].min_width = 26
+        for t, row in zip(worst, s.layer_rows(worst)):
+            name = escape(t.tensor)
+            if t.node and not t.tensor.startswith(t.node):
+                name += f"\n[dim]node {escape(t.node)}[/dim]"
+            table.add_row(row[0], name, escape(t.op_type), *((t.dtype,) if mixed else ()), row[5], row[6])
         console.print(table)
         for skipped in layers.skipped:
             console.print(f"[yellow]not measured:[/yellow] {escape(skipped)}", markup=True, highlight=False)

@@ -21,6 +21,7 @@ def calibrate(
     *,
     progress: Callable[[int], None] | None = None,
     force: bool = False,
+    strict: bool = False,
 ) -> CalibrationTable:
     """Observe the activations `config`'s quantization needs over `folder` and solve the
     ranges of all four methods for the configured activation dtype.
@@ -31,9 +32,11 @@ def calibrate(
     """
     from qcli.plan import make_plan
     from qcli.prepare import prepare
+    from qcli.quantize import check_unmatched
 
     prepared = prepare(model, force=force).model
     plan = make_plan(prepared, config)
+    check_unmatched(plan, strict)
     collected = collect(
         prepared,
         folder,
@@ -42,4 +45,6 @@ def calibrate(
         max_bins=2 * config.calibration.bins,
         progress=progress,
     )
-    return build_table(collected.observers, fingerprint(model), collected.samples, RangeSettings.of(config))
+    table = build_table(collected.observers, fingerprint(model), collected.samples, RangeSettings.of(config))
+    table.warnings += [f"config rule {text}" for text in plan.unmatched]
+    return table

@@ -195,10 +195,6 @@ def _remove_noops(graph: onnx.GraphProto, notes: list[str]) -> tuple[Counter[str
                 for position, name in enumerate(node.input):
                     if name in alias:
                         node.input[position] = resolve(name)
-            if sub is not graph:
-                for value in sub.output:
-                    if value.name in alias:
-                        value.name = resolve(value.name)
         remove_nodes(graph, doomed)
     return removed, gone
 
