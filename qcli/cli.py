@@ -37,6 +37,10 @@ ConfigOpt = Annotated[
     str | None,
     typer.Option("--config", help="YAML config file, or a preset: default, tensorrt, accuracy, weights-int4."),
 ]
+DropOpt = Annotated[
+    float | None,
+    typer.Option("--max-accuracy-drop", help="Gate: largest allowed top-1 drop as a fraction (0.01 = 1 point)."),
+]
 StrictOpt = Annotated[bool, typer.Option("--strict", help="A config rule that matches nothing is an error.")]
 
 
@@ -222,6 +226,10 @@ def quantize(
     config: ConfigOpt = None,
     strict: StrictOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Quantize a model that already has Q/DQ or integer ops.")] = False,
+    eval_data: Annotated[
+        Path | None, typer.Option("--eval-data", help="After writing, compare with the float model on this data.")
+    ] = None,
+    max_accuracy_drop: DropOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -241,6 +249,8 @@ def quantize(
 
         if (data is None) == (calib is None):
             raise QcliError("give exactly one of --data DIR (calibrate now) or --calib FILE")
+        if max_accuracy_drop is not None and eval_data is None:
+            raise QcliError("--max-accuracy-drop needs --eval-data DIR to measure the drop on")
         if output.exists() and model.exists() and os.path.samefile(output, model):
             raise QcliError(f"-o {output} is the input model; qcli never overwrites its input",
                             hint="write the quantized model to another file")
@@ -272,10 +282,24 @@ def quantize(
             **summary(result),
         }
         doc["compression"] = round(doc["bytes_before"] / max(doc["bytes_after"], 1), 3)
+        evaluation = None
+        if eval_data is not None:
+            from qcli.analyze import evaluate, headline
+
+            evaluation = evaluate(
+                onnx_model, output, eval_data, max_accuracy_drop=max_accuracy_drop, preprocess=cfg.data.preprocess
+            )
+            doc["evaluation"] = {"summary": headline(evaluation), **evaluation.to_dict()}
         if json_out:
             _print_json(doc)
         else:
             render.quantization(_console(quiet), doc)
+            if evaluation is not None:
+                _console(quiet).print(doc["evaluation"]["summary"])
+                for gate in evaluation.gates:
+                    _console(quiet).print(gate.message)
+        if evaluation is not None and (error := evaluation.gate_error()) is not None:
+            raise error
 
     _guard(debug, work)
 
@@ -293,6 +317,60 @@ def _file_bytes(path: Path) -> int:
 
     stored = load_model(path, load_external_data=False)
     return path.stat().st_size + sum((path.parent / f).stat().st_size for f in external_data_files(stored))
+
+
+
+@app.command()
+def analyze(
+    model: Annotated[Path, typer.Argument(help="Float ONNX model.")],
+    quantized: Annotated[Path, typer.Argument(help="Quantized ONNX model.")],
+    data: Annotated[Path, typer.Option("--data", help="Evaluation data folder (labels give top-1).")],
+    labels: Annotated[Path | None, typer.Option("--labels", help="labels.csv (file,label) kept outside DIR.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Write FILE.json, FILE.md or FILE.html.")] = None,
+    max_accuracy_drop: DropOpt = None,
+    min_speedup: Annotated[float | None, typer.Option("--min-speedup", help="Gate: float / quantized median latency.")] = None,
+    min_compression: Annotated[float | None, typer.Option("--min-compression", help="Gate: float / quantized file size.")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", help="Use the first N samples (default all).")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Samples per batch for accuracy.")] = 32,
+    runs: Annotated[int, typer.Option("--runs", help="Timed runs per model (0: no latency).")] = 50,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs first.")] = 5,
+    threads: Annotated[int | None, typer.Option("--threads", help="onnxruntime intra-op threads (default: all cores).")] = None,
+    latency_batch: Annotated[int, typer.Option("--latency-batch", help="Batch size of the timed runs.")] = 1,
+    worst: Annotated[int, typer.Option("--worst", help="Layers listed in the worst-layers table.")] = 10,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Accuracy, per-layer error, speedup and compression of a quantized model; gates exit 1."""
+
+    def work() -> None:
+        from qcli.analyze import Gates, render as show, sample_count, write_report
+        from qcli.analyze import analyze as run_analysis
+        from qcli.config import load_preprocess
+
+        pre = load_preprocess(config)
+        gates = Gates(max_accuracy_drop, min_speedup, min_compression)
+        total = sample_count(model, data, samples=samples, preprocess=pre)
+        with render.progress_bar("analyzing", total=total, quiet=quiet or json_out) as advance:
+            result = run_analysis(
+                model, quantized, data, labels=labels, samples=samples, batch_size=batch_size, runs=runs,
+                warmup=warmup, threads=threads, latency_batch=latency_batch, worst=worst, gates=gates,
+                preprocess=pre, progress=advance,
+            )
+        if report is not None:
+            write_report(result, report)
+        if json_out:
+            _print_json(result.to_dict())
+        else:
+            show(_console(quiet), result)
+            if report is not None:
+                _console(quiet).print(f"wrote {report}")
+        error = result.gate_error()
+        if error is not None:
+            raise error
+
+    _guard(debug, work)
 
 
 config_app = typer.Typer(help="Show, check and create YAML configs.", no_args_is_help=True)

@@ -271,8 +271,11 @@ class DataFolder:
         *,
         preprocess: Preprocess | None = None,
         samples: int | None = None,
+        labels: str | os.PathLike | None = None,
     ):
+        """`labels`: a labels.csv kept outside the folder (default: DIR/labels.csv if present)."""
         self.path = Path(path)
+        self.labels_file = Path(labels) if labels is not None else None
         self.inputs = inputs
         self.preprocess = preprocess
         self.limit = samples
@@ -336,7 +339,9 @@ class DataFolder:
         return entries, kind, []
 
     def _read_labels_csv(self) -> dict[str, np.ndarray]:
-        path = self.path / LABELS_CSV
+        path = self.labels_file or self.path / LABELS_CSV
+        if self.labels_file is not None and not path.is_file():
+            raise DataError(f"labels file not found: {path}", hint="--labels takes a CSV file of file,label rows")
         if not path.is_file():
             return {}
         labels: dict[str, np.ndarray] = {}

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx.parser
+import onnxruntime as ort
 import pytest
 from typer.testing import CliRunner
 
@@ -85,3 +87,53 @@ def cli() -> Cli:
 def write_npz(path: Path, **arrays: np.ndarray) -> Path:
     np.savez(path, **arrays)
     return path
+
+
+def op_counts(path: Path) -> Counter:
+    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+
+
+def fused_op_counts(path: Path, tmp_path: Path) -> Counter:
+    """Op types after onnxruntime's graph optimizations: what really runs."""
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return op_counts(tmp_path / "optimized.onnx")
+
+
+RESIDUAL = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[N, 4, 8, 8] x) => (float[N, 5] y)
+    <float[4, 4, 3, 3] w1 = {W1}, float[4] b1 = {0.1, -0.1, 0.05, 0.0},
+     float[4, 4, 3, 3] w2 = {W2}, float[5, 4] wf = {WF}, float[5] bf = {0.5, -0.5, 0.25, 0, 0.1}> {
+    c1 = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)
+    r1 = Relu (c1)
+    c2 = Conv <pads = [1, 1, 1, 1]> (r1, w2)
+    s = Add (c2, x)
+    r2 = Relu (s)
+    p = GlobalAveragePool (r2)
+    f = Flatten (p)
+    y = Gemm <transB = 1> (f, wf, bf)
+}
+"""
+
+
+def _values(n: int, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    return "{" + ", ".join(f"{v:.4f}" for v in rng.normal(0, 0.3, n)) + "}"
+
+
+@pytest.fixture
+def residual(tmp_path: Path) -> Path:
+    text = RESIDUAL.replace("{W1}", _values(144, 1)).replace("{W2}", _values(144, 2)).replace("{WF}", _values(20, 3))
+    return save(parse_model(text), tmp_path / "residual.onnx")
+
+
+@pytest.fixture
+def residual_data(tmp_path: Path) -> Path:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        write_npz(folder / f"{i:03d}.npz", x=rng.standard_normal((4, 8, 8)).astype(np.float32))
+    return folder

@@ -14,8 +14,18 @@ import pytest
 from onnx import numpy_helper
 from rich.console import Console
 
-from conftest import SAMPLE_MODELS, parse_model, save, IMAGE_MODEL
-from qcli.analyze import Gates, Report, analyze, evaluate, read_report, render, sample_count, write_report
+from conftest import IMAGE_MODEL, SAMPLE_MODELS, parse_model, save
+from qcli.analyze import (
+    Gates,
+    Report,
+    analyze,
+    evaluate,
+    headline,
+    read_report,
+    render,
+    sample_count,
+    write_report,
+)
 from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, sqnr_db
 from qcli.errors import ConfigError, DataError, GateFailed, ModelError, QcliError
 from qcli.runtime import make_session
@@ -254,9 +264,14 @@ def test_in_memory_models_and_sample_count(quantized):
     from qcli.model import load_model
 
     assert sample_count(FLOAT, EVAL) == 400 and sample_count(FLOAT, EVAL, samples=50) == 50
-    r = evaluate(load_model(FLOAT), load_model(quantized), EVAL, samples=64)
+    seen = []
+    r = evaluate(load_model(FLOAT), load_model(quantized), EVAL, samples=64, batch_size=24, progress=seen.append,
+                 max_accuracy_drop=0.05)
+    assert seen == [24, 24, 16]
     assert r.quantized_model.path == "<in memory>" and r.accuracy.samples == 64
-    assert r.size.compression > 2
+    assert r.size.compression > 2 and r.speed is None and r.layers is None
+    line = headline(r)
+    assert line.startswith("top-1 ") and "on 64 labelled samples" in line and "top-1 drop" in line
 
 
 def test_streaming_accumulators_match_whole_array_math():
@@ -294,6 +309,9 @@ def test_json_round_trips_and_is_deterministic(report, quantized, tmp_path):
     assert doc["format"] == "qcli-analysis/1" and doc["passed"] is False
     assert list(doc)[:4] == ["format", "qcli_version", "passed", "float_model"]
     assert read_report(path) == report
+    (tmp_path / "other.json").write_text('{"format": "qcli-inspect/1"}')
+    with pytest.raises(QcliError, match="not a qcli-analysis/1 report"):
+        read_report(tmp_path / "other.json")
     assert path.read_text() == report.to_json()
     assert not list(tmp_path.glob(".*.tmp"))
     runs = [analyze(FLOAT, quantized, EVAL, samples=100, runs=3, warmup=1, gates=GATES) for _ in range(2)]

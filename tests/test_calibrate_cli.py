@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 
 from conftest import parse_model, save, write_npz

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import LIGHT_MODELS, write_npz
+from conftest import LIGHT_MODELS, SAMPLE_MODELS, write_npz
 from qcli import __version__
 
 
@@ -51,6 +51,24 @@ def test_inspect_model_zoo_graphs(cli, name: str) -> None:
     assert info["opsets"] == {"ai.onnx": 9}
     assert info["weights"]["constant_of_shape_nodes"] > 0
     assert info["weights"]["parameters"] > 1_000_000
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer", "mlp"])
+def test_inspect_sample_models(cli, name: str) -> None:
+    model = SAMPLE_MODELS / name / "model.onnx"
+    info = cli.json("inspect", model, "--data", model.parent / "eval")
+    assert info["data"]["samples"] >= 300
+    assert info["data"]["labelled"] == info["data"]["samples"]
+
+
+def test_inspect_cnn_image_folder(cli) -> None:
+    cnn = SAMPLE_MODELS / "cnn"
+    info = cli.json(
+        "inspect", cnn / "model.onnx", "--data", cnn / "eval_images", "--config", cnn / "preprocess.yaml"
+    )
+    assert info["data"]["layout"] == "image-folders"
+    assert info["data"]["class_names"] == [str(i) for i in range(10)]
+    assert info["data"]["samples"] >= 300
 
 
 # ---- bad input: exit 2, `error: ...` on stderr, no traceback

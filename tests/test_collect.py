@@ -85,6 +85,19 @@ def test_statistics_equal_a_plain_loop(model, tmp_path: Path, background: bool, 
     assert got.observers["r"].shape[1:] == (6, 2, 4)
 
 
+def test_pooling_small_outputs_changes_nothing(model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from qcli.calibrate import collect as collect_module
+
+    folder = make_data(tmp_path / "data", 23)
+    expected = reference(model, folder, 2)
+    for pool in (1, 50, 100, 1000, 1 << 20):  # never, sometimes, always pooled; some batches bigger
+        monkeypatch.setattr(collect_module._ObserverSink, "POOL", pool)
+        for background in (True, False):
+            got = collect(model, DataFolder(folder, model_inputs(model)), batch_size=2, tensors=NAMES,
+                          max_bins=256, background=background)
+            assert {n: o.to_dict() for n, o in got.observers.items()} == expected, (pool, background)
+
+
 def test_repeated_names_are_observed_once(model, tmp_path: Path) -> None:
     folder = make_data(tmp_path / "data", 5)
     got = collect(model, DataFolder(folder, model_inputs(model)), tensors=["q", "q", "x"], max_bins=256)
@@ -117,7 +130,7 @@ def test_an_observer_error_reaches_the_caller(model, tmp_path: Path, monkeypatch
         if len(calls) > 3:
             raise MemoryError("observer ran out of memory")
 
-    monkeypatch.setattr(TensorObserver, "update", failing_update)
+    monkeypatch.setattr(TensorObserver, "update_layout", failing_update)
     before = threading.active_count()
     with pytest.raises(MemoryError, match="observer ran out of memory"):
         collect(model, DataFolder(folder, model_inputs(model)), batch_size=1, tensors=NAMES)
@@ -152,7 +165,7 @@ def test_batches_do_not_pile_up_behind_a_slow_observer(
 
     folder = make_data(tmp_path / "data", 12)
     observed: list[int] = []
-    update = TensorObserver.update
+    update = TensorObserver.update_layout  # called once per batch and tensor
 
     def slow_update(self, x, samples=1):
         if self.name == "x":
@@ -161,7 +174,7 @@ def test_batches_do_not_pile_up_behind_a_slow_observer(
         if self.name == "x":
             observed.append(samples)
 
-    monkeypatch.setattr(TensorObserver, "update", slow_update)
+    monkeypatch.setattr(TensorObserver, "update_layout", slow_update)
     lags: list[int] = []
     ran: list[int] = []
 

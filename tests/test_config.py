@@ -6,14 +6,12 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 import yaml
 from onnx import numpy_helper
 
-from conftest import SAMPLE_MODELS, parse_model, save
-from test_quantize import RESIDUAL, _values, fused_op_counts, residual, residual_data  # noqa: F401 (fixtures)
+from conftest import SAMPLE_MODELS, fused_op_counts
 from qcli.config import PRESETS, load_config
 
 
@@ -91,7 +89,7 @@ def _dq_inputs(model: onnx.ModelProto, node_output: str) -> list[str]:
     return list(node.input)
 
 
-def test_exclude_node_by_glob(cli, residual, residual_data, tmp_path) -> None:  # noqa: F811
+def test_exclude_node_by_glob(cli, residual, residual_data, tmp_path) -> None:
     doc, q = _quantize(cli, residual, residual_data, tmp_path, "exclude:\n  nodes: ['Conv_2*']\n")
     # the second Conv (unnamed in the model: displayed as Conv_2) runs in float: float weight,
     # and its input is read before quantization (no DequantizeLinear in front of it)
@@ -105,14 +103,14 @@ def test_exclude_node_by_glob(cli, residual, residual_data, tmp_path) -> None:  
     assert fused["QLinearConv"] == 0 and fused["QLinearAdd"] == 1
 
 
-def test_exclude_tensor_keeps_it_unquantized(cli, residual, residual_data, tmp_path) -> None:  # noqa: F811
+def test_exclude_tensor_keeps_it_unquantized(cli, residual, residual_data, tmp_path) -> None:
     doc, q = _quantize(cli, residual, residual_data, tmp_path, "exclude:\n  tensors: [r1]\n")
     assert not any(n.op_type == "QuantizeLinear" and n.input[0] == "r1" for n in q.graph.node)
     conv2 = next(n for n in q.graph.node if n.op_type == "Conv" and n.input[0] == "r1")
     assert conv2.input[1] == "w2"  # a node reading the excluded tensor stays float
 
 
-def test_int16_override_on_exactly_the_matched_tensors(cli, residual, residual_data, tmp_path) -> None:  # noqa: F811
+def test_int16_override_on_exactly_the_matched_tensors(cli, residual, residual_data, tmp_path) -> None:
     _, q = _quantize(
         cli, residual, residual_data, tmp_path,
         "overrides:\n  - match: {tensors: [p]}\n    activations: {dtype: uint16}\n",
@@ -125,7 +123,7 @@ def test_int16_override_on_exactly_the_matched_tensors(cli, residual, residual_d
     assert zero_points["x_zero_point"] == onnx.TensorProto.UINT8
 
 
-def test_weights_override_per_tensor_for_one_op_type(cli, residual, residual_data, tmp_path) -> None:  # noqa: F811
+def test_weights_override_per_tensor_for_one_op_type(cli, residual, residual_data, tmp_path) -> None:
     _, q = _quantize(
         cli, residual, residual_data, tmp_path,
         "overrides:\n  - match: {op_types: [Gemm]}\n    weights: {dtype: int8, granularity: per_tensor}\n",
@@ -135,7 +133,7 @@ def test_weights_override_per_tensor_for_one_op_type(cli, residual, residual_dat
     assert inits["w1_scale"].shape == (4,)  # Conv weights keep per-channel
 
 
-def test_explicit_range_and_calibration_override(cli, residual, residual_data, tmp_path) -> None:  # noqa: F811
+def test_explicit_range_and_calibration_override(cli, residual, residual_data, tmp_path) -> None:
     _, q = _quantize(
         cli, residual, residual_data, tmp_path,
         "overrides:\n  - match: {tensors: [x]}\n    range: [-4.0, 4.0]\n"
@@ -148,7 +146,7 @@ def test_explicit_range_and_calibration_override(cli, residual, residual_data, t
     assert float(inits["r1_scale"]) >= float(base_inits["r1_scale"])  # minmax never narrower than percentile
 
 
-def test_precision_float_override_by_regex(cli, residual, residual_data, tmp_path) -> None:  # noqa: F811
+def test_precision_float_override_by_regex(cli, residual, residual_data, tmp_path) -> None:
     doc, _ = _quantize(
         cli, residual, residual_data, tmp_path,
         "overrides:\n  - match: {nodes: ['re:Gemm_[0-9]+']}\n    precision: float\n",
@@ -156,7 +154,7 @@ def test_precision_float_override_by_regex(cli, residual, residual_data, tmp_pat
     assert {"op_type": "Gemm", "reason": "excluded by config", "count": 1} in doc["float"]
 
 
-def test_rule_matching_nothing_warns_or_fails_with_strict(cli, residual, residual_data, tmp_path) -> None:  # noqa: F811
+def test_rule_matching_nothing_warns_or_fails_with_strict(cli, residual, residual_data, tmp_path) -> None:
     text = "exclude:\n  tensors: [r11]\n"
     doc, _ = _quantize(cli, residual, residual_data, tmp_path, text)
     assert "warning: config rule exclude matched nothing (close: r1)" in doc["notes"]

@@ -6,7 +6,6 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from onnx import numpy_helper
 from PIL import Image

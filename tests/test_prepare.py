@@ -450,10 +450,11 @@ def test_dropout_removed(training: str) -> None:
 
 
 def test_dropout_kept_when_it_may_train_or_its_mask_is_read() -> None:
-    model = build(DROPOUT.replace("TRAINING", "flag"), w=weights(4, 4), ratio=np.array(0.3, np.float32))
-    result = run_pass(canonicalize, model)
-    assert not result.modified
-    assert result.notes == ["Dropout 'drop' kept: its training_mode input is not a constant false"]
+    for flag, extra in (("flag", {}), ("on", {"on": np.array(True)})):  # run-time, constant true
+        model = build(DROPOUT.replace("TRAINING", flag), w=weights(4, 4), ratio=np.array(0.3, np.float32), **extra)
+        result = run_pass(canonicalize, model)
+        assert not result.modified
+        assert result.notes == ["Dropout 'drop' kept: its training_mode input is not a constant false"]
 
     text = DROPOUT.replace(", TRAINING", "").replace("=> (float[2, 4] y)", "=> (float[2, 4] y, bool[2, 4] mask)")
     result = run_pass(canonicalize, build(text, w=weights(4, 4), ratio=np.array(0.3, np.float32)))
@@ -508,12 +509,15 @@ net (float[2, 3, 8, 8] x) => (float[2, 4, 8, 8] y) {
 """
 
 
-@pytest.mark.parametrize("scale_shape, shift_shape", [((4, 1, 1), (1, 4, 1, 1)), ((), (4, 1, 1)), ((1, 4, 1, 1), (1,))])
+@pytest.mark.parametrize(
+    "scale_shape, shift_shape", [((4, 1, 1), (1, 4, 1, 1)), ((), (4, 1, 1)), ((1, 4, 1, 1), (1,))]
+)
 @pytest.mark.parametrize("bias", [True, False])
 def test_per_channel_mul_add_folded_into_conv(scale_shape, shift_shape, bias: bool) -> None:
     text = CONV_AFFINE if bias else CONV_AFFINE.replace("(x, w, b)", "(x, w)")
     extra = {"b": weights(4, seed=3)} if bias else {}
-    model = build(text, w=weights(4, 3, 3, 3), s=weights(*scale_shape, seed=4), t=weights(*shift_shape, seed=5), **extra)
+    scale, shift = weights(*scale_shape, seed=4), weights(*shift_shape, seed=5)
+    model = build(text, w=weights(4, 3, 3, 3), s=scale, t=shift, **extra)
     result = run_pass(canonicalize, model)
     assert result.notes == ["folded 1 Mul node and 1 Add node with per-channel constants into Conv"]
     assert names_of(result.model) == [
@@ -573,7 +577,9 @@ def test_per_column_mul_folded_into_gemm_and_conv_transpose() -> None:
     model = build(text, wg=weights(5, 8), cg=weights(5, seed=3), s=weights(1, 5, seed=4),
                   wt=weights(4, 3, 3, 3, seed=5), t=weights(6, 1, 1, seed=6))
     result = run_pass(canonicalize, model)
-    assert result.notes == ["folded 1 Mul node and 1 Add node with per-channel constants into ConvTranspose (1), Gemm (1)"]
+    assert result.notes == [
+        "folded 1 Mul node and 1 Add node with per-channel constants into ConvTranspose (1), Gemm (1)"
+    ]
     assert ops(result.model) == Counter(Gemm=1, ConvTranspose=1)
     assert_same_outputs(model, result.model, **BN_TOLERANCE)
 
@@ -979,6 +985,7 @@ def test_zoo_model(name: str) -> None:
     assert [o.name for o in out.graph.output] == [o.name for o in model.graph.output]
     assert "ConstantOfShape" not in ops(out) and "Constant" not in ops(out)
     assert "BatchNormalization" not in ops(out) or name == "light_densenet121"  # BN after Concat
+    assert not {"Sum", "Dropout", "Identity", "Mul"} & set(ops(out))  # canonicalized
     data = out.SerializeToString()
     onnx.checker.check_model(data)
     if name in LOAD_CHECK_ONLY:

@@ -4,67 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
-import pytest
 
-from conftest import SAMPLE_MODELS, parse_model, save, write_npz
+from conftest import SAMPLE_MODELS, fused_op_counts, op_counts, parse_model, save
 from test_calibrate_cli import CONV_MODEL
 from qcli.runtime import make_session
-
-
-def op_counts(path: Path) -> Counter:
-    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
-
-
-def fused_op_counts(path: Path, tmp_path: Path) -> Counter:
-    """Op types after onnxruntime's graph optimizations: what really runs."""
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return op_counts(tmp_path / "optimized.onnx")
-
-
-RESIDUAL = """
-<ir_version: 8, opset_import: ["" : 17]>
-net (float[N, 4, 8, 8] x) => (float[N, 5] y)
-    <float[4, 4, 3, 3] w1 = {W1}, float[4] b1 = {0.1, -0.1, 0.05, 0.0},
-     float[4, 4, 3, 3] w2 = {W2}, float[5, 4] wf = {WF}, float[5] bf = {0.5, -0.5, 0.25, 0, 0.1}> {
-    c1 = Conv <pads = [1, 1, 1, 1]> (x, w1, b1)
-    r1 = Relu (c1)
-    c2 = Conv <pads = [1, 1, 1, 1]> (r1, w2)
-    s = Add (c2, x)
-    r2 = Relu (s)
-    p = GlobalAveragePool (r2)
-    f = Flatten (p)
-    y = Gemm <transB = 1> (f, wf, bf)
-}
-"""
-
-
-def _values(n: int, seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    return "{" + ", ".join(f"{v:.4f}" for v in rng.normal(0, 0.3, n)) + "}"
-
-
-@pytest.fixture
-def residual(tmp_path: Path) -> Path:
-    text = RESIDUAL.replace("{W1}", _values(144, 1)).replace("{W2}", _values(144, 2)).replace("{WF}", _values(20, 3))
-    return save(parse_model(text), tmp_path / "residual.onnx")
-
-
-@pytest.fixture
-def residual_data(tmp_path: Path) -> Path:
-    folder = tmp_path / "data"
-    folder.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(40):
-        write_npz(folder / f"{i:03d}.npz", x=rng.standard_normal((4, 8, 8)).astype(np.float32))
-    return folder
 
 
 def _outputs(path: Path, x: np.ndarray) -> np.ndarray:
@@ -157,3 +104,13 @@ def test_sample_cnn(cli, tmp_path) -> None:
     fused = fused_op_counts(out, tmp_path)
     assert fused["QLinearConv"] == 9 and fused["Conv"] == 0
     assert os.path.getsize(cnn / "model.onnx") / os.path.getsize(out) > 2.9
+
+
+def test_eval_data_gate(cli, residual, residual_data, tmp_path) -> None:
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", residual, "-o", out, "--data", residual_data, "--eval-data", residual_data)
+    assert doc["evaluation"]["fidelity"][0]["cosine"] > 0.99
+    assert doc["evaluation"]["summary"].startswith("top-1 agreement")
+    missing = cli("quantize", residual, "-o", out, "--data", residual_data, "--max-accuracy-drop", "0.01")
+    assert missing.exit_code == 2
+    assert "error: --max-accuracy-drop needs --eval-data DIR to measure the drop on" in missing.stderr

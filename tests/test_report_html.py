@@ -12,7 +12,7 @@ import pytest
 from test_analyze import EVAL, FLOAT, quantize_cnn
 from qcli.analyze import Gates, analyze, write_report
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")

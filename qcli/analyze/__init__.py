@@ -9,10 +9,11 @@ error, latency, size and quality gates, as one `Report` written to JSON, Markdow
 from qcli.analyze.core import analyze, evaluate, open_data, sample_count
 from qcli.analyze.gates import Gates
 from qcli.analyze.report import FORMAT, Report, read_report
+from qcli.analyze.summary import headline
 from qcli.analyze.terminal import render
 from qcli.analyze.write import FORMATS, report_text, write_report
 
 __all__ = [
-    "FORMAT", "FORMATS", "Gates", "Report", "analyze", "evaluate", "open_data", "read_report",
+    "FORMAT", "FORMATS", "Gates", "Report", "analyze", "evaluate", "headline", "open_data", "read_report",
     "render", "report_text", "sample_count", "write_report",
 ]

@@ -13,11 +13,7 @@ QcliError subclasses naming the file or input at fault.
 
 from __future__ import annotations
 
-import inspect
 import json
-import shutil
-import tempfile
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +41,7 @@ from qcli.analyze.report import (
 )
 from qcli.analyze.size import compare_sizes, model_size, proto_size
 from qcli.calibrate.collect import _prefetch, with_outputs
-from qcli.data import LABELS_CSV, Batch, DataFolder, InputSpec, Preprocess, model_inputs
+from qcli.data import Batch, DataFolder, InputSpec, Preprocess, model_inputs
 from qcli.errors import DataError, ModelError, QcliError
 from qcli.model import external_data_files, fingerprint, load_model
 from qcli.runtime import make_session
@@ -171,11 +167,10 @@ def analyze(
     fidelity_list = [_fidelity(n, acc) for n, acc in measures.fidelity.items()]
     reference = [ReferenceFidelity(n, _fidelity(n, a), _fidelity(n, b)) for n, (a, b) in measures.reference.items()]
     layer_report = Layers([_layer(p, measures.layers[p.tensor]) for p in pairs], skipped) if layers else None
-    for what, items in (("output", fidelity_list), ("tensor", layer_report.tensors if layer_report else [])):
-        for item in items:
-            if item.nonfinite:
-                notes.append(f"{what} {getattr(item, 'output', None) or getattr(item, 'tensor')!r}: "
-                             f"{item.nonfinite} NaN/Inf values left out of SQNR and cosine")
+    notes += [f"output {f.output!r}: {f.nonfinite} NaN/Inf values left out of SQNR and cosine"
+              for f in fidelity_list if f.nonfinite]
+    notes += [f"tensor {t.tensor!r}: {t.nonfinite} NaN/Inf values left out of its SQNR"
+              for t in (layer_report.tensors if layer_report else []) if t.nonfinite]
     size = compare_sizes(
         model_size(fm.path, fm.stored) if fm.path else proto_size(fm.proto),
         model_size(qm.path, qm.stored) if qm.path else proto_size(qm.proto),
@@ -338,34 +333,7 @@ def open_data(
     samples: int | None = None,
 ) -> DataFolder:
     """The data folder, with labels from `labels` (a labels.csv kept elsewhere) when given."""
-    if labels is None:
-        return DataFolder(data, inputs, preprocess=preprocess, samples=samples)
-    labels = Path(labels)
-    if not labels.is_file():
-        raise DataError(f"labels file not found: {labels}", hint="--labels takes a CSV file of file,label rows")
-    if "labels" in inspect.signature(DataFolder).parameters:  # the hook asked of data.py
-        return DataFolder(data, inputs, preprocess=preprocess, samples=samples, labels=labels)
-    folder = DataFolder(data, inputs, preprocess=preprocess, samples=samples)
-    folder.labels_csv = _read_labels_file(folder, labels)
-    return folder
-
-
-def _read_labels_file(folder: DataFolder, labels: Path) -> dict[str, np.ndarray]:
-    """Parse `labels` with DataFolder's own labels.csv reader (same rules, same messages).
-
-    Until DataFolder takes a labels path, the reader runs on a copy named labels.csv in a
-    temporary folder, and its messages are rewritten to name the real files.
-    """
-    with tempfile.TemporaryDirectory(prefix="qcli-labels-") as tmp:
-        copy = Path(tmp) / LABELS_CSV
-        shutil.copyfile(labels, copy)
-        shim = types.SimpleNamespace(path=Path(tmp), entries=folder.entries)
-        try:
-            return DataFolder._read_labels_csv(shim)  # type: ignore[arg-type]
-        except DataError as exc:
-            exc.message = exc.message.replace(str(copy), str(labels)).replace(tmp, str(folder.path))
-            exc.args = (exc.message,)
-            raise
+    return DataFolder(data, inputs, preprocess=preprocess, samples=samples, labels=labels)
 
 
 def _where(folder: DataFolder, batch: Batch) -> str:

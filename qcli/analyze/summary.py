@@ -50,6 +50,23 @@ def verdict(report: Report) -> str:
     return f"{len(failed)} of {len(report.gates)} gate{'s' if len(report.gates) > 1 else ''} failed"
 
 
+def headline(report: Report) -> str:
+    """The accuracy part in one line, e.g. for `qcli quantize --eval-data`:
+    "top-1 99.50% -> 99.25% (-0.25 pts) on 400 labelled samples; top-1 agreement 99.75% on logits"."""
+    parts = []
+    acc = report.accuracy
+    if acc is not None:
+        parts.append(f"top-1 {pct(acc.float.top1)} -> {pct(acc.quantized.top1)} ({points(acc.top1_drop)}) "
+                     f"on {acc.samples} labelled samples")
+    for f in report.fidelity:
+        if f.top1_agreement is not None:
+            parts.append(f"top-1 agreement {pct(f.top1_agreement)} on {f.output}")
+        elif f.cosine is not None:
+            parts.append(f"cosine {f.cosine:.5f}, SQNR {db(f.sqnr_db)} on {f.output}")
+    parts += [g.message for g in report.gates if g.name == "max_accuracy_drop"]
+    return "; ".join(parts) if parts else f"{report.data.samples} samples compared"
+
+
 def summary_rows(report: Report) -> list[tuple[str, str, str, str]]:
     """(measure, float, quantized, change) rows: accuracy, latency, throughput, size."""
     rows = []

@@ -228,8 +228,14 @@ class _ObserverSink:
     """Feeds each batch's outputs to the observers, inline or in one background thread.
 
     The queue holds one batch: `put` blocks while the thread is a batch behind, so at most
-    three batches of outputs are alive (being observed, queued, being computed).
+    three batches of outputs are alive (being observed, queued, being computed). Small
+    outputs (variable-length data batches poorly: a Transformer's outputs are often a few
+    thousand values) are pooled per tensor up to `POOL` values before they reach the
+    observer, which then pays numpy's per-call overhead once per pool instead of once per
+    batch; each batch's layout and sample count are still noted one by one.
     """
+
+    POOL = 1 << 16  # values; at most this many per tensor wait in a pool (flat in samples)
 
     def __init__(
         self, names: list[str], observers: dict[str, TensorObserver], aliases: dict[str, str], background: bool
@@ -238,6 +244,8 @@ class _ObserverSink:
         self.observers = observers
         self.aliases = aliases  # tensor -> the tensor whose values it holds: layout noted only
         self.skipped: list[str] = []
+        self._pools: dict[str, list[np.ndarray]] = {}
+        self._pooled: dict[str, int] = {}
         self._error: BaseException | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._thread: threading.Thread | None = None
@@ -259,6 +267,8 @@ class _ObserverSink:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+        elif self._error is None:
+            self._flush()
         if reraise and self._error is not None:
             raise self._error
 
@@ -269,6 +279,11 @@ class _ObserverSink:
                     self._update(*item)
                 except BaseException as exc:  # re-raised in the calling thread
                     self._error = exc
+        if self._error is None:
+            try:
+                self._flush()
+            except BaseException as exc:
+                self._error = exc
 
     def _update(self, values: list, samples: int) -> None:
         for name, value in zip(self.names, values):
@@ -277,12 +292,30 @@ class _ObserverSink:
                 continue
             if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
                 del self.observers[name]
+                self._pools.pop(name, None)
                 self.skipped.append(name)
                 continue
-            if name in self.aliases:
-                observer.update_layout(value, samples=samples)
-            else:
-                observer.update(value, samples=samples)
+            observer.update_layout(value, samples=samples)
+            if name in self.aliases or value.size == 0:
+                continue
+            if value.size >= self.POOL:
+                observer.update_values(value)
+                continue
+            pool = self._pools.setdefault(name, [])
+            pool.append(value.reshape(-1))
+            self._pooled[name] = self._pooled.get(name, 0) + value.size
+            if self._pooled[name] >= self.POOL:
+                self._drain(name)
+
+    def _drain(self, name: str) -> None:
+        pool = self._pools.pop(name, [])
+        self._pooled[name] = 0
+        if pool:
+            self.observers[name].update_values(pool[0] if len(pool) == 1 else np.concatenate(pool))
+
+    def _flush(self) -> None:
+        for name in list(self._pools):
+            self._drain(name)
 
 
 T = TypeVar("T")

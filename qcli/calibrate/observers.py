@@ -328,14 +328,35 @@ class TensorObserver:
     def update(self, x: Any, samples: int = 1) -> None:
         """Add a batch (any shape, any float dtype) holding `samples` samples."""
         a = x if isinstance(x, np.ndarray) else np.asarray(x)
-        dtype = a.dtype
-        if dtype.kind != "f":
-            raise TypeError(f"observer expects a float tensor, got {dtype}")
-        self._note_batch_layout(dtype, a.shape)
-        self.samples += samples
-        if a.size == 0:
+        self.update_layout(a, samples)
+        if a.size:
+            self._add(a.reshape(-1))
+
+    def update_values(self, x: Any) -> None:
+        """Add values without noting a batch (dtype, shape, samples: see `update_layout`).
+
+        The statistics do not depend on how values are grouped into calls, so a caller with
+        many small batches can note each batch's layout and pass their values in fewer, larger
+        calls (numpy's per-call overhead dominates below ~10**4 elements).
+        """
+        a = x if isinstance(x, np.ndarray) else np.asarray(x)
+        if a.dtype.kind != "f":
+            raise TypeError(f"observer expects a float tensor, got {a.dtype}")
+        if a.size:
+            self._add(a.reshape(-1))
+
+    def _add(self, flat: np.ndarray) -> None:
+        """Add a 1-D float array's values to the statistics, a chunk at a time: each chunk's
+        min/max pass brings it into cache for the binning passes that follow (one read from
+        memory instead of three), and the statistics do not depend on the grouping."""
+        if flat.size <= _CHUNK:
+            self._add_chunk(flat)
             return
-        flat = a.reshape(-1)
+        for start in range(0, flat.size, _CHUNK):
+            self._add_chunk(flat[start : start + _CHUNK])
+
+    def _add_chunk(self, flat: np.ndarray) -> None:
+        dtype = flat.dtype
         if dtype.itemsize > 8:  # long double: float64 is all quantization can use
             flat = flat.astype(np.float64)
         elif dtype == np.float16:  # numpy's float16 min/max are ~5x slower than a cast

@@ -13,6 +13,9 @@ default domain, that producer's output feeds nothing else and is not a graph out
 producer's weight (and bias, if any) are floating-point initializers of matching size.
 Main graph only. A weight shared with another node is not rewritten in place: the producer
 gets a folded copy named `<weight>/folded`.
+
+The weight arithmetic (`scale_and_shift`: make a producer compute `out * s + t` per output
+channel) is shared with `canonicalize`, which folds per-channel Mul/Add the same way.
 """
 
 from __future__ import annotations

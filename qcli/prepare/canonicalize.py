@@ -219,7 +219,10 @@ def _fold_affine(model: onnx.ModelProto, notes: list[str]) -> int:
     producers = {o: node for node in graph.node for o in node.output if o}
     uses = use_counts(graph)
     names = NameAllocator(tensor_names(graph))
-    ranks: dict[str, int] | None = None  # of BatchNormalization inputs, inferred when needed
+    # ranks of BatchNormalization inputs (its parameters do not tell), inferred before editing
+    has_bn = any(n.op_type == "BatchNormalization" for n in graph.node)
+    ranks = _ranks(model) if has_bn else {}
+    kept: list[str] = []
     into: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     doomed: list[int] = []
@@ -242,8 +245,6 @@ def _fold_affine(model: onnx.ModelProto, notes: list[str]) -> int:
         if channels is None:
             continue
         if producer.op_type == "BatchNormalization":
-            if ranks is None:
-                ranks = _ranks(model)
             rank = ranks.get(producer.input[0])
         elif producer.op_type == "Gemm":
             rank = 2
@@ -253,7 +254,8 @@ def _fold_affine(model: onnx.ModelProto, notes: list[str]) -> int:
         if values is None:
             continue
         if uses[source] > 1:
-            notes.append(f"{label(node)} not folded into {label(producer)}: its input also feeds other nodes or is a graph output")
+            kept.append(f"{label(node)} not folded into {label(producer)}: "
+                        "its input also feeds other nodes or is a graph output")
             continue
         if node.op_type == "Mul":
             scale, shift = values, np.zeros(channels)
@@ -261,7 +263,7 @@ def _fold_affine(model: onnx.ModelProto, notes: list[str]) -> int:
             scale, shift = np.ones(channels), values
         reason = scale_and_shift(producer, scale, shift, initializers, uses, names, graph)
         if reason is not None:
-            notes.append(f"{label(node)} not folded into {label(producer)}: {reason}")
+            kept.append(f"{label(node)} not folded into {label(producer)}: {reason}")
             continue
         producer.output[0] = node.output[0]
         producers[node.output[0]] = producer
@@ -271,36 +273,31 @@ def _fold_affine(model: onnx.ModelProto, notes: list[str]) -> int:
         doomed.append(index)
     remove_nodes(graph, doomed)
     if doomed:
-        what = " and ".join(f"{plural(n, f'{op} node')}" for op, n in sorted(kinds.items(), key=lambda kv: kv[0] != "Mul"))
+        what = " and ".join(plural(kinds[op], f"{op} node") for op in ("Mul", "Add") if kinds[op])
         where = ", ".join(f"{op} ({n})" for op, n in sorted(into.items())) if len(into) > 1 else next(iter(into))
-        notes.insert(_first_affine_note(notes), f"folded {what} with per-channel constants into {where}")
+        notes.append(f"folded {what} with per-channel constants into {where}")
+    notes.extend(kept)
     return len(doomed)
-
-
-def _first_affine_note(notes: list[str]) -> int:
-    """Where the summary note goes: before the 'not folded' notes of this step."""
-    for position, note in enumerate(notes):
-        if " not folded into " in note:
-            return position
-    return len(notes)
 
 
 def _producer_blocker(producer: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> bool:
     """True when the producer's constants cannot be rewritten (not initializers, not float,
     or a BatchNormalization in training mode)."""
     if producer.op_type == "BatchNormalization":
-        if len([o for o in producer.output if o]) != 1 or any(a.name == "training_mode" and a.i for a in producer.attribute):
+        if len([o for o in producer.output if o]) != 1:
+            return True  # training outputs (running mean/var)
+        if any(a.name == "training_mode" and a.i for a in producer.attribute):
             return True
         params = producer.input[1:5]
-        return len(params) < 4 or any(n not in initializers or initializers[n].data_type not in FLOAT_TYPES for n in params)
+        return len(params) < 4 or any(not _float_constant(n, initializers) for n in params)
     if len(producer.input) < 2:
         return True
-    for position in (1, 2):
-        if len(producer.input) > position and producer.input[position]:
-            name = producer.input[position]
-            if name not in initializers or initializers[name].data_type not in FLOAT_TYPES:
-                return True
-    return False
+    weight_and_bias = [name for name in producer.input[1:3] if name]
+    return not all(_float_constant(name, initializers) for name in weight_and_bias)
+
+
+def _float_constant(name: str, initializers: dict[str, onnx.TensorProto]) -> bool:
+    return name in initializers and initializers[name].data_type in FLOAT_TYPES
 
 
 def _per_channel(constant: onnx.TensorProto, channels: int, rank: int | None) -> np.ndarray | None:
@@ -311,7 +308,7 @@ def _per_channel(constant: onnx.TensorProto, channels: int, rank: int | None) ->
     if rank is None or len(dims) > rank or rank < 2:
         return None
     aligned = [1] * (rank - len(dims)) + dims
-    if any(d != 1 for position, d in enumerate(aligned) if position != 1) or aligned[1] not in (1, channels):
+    if aligned[1] not in (1, channels) or any(d != 1 for axis, d in enumerate(aligned) if axis != 1):
         return None
     values = numpy_helper.to_array(constant).astype(np.float64).reshape(-1)
     return np.full(channels, values[0]) if size == 1 else values
