@@ -373,6 +373,50 @@ def analyze(
     _guard(debug, work)
 
 
+@app.command("run")
+def run_command(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML: model, output, data, config, gates, reports.")],
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Calibrate, quantize and analyze in one go, as a pipeline file says (for CI)."""
+
+    def work() -> None:
+        from qcli.analyze import render as show
+        from qcli.pipeline import run_pipeline
+        from qcli.quantize import summary
+
+        def bar(description: str, total: int):
+            return render.progress_bar(description, total=total, quiet=quiet or json_out)
+
+        result = run_pipeline(pipeline, progress=bar)
+        doc = {
+            "output": str(result.output),
+            "calibration_file": str(result.calibration_file) if result.calibration_file else None,
+            "quantization": summary(result.quantized),
+            "reports": [str(p) for p in result.reports],
+            "analysis": result.report.to_dict() if result.report else None,
+        }
+        if json_out:
+            _print_json(doc)
+        else:
+            console = _console(quiet)
+            q = doc["quantization"]
+            console.print(
+                f"quantized {sum(q['quantized'].values())} nodes "
+                f"({', '.join(f'{k} {v}' for k, v in q['quantized'].items())}); wrote {result.output}"
+            )
+            if result.report is not None:
+                show(console, result.report)
+            for p in result.reports:
+                console.print(f"wrote {p}")
+        if result.report is not None and (error := result.report.gate_error()) is not None:
+            raise error
+
+    _guard(debug, work)
+
+
 config_app = typer.Typer(help="Show, check and create YAML configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 

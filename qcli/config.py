@@ -242,7 +242,9 @@ def _key_lines(node: yaml.Node | None, prefix: tuple = ()) -> dict[tuple, int]:
     return lines
 
 
-def _config_error(exc: ValidationError, raw: dict, source: str, lines: dict[tuple, int]) -> ConfigError:
+def _config_error(
+    exc: ValidationError, raw: dict, source: str, lines: dict[tuple, int], schema: type[BaseModel] | None = None
+) -> ConfigError:
     first = exc.errors()[0]
     loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     loc = tuple(p for p in loc if p not in ("tuple[float, float]",))
@@ -251,7 +253,7 @@ def _config_error(exc: ValidationError, raw: dict, source: str, lines: dict[tupl
     where = f"{source}:{line}" if line else source
     hint = None
     if first["type"] == "extra_forbidden":
-        known = _known_keys(loc[:-1])
+        known = _known_keys(loc[:-1], schema or Config)
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
         message = f"{where}: unknown key {key}"
@@ -286,9 +288,9 @@ def _lookup(raw: Any, loc: tuple) -> Any:
     return copy.deepcopy(node)
 
 
-def _known_keys(loc: tuple) -> list[str]:
+def _known_keys(loc: tuple, root: type[BaseModel]) -> list[str]:
     """Field names of the section at `loc` (list indices skipped)."""
-    model: Any = Config
+    model: Any = root
     for part in loc:
         if isinstance(part, int):
             continue
@@ -320,3 +322,76 @@ def config_document(config: Config) -> dict:
 
 def config_yaml(config: Config) -> str:
     return yaml.safe_dump(config_document(config), sort_keys=False)
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+class PipelineGates(_Section):
+    max_accuracy_drop: float | None = Field(None, ge=0, le=1)
+    min_speedup: float | None = Field(None, gt=0)
+    min_compression: float | None = Field(None, gt=0)
+
+
+class PipelineAnalyze(_Section):
+    samples: int | None = Field(None, ge=1)
+    batch_size: int = Field(32, ge=1)
+    runs: int = Field(50, ge=0)
+    warmup: int = Field(5, ge=0)
+    threads: int | None = Field(None, ge=1)
+    latency_batch: int = Field(1, ge=1)
+
+
+class Pipeline(_Section):
+    """`qcli run PIPELINE.yaml`: calibrate -> quantize -> analyze, paths relative to the file."""
+
+    version: Literal[1] = 1
+    model: str
+    output: str
+    calibration_data: str
+    eval_data: str | None = None
+    labels: str | None = None
+    config: str | dict | None = None  # a file, a preset name, or the config itself inline
+    calibration_file: str | None = None
+    reports: list[str] = []
+    gates: PipelineGates = PipelineGates()
+    analyze: PipelineAnalyze = PipelineAnalyze()
+
+    @field_validator("reports")
+    @classmethod
+    def _known_formats(cls, paths: list[str]) -> list[str]:
+        for p in paths:
+            if Path(p).suffix not in (".json", ".md", ".html"):
+                raise ValueError(f"report {p!r} must end in .json, .md or .html")
+        return paths
+
+
+def load_pipeline(path: str | os.PathLike) -> tuple[Pipeline, Config]:
+    """A pipeline file and the config it names (or holds), both validated."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"pipeline file not found: {path}")
+    text = _read(path)
+    try:
+        raw = yaml.safe_load(text)
+        lines = _key_lines(yaml.compose(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: YAML syntax error: {getattr(exc, 'problem', None) or exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a pipeline is a mapping (model, output, calibration_data, ...)")
+    try:
+        pipeline = Pipeline.model_validate(raw)
+    except ValidationError as exc:
+        raise _config_error(exc, raw, str(path), lines, schema=Pipeline) from None
+    base = path.parent
+    if isinstance(pipeline.config, dict):
+        sub = {k[1:]: v for k, v in lines.items() if k and k[0] == "config"}
+        config = parse_config(pipeline.config, f"{path} (config)", sub)
+    elif pipeline.config is not None:
+        local = base / pipeline.config
+        config = load_config(local if local.is_file() else pipeline.config)
+    else:
+        config = Config()
+    return pipeline, config

@@ -250,3 +250,68 @@ def test_from_dict_rejects_corrupt_statistics():
         mutate(d)
         with pytest.raises(CalibrationError, match="'act'"):
             TensorObserver.from_dict(d, name="act")
+
+
+def test_layout_and_values_may_be_noted_apart():
+    # A caller may note each batch's layout and pass the values pooled: same statistics.
+    rng = np.random.default_rng(9)
+    batches = batches_with_growing_range(rng)
+    whole = observe(batches, name="t")
+    split = TensorObserver(name="t")
+    for b in batches:
+        split.update_layout(b)
+    split.update_values(np.concatenate([b.ravel() for b in batches[:3]]))
+    split.update_values(batches[3])
+    split.update_values(list(batches[4]))
+    assert split.to_dict() == whole.to_dict()
+    with pytest.raises(TypeError):
+        split.update_values(np.arange(3))
+    with pytest.raises(TypeError):
+        split.update_layout(np.arange(3))
+
+
+def test_adopt_values_keeps_own_layout():
+    rng = np.random.default_rng(10)
+    x = rng.normal(size=(4, 6, 8)).astype(np.float32)
+    x[0, 0, 0] = np.nan
+    source = observe([x, x[:2] * 3])
+    view = TensorObserver(name="t")
+    for b in (x, x[:2] * 3):
+        view.update_layout(b.transpose(0, 2, 1).reshape(len(b), -1))
+    view.adopt_values(source)
+    direct = observe([x.transpose(0, 2, 1).reshape(4, -1), (x[:2] * 3).transpose(0, 2, 1).reshape(2, -1)], name="t")
+    assert view.to_dict() == direct.to_dict()
+    assert view.shape == (None, 48) and source.shape == (None, 6, 8)
+    # The copy is independent of its source.
+    view.update(np.array([100.0], np.float32))
+    assert source.max < 100 and view.max == 100
+    with pytest.raises(ValueError):
+        TensorObserver(max_bins=64).adopt_values(source)
+
+
+def test_a_histogram_handed_out_does_not_change_later():
+    obs = observe([np.linspace(-1, 1, 101)])
+    held = obs.histogram
+    counts = held.counts.copy()
+    obs.update(np.linspace(-0.5, 0.5, 11))  # inside the range: counted in place
+    assert (held.counts == counts).all() and obs.histogram.total == 112
+    held_counts = obs.bin_counts
+    obs.update(np.zeros(5))
+    assert held_counts.sum() == 112 and obs.bin_counts.sum() == 117
+
+
+def test_float32_binning_is_exact_at_positive_exponents():
+    # Wide float32 ranges are binned in float32 too; values that underflow when scaled
+    # (tiny negatives, subnormals, -0.0) must land where float64 arithmetic puts them.
+    rng = np.random.default_rng(11)
+    specials = np.array(
+        [-1e-45, -1e-40, -1e-38, -0.0, 0.0, 1e-45, 1e-40, -1.0, 1.0, -3e38, 3e38], dtype=np.float32
+    )
+    for k in (1, 7, 40, 100, 126):
+        spread = 2.0 ** min(k + 8, 120)
+        x = np.concatenate([specials, (rng.standard_normal(5000) * spread).astype(np.float32)])
+        x = x[np.abs(x.astype(np.float64)) < 2.0 ** (k + 23)]  # indices stay below 2**24
+        index = np.floor(x.astype(np.float64) / 2.0**k)  # exact in float64 for these values
+        first, n = int(index.min()), int(index.max() - index.min()) + 1
+        ref = np.bincount((index - first).astype(np.int64), minlength=n)
+        np.testing.assert_array_equal(bin_counts(x, k, first, n), ref)

@@ -1,0 +1,81 @@
+"""`qcli run PIPELINE.yaml`: calibrate -> quantize -> analyze in one call, for CI.
+
+Paths in the pipeline file are relative to the file's folder. The steps are the library's
+own (`calibrate`, `quantize`, `analyze`); this module only wires them and collects the results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qcli.analyze import Gates, Report, analyze, write_report
+from qcli.calibrate.engine import calibrate
+from qcli.calibrate.table import save_table
+from qcli.config import Config, load_pipeline
+from qcli.data import DataFolder, model_inputs
+from qcli.model import load_model, save_model
+from qcli.quantize import QuantizeResult, quantize
+
+# progress(description, total) -> a context manager giving an `advance(n)` callback
+ProgressFactory = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
+
+
+@dataclass
+class PipelineResult:
+    output: Path
+    quantized: QuantizeResult
+    calibration_file: Path | None = None
+    report: Report | None = None
+    reports: list[Path] = field(default_factory=list)
+    config: Config | None = None
+
+
+def _no_progress(description: str, total: int):
+    return nullcontext(lambda n: None)
+
+
+def run_pipeline(path: str | Path, *, progress: ProgressFactory = _no_progress) -> PipelineResult:
+    """Run the pipeline file at `path`; the caller checks `result.report.gate_error()`."""
+    path = Path(path)
+    pipeline, config = load_pipeline(path)
+    base = path.parent
+
+    def local(p: str | None) -> Path | None:
+        return None if p is None else base / p
+
+    model = load_model(local(pipeline.model))
+    folder = DataFolder(
+        local(pipeline.calibration_data), model_inputs(model),
+        preprocess=config.data.preprocess, samples=config.calibration.samples,
+    )
+    with progress("calibrating", len(folder)) as advance:
+        table = calibrate(model, folder, config, progress=advance)
+    calibration_file = None
+    if pipeline.calibration_file:
+        calibration_file = save_table(table, local(pipeline.calibration_file))
+    quantized = quantize(model, config, table)
+    output = save_model(quantized.model, local(pipeline.output), check=True)
+    result = PipelineResult(output, quantized, calibration_file, config=config)
+    if pipeline.eval_data is not None:
+        a = pipeline.analyze
+        eval_folder = local(pipeline.eval_data)
+        from qcli.analyze import sample_count
+
+        total = sample_count(local(pipeline.model), eval_folder, samples=a.samples, preprocess=config.data.preprocess)
+        with progress("analyzing", total) as advance:
+            result.report = analyze(
+                local(pipeline.model), output, eval_folder, labels=local(pipeline.labels), samples=a.samples,
+                batch_size=a.batch_size, runs=a.runs, warmup=a.warmup, threads=a.threads,
+                latency_batch=a.latency_batch, gates=Gates(**pipeline.gates.model_dump()),
+                preprocess=config.data.preprocess, progress=advance,
+            )
+        for report_path in pipeline.reports:
+            result.reports.append(write_report(result.report, local(report_path)))
+    elif pipeline.reports or any(v is not None for v in pipeline.gates.model_dump().values()):
+        from qcli.errors import ConfigError
+
+        raise ConfigError(f"{path}: reports and gates need eval_data (the data to measure on)")
+    return result
