@@ -152,7 +152,10 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
             else:
                 source, target = t, f"{t}_dequantized"
                 for use in uses(t, only_quantized=False):
-                    renames[use] = target
+                    # Shape and Size read only the shape: the integer tensor has the same, and
+                    # reading it spares a DequantizeLinear that nothing else needs.
+                    shape_only = graph.node[use[0]].op_type in ("Shape", "Size")
+                    renames[use] = f"{t}_quantized" if shape_only else target
             new_nodes.append(
                 helper.make_node(
                     "QuantizeLinear", [source, scale_name, zero_name], [f"{t}_quantized"], name=f"{t}_Q",

@@ -51,3 +51,22 @@ def test_json_is_the_only_stdout(cli, cnn_int8: Path) -> None:
     doc = cli.json("analyze", cnn / "model.onnx", cnn_int8, "--data", cnn / "eval", "--runs", "0", "--samples", "40")
     assert doc["accuracy"]["samples"] == 40
     assert doc["speed"] is None
+
+
+def test_harmful_config_trips_the_accuracy_gate(cli, tmp_path: Path) -> None:
+    """8 bits on every op, the LayerNorm/Softmax/GELU chains included, wrecks the transformer:
+    the gate must say so (exit 1), while the default config passes the same gate."""
+    t = SAMPLE_MODELS / "transformer"
+    harmful = tmp_path / "harmful.yaml"
+    harmful.write_text(
+        "calibration: {method: minmax}\n"
+        "overrides:\n"
+        "  - match: {op_types: [Softmax, LayerNormalization, Erf, Div, Where, Sub, Pow, Sqrt, ReduceMean]}\n"
+        "    precision: uint8\n"
+    )
+    args = ["--data", t / "calib", "--samples", "128", "--eval-data", t / "eval", "--max-accuracy-drop", "0.02"]
+    bad = cli("quantize", t / "model.onnx", "-o", tmp_path / "bad.onnx", "--config", harmful, *args)
+    assert bad.exit_code == 1
+    assert "error: quality gate failed: top-1 drop" in bad.stderr
+    good = cli("quantize", t / "model.onnx", "-o", tmp_path / "good.onnx", *args)
+    assert good.exit_code == 0, good.stderr
