@@ -203,16 +203,20 @@ def load_config(path: str | os.PathLike | None) -> Config:
     if path is None:
         return Config()
     path = resolve_config(path)
+    raw, lines = _parse_yaml(path)
+    return parse_config(raw, str(path), lines)
+
+
+def _parse_yaml(path: Path) -> tuple[Any, dict[tuple, int]]:
+    """A YAML file's data and the line of every key path; syntax errors name file:line:col."""
     text = _read(path)
     try:
-        raw = yaml.safe_load(text)
-        lines = _key_lines(yaml.compose(text))
+        return yaml.safe_load(text), _key_lines(yaml.compose(text))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from exc
-    return parse_config(raw, str(path), lines)
 
 
 def load_preprocess(path: str | os.PathLike | None) -> Preprocess | None:
@@ -371,14 +375,7 @@ def load_pipeline(path: str | os.PathLike) -> tuple[Pipeline, Config]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"pipeline file not found: {path}")
-    text = _read(path)
-    try:
-        raw = yaml.safe_load(text)
-        lines = _key_lines(yaml.compose(text))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: YAML syntax error: {getattr(exc, 'problem', None) or exc}") from exc
+    raw, lines = _parse_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a pipeline is a mapping (model, output, calibration_data, ...)")
     try:
