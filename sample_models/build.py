@@ -24,10 +24,17 @@ Nothing outside this script (qcli, its tests) may depend on torch.
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads sleep instead of spinning. Numerics are unchanged, but when other work
+# shares the 2 cores, spinning threads made training 4-6x slower (measured). Set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import ast
 import collections
 import io
+import platform
 import random
 import shutil
 import sys
@@ -44,7 +51,6 @@ import onnxruntime as ort
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from onnx import numpy_helper
 from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
@@ -178,7 +184,11 @@ def compare_with_torch(model: nn.Module, samples, ort_logits: np.ndarray, input_
 
 def train_loop(model, batches_fn, epochs: int, lr: float, weight_decay: float, label_smoothing=0.0,
                name: str = "") -> None:
-    """AdamW + one-cycle LR schedule; ``batches_fn(epoch)`` yields (inputs, labels) batches."""
+    """AdamW + one-cycle LR schedule; ``batches_fn(epoch)`` yields (inputs, labels) batches.
+
+    ``batches_fn(-1)`` must yield the same number of batches without touching the RNG (it is
+    only used to count the steps for the schedule).
+    """
     steps_per_epoch = sum(1 for _ in batches_fn(-1))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=epochs * steps_per_epoch,
@@ -430,8 +440,8 @@ def write_cnn_readme(out_dir, onnx_model, res: BuildResult, mean, std, n_train, 
 The Identity nodes are the exporter's doing: the two BatchNorms feeding each projection block's
 residual Add receive the same bias gradient, so their biases stay bit-identical through training,
 and the TorchScript exporter deduplicates equal initializers into Identity nodes ({pairs}).
-So some BatchNormalization parameters are not initializers but Identity outputs, as in real
-ResNet exports.
+So some BatchNormalization parameters are not initializers but Identity outputs; any ResNet
+exported this way (BatchNorm kept, projection shortcuts) can show the same.
 """
     text = f"""# cnn: handwritten digit classifier (ResNet-style CNN)
 
@@ -614,7 +624,7 @@ fp32 top-1 on `eval/` ({len(eval_idx)} samples) with onnxruntime {ort.__version_
 
 TEXT_CLASSES = ["python", "cpp", "prose"]
 TEXT_MIN_BYTES, TEXT_MAX_BYTES = 20, 120
-TEXT_TRAIN_PER_CLASS = 2500
+TEXT_TRAIN_PER_CLASS = 2000
 TEXT_EVAL_PER_CLASS = 150
 TEXT_CALIB = 256
 MAX_LEN = 128            # positional table size; lines are <= 120 bytes, stored padded to 16k
@@ -682,7 +692,8 @@ def collect_text_lines() -> tuple[dict[str, list[str]], dict[str, str]]:
     counts = collections.Counter(line for s in lines.values() for line in s)
     result = {c: sorted(line for line in s if counts[line] == 1) for c, s in lines.items()}
     sources = {
-        "python": f"{len(py_files)} `.py` files of the standard library ({stdlib}), docstrings excluded",
+        "python": f"{len(py_files)} `.py` files of the Python {platform.python_version()} standard library "
+                  f"(test suites, idlelib, lib2to3 left out), docstrings excluded",
         "cpp": f"{len(cpp_files)} C/C++ headers under torch/include and numpy/_core/include",
         "prose": f"docstrings of the same {len(py_files)} standard-library files",
     }
@@ -742,9 +753,13 @@ class EncoderLayer(nn.Module):
         return x + self.ff2(self.act(self.ff1(self.norm2(x))))
 
 
+# Sized to train in a couple of minutes on 2 CPU cores (d_model 128 took ~4x longer).
+TEXT_MODEL = dict(d_model=64, n_heads=4, d_ff=256, n_layers=2)
+
+
 class TextClassifier(nn.Module):
-    def __init__(self, n_classes: int, d_model: int = 128, n_heads: int = 4, d_ff: int = 512,
-                 n_layers: int = 2, vocab: int = 257, max_len: int = MAX_LEN):
+    def __init__(self, n_classes: int, d_model: int, n_heads: int, d_ff: int, n_layers: int,
+                 vocab: int = 257, max_len: int = MAX_LEN):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model, padding_idx=0)
         self.pos = nn.Parameter(torch.zeros(1, max_len, d_model))
@@ -764,7 +779,7 @@ class TextClassifier(nn.Module):
         return self.head(pooled)
 
 
-TEXT_EPOCHS = 12
+TEXT_EPOCHS = 10
 
 
 def build_transformer() -> BuildResult:
@@ -789,19 +804,27 @@ def build_transformer() -> BuildResult:
     train_y = torch.tensor([y for _, y in train], dtype=torch.int64)
     gen = torch.Generator().manual_seed(SEED)
 
-    def batches(epoch: int, batch_size: int = 64):
-        perm = torch.randperm(len(train), generator=gen) if epoch >= 0 else torch.arange(len(train))
-        for s in range(0, len(perm), batch_size):
-            b = perm[s:s + batch_size].tolist()
+    def batches(epoch: int, batch_size: int = 64, bucket: int = 16):
+        # Shuffle, then sort each run of `bucket` batches by length so a batch is padded only to
+        # lines of similar length (half the compute of random batches), and shuffle the batches.
+        perm = torch.randperm(len(train), generator=gen).tolist() if epoch >= 0 else list(range(len(train)))
+        chunk = batch_size * bucket
+        groups = []
+        for s in range(0, len(perm), chunk):
+            run = sorted(perm[s:s + chunk], key=lambda i: len(train_ids[i]))
+            groups += [run[k:k + batch_size] for k in range(0, len(run), batch_size)]
+        order = torch.randperm(len(groups), generator=gen).tolist() if epoch >= 0 else range(len(groups))
+        for g in order:
+            b = groups[g]
             width = max(len(train_ids[i]) for i in b)
             x = torch.zeros(len(b), width, dtype=torch.int64)
             for row, i in enumerate(b):
                 x[row, :len(train_ids[i])] = torch.from_numpy(train_ids[i])
             yield x, train_y[b]
 
-    model = TextClassifier(len(TEXT_CLASSES))
+    model = TextClassifier(len(TEXT_CLASSES), **TEXT_MODEL)
     print(f"[transformer] training on {len(train)} lines, {TEXT_EPOCHS} epochs", flush=True)
-    train_loop(model, batches, TEXT_EPOCHS, lr=1e-3, weight_decay=1e-2, name="transformer")
+    train_loop(model, batches, TEXT_EPOCHS, lr=2e-3, weight_decay=1e-2, name="transformer")
 
     onnx_path = out_dir / "model.onnx"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -830,8 +853,11 @@ def build_transformer() -> BuildResult:
     res = BuildResult("transformer", acc, diff, opset, ir, op_histogram(onnx_model),
                       onnx_path.stat().st_size, 0, mflops, time.time() - t_start)
     n_params = sum(p.numel() for p in model.parameters())
-    examples = "\n".join(f"| {TEXT_CLASSES[y]} | `{line.replace('|', '&#124;').replace('`', 'ˋ')}` |"
-                         for line, y in held_out[:6])
+    cfg = TEXT_MODEL
+    d = cfg["d_model"]
+    # A few eval lines for the README (skipping ones a Markdown table cell cannot show as is).
+    shown = [(line, y) for line, y in held_out if "|" not in line and "`" not in line][:6]
+    examples = "\n".join(f"| {TEXT_CLASSES[y]} | `{line}` |" for line, y in shown)
     text = f"""# transformer: which kind of text is this line? (byte-level Transformer encoder)
 
 Built by `sample_models/build.py` (`make sample-models`); do not edit by hand.
@@ -860,22 +886,22 @@ Examples from `eval/`:
 
 ## Tokenizer (no vocabulary file)
 UTF-8 bytes; token id = byte + 1; 0 = padding. Each sample is stored with its own length rounded
-up to a multiple of {PAD_MULTIPLE} (zero-padded), so `input_ids` is `[1, L]` with L in 16..128 and
-varies across samples (eval lengths: {', '.join(f'{k}: {v}' for k, v in sorted(lengths.items()))}).
+up to a multiple of {PAD_MULTIPLE} (zero-padded), so `input_ids` is `[1, L]` with L varying across samples,
+{min(lengths)}..{max(lengths)} (lines have {TEXT_MIN_BYTES}..{TEXT_MAX_BYTES} bytes; eval samples per length: {', '.join(f'{k}: {v}' for k, v in sorted(lengths.items()))}).
 In Python: `ids = [b + 1 for b in line.encode("utf-8")]`.
 
 ## Model
-- Token embedding (257×128, Gather) + learned positional embedding (128 positions, sliced to the
-  input length), 2 pre-norm encoder layers (d_model 128, 4 heads, feed-forward 512, exact GELU),
-  final LayerNorm, masked mean-pooling over real tokens, Linear(128→{len(TEXT_CLASSES)}); {n_params:,} parameters,
+- Token embedding (257×{d}, Gather) + learned positional embedding ({MAX_LEN} positions, sliced to the
+  input length), {cfg['n_layers']} pre-norm encoder layers (d_model {d}, {cfg['n_heads']} heads, feed-forward {cfg['d_ff']}, exact GELU),
+  final LayerNorm, masked mean-pooling over real tokens, Linear({d}→{len(TEXT_CLASSES)}); {n_params:,} parameters,
   {res.mflops:.1f} MFLOPs for a 64-token line.
 - The padding mask is computed in the graph from `input_ids != 0` (Equal, Not): attention scores
   of padding keys are set to the float32 minimum (Where), and the mean-pooling weights are the
   mask Cast to float. So results do not depend on how much padding follows a line (build.py
-  checks this: padding to 128 changes the logits by at most {pad_diff:.1e}).
+  checks this: padding to {MAX_LEN} changes the logits by at most {pad_diff:.1e}).
   Note for quantization: the Where output feeding Softmax holds -3.4e38 at padded positions.
-- Training: {TEXT_EPOCHS} epochs, AdamW (lr 1e-3 one-cycle, weight decay 0.01), batch 64 padded to the
-  longest line of the batch, cross-entropy, no augmentation.
+- Training: {TEXT_EPOCHS} epochs, AdamW (lr 2e-3 one-cycle, weight decay 0.01), batch 64 (lines of
+  similar length batched together, padded to the longest), cross-entropy, no augmentation.
 - Exported with torch {torch.__version__.split('+')[0]}'s TorchScript exporter (`dynamo=False`), default settings
   (eval mode, constant folding on).
 
