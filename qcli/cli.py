@@ -269,7 +269,10 @@ def quantize(
                 data, model_inputs(onnx_model), preprocess=cfg.data.preprocess, samples=cfg.calibration.samples
             )
             with render.progress_bar("calibrating", total=len(folder), quiet=quiet or json_out) as advance:
-                table = run_calibration(onnx_model, folder, cfg, progress=advance, force=force, strict=strict)
+                table = run_calibration(
+                    onnx_model, folder, cfg, progress=advance, force=force, strict=strict,
+                    methods=(cfg.calibration.method,),  # only the range this run uses
+                )
         result = run_quantize(onnx_model, cfg, table, force=force, strict=strict)
         save_model(result.model, output, check=True)
         doc = {

@@ -52,7 +52,7 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = _no_progress) 
         preprocess=config.data.preprocess, samples=config.calibration.samples,
     )
     with progress("calibrating", len(folder)) as advance:
-        table = calibrate(model, folder, config, progress=advance)
+        table = calibrate(model, folder, config, progress=advance)  # all methods: the file keeps them
     calibration_file = None
     if pipeline.calibration_file:
         calibration_file = save_table(table, local(pipeline.calibration_file))

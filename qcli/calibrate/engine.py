@@ -8,7 +8,7 @@ from collections.abc import Callable
 import onnx
 
 from qcli.calibrate.collect import collect
-from qcli.calibrate.table import CalibrationTable, RangeSettings, build_table
+from qcli.calibrate.table import METHODS, CalibrationTable, RangeSettings, build_table
 from qcli.config import Config
 from qcli.data import DataFolder
 from qcli.model import fingerprint
@@ -22,6 +22,7 @@ def calibrate(
     progress: Callable[[int], None] | None = None,
     force: bool = False,
     strict: bool = False,
+    methods: tuple[str, ...] = METHODS,
 ) -> CalibrationTable:
     """Observe the activations `config`'s quantization needs over `folder` and solve the
     ranges of all four methods for the configured activation dtype.
@@ -45,6 +46,7 @@ def calibrate(
         max_bins=2 * config.calibration.bins,
         progress=progress,
     )
-    table = build_table(collected.observers, fingerprint(model), collected.samples, RangeSettings.of(config))
+    settings = RangeSettings.of(config)
+    table = build_table(collected.observers, fingerprint(model), collected.samples, settings, methods)
     table.warnings += [f"config rule {text}" for text in plan.unmatched]
     return table

@@ -123,11 +123,16 @@ def _solve(observer: TensorObserver, settings: RangeSettings, method: str) -> Ra
 
 
 def build_table(
-    observers: dict[str, TensorObserver], fingerprint: str, samples: int, settings: RangeSettings
+    observers: dict[str, TensorObserver],
+    fingerprint: str,
+    samples: int,
+    settings: RangeSettings,
+    methods: tuple[str, ...] = METHODS,
 ) -> CalibrationTable:
-    """Solve every method's range for every tensor and note tensors that need a look."""
+    """Solve each of `methods`' ranges for every tensor (the calibration file keeps all four;
+    `quantize --data` needs only its own) and note tensors that need a look."""
     table = CalibrationTable(fingerprint, observers, samples, settings)
-    for method in METHODS:
+    for method in methods:
         table.ranges[method] = {name: _solve(obs, settings, method) for name, obs in observers.items()}
     for name, obs in observers.items():
         if obs.nonfinite_count:
