@@ -323,7 +323,7 @@ def test_markdown_has_the_tables(report, tmp_path):
     text = write_report(report, tmp_path / "report.md").read_text()
     assert text.startswith("## qcli analysis: `model.onnx` → `cnn.int8.onnx`")
     assert "❌ **1 of 3 gates failed**: speedup" in text
-    for needle in ("| top-1 accuracy (400 labelled) | 99.50% |", "| file size |", "| latency median (batch 1) |",
+    for needle in ("| top-1 accuracy (400 labelled) | 100.00% |", "| file size |", "| latency median (batch 1) |",
                    "### Gates", "| min_speedup | speedup |", "❌ FAIL", "✅ pass", "### Fidelity to the float model",
                    "### Worst layers (10 of 18", "| 1 | `"):
         assert needle in text, needle
