@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import parse_model, save, write_npz
+from conftest import parse_model, write_npz
 from qcli.calibrate.collect import collect, value_aliases, with_outputs
 from qcli.calibrate.observers import TensorObserver
 from qcli.data import DataFolder, model_inputs
@@ -77,6 +77,7 @@ def test_statistics_equal_a_plain_loop(model, tmp_path: Path, background: bool, 
         max_bins=256, background=background,
     )
     assert got.samples == 17 and got.batches == -(-17 // batch_size) and got.skipped == []
+    assert got.aliases == {"r": "q", "t": "q"}
     assert list(got.observers) == NAMES
     for name in NAMES:
         assert got.observers[name].to_dict() == expected[name], name

@@ -130,6 +130,10 @@ def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
 _REARRANGING = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "DepthToSpace", "SpaceToDepth"}
 
 
+#: Batches a pipeline stage may run ahead of the next (memory: this many batches per stage).
+_AHEAD = 1
+
+
 def value_aliases(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
     """Tensors of `names` that hold exactly the values of another tensor of `names`
     (through Reshape, Transpose, Flatten... chains), mapped to that tensor.
@@ -171,6 +175,9 @@ class Collected:
     samples: int
     batches: int
     skipped: list[str] = field(default_factory=list)  # requested tensors that were not float
+    # tensor -> the observed tensor whose values it holds (Reshape, Transpose...): their
+    # statistics are equal, so anything solved from them (ranges) is equal too.
+    aliases: dict[str, str] = field(default_factory=dict)
 
 
 def collect(
@@ -203,7 +210,7 @@ def collect(
     samples = batches = 0
     stream = folder.batches(batch_size)
     if background:
-        stream = _prefetch(stream)
+        stream = _prefetch(stream, depth=_AHEAD)
     try:
         for batch in stream:
             try:
@@ -227,10 +234,12 @@ def collect(
         if close is not None:
             close()  # stops the reading thread, if any
     sink.close()
+    aliases = {}
     for name, source in sink.aliases.items():
         if name in observers and source in observers:
             observers[name].adopt_values(observers[source])
-    return Collected(observers, samples, batches, sink.skipped)
+            aliases[name] = source
+    return Collected(observers, samples, batches, sink.skipped, aliases)
 
 
 class _ObserverSink:
@@ -256,7 +265,8 @@ class _ObserverSink:
         self._pools: dict[str, list[np.ndarray]] = {}
         self._pooled: dict[str, int] = {}
         self._error: BaseException | None = None
-        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._abandoned = False
+        self._queue: queue.Queue = queue.Queue(maxsize=_AHEAD)
         self._thread: threading.Thread | None = None
         if background:
             self._thread = threading.Thread(target=self._loop, name="qcli-observe", daemon=True)
@@ -271,12 +281,17 @@ class _ObserverSink:
         self._queue.put((values, samples))
 
     def close(self, reraise: bool = True) -> None:
-        """Wait for the observers to take every batch; raise what the thread raised."""
+        """Wait for the observers to take every batch; raise what the thread raised.
+
+        `reraise=False` is for a pass that is being abandoned: no error of the observers is
+        raised (the caller has its own), and the pooled values are dropped.
+        """
+        self._abandoned = not reraise
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
-        elif self._error is None:
+        elif reraise and self._error is None:
             self._flush()
         if reraise and self._error is not None:
             raise self._error
@@ -288,7 +303,7 @@ class _ObserverSink:
                     self._update(*item)
                 except BaseException as exc:  # re-raised in the calling thread
                     self._error = exc
-        if self._error is None:
+        if self._error is None and not self._abandoned:
             try:
                 self._flush()
             except BaseException as exc:

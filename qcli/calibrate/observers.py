@@ -61,6 +61,9 @@ INDEX_BITS = 52
 #: numpy dtype -> its name (`dtype.name` is a slow property, and `update` needs it per batch).
 _DTYPE_NAMES: dict[np.dtype, str] = {}
 
+#: Layouts (dtype, shape) an observer remembers having noted (see `_note_batch_layout`).
+_SEEN_LAYOUTS = 1024
+
 #: Elements per chunk in `bin_counts`: keeps the temporaries in cache (measured ~1.5x faster
 #: than whole-batch temporaries on a 1M-element batch) and bounds the extra memory.
 _CHUNK = 1 << 16
@@ -125,8 +128,9 @@ def bin_counts(x: np.ndarray, exponent: int, first: int, nbins: int) -> np.ndarr
     exact unless it underflows, and subtracting `first` is exact while indices stay below 2**24.
     Underflow only happens with exponent > 0, where a tiny negative value can become -0.0 and
     be floored to bin 0 instead of -1: those are fixed (when there are negative values at all,
-    i.e. `first < 0`). float32 work costs half the memory traffic of float64 (measured ~2x
-    faster on the scale-and-floor step), so wide-range float32 tensors use it too.
+    i.e. `first < 0`). float32 work halves the memory traffic of float64 (scale and floor
+    measured at 0.5 vs 1.8 ns per value, the -0.0 fix adds 0.4), so wide-range float32
+    tensors use it too.
     """
     small = x.dtype in (np.float16, np.float32)
     fits32 = max(abs(first), abs(first + nbins)) < (1 << 24) and -127 <= exponent <= 126
@@ -280,7 +284,7 @@ class TensorObserver:
         # histogram has been handed out (`histogram`, `bin_counts`) it is copied first, so a
         # histogram a caller holds never changes under it.
         self._counts_shared = False
-        self._last_layout: tuple[np.dtype, tuple[int, ...]] | None = None
+        self._seen_layouts: set[tuple[np.dtype, tuple[int, ...]]] = set()
 
     # ----------------------------------------------------------------- accessors
 
@@ -433,13 +437,19 @@ class TensorObserver:
         return self
 
     def _note_batch_layout(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        # Noting a layout that was noted before changes nothing (the common dtype and the
+        # dimension-wise agreement are idempotent, commutative and associative), so recent
+        # layouts are remembered: variable-length data repeats a few shapes many times.
         layout = (dtype, shape)
-        if layout != self._last_layout:  # noting the same layout twice changes nothing
-            name = _DTYPE_NAMES.get(dtype)
-            if name is None:
-                name = _DTYPE_NAMES.setdefault(dtype, dtype.name)
-            self._note_layout(name, shape)
-            self._last_layout = layout
+        if layout in self._seen_layouts:
+            return
+        name = _DTYPE_NAMES.get(dtype)
+        if name is None:
+            name = _DTYPE_NAMES.setdefault(dtype, dtype.name)
+        self._note_layout(name, shape)
+        if len(self._seen_layouts) >= _SEEN_LAYOUTS:
+            self._seen_layouts.clear()
+        self._seen_layouts.add(layout)
 
     def _note_layout(self, dtype: str, shape: tuple[int | None, ...] | None) -> None:
         if self.dtype is None:
