@@ -47,6 +47,8 @@ def calibrate(
         progress=progress,
     )
     settings = RangeSettings.of(config)
-    table = build_table(collected.observers, fingerprint(model), collected.samples, settings, methods)
+    table = build_table(
+        collected.observers, fingerprint(model), collected.samples, settings, methods, collected.aliases
+    )
     table.warnings += [f"config rule {text}" for text in plan.unmatched]
     return table

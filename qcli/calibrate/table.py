@@ -128,12 +128,16 @@ def build_table(
     samples: int,
     settings: RangeSettings,
     methods: tuple[str, ...] = METHODS,
+    aliases: dict[str, str] | None = None,
 ) -> CalibrationTable:
     """Solve each of `methods`' ranges for every tensor (the calibration file keeps all four;
-    `quantize --data` needs only its own) and note tensors that need a look."""
+    `quantize --data` needs only its own) and note tensors that need a look. A tensor in
+    `aliases` holds the same values as another (a Reshape's output): its ranges are copied."""
+    aliases = aliases or {}
     table = CalibrationTable(fingerprint, observers, samples, settings)
     for method in methods:
-        table.ranges[method] = {name: _solve(obs, settings, method) for name, obs in observers.items()}
+        ranges = {name: _solve(obs, settings, method) for name, obs in observers.items() if name not in aliases}
+        table.ranges[method] = {name: ranges[_root(name, aliases)] for name in observers}
     for name, obs in observers.items():
         if obs.nonfinite_count:
             table.warnings.append(
@@ -145,6 +149,12 @@ def build_table(
         elif obs.count == 0:
             table.warnings.append(f"tensor {name!r} had no finite values; its range is [0, 0]")
     return table
+
+
+def _root(name: str, aliases: dict[str, str]) -> str:
+    while name in aliases:
+        name = aliases[name]
+    return name
 
 
 def save_table(table: CalibrationTable, path: str | os.PathLike) -> Path:
