@@ -10,7 +10,7 @@ What is measured (each configuration in a fresh child process, one after the oth
 
 * ``fp32 inference``: `qcli.runtime.make_session` on the model, then `session.run` over the
   samples' batches; the floor any calibration pays.
-* ``qcli calibrate``: `qcli.calibrate.engine.calibrate` with the default config (all four
+* ``qcli calibrate``: `qcli.quantize.calibrate` with the default config (all four
   methods: minmax, percentile, kl, mse solved from one pass), then the calibration file
   written, as `qcli calibrate` does. One run gives every method, so there is one wall time
   and one peak RSS for all four; the table splits the time into the inference pass and the
@@ -137,21 +137,19 @@ def _child(kind: str, model_path: str, data: str, samples: int, work: str, strid
     elif kind == "qcli":
         import importlib
 
-        import qcli.plan
-        import qcli.prepare
-        from qcli.calibrate import engine, table
+        from qcli import quantize as engine
+        from qcli.calibrate import table
         from qcli.config import load_config
 
-        # `engine.calibrate` imports these when first called: import them here, outside the
-        # timed region, as every kind's imports are.
-        for module in ("qcli.quantize", "qcli.rules", "qcli.scheme"):
+        # Import what is imported lazily, outside the timed region, as every kind's imports are.
+        for module in ("qcli.rules", "qcli.scheme"):
             try:
                 importlib.import_module(module)
             except ImportError:
                 pass
 
-        # Split the time into steps by wrapping the functions `engine.calibrate` calls (one
-        # call per step, or per tensor and method for the solves: negligible overhead).
+        # Split the time into steps by wrapping the functions `calibrate` calls (one call per
+        # step, or per tensor and method for the solves: negligible overhead).
         parts: dict[str, float] = {}
 
         def timed(key, fn):
@@ -166,8 +164,8 @@ def _child(kind: str, model_path: str, data: str, samples: int, work: str, strid
             return wrapper
 
         for module, name, key in (
-            (qcli.prepare, "prepare", "prepare"),
-            (qcli.plan, "make_plan", "plan"),
+            (engine, "prepare", "prepare"),
+            (engine, "make_plan", "plan"),
             (engine, "collect", "pass"),
             (table, "_solve", lambda observer, settings, method: method),
         ):

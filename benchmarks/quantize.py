@@ -5,7 +5,7 @@
 
 Each sample model (`sample_models/<name>/`) is quantized, in this one process, by:
 
-* ``qcli``: `qcli.calibrate.engine.calibrate` with the default config over `calib/`, then
+* ``qcli``: `qcli.quantize.calibrate` with the default config over `calib/`, then
   `qcli.quantize.quantize`, `qcli.model.save_model` and `qcli.model.check_model` -- what
   `qcli quantize MODEL -o OUT --data calib/` does.
 * ``ort-minmax``, ``ort-percentile``, ``ort-entropy``: onnxruntime's recommended pipeline,
@@ -177,7 +177,7 @@ def quiet() -> Iterator[None]:
 
 def quantize_qcli(model_path: Path, calib: Path, out: Path) -> Variant:
     """`qcli quantize MODEL -o OUT --data calib/` with the default config, timed end to end."""
-    from qcli.calibrate.engine import calibrate
+    from qcli.quantize import calibrate
     from qcli.config import load_config
     from qcli.data import DataFolder, model_inputs
     from qcli.model import check_model, load_model, save_model

@@ -171,7 +171,7 @@ def calibrate(
     def work() -> None:
         import time
 
-        from qcli.calibrate.engine import calibrate as run_calibration
+        from qcli.quantize import calibrate as run_calibration
         from qcli.calibrate.table import METHODS, save_table
         from qcli.data import DataFolder, model_inputs
         from qcli.model import load_model
@@ -239,7 +239,7 @@ def quantize(
     def work() -> None:
         import os
 
-        from qcli.calibrate.engine import calibrate as run_calibration
+        from qcli.quantize import calibrate as run_calibration
         from qcli.calibrate.table import load_table
         from qcli.data import DataFolder, model_inputs
         from qcli.errors import QcliError

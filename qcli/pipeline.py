@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qcli.analyze import Gates, Report, analyze, write_report
-from qcli.calibrate.engine import calibrate
+from qcli.quantize import calibrate
 from qcli.calibrate.table import save_table
 from qcli.config import Config, load_pipeline
 from qcli.data import DataFolder, model_inputs

@@ -1,22 +1,27 @@
-"""`quantize`: float model + config + calibration table -> QDQ model, with a summary.
+"""The library's two verbs on a float model, the stages wired one way (DESIGN.md §5):
 
-The stages run one way (DESIGN.md §5): prepare -> plan -> ranges -> materialize. The output
-carries metadata (`qcli.version`, `qcli.config`, `qcli.calibration`) saying how it was made.
+- `calibrate`: prepare -> plan -> observe exactly the tensors the plan quantizes over one pass
+  of the data -> every method's ranges (a CalibrationTable);
+- `quantize`: prepare -> plan -> ranges from the table -> materialize, with metadata
+  (`qcli.version`, `qcli.config`, `qcli.calibration`) saying how the model was made.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import onnx
 
 from qcli import __version__
-from qcli.calibrate.table import CalibrationTable, RangeSettings
+from qcli.calibrate.collect import collect
+from qcli.calibrate.table import METHODS, CalibrationTable, RangeSettings, build_table
 from qcli.config import Config, config_document
+from qcli.data import DataFolder
 from qcli.errors import ConfigError, ModelError
-from qcli.model import max_ir_version, opset_version
+from qcli.model import fingerprint, max_ir_version, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import prepare
 from qcli.qdq import materialize
@@ -27,6 +32,42 @@ class QuantizeResult:
     model: onnx.ModelProto
     plan: Plan
     notes: list[str] = field(default_factory=list)  # what prepare changed, and warnings
+
+
+def calibrate(
+    model: onnx.ModelProto,
+    folder: DataFolder,
+    config: Config,
+    *,
+    progress: Callable[[int], None] | None = None,
+    force: bool = False,
+    strict: bool = False,
+    methods: tuple[str, ...] = METHODS,
+) -> CalibrationTable:
+    """Observe the activations `config`'s quantization needs over `folder` and solve the
+    ranges of `methods` (default all four) for the configured activation dtype.
+
+    The histograms keep at least `bins` bins across each tensor's range (twice that at most),
+    which is what the KL solver works on. The table is keyed to the fingerprint of `model`
+    as given (before preparation), which is what `quantize` checks.
+    """
+    prepared = prepare(model, force=force).model
+    plan = make_plan(prepared, config)
+    check_unmatched(plan, strict)
+    collected = collect(
+        prepared,
+        folder,
+        batch_size=config.calibration.batch_size,
+        tensors=plan.calibrated_tensors,
+        max_bins=2 * config.calibration.bins,
+        progress=progress,
+    )
+    table = build_table(
+        collected.observers, fingerprint(model), collected.samples, RangeSettings.of(config), methods,
+        collected.aliases,
+    )
+    table.warnings += [f"config rule {text}" for text in plan.unmatched]
+    return table
 
 
 def quantize(

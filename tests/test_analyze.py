@@ -38,7 +38,7 @@ BROKEN_TENSOR = "/stem/stem.2/Relu_output_0"  # everything downstream reads it
 
 def quantize_cnn(out: Path) -> Path:
     """The sample CNN quantized with qcli's defaults (calibrated on its calib/ folder)."""
-    from qcli.calibrate.engine import calibrate
+    from qcli.quantize import calibrate
     from qcli.config import load_config
     from qcli.data import DataFolder, model_inputs
     from qcli.model import load_model, save_model

@@ -11,7 +11,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import SAMPLE_MODELS
-from qcli.calibrate.engine import calibrate
+from qcli.quantize import calibrate
 from qcli.config import Config
 from qcli.data import DataFolder, model_inputs
 from qcli.model import check_model, clamp_ir_version, load_model, save_model

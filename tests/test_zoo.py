@@ -32,7 +32,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from qcli.calibrate.engine import calibrate
+from qcli.quantize import calibrate
 from qcli.config import Config
 from qcli.data import DataFolder, model_inputs
 from qcli.model import check_model, load_model, save_model
