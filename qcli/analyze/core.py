@@ -40,7 +40,7 @@ from qcli.analyze.report import (
     rounded,
 )
 from qcli.analyze.size import compare_sizes, model_size, proto_size
-from qcli.calibrate.collect import _prefetch, with_outputs
+from qcli.calibrate.collect import prefetch, with_outputs
 from qcli.data import Batch, DataFolder, InputSpec, Preprocess, model_inputs
 from qcli.errors import DataError, ModelError, QcliError
 from qcli.model import external_data_files, fingerprint, load_model
@@ -123,7 +123,7 @@ def analyze(
 
     first: Batch | None = None
     # A background thread reads and batches the next samples while onnxruntime runs.
-    stream = _prefetch(folder.batches(batch_size))
+    stream = prefetch(folder.batches(batch_size))
     try:
         for batch in stream:
             where = _where(folder, batch)

@@ -2,10 +2,10 @@
 
 The model is run with the activations to observe added as extra graph outputs (only those:
 not every intermediate), one batch at a time; each batch's arrays update the observers and
-are dropped, so memory stays flat in the number of samples. Which tensors: every float tensor
-the graph computes at run time (graph inputs and node outputs not derived from constants
-alone) in the main graph. Tensors inside If/Loop bodies cannot be graph outputs and are not
-observed; the quantizer leaves those subgraphs float unless they are inlined first.
+are dropped, so memory stays flat in the number of samples. Which tensors is the caller's
+choice: `calibrate` passes the plan's (`Plan.calibrated_tensors`), so exactly what the
+quantization needs is observed. Tensors inside If/Loop bodies cannot be graph outputs; the
+quantizer leaves those subgraphs float unless they are inlined first.
 
 Speed (measured with benchmarks/calibration.py): the pass is a pipeline (reading, inference,
 observing in three threads); a tensor that only rearranges another observed tensor's values
@@ -28,91 +28,7 @@ import onnx
 from qcli.calibrate.observers import DEFAULT_MAX_BINS, TensorObserver
 from qcli.data import DataFolder
 from qcli.errors import DataError
-from qcli.rules import activation_inputs, rule_for
 from qcli.runtime import make_session
-
-FLOAT_TYPES = {
-    onnx.TensorProto.FLOAT,
-    onnx.TensorProto.FLOAT16,
-    onnx.TensorProto.DOUBLE,
-    onnx.TensorProto.BFLOAT16,
-}
-# Ops whose output is not a function of their inputs: never treated as constant.
-_RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
-
-
-def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element type of every typed tensor of the main graph, after shape inference."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=False)
-    except Exception:  # inference is a help here, not a requirement: types are re-checked at run time
-        inferred = model
-    g = inferred.graph
-    types = {t.name: t.data_type for t in g.initializer}
-    for vi in (*g.input, *g.value_info, *g.output):
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-            types[vi.name] = vi.type.tensor_type.elem_type
-    return types
-
-
-def activation_tensors(model: onnx.ModelProto) -> list[str]:
-    """Float tensors computed at run time, in graph order (inputs first).
-
-    A node whose inputs are all constant (initializers, Constant outputs, or outputs of such
-    nodes) computes a constant: its outputs are weights, not activations.
-    """
-    graph = model.graph
-    types = tensor_types(model)
-    constant = {t.name for t in graph.initializer} | {""}
-    names: list[str] = [i.name for i in graph.input if i.name not in constant]
-    for node in graph.node:
-        if node.op_type not in _RANDOM_OPS and all(i in constant for i in node.input):
-            constant.update(node.output)
-        else:
-            names.extend(o for o in node.output if o)
-    seen: set[str] = set()
-    out = []
-    for name in names:
-        if name in seen:
-            continue
-        seen.add(name)
-        if types.get(name, onnx.TensorProto.FLOAT) in FLOAT_TYPES:  # unknown: checked at run time
-            out.append(name)
-    return out
-
-
-def calibration_tensors(model: onnx.ModelProto, *, all_rules: bool = False) -> list[str]:
-    """The activations a default quantization needs ranges for, in graph order.
-
-    Those are the activation inputs and the outputs of every node with a rule (rules.py),
-    except ops that are float by default (unless `all_rules`), and except a producer's output
-    that only feeds a Relu/Clip: the clipped output is observed instead, and not asking
-    onnxruntime for the unclipped one keeps its Conv+Relu fusion (and our pass fast).
-    """
-    wanted = set(activation_tensors(model))
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    graph_outputs = {o.name for o in model.graph.output}
-    picked: set[str] = set()
-    for node in model.graph.node:
-        rule = rule_for(node)
-        if rule is None or (rule.default_float and not all_rules):
-            continue
-        if rule.kind != "fold":  # a folded op's input is its producer's output
-            picked.update(node.input[i] for i in activation_inputs(node, rule))
-        for out in node.output:
-            users = consumers.get(out, [])
-            folded = (
-                users
-                and out not in graph_outputs
-                and all((r := rule_for(u)) is not None and r.kind == "fold" for u in users)
-            )
-            if not folded:
-                picked.add(out)
-    return [name for name in activation_tensors(model) if name in picked and name in wanted]
-
 
 def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     """A copy of `model` whose graph also outputs `names` (types left to onnxruntime)."""
@@ -184,13 +100,13 @@ def collect(
     model: onnx.ModelProto,
     folder: DataFolder,
     *,
+    tensors: list[str],
     batch_size: int = 8,
-    tensors: list[str] | None = None,
     max_bins: int = DEFAULT_MAX_BINS,
     progress: Callable[[int], None] | None = None,
     background: bool = True,
 ) -> Collected:
-    """Run `model` over `folder` once and observe `tensors` (default: `calibration_tensors`).
+    """Run `model` over `folder` once and observe `tensors` (names given twice count once).
 
     With `background` (the default) the pass is a three-stage pipeline: a thread reads and
     batches the next samples, the calling thread runs onnxruntime, and another thread updates
@@ -203,14 +119,14 @@ def collect(
     Tensors named twice are observed once. Requested tensors that turn out not to be float
     are left out (`Collected.skipped`).
     """
-    names = calibration_tensors(model) if tensors is None else list(dict.fromkeys(tensors))
+    names = list(dict.fromkeys(tensors))
     session = make_session(with_outputs(model, names))
     observers = {name: TensorObserver(max_bins=max_bins, name=name) for name in names}
     sink = _ObserverSink(names, observers, value_aliases(model, names), background)
     samples = batches = 0
     stream = folder.batches(batch_size)
     if background:
-        stream = _prefetch(stream, depth=_AHEAD)
+        stream = prefetch(stream, depth=_AHEAD)
     try:
         for batch in stream:
             try:
@@ -346,7 +262,7 @@ T = TypeVar("T")
 _DONE = object()
 
 
-def _prefetch(items: Iterator[T], depth: int = 1) -> Generator[T, None, None]:
+def prefetch(items: Iterator[T], depth: int = 1) -> Generator[T, None, None]:
     """Yield `items`, produced by a background thread up to `depth` items ahead.
 
     An exception raised while producing is raised here, at the item it replaced. Closing the
