@@ -244,6 +244,7 @@ def quantize(
         from qcli.data import DataFolder, model_inputs
         from qcli.errors import QcliError
         from qcli.model import fingerprint, load_model, save_model
+        from qcli.prepare import prepare
         from qcli.quantize import quantize as run_quantize
         from qcli.quantize import summary
 
@@ -256,6 +257,7 @@ def quantize(
                             hint="write the quantized model to another file")
         onnx_model = load_model(model)
         cfg = _calibration_config(config, method, percentile, samples, batch_size)
+        prepared = None
         if calib is not None:
             table = load_table(calib, fingerprint(onnx_model))
             # The file's own method applies unless the command line or the config chose one.
@@ -268,12 +270,14 @@ def quantize(
             folder = DataFolder(
                 data, model_inputs(onnx_model), preprocess=cfg.data.preprocess, samples=cfg.calibration.samples
             )
+            prepared = prepare(onnx_model, force=force)  # once, for both steps
             with render.progress_bar("calibrating", total=len(folder), quiet=quiet or json_out) as advance:
                 table = run_calibration(
                     onnx_model, folder, cfg, progress=advance, force=force, strict=strict,
                     methods=(cfg.calibration.method,),  # only the range this run uses
+                    prepared=prepared,
                 )
-        result = run_quantize(onnx_model, cfg, table, force=force, strict=strict)
+        result = run_quantize(onnx_model, cfg, table, force=force, strict=strict, prepared=prepared)
         save_model(result.model, output, check=True)
         doc = {
             "output": str(output),

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qcli.analyze import Gates, Report, analyze, write_report
-from qcli.quantize import calibrate
 from qcli.calibrate.table import save_table
 from qcli.config import Config, load_pipeline
 from qcli.data import DataFolder, model_inputs
 from qcli.model import load_model, save_model
-from qcli.quantize import QuantizeResult, quantize
+from qcli.prepare import prepare
+from qcli.quantize import QuantizeResult, calibrate, quantize
 
 # progress(description, total) -> a context manager giving an `advance(n)` callback
 ProgressFactory = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
@@ -51,12 +51,13 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = _no_progress) 
         local(pipeline.calibration_data), model_inputs(model),
         preprocess=config.data.preprocess, samples=config.calibration.samples,
     )
+    prepared = prepare(model)  # once, for both steps
     with progress("calibrating", len(folder)) as advance:
-        table = calibrate(model, folder, config, progress=advance)  # all methods: the file keeps them
+        table = calibrate(model, folder, config, progress=advance, prepared=prepared)  # all methods: the file keeps them
     calibration_file = None
     if pipeline.calibration_file:
         calibration_file = save_table(table, local(pipeline.calibration_file))
-    quantized = quantize(model, config, table)
+    quantized = quantize(model, config, table, prepared=prepared)
     output = save_model(quantized.model, local(pipeline.output), check=True)
     result = PipelineResult(output, quantized, calibration_file, config=config)
     if pipeline.eval_data is not None:

@@ -23,7 +23,7 @@ from qcli.data import DataFolder
 from qcli.errors import ConfigError, ModelError
 from qcli.model import fingerprint, max_ir_version, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
-from qcli.prepare import prepare
+from qcli.prepare import PrepareResult, prepare
 from qcli.qdq import materialize
 
 
@@ -43,19 +43,21 @@ def calibrate(
     force: bool = False,
     strict: bool = False,
     methods: tuple[str, ...] = METHODS,
+    prepared: PrepareResult | None = None,
 ) -> CalibrationTable:
     """Observe the activations `config`'s quantization needs over `folder` and solve the
     ranges of `methods` (default all four) for the configured activation dtype.
 
     The histograms keep at least `bins` bins across each tensor's range (twice that at most),
     which is what the KL solver works on. The table is keyed to the fingerprint of `model`
-    as given (before preparation), which is what `quantize` checks.
+    as given (before preparation), which is what `quantize` checks. `prepared`: the result of
+    `prepare(model)` when the caller has it already (it is not changed).
     """
-    prepared = prepare(model, force=force).model
-    plan = make_plan(prepared, config)
+    work = (prepared or prepare(model, force=force)).model
+    plan = make_plan(work, config)
     check_unmatched(plan, strict)
     collected = collect(
-        prepared,
+        work,
         folder,
         batch_size=config.calibration.batch_size,
         tensors=plan.calibrated_tensors,
@@ -71,20 +73,28 @@ def calibrate(
 
 
 def quantize(
-    model: onnx.ModelProto, config: Config, table: CalibrationTable, *, force: bool = False, strict: bool = False
+    model: onnx.ModelProto,
+    config: Config,
+    table: CalibrationTable,
+    *,
+    force: bool = False,
+    strict: bool = False,
+    prepared: PrepareResult | None = None,
 ) -> QuantizeResult:
     """Quantize `model` with the ranges of `table` (solved for `config`'s method and dtype).
-    `strict`: a config rule that matches nothing raises ConfigError instead of a warning."""
-    prepared = prepare(model, force=force)
-    plan = make_plan(prepared.model, config)
+    `strict`: a config rule that matches nothing raises ConfigError instead of a warning.
+    `prepared`: the result of `prepare(model)` when the caller has it already (not changed)."""
+    prepared = prepared or prepare(model, force=force)
+    work, notes = prepared.model, list(prepared.notes)
+    plan = make_plan(work, config)
     check_unmatched(plan, strict)
     if any(w.scheme.granularity == "per_block" for w in plan.weights.values()):
-        if opset_version(prepared.model) < BLOCK_OPSET:
-            prepared.model = _upgrade(prepared.model, BLOCK_OPSET, prepared.notes)
-            plan = make_plan(prepared.model, config)
+        if opset_version(work) < BLOCK_OPSET:
+            work = _upgrade(work, BLOCK_OPSET, notes)
+            plan = make_plan(work, config)
     settings = RangeSettings.of(config)
-    assign_ranges(plan, prepared.model, table, settings)
-    out = materialize(prepared.model, plan)
+    assign_ranges(plan, work, table, settings)
+    out = materialize(work, plan)
     for key, value in (
         ("qcli.version", __version__),
         ("qcli.config", json.dumps(config_document(config), separators=(",", ":"))),
@@ -92,7 +102,7 @@ def quantize(
     ):
         entry = out.metadata_props.add()
         entry.key, entry.value = key, value
-    notes = list(prepared.notes) + plan.notes
+    notes += plan.notes
     notes += [f"warning: config rule {text}" for text in plan.unmatched]
     return QuantizeResult(out, plan, notes)
 
