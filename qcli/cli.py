@@ -429,7 +429,9 @@ app.add_typer(config_app, name="config")
 
 
 @config_app.command("show")
-def config_show(config: ConfigOpt = None, json_out: JsonOpt = False, debug: DebugOpt = False) -> None:
+def config_show(
+    config: ConfigOpt = None, json_out: JsonOpt = False, quiet: QuietOpt = False, debug: DebugOpt = False
+) -> None:
     """Print the resolved config (defaults filled in) as YAML."""
 
     def work() -> None:
@@ -438,7 +440,7 @@ def config_show(config: ConfigOpt = None, json_out: JsonOpt = False, debug: Debu
         cfg = load_config(config)
         if json_out:
             _print_json(config_document(cfg))
-        else:
+        elif not quiet:
             sys.stdout.write(config_yaml(cfg))
 
     _guard(debug, work)
@@ -469,6 +471,7 @@ def config_validate(
 def config_init(
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the template.")] = Path("qcli.yaml"),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    json_out: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -481,7 +484,10 @@ def config_init(
         if output.exists() and not force:
             raise QcliError(f"{output} exists", hint="choose another path with -o, or --force to overwrite")
         output.write_text((PRESETS / "default.yaml").read_text())
-        _console(quiet).print(f"wrote {output}")
+        if json_out:
+            _print_json({"config": str(output)})
+        else:
+            _console(quiet).print(f"wrote {output}")
 
     _guard(debug, work)
 
