@@ -243,6 +243,7 @@ def quantize(
         from qcli.calibrate.table import load_table
         from qcli.data import DataFolder, model_inputs
         from qcli.errors import QcliError
+        from qcli.info import file_bytes
         from qcli.model import fingerprint, load_model, save_model
         from qcli.prepare import prepare
         from qcli.quantize import quantize as run_quantize
@@ -284,8 +285,8 @@ def quantize(
             "method": cfg.calibration.method,
             "activations": cfg.activations.dtype,
             "weights": f"{cfg.weights.dtype} {cfg.weights.granularity}",
-            "bytes_before": _file_bytes(model),
-            "bytes_after": _file_bytes(output),
+            "bytes_before": file_bytes(model),
+            "bytes_after": file_bytes(output),
             **summary(result),
         }
         doc["compression"] = round(doc["bytes_before"] / max(doc["bytes_after"], 1), 3)
@@ -316,15 +317,6 @@ def load_config_fields(config: str | None) -> set[str]:
     from qcli.config import load_config
 
     return set(load_config(config).calibration.model_fields_set) if config else set()
-
-
-def _file_bytes(path: Path) -> int:
-    """A model's size on disk, external data files included."""
-    from qcli.model import external_data_files, load_model
-
-    stored = load_model(path, load_external_data=False)
-    return path.stat().st_size + sum((path.parent / f).stat().st_size for f in external_data_files(stored))
-
 
 
 @app.command()

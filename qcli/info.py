@@ -1,6 +1,9 @@
 """What `qcli inspect` reports about a model: opsets, inputs/outputs, op types, weights, subgraphs.
 
 `describe_model` returns a plain JSON-ready dict (the `--json` document); the CLI renders it.
+The helpers it is built on serve the rest of qcli too: walking subgraphs (`iter_graphs`,
+`node_subgraphs`, `names_used_inside`), counting weights (`weight_census`) and measuring a
+model file with its external data (`file_bytes`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,63 @@ def iter_graphs(graph: onnx.GraphProto, owner: str = "") -> Iterator[tuple[str, 
                 yield from iter_graphs(sub, f"{node.name or node.op_type}.{attr.name}")
 
 
+def node_subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs held by a node's attributes (If branches, Loop/Scan bodies)."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def names_used_inside(node: onnx.NodeProto) -> list[str]:
+    """Every tensor name a node's subgraphs read, at any depth (outer-scope references among
+    them). Over-approximates on purpose: a name listed here is never treated as unused."""
+    found: dict[str, None] = {}
+    for sub in node_subgraphs(node):
+        for _, graph in iter_graphs(sub):
+            for inner in graph.node:
+                found.update(dict.fromkeys(inner.input))
+            found.update(dict.fromkeys(o.name for o in graph.output))
+    found.pop("", None)
+    return list(found)
+
+
+def file_bytes(path: str | os.PathLike, stored: onnx.ModelProto | None = None) -> int:
+    """A model's size on disk, its external data files included (`stored`: the model as
+    loaded without external data, when the caller has it)."""
+    path = Path(path)
+    stored = stored if stored is not None else load_model(path, load_external_data=False)
+    return path.stat().st_size + sum((path.parent / f).stat().st_size for f in external_data_files(stored))
+
+
+# Element types stored several to a byte: bits per element.
+_SUB_BYTE = {
+    getattr(onnx.TensorProto, name): bits
+    for name, bits in (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2))
+    if hasattr(onnx.TensorProto, name)
+}
+
+
+def dtype_name(data_type: int) -> str:
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).name
+    except (KeyError, TypeError, ValueError):
+        return onnx.TensorProto.DataType.Name(data_type).lower()
+
+
+def tensor_bytes(data_type: int, count: int) -> int:
+    """Bytes `count` elements take as stored (sub-byte types packed, strings not counted)."""
+    if data_type in _SUB_BYTE:
+        return (count * _SUB_BYTE[data_type] + 7) // 8
+    if data_type == onnx.TensorProto.STRING:
+        return 0
+    try:
+        return count * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return 0
+
+
 def _value_info(value: onnx.ValueInfoProto) -> dict:
     t = value.type.tensor_type
     dims = []
@@ -40,14 +100,15 @@ def _value_info(value: onnx.ValueInfoProto) -> dict:
     return {"name": value.name, "dtype": dtype, "shape": dims}
 
 
-def _weights(model: onnx.ModelProto) -> dict:
-    """Element count and bytes per dtype of initializers and Constant-node tensors."""
+def weight_census(model: onnx.ModelProto) -> dict:
+    """Element count and bytes per dtype of every stored tensor, in every graph: initializers,
+    Constant nodes, and ConstantOfShape fills of a constant shape (a weight written as "fill
+    this shape", as the model zoo's light models do: it is a real tensor at run time)."""
     by_dtype: Counter[str] = Counter()
     elements: Counter[str] = Counter()
     initializers = constants = filled = 0
     for _, graph in iter_graphs(model.graph):
-        # (data type, element count) of every stored tensor
-        tensors = [(t.data_type, _count(t.dims)) for t in graph.initializer]
+        tensors = [(t.data_type, _count(t.dims)) for t in graph.initializer]  # (type, count)
         initializers += len(graph.initializer)
         known = {t.name: t for t in graph.initializer}
         for node in graph.node:
@@ -60,18 +121,15 @@ def _weights(model: onnx.ModelProto) -> dict:
                     tensors.append((tensor.data_type, _count(tensor.dims)))
                     constants += 1
             elif node.op_type == "ConstantOfShape" and node.input and node.input[0] in known:
-                # A weight written as "fill this constant shape" (the model zoo's light models):
-                # it becomes a real tensor at run time, so it counts as one.
                 shape = onnx.numpy_helper.to_array(known[node.input[0]])
                 value = tensor_from_attribute(node)
-                dtype = value.data_type if value is not None else onnx.TensorProto.FLOAT
-                tensors.append((dtype, int(np.prod(shape, dtype=np.int64))))
+                data_type = value.data_type if value is not None else onnx.TensorProto.FLOAT
+                tensors.append((data_type, int(np.prod(shape, dtype=np.int64))))
                 filled += 1
         for data_type, count in tensors:
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(data_type)
-            name = np.dtype(dtype).name
+            name = dtype_name(data_type)
             elements[name] += count
-            by_dtype[name] += count * np.dtype(dtype).itemsize
+            by_dtype[name] += tensor_bytes(data_type, count)
     return {
         "parameters": int(sum(elements.values())),
         "bytes": int(sum(by_dtype.values())),
@@ -102,13 +160,11 @@ def describe_model(path: str | os.PathLike) -> dict:
         )
         if owner:
             subgraphs.append({"owner": owner, "nodes": len(graph.node)})
-    external = [
-        {"file": name, "bytes": (path.parent / name).stat().st_size} for name in ext_files
-    ]
+    external = [{"file": name, "bytes": (path.parent / name).stat().st_size} for name in ext_files]
     return {
         "format": INFO_FORMAT,
         "path": str(path),
-        "file_bytes": path.stat().st_size + sum(e["bytes"] for e in external),
+        "file_bytes": file_bytes(path, stored),
         "ir_version": model.ir_version,
         "producer": " ".join(x for x in (model.producer_name, model.producer_version) if x),
         "opsets": {(o.domain or "ai.onnx"): o.version for o in model.opset_import},
@@ -120,7 +176,7 @@ def describe_model(path: str | os.PathLike) -> dict:
         "outputs": [_value_info(v) for v in model.graph.output],
         "nodes": sum(op_types.values()),
         "op_types": dict(sorted(op_types.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "weights": _weights(model),
+        "weights": weight_census(model),
         "external_data": external,
         "subgraphs": subgraphs,
     }

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from qcli.info import names_used_inside
 from qcli.plan import Plan
 from qcli.scheme import choose_qparams, quantize
 from qcli.errors import ModelError
@@ -192,8 +193,7 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
 
     # Drop float initializers nothing reads any more.
     read = {name for node in [*graph.node, *new_nodes] for name in node.input}
-    read |= {name for node in graph.node for attr in node.attribute if attr.type == onnx.AttributeProto.GRAPH
-             for sub in _subgraph_inputs(attr.g) for name in [sub]}
+    read |= {name for node in graph.node for name in names_used_inside(node)}
     kept = [t for t in graph.initializer if t.name in read]
     del graph.initializer[:]
     graph.initializer.extend(kept + new_inits)
@@ -218,19 +218,6 @@ def _tensor(values: np.ndarray, name: str, onnx_type: int) -> onnx.TensorProto:
     return numpy_helper.from_array(values, name)
 
 
-def _subgraph_inputs(graph: onnx.GraphProto) -> set[str]:
-    """Names a subgraph reads from its parent's scope (anything it uses but does not define)."""
-    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(n for n in node.input if n)
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                used |= _subgraph_inputs(attr.g)
-        defined.update(node.output)
-    return used - defined
-
-
 def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
     """Stable topological order: among ready nodes, the earliest in `nodes` goes first."""
     import heapq
@@ -239,9 +226,7 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.Nod
     needs: list[set[str]] = []
     waiting: dict[str, list[int]] = {}
     for i, node in enumerate(nodes):
-        inputs = {n for n in node.input if n} | {
-            n for attr in node.attribute if attr.type == onnx.AttributeProto.GRAPH for n in _subgraph_inputs(attr.g)
-        }
+        inputs = {n for n in node.input if n} | set(names_used_inside(node))
         missing = {n for n in inputs if n in produced and n not in available}
         needs.append(missing)
         for n in missing:

@@ -4,7 +4,7 @@ tensor, how a node is named in a note, fresh deterministic names, a weight-less 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qcli.info import iter_graphs
+from qcli.info import iter_graphs, names_used_inside
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -49,27 +49,6 @@ def label(node: onnx.NodeProto) -> str:
 
 def plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
-def node_subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
-def names_used_inside(node: onnx.NodeProto) -> list[str]:
-    """Every tensor name a node's subgraphs read, at any depth (outer-scope references among
-    them). Over-approximates on purpose: a name listed here is never treated as unused."""
-    found: dict[str, None] = {}
-    for sub in node_subgraphs(node):
-        for _, graph in iter_graphs(sub):
-            for inner in graph.node:
-                found.update(dict.fromkeys(inner.input))
-            found.update(dict.fromkeys(o.name for o in graph.output))
-    found.pop("", None)
-    return list(found)
 
 
 def use_counts(graph: onnx.GraphProto) -> Counter[str]:

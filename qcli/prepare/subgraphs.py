@@ -16,14 +16,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qcli.info import iter_graphs
+from qcli.info import iter_graphs, node_subgraphs
 from qcli.prepare._graph import (
     NameAllocator,
     Options,
     PassResult,
     is_default_domain,
     label,
-    node_subgraphs,
     prune_value_info,
     remove_unused_initializers,
 )
