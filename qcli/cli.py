@@ -227,38 +227,74 @@ def quantize(
     strict: StrictOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Quantize a model that already has Q/DQ or integer ops.")] = False,
     eval_data: Annotated[
-        Path | None, typer.Option("--eval-data", help="After writing, compare with the float model on this data.")
+        Path | None,
+        typer.Option("--eval-data", help="Verify (and search precisions) on this data; report accuracy with labels."),
     ] = None,
     max_accuracy_drop: DropOpt = None,
+    auto_precision: Annotated[
+        bool, typer.Option("--auto-precision", help="Search per-node precisions to meet an accuracy budget.")
+    ] = False,
+    criteria: Annotated[
+        str | None, typer.Option("--criteria", help="Auto-precision goal: performance, balanced, accuracy or custom.")
+    ] = None,
+    min_speedup: Annotated[
+        float | None, typer.Option("--min-speedup", help="Auto-precision speed floor: float / quantized latency.")
+    ] = None,
+    max_trials: Annotated[int | None, typer.Option("--max-trials", help="Candidate models the search may try.")] = None,
+    time_budget: Annotated[float | None, typer.Option("--time-budget", help="Seconds the search may take.")] = None,
+    precision_out: Annotated[
+        Path | None, typer.Option("--precision-out", help="Where to write the chosen precisions (YAML config).")
+    ] = None,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the comparison with the float model.")] = False,
+    no_rescue: Annotated[
+        bool, typer.Option("--no-rescue", help="When a floor is missed, fail without searching precisions.")
+    ] = False,
+    min_top1_agreement: Annotated[
+        float | None, typer.Option("--min-top1-agreement", help="Verification floor for class-score outputs.")
+    ] = None,
+    min_cosine: Annotated[float | None, typer.Option("--min-cosine", help="Verification floor for other outputs.")] = None,
+    max_latency_ratio: Annotated[
+        float | None, typer.Option("--max-latency-ratio", help="Verification ceiling: quantized / float latency.")
+    ] = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Rewrite a float model into a QDQ model onnxruntime runs with int8 kernels."""
+    """Rewrite a float model into a QDQ model onnxruntime runs with int8 kernels, then verify it."""
 
     def work() -> None:
         import os
 
-        from qcli.quantize import calibrate as run_calibration
         from qcli.calibrate.table import load_table
-        from qcli.data import DataFolder, model_inputs
-        from qcli.errors import QcliError
+        from qcli.errors import GateFailed, QcliError
         from qcli.info import file_bytes
         from qcli.model import fingerprint, load_model, save_model
-        from qcli.prepare import prepare
-        from qcli.quantize import quantize as run_quantize
         from qcli.quantize import summary
+        from qcli.verify import quantize_checked
 
         if (data is None) == (calib is None):
             raise QcliError("give exactly one of --data DIR (calibrate now) or --calib FILE")
-        if max_accuracy_drop is not None and eval_data is None:
+        if max_accuracy_drop is not None and eval_data is None and not auto_precision:
             raise QcliError("--max-accuracy-drop needs --eval-data DIR to measure the drop on")
         if output.exists() and model.exists() and os.path.samefile(output, model):
             raise QcliError(f"-o {output} is the input model; qcli never overwrites its input",
                             hint="write the quantized model to another file")
         onnx_model = load_model(model)
-        cfg = _calibration_config(config, method, percentile, samples, batch_size)
-        prepared = None
+        cfg = _calibration_config(config, method, percentile, samples, batch_size).merged(
+            verify={
+                "enabled": False if no_verify else None, "rescue": False if no_rescue else None,
+                "min_top1_agreement": min_top1_agreement, "min_cosine": min_cosine,
+                "max_latency_ratio": max_latency_ratio,
+            },
+            auto_precision={
+                "enabled": True if auto_precision else None, "criteria": criteria,
+                "max_accuracy_drop": max_accuracy_drop if auto_precision else None,
+                "min_speedup": min_speedup, "max_trials": max_trials, "time_budget": time_budget,
+            },
+        )
+        if not cfg.auto_precision.enabled and (criteria or min_speedup or precision_out):
+            raise QcliError("--criteria, --min-speedup and --precision-out go with --auto-precision")
+        table = None
         if calib is not None:
             table = load_table(calib, fingerprint(onnx_model))
             # The file's own method applies unless the command line or the config chose one.
@@ -267,18 +303,14 @@ def quantize(
                 "method": None if method or "method" in chosen else table.settings.method,
                 "percentile": None if percentile or "percentile" in chosen else table.settings.percentile,
             })
-        else:
-            folder = DataFolder(
-                data, model_inputs(onnx_model), preprocess=cfg.data.preprocess, samples=cfg.calibration.samples
-            )
-            prepared = prepare(onnx_model, force=force)  # once, for both steps
-            with render.progress_bar("calibrating", total=len(folder), quiet=quiet or json_out) as advance:
-                table = run_calibration(
-                    onnx_model, folder, cfg, progress=advance, force=force, strict=strict,
-                    methods=(cfg.calibration.method,),  # only the range this run uses
-                    prepared=prepared,
-                )
-        result = run_quantize(onnx_model, cfg, table, force=force, strict=strict, prepared=prepared)
+
+        def bar(description: str, total: int):
+            return render.progress_bar(description, total=total, quiet=quiet or json_out)
+
+        outcome = quantize_checked(
+            onnx_model, cfg, data=data, table=table, eval_data=eval_data, force=force, strict=strict, progress=bar
+        )
+        result = outcome.result
         save_model(result.model, output, check=True)
         doc = {
             "output": str(output),
@@ -290,6 +322,9 @@ def quantize(
             **summary(result),
         }
         doc["compression"] = round(doc["bytes_before"] / max(doc["bytes_after"], 1), 3)
+        doc["notes"] = doc["notes"] + outcome.notes
+        doc["verification"] = outcome.verification.to_dict() if outcome.verification else None
+        doc["precision"] = _precision_doc(outcome, output, precision_out, outcome.searched_for_goal)
         evaluation = None
         if eval_data is not None:
             from qcli.analyze import evaluate, headline
@@ -301,15 +336,85 @@ def quantize(
         if json_out:
             _print_json(doc)
         else:
-            render.quantization(_console(quiet), doc)
+            console = _console(quiet)
+            render.quantization(console, doc)
+            render.verification(console, doc)
             if evaluation is not None:
-                _console(quiet).print(doc["evaluation"]["summary"])
+                console.print(doc["evaluation"]["summary"])
                 for gate in evaluation.gates:
-                    _console(quiet).print(gate.message)
+                    console.print(gate.message)
+        _check_outcome(outcome, output)
         if evaluation is not None and (error := evaluation.gate_error()) is not None:
             raise error
 
     _guard(debug, work)
+
+
+def _check_outcome(outcome, output: Path) -> None:
+    """GateFailed (exit 1) when verification missed a floor or auto-precision its goal."""
+    from qcli.errors import GateFailed
+
+    cfg = outcome.config
+    if outcome.verification is not None and not outcome.verification.passed:
+        missed = [c for c in outcome.verification.checks if not c.passed]
+        raise GateFailed(
+            "verification failed: " + "; ".join(
+                f"{c.name} {c.value:.4f} misses its floor {c.floor:g} by {abs(c.value - c.floor):.4f}" for c in missed
+            ) + f" (wrote the best model found: {output})",
+            hint=_what_to_try(outcome, missed),
+        )
+    if outcome.search is not None and outcome.searched_for_goal and not outcome.goal_met:
+        raise GateFailed(
+            f"auto-precision could not meet its goal ({cfg.auto_precision.criteria}, max accuracy drop "
+            f"{cfg.auto_precision.max_accuracy_drop:g}); wrote the best model found: {output}",
+            hint="raise --max-accuracy-drop, add candidates (int16, float), or raise --max-trials/--time-budget",
+        )
+
+
+def _precision_doc(outcome, output: Path, precision_out: Path | None, searched: bool) -> dict | None:
+    """Write the precision config (when a search ran and promoted, or auto-precision ran) and
+    describe the search for the summary."""
+    from qcli.config import config_yaml
+    from qcli.files import write_text_atomic
+
+    found = outcome.search
+    if found is None:
+        return None
+    path = None
+    if outcome.promoted or searched or precision_out is not None:
+        path = precision_out or output.with_name(f"{output.name.removesuffix('.onnx')}.precision.yaml")
+        header = (
+            f"# qcli {__version__}: the precisions chosen for {output.name}.\n"
+            f"# `qcli quantize MODEL --config {path.name} ...` (same data and calibration) reproduces it without searching.\n"
+        )
+        write_text_atomic(path, header + config_yaml(outcome.config))
+    return {
+        "file": str(path) if path else None,
+        "goal_met": found.met,
+        "trials": found.trials,
+        "stopped": found.stopped,
+        "promoted": {n: {"precision": p, "reason": outcome.reasons.get(n, "")} for n, p in outcome.promoted.items()},
+        "steps": [
+            {"action": s.action, "changed": s.changed, "promoted": s.promoted, "drop": s.drop, "noise": s.noise,
+             "latency_ratio": s.latency_ratio, "kept": s.kept}
+            for s in found.steps
+        ],
+    }
+
+
+def _what_to_try(outcome, missed) -> str:
+    names = {c.name for c in missed}
+    tips = []
+    if names & {"top-1 agreement", "cosine"}:
+        tips.append("exclude or promote the sensitive layers in a --config (see the layer table of qcli analyze)")
+        if not outcome.config.verify.rescue:
+            tips.append("drop --no-rescue to let qcli search")
+        elif outcome.search is not None and outcome.search.stopped:
+            tips.append("give the rescue more room (verify.max_trials, verify.time_budget)")
+    if "latency ratio" in names:
+        tips.append("raise --max-latency-ratio, or keep the model float if int8 does not pay off here")
+    tips.append("--no-verify skips the check")
+    return "; ".join(tips)
 
 
 def load_config_fields(config: str | None) -> set[str]:
@@ -390,10 +495,13 @@ def run_command(
             return render.progress_bar(description, total=total, quiet=quiet or json_out)
 
         result = run_pipeline(pipeline, progress=bar)
+        outcome = result.outcome
         doc = {
             "output": str(result.output),
             "calibration_file": str(result.calibration_file) if result.calibration_file else None,
             "quantization": summary(result.quantized),
+            "verification": outcome.verification.to_dict() if outcome.verification else None,
+            "precision": _precision_doc(outcome, result.output, None, outcome.searched_for_goal),
             "reports": [str(p) for p in result.reports],
             "analysis": result.report.to_dict() if result.report else None,
         }
@@ -406,10 +514,12 @@ def run_command(
                 f"quantized {sum(q['quantized'].values())} nodes "
                 f"({', '.join(f'{k} {v}' for k, v in q['quantized'].items())}); wrote {result.output}"
             )
+            render.verification(console, {**doc, "notes": outcome.notes})
             if result.report is not None:
                 show(console, result.report)
             for p in result.reports:
                 console.print(f"wrote {p}")
+        _check_outcome(outcome, result.output)
         if result.report is not None and (error := result.report.gate_error()) is not None:
             raise error
 

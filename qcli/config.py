@@ -106,8 +106,12 @@ class Verify(_Section):
     enabled: bool = True
     min_top1_agreement: float = Field(0.99, ge=0, le=1)
     min_cosine: float = Field(0.99, ge=-1, le=1)
-    max_latency_ratio: float = Field(1.0, gt=0)
+    max_latency_ratio: float | None = Field(1.0, gt=0)  # None: no latency floor
+    min_float_ms: float = Field(0.1, ge=0)  # the latency floor applies when float takes this long
+    samples: int = Field(64, ge=1)  # held-back samples compared
     rescue: bool = True
+    max_trials: int = Field(64, ge=1)  # the rescue's budget
+    time_budget: float = Field(45.0, gt=0)  # seconds
 
 
 class AutoPrecision(_Section):
@@ -116,6 +120,9 @@ class AutoPrecision(_Section):
     max_accuracy_drop: float = Field(0.01, ge=0)
     min_speedup: float | None = Field(None, gt=0)
     candidates: list[Precision] = ["int8", "int16", "float"]
+    samples: int = Field(256, ge=1)  # samples of --eval-data (or held back) measured per trial
+    max_trials: int = Field(200, ge=1)
+    time_budget: float = Field(600.0, gt=0)  # seconds
 
 
 def _preprocess(value: Any) -> Preprocess | None:

@@ -272,13 +272,18 @@ class DataFolder:
         preprocess: Preprocess | None = None,
         samples: int | None = None,
         labels: str | os.PathLike | None = None,
+        start: int = 0,
     ):
-        """`labels`: a labels.csv kept outside the folder (default: DIR/labels.csv if present)."""
+        """`labels`: a labels.csv kept outside the folder (default: DIR/labels.csv if present);
+        `start`: skip the first `start` samples (`samples` counts from there)."""
         self.path = Path(path)
         self.labels_file = Path(labels) if labels is not None else None
         self.inputs = inputs
         self.preprocess = preprocess
         self.limit = samples
+        self.start = start
+        if start < 0:
+            raise DataError(f"the first sample must be at least 0, got {start}")
         if samples is not None and samples < 1:
             raise DataError(f"the number of samples must be at least 1, got {samples}")
         if not self.path.exists():
@@ -381,9 +386,9 @@ class DataFolder:
         total = 0
         for entry in self.entries:
             total += self._entry_size(entry)
-            if self.limit is not None and total >= self.limit:
+            if self.limit is not None and total >= self.start + self.limit:
                 return self.limit
-        return total
+        return max(total - self.start, 0)
 
     def _entry_size(self, entry: _Entry) -> int:
         spec = self.inputs[0] if self.inputs else None
@@ -401,9 +406,14 @@ class DataFolder:
 
     def __iter__(self) -> Iterator[Sample]:
         """Validated samples in sorted file order, one file in memory at a time."""
-        remaining = self.limit
+        remaining, skip = self.limit, self.start
         for entry in self.entries:
+            if skip and (size := self._entry_size(entry)) <= skip:
+                skip -= size  # read only the headers of skipped files
+                continue
             sample = self.read(entry)
+            if skip:
+                sample, skip = _take(sample, skip, sample.size), 0
             if remaining is not None:
                 if remaining <= 0:
                     return

@@ -1,26 +1,21 @@
 """`qcli run PIPELINE.yaml`: calibrate -> quantize -> analyze in one call, for CI.
 
 Paths in the pipeline file are relative to the file's folder. The steps are the library's
-own (`calibrate`, `quantize`, `analyze`); this module only wires them and collects the results.
+own (`quantize_checked`: calibrate, quantize, verify; then `analyze`); this module only wires
+them and collects the results.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qcli.analyze import Gates, Report, analyze, write_report
-from qcli.calibrate.table import save_table
+from qcli.calibrate.table import METHODS, save_table
 from qcli.config import Config, load_pipeline
-from qcli.data import DataFolder, model_inputs
 from qcli.model import load_model, save_model
-from qcli.prepare import prepare
-from qcli.quantize import QuantizeResult, calibrate, quantize
-
-# progress(description, total) -> a context manager giving an `advance(n)` callback
-ProgressFactory = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
+from qcli.quantize import QuantizeResult
+from qcli.verify import Outcome, ProgressFactory, no_progress, quantize_checked
 
 
 @dataclass
@@ -31,13 +26,10 @@ class PipelineResult:
     report: Report | None = None
     reports: list[Path] = field(default_factory=list)
     config: Config | None = None
+    outcome: Outcome | None = None  # verification and precision search
 
 
-def _no_progress(description: str, total: int):
-    return nullcontext(lambda n: None)
-
-
-def run_pipeline(path: str | Path, *, progress: ProgressFactory = _no_progress) -> PipelineResult:
+def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -> PipelineResult:
     """Run the pipeline file at `path`; the caller checks `result.report.gate_error()`."""
     path = Path(path)
     pipeline, config = load_pipeline(path)
@@ -47,19 +39,17 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = _no_progress) 
         return None if p is None else base / p
 
     model = load_model(local(pipeline.model))
-    folder = DataFolder(
-        local(pipeline.calibration_data), model_inputs(model),
-        preprocess=config.data.preprocess, samples=config.calibration.samples,
+    outcome = quantize_checked(
+        model, config, data=local(pipeline.calibration_data), eval_data=local(pipeline.eval_data),
+        labels=local(pipeline.labels), progress=progress,
+        methods=METHODS if pipeline.calibration_file else None,  # the file keeps every method
     )
-    prepared = prepare(model)  # once, for both steps
-    with progress("calibrating", len(folder)) as advance:
-        table = calibrate(model, folder, config, progress=advance, prepared=prepared)  # all methods: the file keeps them
     calibration_file = None
     if pipeline.calibration_file:
-        calibration_file = save_table(table, local(pipeline.calibration_file))
-    quantized = quantize(model, config, table, prepared=prepared)
+        calibration_file = save_table(outcome.table, local(pipeline.calibration_file))
+    quantized = outcome.result
     output = save_model(quantized.model, local(pipeline.output), check=True)
-    result = PipelineResult(output, quantized, calibration_file, config=config)
+    result = PipelineResult(output, quantized, calibration_file, config=outcome.config, outcome=outcome)
     if pipeline.eval_data is not None:
         a = pipeline.analyze
         eval_folder = local(pipeline.eval_data)

@@ -194,3 +194,49 @@ def quantization(console: Console, doc: dict) -> None:
         f"wrote {doc['output']}: {human_bytes(doc['bytes_before'])} -> {human_bytes(doc['bytes_after'])} "
         f"({doc['compression']:.2f}x smaller)"
     )
+
+
+PROMOTED_ROWS = 12
+
+
+def verification(console: Console, doc: dict) -> None:
+    """The verification checks and what the precision search promoted, if anything."""
+    from rich import box
+
+    v, p = doc.get("verification"), doc.get("precision")
+    for note in doc.get("notes", []):
+        if note.startswith("verification skipped") or note.startswith("search stopped"):
+            console.print(note)
+    if p is not None:
+        console.print(f"precision search: {p['trials']} trials, goal {'met' if p['goal_met'] else 'NOT met'}"
+                      + (f" ({p['stopped']})" if p["stopped"] else ""))
+        if p["promoted"]:
+            table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Promoted", title_justify="left")
+            table.add_column("node", overflow="fold")
+            table.add_column("precision")
+            table.add_column("why", overflow="fold")
+            shown = list(p["promoted"].items())
+            for node, info in shown[:PROMOTED_ROWS]:
+                table.add_row(node, info["precision"], info["reason"])
+            if len(shown) > PROMOTED_ROWS:
+                table.add_row(f"... {len(shown) - PROMOTED_ROWS} more (--json lists all)", "", "")
+            console.print(table)
+        else:
+            console.print("nothing promoted: every unit stays int8")
+        if p["file"]:
+            console.print(f"wrote {p['file']} (reproduces this model with --config, without searching)")
+    if v is None:
+        return
+    console.print(f"verified against the float model on {v['samples']} samples: {v['data']}")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("check")
+    table.add_column("value", justify="right")
+    table.add_column("floor", justify="right")
+    table.add_column("")
+    for c in v["checks"]:
+        sign = ">=" if c["kind"] == "at_least" else "<="
+        table.add_row(c["name"], f"{c['value']:.4f}", f"{sign} {c['floor']:g}",
+                      "[green]ok[/green]" if c["passed"] else "[bold red]missed[/bold red]")
+    console.print(table)
+    for note in v["notes"]:
+        console.print(note)

@@ -172,7 +172,17 @@ def test_presets_on_the_sample_cnn(cli, tmp_path: Path, preset: str) -> None:
     cnn = SAMPLE_MODELS / "cnn"
     out = tmp_path / f"{preset}.onnx"
     doc = cli.json("quantize", cnn / "model.onnx", "-o", out, "--data", cnn / "calib", "--config", preset, "--samples", "64")
-    assert doc["quantized"]["Conv"] == 9
+    assert doc["verification"]["passed"]
+    promoted = doc["precision"]["promoted"] if doc["precision"] else {}
+    if preset == "tensorrt":
+        # int8 symmetric activations + KL on 64 samples lose ~12 top-1 points on this model in
+        # onnxruntime (--no-verify: 88.5% vs 100%); verification catches it, the rescue fixes it
+        assert 0 < len(promoted) <= 4
+    else:
+        assert promoted == {}
+    float_convs = sum(r["count"] for r in doc["float"] if r["op_type"] == "Conv")
+    assert doc["quantized"].get("Conv", 0) + float_convs == 9
+    assert float_convs >= sum(1 for n in promoted if n.endswith("/Conv"))  # neighbours may follow
     q = onnx.load(str(out))
     zero_types = Counter(t.data_type for t in q.graph.initializer if t.name.endswith("_zero_point"))
     if preset == "tensorrt":

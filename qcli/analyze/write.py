@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 from qcli.analyze.report import Report
 from qcli.errors import QcliError
+from qcli.files import write_text_atomic
 
 FORMATS = (".json", ".md", ".html")
 
@@ -38,16 +38,7 @@ def write_report(report: Report, path: str | os.PathLike) -> Path:
     if path.is_dir():
         raise QcliError(f"{path} is a folder", hint="give the report a file name ending in .json, .md or .html")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Not mkstemp: its files are private (0600); a report gets the usual umask permissions.
-        tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        try:
-            with open(tmp, "x", encoding="utf-8", newline="\n") as fh:
-                fh.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_text_atomic(path, text)
     except OSError as exc:
         raise QcliError(f"cannot write report {path}: {exc.strerror or exc}") from exc
     return path

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from qcli.calibrate.observers import TensorObserver
 from qcli.calibrate.solvers import clipped_fraction, solve_range
 from qcli.errors import CalibrationError, QcliError
+from qcli.files import write_text_atomic
 from qcli.scheme import quant_dtype
 
 FORMAT = "qcli-calibration/1"
@@ -159,20 +159,7 @@ def _root(name: str, aliases: dict[str, str]) -> str:
 
 def save_table(table: CalibrationTable, path: str | os.PathLike) -> Path:
     """Write the calibration file atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(table.to_json())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a calibration file is not secret
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text_atomic(path, table.to_json())
 
 
 def load_table(path: str | os.PathLike, fingerprint: str | None = None) -> CalibrationTable:

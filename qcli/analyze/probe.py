@@ -1,0 +1,203 @@
+"""Quick, repeated comparisons of candidate models with the float model, for verification and
+automatic mixed precision (which try many candidates on the same few samples).
+
+A `Probe` holds a small set of batches in memory (the held-back samples: tens to a few hundred)
+and the float model's outputs on them, computed once. `measure(candidate)` runs a candidate on
+the same batches and returns a `Fidelity` summary:
+
+- per output that holds class scores (`[N, C]` float): top-1 agreement with the float model;
+- per other float output: mean cosine and SQNR;
+- with labels: top-1 accuracy of both models;
+- `noise`: the outputs' quantization noise power over their signal power, summed over the
+  float outputs. It is continuous where agreement moves in whole samples, which is what makes it
+  the sensitivity measure of `qcli.precision` (a ranking needs small differences to show).
+
+`latency_ratio(candidate)` times the candidate against the float model exactly as `analyze`
+does (alternating runs, spinning off); `node_times(model)` reads onnxruntime's profiler: the
+mean kernel time of each node, by node name (fused int8 nodes keep the original node's name).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from qcli.analyze.latency import measure, timed_inputs
+from qcli.analyze.metrics import FidelityAccumulator, TopKAccumulator, is_class_scores
+from qcli.data import Batch, InputSpec
+from qcli.errors import DataError
+from qcli.runtime import make_session, session_options
+
+
+@dataclass(frozen=True)
+class OutputFidelity:
+    name: str
+    class_scores: bool
+    top1_agreement: float | None
+    cosine: float | None
+    sqnr_db: float | None
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How closely a candidate follows the float model on the probe's samples."""
+
+    outputs: tuple[OutputFidelity, ...]
+    noise: float  # Σ over float outputs of noise power / signal power
+    accuracy: float | None = None  # top-1 vs labels (candidate)
+    float_accuracy: float | None = None  # top-1 vs labels (float model)
+
+    @property
+    def top1_agreement(self) -> float | None:
+        """The lowest top-1 agreement over class-score outputs (None: there are none)."""
+        values = [o.top1_agreement for o in self.outputs if o.top1_agreement is not None]
+        return min(values) if values else None
+
+    @property
+    def cosine(self) -> float | None:
+        """The lowest mean cosine over float outputs that are not class scores."""
+        values = [o.cosine for o in self.outputs if not o.class_scores and o.cosine is not None]
+        return min(values) if values else None
+
+    @property
+    def drop(self) -> float:
+        """The loss in the metric's units: top-1 accuracy points lost (as a fraction) with labels,
+        else 1 - top-1 agreement, else 1 - cosine (0 when there is nothing to compare)."""
+        if self.accuracy is not None and self.float_accuracy is not None:
+            return self.float_accuracy - self.accuracy
+        if self.top1_agreement is not None:
+            return 1.0 - self.top1_agreement
+        if self.cosine is not None:
+            return 1.0 - self.cosine
+        return 0.0
+
+    @property
+    def metric(self) -> str:
+        if self.accuracy is not None and self.float_accuracy is not None:
+            return "top-1 accuracy"
+        if self.top1_agreement is not None:
+            return "top-1 agreement"
+        return "cosine"
+
+
+@dataclass
+class Probe:
+    """The float model and its outputs on `batches`, for measuring candidates against."""
+
+    float_model: onnx.ModelProto
+    batches: list[Batch]
+    inputs: list[InputSpec]
+    threads: int | None = None
+    source: str = ""  # where the samples come from, for messages and summaries
+    reference: list[list[np.ndarray]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.batches:
+            raise DataError(f"no samples to verify on{' in ' + self.source if self.source else ''}")
+        self.names = [o.name for o in self.float_model.graph.output]
+        session = make_session(self.float_model, self.threads)
+        self.reference = [session.run(self.names, b.inputs) for b in self.batches]
+        self._float_session = session
+        self._float_ms: float | None = None
+
+    @property
+    def samples(self) -> int:
+        return sum(b.size for b in self.batches)
+
+    def measure(self, candidate: onnx.ModelProto) -> Fidelity:
+        session = make_session(candidate, self.threads)
+        accs = [FidelityAccumulator() for _ in self.names]
+        topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
+        for batch, reference in zip(self.batches, self.reference):
+            values = session.run(self.names, batch.inputs)
+            for acc, ref, value in zip(accs, reference, values):
+                acc.update(ref, value, batch.size)
+            if batch.label is not None:
+                k = next((j for j, ref in enumerate(reference) if is_class_scores(np.asarray(ref))), None)
+                if k is not None:
+                    if topk is None:
+                        classes = int(np.asarray(reference[k]).shape[1])
+                        topk = (TopKAccumulator(classes), TopKAccumulator(classes))
+                    topk[0].update(np.asarray(reference[k]), batch.label)
+                    topk[1].update(np.asarray(values[k]), batch.label)
+        outputs = tuple(
+            OutputFidelity(name, bool(acc.class_scores), acc.top1_agreement, acc.cosine, acc.sqnr.db)
+            for name, acc in zip(self.names, accs)
+        )
+        noise = sum(acc.sqnr.noise / max(acc.sqnr.signal, 1e-30) for acc in accs if acc.floating)
+        return Fidelity(
+            outputs, float(noise),
+            accuracy=topk[1].top1_rate if topk else None,
+            float_accuracy=topk[0].top1_rate if topk else None,
+        )
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        """One sample (batch 1 when the inputs allow it): what latency is timed on."""
+        feeds, _ = timed_inputs(self.batches[0], self.inputs, 1)
+        return feeds
+
+    def latency_ratio(self, candidate: onnx.ModelProto, runs: int = 40, warmup: int = 5) -> float:
+        """Median latency of `candidate` / median latency of the float model (batch 1)."""
+        session = make_session(candidate, self.threads)
+        feeds = self.feeds()
+        speed = measure(
+            lambda: self._float_session.run(None, feeds), lambda: session.run(None, feeds),
+            runs=runs, warmup=warmup, batch=1, threads=self.threads,
+        )
+        return 1.0 / speed.speedup if speed.speedup else float("inf")
+
+    def float_ms(self) -> float:
+        """Median latency of the float model in ms (batch 1; measured once, 20 runs)."""
+        if self._float_ms is None:
+            import time
+
+            feeds = self.feeds()
+            for _ in range(3):
+                self._float_session.run(None, feeds)
+            times = []
+            for _ in range(20):
+                start = time.perf_counter_ns()
+                self._float_session.run(None, feeds)
+                times.append(time.perf_counter_ns() - start)
+            self._float_ms = float(np.median(times)) / 1e6
+        return self._float_ms
+
+    def node_times(self, model: onnx.ModelProto, runs: int = 20) -> dict[str, float]:
+        """Mean kernel time (µs) per node name over `runs` profiled runs (after 3 warm-up runs)."""
+        return node_times(model, self.feeds(), runs, self.threads)
+
+
+def node_times(model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int = 20,
+               threads: int | None = None) -> dict[str, float]:
+    """onnxruntime's profiler on `model`: mean µs per run of each node's kernel, by node name."""
+    import onnxruntime as ort
+
+    from qcli.model import clamp_ir_version
+
+    with tempfile.TemporaryDirectory(prefix="qcli-profile-") as tmp:
+        options = session_options(threads)
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tmp) / "profile")
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        clamp_ir_version(copy)
+        session = ort.InferenceSession(copy.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        for _ in range(3):
+            session.run(None, feeds)
+        for _ in range(runs):
+            session.run(None, feeds)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    # Skip the warm-up runs: the profile lists runs in order; keep the last `runs` model runs.
+    run_starts = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    first = run_starts[-runs] if len(run_starts) >= runs else 0
+    times: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e["ts"] >= first:
+            name = e["name"][: -len("_kernel_time")]
+            times[name] = times.get(name, 0.0) + e["dur"] / runs
+    return times

@@ -1,0 +1,467 @@
+"""Automatic mixed precision: measured sensitivity, measured speed cost, then a cheap search.
+
+Units. A unit is one compute node the plan quantizes (Conv, MatMul, Gemm, Add, Mul, ...: the
+nodes onnxruntime fuses into an int8 kernel). Data-movement nodes follow their neighbours
+through the shared-qparams groups, so they need no decision of their own. A unit's precision is
+int8 (the config's default) or a promotion: `int16` (16-bit activations around the node, int8
+weights: A16W8) or `float`. A choice is written as an ordinary YAML override on the node's name
+(`precision: float`, or `activations: {dtype: uint16}`), appended after the user's overrides, so
+the chosen precisions are a config file that `qcli quantize --config` reproduces exactly.
+
+Sensitivity (the estimator, and why). For every unit: the output noise of the model with only
+that unit promoted, against the current model (everything else as it is): `noise(current) -
+noise(current + u promoted)`, where noise = quantization noise power / signal power of the
+outputs versus the float model, on the probe samples. Chosen over the alternatives because
+- it measures at the outputs, so it includes how the unit's error propagates (a per-layer SQNR
+  does not: a noisy layer feeding a softmax's flat region can be harmless, a quiet one feeding a
+  division can wreck the result);
+- "leave one out" is measured on the model as it will be deployed (everything else int8), where
+  "quantize only this one" measures an interaction-free model that is never deployed;
+- noise is continuous: with 64 samples, top-1 agreement moves in steps of 1.6% and most units
+  would tie at 0.
+It costs one trial per unit (bounded by max_trials and time_budget; units not measured when the
+budget runs out are ranked after the measured ones, in graph order).
+
+Speed cost. Measured, not assumed: onnxruntime's profiler on the all-int8 model and on the model
+with every unit promoted to each candidate gives each node's kernel time; a unit's time is its
+own node's (fused int8 nodes keep the original name; onnxruntime's float fusions are named after
+their first node) plus its share of the Q/DQ nodes of its tensors. cost(u) = time promoted -
+time int8; negative means the unit is faster unquantized (a small op between float ops).
+
+Search, on the probe's measurements (`Goal` says what must hold):
+1. all-int8; if it already meets the goal, nothing is promoted (except for `accuracy`);
+2. if a latency ceiling is missed: units faster unquantized go float (one measured step);
+3. if the accuracy goal is missed: units ranked by sensitivity (not by sensitivity per cost:
+   costs are timings, and the promotions must not depend on how busy the machine was); the
+   shortest prefix of the ranking that meets the goal is found by doubling then bisection
+   (about 2 log2(N) trials), then each promoted unit is tried back at int8, least sensitive
+   first (prune): the result promotes no unit whose promotion was not needed.
+Each unit's promotion target is its cheapest candidate by measured cost, float winning ties
+(another candidate must be cheaper by more than SPEED_TIE and 10%).
+Criteria: `performance` meets `max_accuracy_drop` at the least cost; `balanced` aims at half the
+budget and settles for the whole budget when half cannot be reached; `accuracy` promotes by rank
+as far as the speed floor (`min_speedup`, default 1.0: never slower than float) allows;
+`custom` needs both `max_accuracy_drop` and `min_speedup`.
+Deterministic: the accuracy side is (same model, data, config -> same trials, same choices);
+steps that compare latencies depend on timings, which the report shows.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import onnx
+
+from qcli.analyze.probe import Fidelity, Probe
+from qcli.calibrate.table import CalibrationTable
+from qcli.config import Activations, Config, Match, Override
+from qcli.errors import CalibrationError, ConfigError
+from qcli.plan import Plan
+from qcli.prepare import PrepareResult
+from qcli.rules import rule_for
+
+PROMOTIONS = ("int16", "float")
+SPEED_TIE = 2.0  # µs: a unit whose int8 form is slower by less than this is a tie (stays int8)
+
+
+@dataclass(frozen=True)
+class Unit:
+    node: str  # display name: what `overrides[].match.nodes` matches
+    op_type: str
+    index: int
+    tensors: frozenset[str]  # what it reads and writes (for attributing Q/DQ kernel time)
+
+
+def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
+    """The plan's quantized compute nodes, in graph order."""
+    graph = model.graph
+    folded_into: dict[str, list[int]] = {}
+    for d in plan.nodes:
+        if d.quantized and d.reason.startswith("folded into "):
+            folded_into.setdefault(d.reason[len("folded into "):], []).append(d.index)
+    units = []
+    for d in plan.nodes:
+        node = graph.node[d.index]
+        rule = rule_for(node)
+        if not d.quantized or d.reason or rule is None or rule.kind != "compute":
+            continue
+        tensors = set(node.input) | set(node.output)
+        for j in folded_into.get(d.name, []):
+            tensors |= set(graph.node[j].output)
+        units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in tensors if t)))
+    return units
+
+
+def _exact(name: str) -> str:
+    """A `nodes:` pattern matching exactly `name` (a regex when the name has glob characters)."""
+    return f"re:{re.escape(name)}" if any(c in name for c in "*?[") else name
+
+
+def promoted_config(config: Config, choices: dict[str, str], units: list[Unit]) -> Config:
+    """`config` plus one override per promoted precision (nodes in graph order), search off."""
+    order = {u.node: u.index for u in units}
+    overrides = list(config.overrides)
+    wide = "uint16" if config.activations.dtype in ("uint8", "uint16") else "int16"
+    for precision in PROMOTIONS:
+        nodes = sorted((n for n, p in choices.items() if p == precision), key=lambda n: order.get(n, 0))
+        if not nodes:
+            continue
+        match = Match(nodes=[_exact(n) for n in nodes])
+        if precision == "float":
+            overrides.append(Override(match=match, precision="float"))
+        else:
+            overrides.append(Override(match=match, activations=Activations(dtype=wide, symmetric=config.activations.symmetric)))
+    return config.model_copy(update={
+        "overrides": overrides,
+        "auto_precision": config.auto_precision.model_copy(update={"enabled": False}),
+    })
+
+
+# --------------------------------------------------------------------------- trials
+
+
+@dataclass
+class Trials:
+    """Builds and measures candidate models; every measurement is cached by its choices."""
+
+    model: onnx.ModelProto  # as the user gave it
+    prepared: PrepareResult
+    config: Config
+    table: CalibrationTable
+    probe: Probe
+    units: list[Unit]
+    max_trials: int = 200
+    time_budget: float = 300.0  # seconds
+    progress: Callable[[int], None] | None = None
+    ceiling: float | None = None  # latency ratio worth confirming above
+    count: int = 0
+    stopped: str | None = None
+    _fidelity: dict[frozenset, Fidelity | None] = field(default_factory=dict)
+    _latency: dict[frozenset, float] = field(default_factory=dict)
+    _demoted: dict[frozenset, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.started = time.monotonic()
+
+    def exhausted(self) -> bool:
+        if self.count >= self.max_trials:
+            self.stopped = f"max trials ({self.max_trials}) reached"
+        elif time.monotonic() - self.started > self.time_budget:
+            self.stopped = f"time budget ({self.time_budget:g} s) spent"
+        return self.stopped is not None
+
+    def build(self, choices: dict[str, str]):
+        from qcli.quantize import quantize
+
+        return quantize(self.model, promoted_config(self.config, choices, self.units), self.table, prepared=self.prepared)
+
+    def fidelity(self, choices: dict[str, str]) -> Fidelity | None:
+        """The candidate's fidelity; None when it cannot be built from the calibration."""
+        key = frozenset(choices.items())
+        if key not in self._fidelity:
+            self.count += 1
+            try:
+                built = self.build(choices)
+                self._fidelity[key] = self.probe.measure(built.model)
+                kept = {d.name for d in built.plan.nodes if d.quantized and not d.reason}
+                self._demoted[key] = sum(1 for u in self.units if u.node not in kept)
+            except CalibrationError:
+                self._fidelity[key] = None
+            if self.progress is not None:
+                self.progress(1)
+        return self._fidelity[key]
+
+    def demoted(self, choices: dict[str, str]) -> int:
+        """How many units the candidate leaves unquantized: promoting one node can take its
+        neighbours along (a node whose output only feeds float nodes stays float too)."""
+        return self._demoted.get(frozenset(choices.items()), len(choices))
+
+    def latency(self, choices: dict[str, str]) -> float:
+        """Latency ratio to the float model. A ratio above `ceiling` is measured twice more and
+        the median kept: one timing on a busy machine can be off by several percent."""
+        key = frozenset(choices.items())
+        if key not in self._latency:
+            model = self.build(choices).model
+            ratios = [self.probe.latency_ratio(model)]
+            if self.ceiling is not None and ratios[0] > self.ceiling:
+                ratios += [self.probe.latency_ratio(model) for _ in range(2)]
+            self._latency[key] = sorted(ratios)[len(ratios) // 2]
+        return self._latency[key]
+
+    def costs(self, candidates: list[str]) -> dict[str, tuple[str, float]]:
+        """Per unit: the promotion among `candidates` with the least measured cost, and that
+        cost in µs per run (time promoted - time int8; negative: faster promoted)."""
+        int8 = attribute(self.probe.node_times(self.build({}).model), self.units)
+        best: dict[str, tuple[str, float]] = {}
+        # float first: another candidate replaces it only when clearly cheaper (ties go to float,
+        # the more accurate one, so timing noise does not flip the choice)
+        for precision in sorted((p for p in PROMOTIONS if p in candidates), key=lambda p: p != "float"):
+            if precision == "float":
+                promoted = self.prepared.model
+            else:
+                promoted = self.build({u.node: precision for u in self.units}).model
+            times = attribute(self.probe.node_times(promoted), self.units)
+            for u in self.units:
+                cost = times.get(u.node, 0.0) - int8.get(u.node, 0.0)
+                if u.node not in best or cost < best[u.node][1] - max(SPEED_TIE, 0.1 * abs(best[u.node][1])):
+                    best[u.node] = (precision, cost)
+        return best
+
+
+def attribute(times: dict[str, float], units: list[Unit]) -> dict[str, float]:
+    """Kernel times by node name -> time per unit: the unit's own node (or an onnxruntime fusion
+    named `<node>/...`), plus an even share of the Q/DQ nodes of each tensor it touches."""
+    names = {u.node for u in units}
+    owners: dict[str, list[str]] = {}
+    for u in units:
+        for t in u.tensors:
+            owners.setdefault(t, []).append(u.node)
+    out: dict[str, float] = {}
+    for name, us in times.items():
+        if name in names:
+            targets = [name]
+        elif fused := [n for n in names if name.startswith(n + "/")]:
+            targets = [max(fused, key=len)]
+        else:
+            tensor = next((name[: -len(s)] for s in ("_dequantized_DQ", "_Q", "_DQ") if name.endswith(s)), None)
+            targets = owners.get(tensor, []) if tensor is not None else []
+        for n in targets:
+            out[n] = out.get(n, 0.0) + us / len(targets)
+    return out
+
+
+# --------------------------------------------------------------------------- search
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What the result must satisfy: an accuracy budget and/or floors, and a latency ceiling."""
+
+    criterion: str = "performance"  # performance | balanced | accuracy | custom
+    max_drop: float | None = None  # Fidelity.drop at most this
+    min_top1_agreement: float | None = None  # floors (verification)
+    min_cosine: float | None = None
+    max_latency_ratio: float | None = None  # quantized / float latency at most this
+
+    def accurate(self, f: Fidelity | None, scale: float = 1.0) -> bool:
+        if f is None:
+            return False
+        if self.max_drop is not None and f.drop > self.max_drop * scale + 1e-12:
+            return False
+        if self.min_top1_agreement is not None and f.top1_agreement is not None and f.top1_agreement < self.min_top1_agreement:
+            return False
+        if self.min_cosine is not None and f.cosine is not None and f.cosine < self.min_cosine:
+            return False
+        return True
+
+    def fast(self, ratio: float | None) -> bool:
+        return self.max_latency_ratio is None or ratio is None or ratio <= self.max_latency_ratio
+
+
+@dataclass
+class Step:
+    action: str
+    changed: list[str]  # units whose precision this step changed
+    promoted: int  # units promoted after the step
+    drop: float | None
+    noise: float | None
+    latency_ratio: float | None = None
+    kept: bool = True
+
+
+@dataclass
+class SearchResult:
+    choices: dict[str, str]
+    fidelity: Fidelity | None
+    latency_ratio: float | None
+    met: bool
+    steps: list[Step]
+    sensitivity: dict[str, float]
+    costs: dict[str, tuple[str, float]]
+    trials: int
+    stopped: str | None = None
+
+
+def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, float]]) -> SearchResult:
+    """Find the choices meeting `goal` (see the module docstring). `trials` needs `fidelity(choices)`,
+    `latency(choices)`, `demoted(choices)`, `exhausted()` and the attributes `count` and `stopped`."""
+    steps: list[Step] = []
+    timed = goal.max_latency_ratio is not None
+
+    def log(action: str, changed: list[str], chosen: dict, f: Fidelity | None, ratio: float | None = None, kept: bool = True):
+        steps.append(Step(action, sorted(changed, key=lambda n: index[n]), len(chosen),
+                          f.drop if f else None, f.noise if f else None, ratio, kept))
+
+    index = {u.node: u.index for u in units}
+    units = [u for u in units if u.node in costs]  # promotable: a candidate precision exists
+    target = {u.node: costs[u.node][0] for u in units}
+    cost = {u.node: costs[u.node][1] for u in units}
+    choices: dict[str, str] = {}
+    current = trials.fidelity(choices)
+    ratio = trials.latency(choices) if timed else None
+    log("all int8", [], choices, current, ratio)
+    sensitivity: dict[str, float] = {}
+
+    def result(met: bool) -> SearchResult:
+        return SearchResult(dict(sorted(choices.items(), key=lambda kv: index[kv[0]])), current, ratio, met,
+                            steps, sensitivity, costs, trials.count, trials.stopped)
+
+    if goal.accurate(current) and goal.fast(ratio) and goal.criterion != "accuracy":
+        return result(True)
+
+    # Speed: units measurably faster unquantized (by more than SPEED_TIE µs) are promoted when
+    # the latency ceiling is missed; if that is not enough, every unit is.
+    if timed and not goal.fast(ratio):
+        slow = {u.node: target[u.node] for u in units if cost[u.node] < -SPEED_TIE}
+        everything = {u.node: target[u.node] for u in units}
+        for action, trial in (("slower in int8: promoted", slow), ("int8 slower overall: all promoted", everything)):
+            if goal.fast(ratio) or not trial or trial == choices:
+                continue
+            f, r = trials.fidelity(trial), trials.latency(trial)
+            kept = r < ratio and f is not None
+            log(action, [n for n in trial if n not in choices], trial if kept else choices, f, r, kept)
+            if kept:
+                choices, current, ratio = dict(trial), f, r
+
+    # Accuracy, in rounds: rank the int8 units by measured sensitivity, find the shortest prefix of
+    # the ranking meeting the goal; when even the whole ranking misses it, promote it and measure
+    # the rest again (a unit's error can hide behind a worse one until that is fixed).
+    if not goal.accurate(current) or goal.criterion == "accuracy":
+        speed_choices = dict(choices)
+
+        def ranking() -> list[str]:
+            base_noise = current.noise if current else float("inf")
+            spread: dict[str, int] = {}
+            for u in units:
+                if u.node in choices or trials.exhausted():
+                    continue
+                trial = {**choices, u.node: target[u.node]}
+                f = trials.fidelity(trial)
+                if f is not None:
+                    sensitivity[u.node] = base_noise - f.noise
+                    spread[u.node] = max(trials.demoted(trial) - trials.demoted(choices), 1)
+            floor = 1e-3 * max(base_noise, 1e-12)  # gains below this are measurement noise
+            # By sensitivity (costs are timings: ranking by them would make the promotions depend
+            # on a busy machine; the prune keeps only what the goal needs), per unit actually left
+            # unquantized (promoting a node can take neighbours along). Units the budget left
+            # unmeasured come last, in graph order.
+            measured = [u.node for u in units if u.node in spread and sensitivity[u.node] > floor]
+            ranked = sorted(measured, key=lambda n: (-sensitivity[n] / spread[n], index[n]))
+            log("sensitivity", [], choices, current)
+            return ranked + [u.node for u in units if u.node not in choices and u.node not in spread]
+
+        if goal.criterion == "accuracy":
+            ranked = ranking()
+            choices, current, ratio = _most_within_speed(
+                ranked, lambda k: {**choices, **{n: target[n] for n in ranked[:k]}}, trials, goal, log,
+                choices, current, ratio)
+        else:
+            scales = [0.5, 1.0] if goal.criterion == "balanced" and goal.max_drop is not None else [1.0]
+            for scale in scales:
+                choices, current = dict(speed_choices), trials.fidelity(speed_choices)
+                order: list[str] = []  # accuracy promotions, most sensitive first
+                met = False
+                while not trials.exhausted():
+                    ranked = ranking()
+                    if not ranked:
+                        break
+                    fixed = dict(choices)
+
+                    def with_prefix(k: int, fixed=fixed, ranked=ranked) -> dict[str, str]:
+                        return {**fixed, **{n: target[n] for n in ranked[:k]}}
+
+                    k = _shortest_prefix(ranked, with_prefix, trials, goal, scale, log)
+                    if k is not None:
+                        choices, order = with_prefix(k), order + ranked[:k]
+                        choices, current = _prune(choices, order[::-1], speed_choices, trials, goal, scale, log)
+                        met = True
+                        break
+                    everything = with_prefix(len(ranked))
+                    f = trials.fidelity(everything)
+                    if f is None or current is None or f.noise >= current.noise:
+                        break
+                    choices, current, order = everything, f, order + ranked
+                    log("all ranked promoted: next round", ranked, choices, f)
+                if met:
+                    break
+        if timed:
+            ratio = trials.latency(choices)
+    all_float = len(choices) == len(units) and all(p == "float" for p in choices.values())
+    return result(goal.accurate(current) and (goal.fast(ratio) or all_float))  # all float: as fast by construction
+
+
+def _shortest_prefix(ranked, with_prefix, trials, goal: Goal, scale: float, log) -> int | None:
+    """Smallest k whose first-k promotion meets the accuracy goal: doubling, then bisection."""
+    lo, k = 0, 1
+    while True:
+        if trials.exhausted():
+            return None
+        k = min(k, len(ranked))
+        f = trials.fidelity(with_prefix(k))
+        ok = goal.accurate(f, scale)
+        log(f"promote top {k}", ranked[:k], with_prefix(k), f, kept=ok)
+        if ok:
+            break
+        if k == len(ranked):
+            return None
+        lo, k = k, k * 2
+    hi = k  # meets the goal; lo does not
+    while hi - lo > 1 and not trials.exhausted():
+        mid = (lo + hi) // 2
+        f = trials.fidelity(with_prefix(mid))
+        ok = goal.accurate(f, scale)
+        log(f"promote top {mid}", ranked[:mid], with_prefix(mid), f, kept=ok)
+        lo, hi = (lo, mid) if ok else (mid, hi)
+    return hi
+
+
+def _prune(chosen: dict, order: list[str], fixed: dict, trials, goal: Goal, scale: float, log) -> tuple[dict, Fidelity]:
+    """Try each promoted unit back at int8 (least useful first); keep the demotions that still
+    meet the goal."""
+    current = trials.fidelity(chosen)
+    for n in order:
+        if n in fixed or trials.exhausted():
+            continue
+        trial = {k: v for k, v in chosen.items() if k != n}
+        f = trials.fidelity(trial)
+        ok = goal.accurate(f, scale)
+        log("back to int8", [n], trial if ok else chosen, f, kept=ok)
+        if ok:
+            chosen, current = trial, f
+    return chosen, current
+
+
+def _most_within_speed(ranked, with_prefix, trials, goal: Goal, log, choices, current, ratio):
+    """`accuracy` criterion: the longest prefix of the ranking whose latency stays within the
+    speed floor (bisection on measured latency)."""
+    lo, hi = 0, len(ranked)
+    best = (choices, current, ratio)
+    while lo < hi and not trials.exhausted():
+        mid = (lo + hi + 1) // 2
+        candidate = with_prefix(mid)
+        r = trials.latency(candidate)
+        f = trials.fidelity(candidate)
+        ok = goal.fast(r) and f is not None
+        log(f"promote top {mid}", ranked[:mid], candidate, f, r, kept=ok)
+        if ok:
+            lo, best = mid, (candidate, f, r)
+        else:
+            hi = mid - 1
+    return best
+
+
+def goal_of(config: Config) -> Goal:
+    """The auto-precision goal the config's `auto_precision` section describes."""
+    ap = config.auto_precision
+    if ap.criteria == "custom" and ap.min_speedup is None:
+        raise ConfigError("auto_precision.criteria custom needs auto_precision.min_speedup",
+                          hint="or pick performance, balanced or accuracy")
+    min_speedup = ap.min_speedup if ap.min_speedup is not None else (1.0 if ap.criteria == "accuracy" else None)
+    return Goal(
+        criterion=ap.criteria,
+        max_drop=None if ap.criteria == "accuracy" else ap.max_accuracy_drop,
+        max_latency_ratio=1.0 / min_speedup if min_speedup else None,
+    )

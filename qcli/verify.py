@@ -1,0 +1,314 @@
+"""Safe by default: quantize, compare with the float model, rescue what misses a floor.
+
+`quantize_checked` is what `qcli quantize` and `qcli run` do (README "Verification"):
+1. prepare the model once; calibrate on `--data` (or take the calibration file);
+2. quantize with the config;
+3. auto-precision (`auto_precision.enabled`): search for the choices meeting the config's
+   criterion and the verification floors (qcli.precision);
+   otherwise verification (`verify.enabled`): compare with the float model on held-back samples;
+   when a floor is missed and `verify.rescue` is on, the same search with criterion
+   `performance` and the floors as its goal, within `verify.max_trials` / `verify.time_budget`;
+4. return the model and everything measured; the caller writes the model (and, when units were
+   promoted, the precision config that reproduces it) and exits 1 when a floor is still missed.
+
+Which samples are compared (decided once by `plan_data`, stated in the summary):
+- `--eval-data`: its first `verify.samples` (auto-precision: `auto_precision.samples`);
+- else the samples of `--data` after the ones calibration reads, when there are at least
+  MIN_SAMPLES of them;
+- else the last eighth of `--data` (at most `verify.samples`) is held back from calibration,
+  when that is at least MIN_SAMPLES;
+- else (a folder too small to split) the calibration samples themselves, and the summary says so;
+- with `--calib` and no `--eval-data` there is nothing to compare on: verification is skipped,
+  with a note.
+The latency floor applies when the float model takes at least `verify.min_float_ms` per run:
+below that, onnxruntime's fixed cost per node, not arithmetic, decides the ratio. A ratio within
+LATENCY_TOLERANCE of its floor counts as met: that is the spread measured between two runs of
+the same model with the alternating timing (0.97-1.03 on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from qcli.analyze.probe import Fidelity, Probe
+from qcli.calibrate.table import CalibrationTable
+from qcli.config import Config
+from qcli.data import DataFolder, model_inputs
+from qcli.precision import Goal, SearchResult, Trials, find_units, goal_of, search
+from qcli.prepare import PrepareResult, prepare
+from qcli.quantize import QuantizeResult, calibrate, quantize
+
+MIN_SAMPLES = 16
+LATENCY_TOLERANCE = 0.03
+PROBE_BATCH = 32
+
+# progress(description, total) -> a context manager giving an `advance(n)` callback
+ProgressFactory = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
+
+
+def no_progress(description: str, total: int):
+    return nullcontext(lambda n: None)
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    calibration_samples: int | None  # first N of --data calibration reads (None: no --data)
+    verify_path: Path | None  # None: nothing to compare on
+    verify_start: int = 0
+    verify_count: int = 0
+    description: str = ""
+
+
+def plan_data(data: Path | None, data_total: int | None, eval_data: Path | None, config: Config,
+              count: int) -> DataPlan:
+    """Which samples calibration reads and which verification compares (module docstring)."""
+    wanted = config.calibration.samples
+    if eval_data is not None:
+        return DataPlan(wanted, eval_data, 0, count, f"{eval_data} (first {count} samples at most)")
+    if data is None or data_total is None:
+        return DataPlan(None, None, description="no data to compare on: give --eval-data DIR")
+    n = data_total
+    calibration = min(wanted, n)
+    spare = n - calibration
+    if spare >= MIN_SAMPLES:
+        take = min(spare, count)
+        return DataPlan(calibration, data, calibration, take,
+                        f"{data} samples {calibration + 1}-{calibration + take} (not used by calibration)")
+    held = min(count, n // 8)
+    if held >= MIN_SAMPLES:
+        calibration = min(wanted, n - held)
+        return DataPlan(calibration, data, n - held, held,
+                        f"{data} samples {n - held + 1}-{n} (held back from calibration, which reads {calibration})")
+    take = min(n, count)
+    return DataPlan(calibration, data, 0, take,
+                    f"{data} samples 1-{take}: also calibration samples (the folder is too small to hold "
+                    f"{MIN_SAMPLES} back; give --eval-data for an independent check)")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    value: float
+    floor: float
+    at_least: bool  # value >= floor (else value <= floor)
+    passed: bool
+
+    @property
+    def message(self) -> str:
+        sign = ">=" if self.at_least else "<="
+        verdict = "ok" if self.passed else "MISSED"
+        return f"{self.name} {self.value:.4f} (floor {sign} {self.floor:g}): {verdict}"
+
+
+@dataclass
+class Verification:
+    source: str
+    samples: int
+    fidelity: Fidelity
+    latency_ratio: float | None
+    float_ms: float | None
+    checks: list[Check]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {
+            "data": self.source,
+            "samples": self.samples,
+            "passed": self.passed,
+            "metric": self.fidelity.metric,
+            "drop": round(self.fidelity.drop, 6),
+            "checks": [
+                {"name": c.name, "value": round(c.value, 6), "floor": c.floor,
+                 "kind": "at_least" if c.at_least else "at_most", "passed": c.passed}
+                for c in self.checks
+            ],
+            "outputs": [
+                {"name": o.name, "top1_agreement": o.top1_agreement, "cosine": o.cosine, "sqnr_db": o.sqnr_db}
+                for o in self.fidelity.outputs
+            ],
+            "latency_ratio": None if self.latency_ratio is None else round(self.latency_ratio, 4),
+            "float_ms": None if self.float_ms is None else round(self.float_ms, 4),
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class Outcome:
+    result: QuantizeResult
+    config: Config  # reproduces the model: the input config plus the promotions as overrides
+    table: CalibrationTable
+    data: DataPlan
+    verification: Verification | None = None
+    search: SearchResult | None = None
+    promoted: dict[str, str] = field(default_factory=dict)  # node -> int16 | float
+    reasons: dict[str, str] = field(default_factory=dict)  # node -> why it was promoted
+    goal_met: bool = True
+    searched_for_goal: bool = False  # auto-precision ran (its goal, not only the floors)
+    notes: list[str] = field(default_factory=list)
+
+
+def quantize_checked(
+    model: onnx.ModelProto,
+    config: Config,
+    *,
+    data: Path | None = None,
+    table: CalibrationTable | None = None,
+    eval_data: Path | None = None,
+    labels: Path | None = None,
+    force: bool = False,
+    strict: bool = False,
+    progress: ProgressFactory = no_progress,
+    methods: tuple[str, ...] | None = None,
+) -> Outcome:
+    """Calibrate (when `data` is given), quantize, verify and rescue; see the module docstring.
+    `methods`: the range methods the calibration solves (default: only the config's)."""
+    if (data is None) == (table is None):
+        raise ValueError("give exactly one of data or table")
+    ap, vf = config.auto_precision, config.verify
+    checking = ap.enabled or vf.enabled
+    count = ap.samples if ap.enabled else vf.samples
+    inputs = model_inputs(model)
+    total = len(DataFolder(data, inputs, preprocess=config.data.preprocess)) if data is not None and checking else None
+    plan = plan_data(data, total, eval_data, config, count) if checking else DataPlan(config.calibration.samples, None)
+    prepared = prepare(model, force=force)
+    if table is None:
+        folder = DataFolder(data, inputs, preprocess=config.data.preprocess, samples=plan.calibration_samples)
+        with progress("calibrating", len(folder)) as advance:
+            table = calibrate(model, folder, config, progress=advance, force=force, strict=strict,
+                              methods=methods or (config.calibration.method,), prepared=prepared)
+    result = quantize(model, config, table, force=force, strict=strict, prepared=prepared)
+    outcome = Outcome(result, config, table, plan, searched_for_goal=ap.enabled)
+    if not checking:
+        return outcome
+    if plan.verify_path is None:
+        outcome.notes.append(f"verification skipped: {plan.description}")
+        if ap.enabled:
+            from qcli.errors import QcliError
+
+            raise QcliError("auto-precision needs data to measure on", hint="give --eval-data DIR (or --data DIR)")
+        return outcome
+
+    folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=plan.verify_count,
+                        start=plan.verify_start, labels=labels if eval_data is not None else None)
+    probe = Probe(model, list(folder.batches(PROBE_BATCH)), inputs, source=plan.description)
+    units = find_units(prepared.model, result.plan)
+    budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
+    with progress("verifying" if not ap.enabled else "searching precisions", budget[0]) as advance:
+        trials = Trials(model, prepared, config, table, probe, units, *budget, progress=advance)
+        base = trials.fidelity({})
+        floors = _floors(config, probe) if vf.enabled else Goal()
+        goal = floors
+        if ap.enabled:
+            wanted = goal_of(config)
+            ceiling = min((r for r in (wanted.max_latency_ratio, floors.max_latency_ratio) if r is not None), default=None)
+            goal = Goal(wanted.criterion, wanted.max_drop, floors.min_top1_agreement, floors.min_cosine, ceiling)
+        goal = _tolerant(goal)
+        trials.ceiling = goal.max_latency_ratio
+        ratio = trials.latency({}) if floors.max_latency_ratio is not None else None
+        needed = ap.enabled or (vf.rescue and not (floors.accurate(base) and _fast(floors, ratio)))
+        if needed and units:
+            costs = trials.costs(ap.candidates if ap.enabled else ["float"])
+            found = search(units, trials, goal, costs)
+            outcome.search, outcome.goal_met = found, found.met
+            outcome.promoted = found.choices
+            outcome.reasons = _reasons(found)
+            if found.choices:
+                from qcli.precision import promoted_config
+
+                outcome.config = promoted_config(config, found.choices, units)
+                outcome.result = quantize(model, outcome.config, table, force=force, strict=strict, prepared=prepared)
+                _explain(outcome)
+                base = found.fidelity
+                ratio = found.latency_ratio if floors.max_latency_ratio is not None else None
+                if ratio is None and floors.max_latency_ratio is not None:
+                    ratio = trials.latency(found.choices)
+            if found.stopped:
+                outcome.notes.append(f"search stopped early: {found.stopped}")
+    if vf.enabled:
+        plan_ = outcome.result.plan
+        outcome.verification = _verification(plan, probe, base, ratio, floors, config,
+                                              all_float=not plan_.groups and not plan_.weights)
+    return outcome
+
+
+def _fast(goal: Goal, ratio: float | None) -> bool:
+    return goal.max_latency_ratio is None or ratio is None or ratio <= goal.max_latency_ratio + LATENCY_TOLERANCE
+
+
+def _tolerant(goal: Goal) -> Goal:
+    """The goal with the latency ceiling widened by the measurement's resolution."""
+    if goal.max_latency_ratio is None:
+        return goal
+    from dataclasses import replace
+
+    return replace(goal, max_latency_ratio=goal.max_latency_ratio + LATENCY_TOLERANCE)
+
+
+def _floors(config: Config, probe: Probe) -> Goal:
+    vf = config.verify
+    ceiling = vf.max_latency_ratio
+    if ceiling is not None and probe.float_ms() < vf.min_float_ms:
+        ceiling = None
+    return Goal("performance", None, vf.min_top1_agreement, vf.min_cosine, ceiling)
+
+
+def _verification(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | None, floors: Goal,
+                  config: Config, all_float: bool = False) -> Verification:
+    vf = config.verify
+    checks, notes = [], []
+    if f.top1_agreement is not None:
+        checks.append(Check("top-1 agreement", f.top1_agreement, vf.min_top1_agreement, True,
+                            f.top1_agreement >= vf.min_top1_agreement))
+    if f.cosine is not None:
+        checks.append(Check("cosine", f.cosine, vf.min_cosine, True, f.cosine >= vf.min_cosine))
+    if all_float:
+        notes.append("nothing is left quantized: the model computes in float like the original "
+                     "(int8 did not pay off here)")
+    if ratio is not None and floors.max_latency_ratio is not None:
+        by_construction = all_float and floors.max_latency_ratio >= 1.0
+        checks.append(Check("latency ratio", ratio, floors.max_latency_ratio, False, by_construction or _fast(floors, ratio)))
+    elif vf.max_latency_ratio is not None:
+        notes.append(
+            f"latency floor not applied: the float model runs in {probe.float_ms():.3f} ms "
+            f"(< verify.min_float_ms {vf.min_float_ms:g}), where per-node overhead decides the ratio"
+        )
+    return Verification(plan.description, probe.samples, f, ratio, probe.float_ms(), checks, notes)
+
+
+def _reasons(found: SearchResult) -> dict[str, str]:
+    """Why each promoted unit was promoted: the first kept step that promoted it."""
+    reasons: dict[str, str] = {}
+    for step in found.steps:
+        if not step.kept:
+            continue
+        for n in step.changed:
+            if n in found.choices and n not in reasons:
+                if step.action.startswith(("slower", "int8 slower")):
+                    precision, cost = found.costs.get(n, ("float", 0.0))
+                    reasons[n] = f"faster in {precision} ({-cost:.1f} µs less per run)"
+                else:
+                    gain = found.sensitivity.get(n)
+                    reasons[n] = (f"sensitive: promoting it alone cuts output noise by {gain:.3g}"
+                                  if gain is not None else "not measured (budget spent): promoted by rank")
+    return reasons
+
+
+
+def _explain(outcome: Outcome) -> None:
+    """Nodes the search promoted say why in the plan (not "excluded by config")."""
+    from dataclasses import replace
+
+    for k, d in enumerate(outcome.result.plan.nodes):
+        if d.name in outcome.promoted and outcome.promoted[d.name] == "float":
+            why = outcome.reasons.get(d.name, "")
+            why = "faster in float" if why.startswith("faster") else "sensitive to 8 bits" if why else "promoted"
+            outcome.result.plan.nodes[k] = replace(d, reason=f"{why} (precision search)")

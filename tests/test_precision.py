@@ -1,0 +1,203 @@
+"""Automatic mixed precision: the search on synthetic sensitivity tables (no inference), the
+config it writes, and the attribution of profiled kernel times to units."""
+
+from __future__ import annotations
+
+import pytest
+
+from qcli.analyze.probe import Fidelity, OutputFidelity
+from qcli.config import Config, parse_config
+from qcli.precision import Goal, Unit, attribute, promoted_config, search
+
+
+def units(*names: str) -> list[Unit]:
+    return [Unit(n, "MatMul", i, frozenset({f"{n}_in", f"{n}_out"})) for i, n in enumerate(names)]
+
+
+class FakeTrials:
+    """A model whose output error is the sum of its int8 units' errors (1 - cosine) and whose
+    latency ratio is a base plus each promoted unit's cost."""
+
+    def __init__(self, errors: dict[str, float], costs: dict[str, float] | None = None, base_ratio: float = 0.5,
+                 max_trials: int = 1000, interaction: tuple[str, str, float] | None = None):
+        self.errors, self.costs, self.base_ratio = errors, costs or {}, base_ratio
+        self.max_trials, self.count, self.stopped = max_trials, 0, None
+        self.interaction = interaction  # (a, b, extra error while both are int8)
+        self.seen: list[frozenset] = []
+
+    def _error(self, choices: dict[str, str]) -> float:
+        error = sum(e for n, e in self.errors.items() if n not in choices)
+        if self.interaction:
+            a, b, extra = self.interaction
+            if a not in choices and b not in choices:
+                error += extra
+        return error
+
+    def fidelity(self, choices: dict[str, str]) -> Fidelity:
+        key = frozenset(choices.items())
+        if key not in self.seen:
+            self.seen.append(key)
+            self.count += 1
+        error = self._error(choices)
+        return Fidelity((OutputFidelity("y", False, None, 1.0 - error, None),), noise=error)
+
+    def demoted(self, choices: dict[str, str]) -> int:
+        return len(choices)
+
+    def latency(self, choices: dict[str, str]) -> float:
+        return self.base_ratio + sum(self.costs.get(n, 0.0) for n in choices)
+
+    def exhausted(self) -> bool:
+        if self.count >= self.max_trials:
+            self.stopped = f"max trials ({self.max_trials}) reached"
+        return self.stopped is not None
+
+
+def float_costs(us: list[Unit], values: dict[str, float] | None = None) -> dict[str, tuple[str, float]]:
+    return {u.node: ("float", (values or {}).get(u.node, 10.0)) for u in us}
+
+
+def test_nothing_is_promoted_when_int8_meets_the_budget() -> None:
+    us = units("a", "b", "c")
+    trials = FakeTrials({"a": 0.001, "b": 0.002, "c": 0.001})
+    found = search(us, trials, Goal(max_drop=0.01), float_costs(us))
+    assert found.met and found.choices == {}
+    assert [s.action for s in found.steps] == ["all int8"]
+    assert trials.count == 1
+
+
+def test_one_sensitive_unit_is_the_only_promotion() -> None:
+    names = [f"u{i}" for i in range(12)]
+    errors = {n: 0.0005 for n in names} | {"u7": 0.2}  # all int8: drop 0.2055
+    us = units(*names)
+    trials = FakeTrials(errors)
+    found = search(us, trials, Goal(max_drop=0.01), float_costs(us))
+    assert found.met
+    assert found.choices == {"u7": "float"}
+    assert max(found.sensitivity, key=found.sensitivity.get) == "u7"
+    # every unit measured once (sensitivity) + the base + a short prefix search: bounded
+    assert trials.count <= 1 + len(names) + 4
+
+
+def test_prefix_then_prune_keeps_only_what_the_budget_needs() -> None:
+    # Three units matter; the budget needs two of them (whichever), the third is noise-level.
+    errors = {"a": 0.05, "b": 0.04, "c": 0.03, "d": 0.001, "e": 0.001}
+    us = units(*errors)
+    found = search(us, FakeTrials(errors), Goal(max_drop=0.035), float_costs(us))
+    assert found.met
+    assert found.choices == {"a": "float", "b": "float"}  # 0.032 left: within 0.035
+
+
+def test_prune_drops_a_promotion_made_redundant_by_the_others() -> None:
+    # a and b each look sensitive alone because of their interaction; promoting either removes it.
+    errors = {"a": 0.01, "b": 0.01, "c": 0.0}
+    us = units(*errors)
+    found = search(us, FakeTrials(errors, interaction=("a", "b", 0.1)), Goal(max_drop=0.015), float_costs(us))
+    assert found.met
+    assert len(found.choices) == 1  # one of a, b is enough once the interaction is gone
+
+
+class MaskingTrials(FakeTrials):
+    """Unit `a` int8 wrecks the output (error 1.0) and hides every other unit's error."""
+
+    def _error(self, choices: dict[str, str]) -> float:
+        return 1.0 if "a" not in choices else super()._error(choices)
+
+
+def test_an_error_hidden_behind_a_worse_one_is_found_in_a_second_round() -> None:
+    errors = {"a": 0.0, "b": 0.0001, "c": 0.02, "d": 0.0001}
+    us = units(*errors)
+    found = search(us, MaskingTrials(errors), Goal(max_drop=0.01), float_costs(us))
+    assert found.met
+    assert found.choices == {"a": "float", "c": "float"}
+    assert "all ranked promoted: next round" in [s.action for s in found.steps]
+
+
+def test_impossible_budget_returns_the_best_reachable_and_says_so() -> None:
+    errors = {"a": 0.05, "b": 0.05}
+    us = units(*errors)
+    # only "a" can be promoted (b has no candidate): the drop cannot go below 0.05
+    found = search(us, FakeTrials(errors), Goal(max_drop=0.01), {"a": ("float", 1.0)})
+    assert not found.met
+    assert found.choices == {"a": "float"}
+    assert found.fidelity.drop == pytest.approx(0.05)
+
+
+def test_the_search_stops_at_its_trial_budget_with_the_safe_answer() -> None:
+    """Out of trials before the ranking is searched: every unit promoted (one last trial), which
+    is safe; the result says the budget stopped it."""
+    names = [f"u{i}" for i in range(40)]
+    errors = {n: 0.01 for n in names}
+    us = units(*names)
+    trials = FakeTrials(errors, max_trials=10)
+    found = search(us, trials, Goal(max_drop=0.05), float_costs(us))
+    assert found.stopped == "max trials (10) reached"
+    assert trials.count == 11
+    assert found.met and len(found.choices) == 40
+
+
+def test_units_slower_in_int8_go_float_when_the_latency_ceiling_is_missed() -> None:
+    errors = {"a": 0.001, "b": 0.001, "c": 0.001}
+    us = units(*errors)
+    costs = {"a": ("float", -50.0), "b": ("float", 30.0), "c": ("float", -1.0)}  # c: a tie
+    trials = FakeTrials(errors, costs={"a": -0.3, "b": 0.2, "c": -0.001}, base_ratio=1.2)
+    found = search(us, trials, Goal(max_drop=0.01, max_latency_ratio=1.0), costs)
+    assert found.met
+    assert found.choices == {"a": "float"}
+    assert found.latency_ratio == pytest.approx(0.9)
+    assert found.steps[1].action == "slower in int8: promoted"
+
+
+def test_accuracy_criterion_promotes_as_far_as_the_speed_floor_allows() -> None:
+    errors = {"a": 0.04, "b": 0.03, "c": 0.02, "d": 0.01}
+    us = units(*errors)
+    trials = FakeTrials(errors, costs={n: 0.2 for n in errors}, base_ratio=0.5)
+    found = search(us, trials, Goal("accuracy", max_latency_ratio=1.0), float_costs(us))
+    assert found.choices == {"a": "float", "b": "float"}  # a third would make it 1.1x float
+    assert found.latency_ratio == pytest.approx(0.9)
+
+
+def test_balanced_aims_at_half_the_budget_when_it_can() -> None:
+    errors = {"a": 0.05, "b": 0.008, "c": 0.004}
+    us = units(*errors)
+    perf = search(us, FakeTrials(errors), Goal("performance", max_drop=0.02), float_costs(us))
+    bal = search(us, FakeTrials(errors), Goal("balanced", max_drop=0.02), float_costs(us))
+    assert perf.choices == {"a": "float"}  # 0.012 <= 0.02
+    assert bal.choices == {"a": "float", "b": "float"}  # 0.004 <= 0.01
+
+
+def test_same_table_same_choices() -> None:
+    errors = {f"u{i}": 0.001 * (i % 5) for i in range(20)}
+    us = units(*errors)
+    runs = [search(us, FakeTrials(errors), Goal(max_drop=0.005), float_costs(us)).choices for _ in range(2)]
+    assert runs[0] == runs[1] and runs[0]
+
+
+def test_promoted_config_appends_overrides_that_reproduce_the_choices() -> None:
+    us = units("/b/MatMul", "/a[0]/MatMul", "/c/MatMul")
+    config = parse_config({"overrides": [{"match": {"op_types": ["Add"]}, "precision": "float"}],
+                           "auto_precision": {"enabled": True}})
+    out = promoted_config(config, {"/c/MatMul": "float", "/b/MatMul": "int16", "/a[0]/MatMul": "float"}, us)
+    assert out.auto_precision.enabled is False
+    assert out.overrides[0] == config.overrides[0]  # the user's first, untouched
+    assert out.overrides[1].activations.dtype == "uint16" and out.overrides[1].match.nodes == ["/b/MatMul"]
+    # graph order; glob characters escaped into an exact regex
+    assert out.overrides[2].precision == "float"
+    assert out.overrides[2].match.nodes == ["re:/a\\[0\\]/MatMul", "/c/MatMul"]
+    signed = promoted_config(Config().merged(activations={"dtype": "int8", "symmetric": True}), {"/b/MatMul": "int16"}, us)
+    assert signed.overrides[0].activations.dtype == "int16" and signed.overrides[0].activations.symmetric
+
+
+def test_kernel_times_are_attributed_to_units() -> None:
+    us = [Unit("/fc/MatMul", "MatMul", 0, frozenset({"x", "w", "h"})), Unit("/add/Add", "Add", 1, frozenset({"h", "b", "y"}))]
+    times = {
+        "/fc/MatMul": 10.0,  # fused int8 kernel keeps the node's name
+        "/add/Add/SomeFusion/": 4.0,  # an onnxruntime fusion named after its first node
+        "x_Q": 2.0,
+        "h_dequantized_DQ": 3.0,  # shared by both units
+        "w_dequantized_DQ": 1.0,
+        "y_DQ": 2.0,  # graph output: DQ writes the output's own name
+        "/other/Softmax": 50.0,  # not a unit
+    }
+    got = attribute(times, us)
+    assert got == pytest.approx({"/fc/MatMul": 10 + 2 + 1.5 + 1, "/add/Add": 4 + 1.5 + 2})

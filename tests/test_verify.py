@@ -1,0 +1,294 @@
+"""Verification after every quantize, the rescue, and auto-precision end to end (issues #7, #9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import SAMPLE_MODELS, save, write_npz
+from qcli.config import Config
+from qcli.model import clamp_ir_version
+from qcli.verify import MIN_SAMPLES, plan_data
+
+
+def mlp(outliers: bool) -> onnx.ModelProto:
+    """x[16] -> MatMul a -> Relu -> MatMul b -> Relu -> MatMul c -> logits[10]. With `outliers`,
+    input channel 0 is ~500 while the channels that matter are ~0.02 (and a's weights ignore
+    channel 0): one 8-bit scale for x rounds the useful channels to zero, so only layer a is
+    sensitive."""
+    rng = np.random.default_rng(0)
+    wa = rng.standard_normal((16, 32)).astype(np.float32) * (50 if outliers else 0.3)
+    wa[0, :] = 0
+    wb = (rng.standard_normal((32, 32)) * 0.25).astype(np.float32)
+    wc = (rng.standard_normal((32, 10)) * 0.25).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "wa"], ["h1"], name="/a/MatMul"),
+        helper.make_node("Relu", ["h1"], ["r1"], name="/a/Relu"),
+        helper.make_node("MatMul", ["r1", "wb"], ["h2"], name="/b/MatMul"),
+        helper.make_node("Relu", ["h2"], ["r2"], name="/b/Relu"),
+        helper.make_node("MatMul", ["r2", "wc"], ["logits"], name="/c/MatMul"),
+    ]
+    graph = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        [numpy_helper.from_array(w, n) for w, n in ((wa, "wa"), (wb, "wb"), (wc, "wc"))],
+    )
+    return clamp_ir_version(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def mlp_data(folder: Path, n: int, outliers: bool, seed: int = 1) -> Path:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 16)).astype(np.float32) * (0.02 if outliers else 1.0)
+    if outliers:
+        x[:, 0] = rng.uniform(250, 500, n)
+    folder.mkdir()
+    write_npz(folder / "data.npz", x=x)
+    return folder
+
+
+@pytest.fixture
+def sensitive(tmp_path: Path) -> tuple[Path, Path]:
+    return save(mlp(True), tmp_path / "sensitive.onnx"), mlp_data(tmp_path / "data", 160, True)
+
+
+# --------------------------------------------------------------------------- which samples
+
+
+def test_plan_data_picks_samples_calibration_does_not_read() -> None:
+    cfg = Config()  # calibration.samples 256, verify.samples 64
+    d, e = Path("data"), Path("eval")
+    assert plan_data(d, 1000, e, cfg, 64) == plan_data(d, 1000, e, cfg, 64)
+    with_eval = plan_data(d, 1000, e, cfg, 64)
+    assert (with_eval.verify_path, with_eval.verify_start, with_eval.verify_count, with_eval.calibration_samples) == (e, 0, 64, 256)
+    spare = plan_data(d, 300, None, cfg, 64)  # 44 samples after the 256 calibration reads
+    assert (spare.calibration_samples, spare.verify_start, spare.verify_count) == (256, 256, 44)
+    assert spare.description == "data samples 257-300 (not used by calibration)"
+    held = plan_data(d, 256, None, cfg, 64)  # none spare: the last eighth is held back
+    assert (held.calibration_samples, held.verify_start, held.verify_count) == (224, 224, 32)
+    assert held.description == "data samples 225-256 (held back from calibration, which reads 224)"
+    small = plan_data(d, 8 * MIN_SAMPLES - 1, None, cfg, 64)  # an eighth is under MIN_SAMPLES
+    assert (small.calibration_samples, small.verify_start, small.verify_count) == (127, 0, 64)
+    assert "also calibration samples" in small.description
+    nothing = plan_data(None, None, None, cfg, 64)
+    assert nothing.verify_path is None and nothing.description == "no data to compare on: give --eval-data DIR"
+
+
+# --------------------------------------------------------------------------- verification and rescue
+
+
+def test_cnn_is_verified_and_nothing_is_promoted(cli, tmp_path: Path) -> None:
+    cnn = SAMPLE_MODELS / "cnn"
+    doc = cli.json("quantize", cnn / "model.onnx", "-o", tmp_path / "q.onnx", "--data", cnn / "calib", "--samples", "64")
+    v = doc["verification"]
+    assert v["passed"] and v["samples"] == 64
+    assert v["data"].endswith("samples 65-128 (not used by calibration)")
+    assert [c["name"] for c in v["checks"]] == ["top-1 agreement", "latency ratio"]
+    assert doc["precision"] is None  # no search ran
+    assert doc["quantized"]["Conv"] == 9
+
+
+def test_default_quantize_rescues_a_layer_with_extreme_outliers(cli, sensitive, tmp_path: Path) -> None:
+    model, data = sensitive
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", data)
+    v = doc["verification"]
+    assert v["passed"], v
+    assert v["data"] == f"{data} samples 141-160 (held back from calibration, which reads 140)"
+    assert v["notes"] == [
+        "latency floor not applied: the float model runs in "
+        f"{v['float_ms']:.3f} ms (< verify.min_float_ms 0.1), where per-node overhead decides the ratio"
+    ]
+    p = doc["precision"]
+    assert list(p["promoted"]) == ["/a/MatMul"]  # only the sensitive layer, not every MatMul
+    assert p["promoted"]["/a/MatMul"]["precision"] == "float"
+    assert p["promoted"]["/a/MatMul"]["reason"].startswith("sensitive: promoting it alone cuts output noise by ")
+    assert p["file"] == str(tmp_path / "q.precision.yaml")
+    assert doc["quantized"] == {"MatMul": 2}
+    float_rows = [r for r in doc["float"] if r["op_type"] == "MatMul"]
+    assert float_rows == [{"op_type": "MatMul", "reason": "sensitive to 8 bits (precision search)", "count": 1}]
+
+
+def test_no_rescue_stops_the_pipeline_with_the_floor_missed(cli, sensitive, tmp_path: Path) -> None:
+    model, data = sensitive
+    out = tmp_path / "q.onnx"
+    result = cli("quantize", model, "-o", out, "--data", data, "--no-rescue")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: verification failed: top-1 agreement 0.")
+    assert "misses its floor 0.99 by" in result.stderr
+    assert f"(wrote the best model found: {out})" in result.stderr.replace("\n", "")
+    assert "hint: exclude or promote the sensitive layers" in result.stderr
+    assert out.exists()  # the best model found is written for inspection
+
+
+def test_rescue_is_deterministic(cli, sensitive, tmp_path: Path) -> None:
+    model, data = sensitive
+    outs = [tmp_path / "one.onnx", tmp_path / "two.onnx"]
+    docs = [cli.json("quantize", model, "-o", out, "--data", data) for out in outs]
+    assert docs[0]["precision"]["promoted"] == docs[1]["precision"]["promoted"]
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    assert (tmp_path / "one.precision.yaml").read_text().replace("one.", "two.") == (tmp_path / "two.precision.yaml").read_text()
+
+
+def test_the_precision_file_reproduces_the_model_without_searching(cli, sensitive, tmp_path: Path) -> None:
+    model, data = sensitive
+    first = tmp_path / "q.onnx"
+    cli.json("quantize", model, "-o", first, "--data", data)
+    precision = tmp_path / "q.precision.yaml"
+    assert yaml.safe_load(precision.read_text())["overrides"] == [{"match": {"nodes": ["/a/MatMul"], "op_types": [], "tensors": []},
+                                                                   "precision": "float", "activations": None,
+                                                                   "weights": None, "calibration": None, "range": None}]
+    again = tmp_path / "again.onnx"
+    doc = cli.json("quantize", model, "-o", again, "--data", data, "--config", precision)
+    assert doc["precision"] is None and doc["verification"]["passed"]
+    assert again.read_bytes() == first.read_bytes()
+
+
+def test_decomposed_variance_chain_passes_the_default_floors(cli, tmp_path: Path) -> None:
+    """LayerNorm written out as ReduceMean/Sub/Pow/Sqrt/Div, between two MatMuls: the default
+    rules keep the variance chain float, so verification passes with nothing promoted."""
+    rng = np.random.default_rng(3)
+    w1, w2 = (rng.standard_normal((32, 32)).astype(np.float32) * 0.3 for _ in range(2))
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="/fc1/MatMul"),
+        helper.make_node("ReduceMean", ["h"], ["mean"], axes=[-1], name="/ln/ReduceMean"),
+        helper.make_node("Sub", ["h", "mean"], ["c"], name="/ln/Sub"),
+        helper.make_node("Pow", ["c", "two"], ["sq"], name="/ln/Pow"),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1], name="/ln/ReduceMean_1"),
+        helper.make_node("Add", ["var", "eps"], ["ve"], name="/ln/Add"),
+        helper.make_node("Sqrt", ["ve"], ["std"], name="/ln/Sqrt"),
+        helper.make_node("Div", ["c", "std"], ["n"], name="/ln/Div"),
+        helper.make_node("MatMul", ["n", "w2"], ["y"], name="/fc2/MatMul"),
+    ]
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+             numpy_helper.from_array(np.float32(2), "two"), numpy_helper.from_array(np.float32(1e-5), "eps")]
+    graph = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 32])], inits)
+    model = save(clamp_ir_version(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])), tmp_path / "ln.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    write_npz(data / "x.npz", x=(rng.standard_normal((160, 8, 32)) * 3 + 1).astype(np.float32))
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data)
+    v = doc["verification"]
+    assert v["passed"] and [c["name"] for c in v["checks"]] == ["cosine"]
+    assert v["checks"][0]["value"] >= 0.99
+    assert doc["precision"] is None
+    assert doc["quantized"]["MatMul"] == 2
+
+
+def test_a_tiny_op_that_int8_would_slow_down_goes_back_to_float(cli, tmp_path: Path) -> None:
+    """A small MatMul (K = 8) between two large float Softmaxes: its int8 form quantizes and
+    dequantizes 131k values to save 1M multiply-adds, which is measured slower (about 1.3x the
+    float model here). The rescue returns it to float."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((8, 8)) * 0.5).astype(np.float32)
+    nodes = [
+        helper.make_node("Softmax", ["x"], ["s"], axis=-1, name="/pre/Softmax"),
+        helper.make_node("MatMul", ["s", "w"], ["m"], name="/tiny/MatMul"),
+        helper.make_node("Softmax", ["m"], ["y"], axis=-1, name="/post/Softmax"),
+    ]
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16384, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16384, 8])],
+                              [numpy_helper.from_array(w, "w")])
+    model = save(clamp_ir_version(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])), tmp_path / "slow.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    write_npz(data / "x.npz", x=rng.standard_normal((24, 16384, 8)).astype(np.float32))
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data)
+    v = doc["verification"]
+    assert v["passed"], v
+    assert [c["name"] for c in v["checks"]] == ["cosine", "latency ratio"]
+    assert list(doc["precision"]["promoted"]) == ["/tiny/MatMul"]
+    assert doc["precision"]["promoted"]["/tiny/MatMul"]["reason"].startswith("faster in float (")
+    assert "nothing is left quantized: the model computes in float like the original (int8 did not pay off here)" in v["notes"]
+
+
+def test_an_impossible_latency_floor_exits_1_with_the_best_model(cli, tmp_path: Path) -> None:
+    cnn = SAMPLE_MODELS / "cnn"
+    out = tmp_path / "q.onnx"
+    result = cli("quantize", cnn / "model.onnx", "-o", out, "--data", cnn / "calib", "--samples", "64",
+                 "--max-latency-ratio", "0.05")
+    assert result.exit_code == 1, result.stderr
+    assert result.stderr.startswith("error: verification failed: latency ratio 0.")
+    assert "misses its floor 0.05 by" in result.stderr
+    assert out.exists()
+    assert "hint: raise --max-latency-ratio" in result.stderr
+
+
+def test_calibration_file_without_eval_data_skips_verification(cli, sensitive, tmp_path: Path) -> None:
+    model, data = sensitive
+    calib = tmp_path / "c.json"
+    assert cli("calibrate", model, "--data", data, "-o", calib, "-q").exit_code == 0
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--calib", calib)
+    assert doc["verification"] is None
+    assert "verification skipped: no data to compare on: give --eval-data DIR" in doc["notes"]
+
+
+def test_no_verify_skips_everything(cli, sensitive, tmp_path: Path) -> None:
+    model, data = sensitive
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--no-verify")
+    assert doc["verification"] is None and doc["precision"] is None
+    assert doc["quantized"] == {"MatMul": 3}
+
+
+# --------------------------------------------------------------------------- auto-precision
+
+
+def test_auto_precision_meets_the_budget_promoting_only_the_sensitive_layer(cli, sensitive, tmp_path: Path) -> None:
+    model, data = sensitive
+    evaluation = mlp_data(tmp_path / "eval", 96, True, seed=7)
+    out = tmp_path / "q.onnx"
+    args = ["--data", data, "--eval-data", evaluation, "--auto-precision", "--criteria", "performance"]
+    doc = cli.json("quantize", model, "-o", out, *args, "--max-accuracy-drop", "0.05", "--min-top1-agreement", "0.95")
+    p = doc["precision"]
+    assert p["goal_met"]
+    # the greedy baseline "exclude every op of the sensitive type" would promote 3 MatMuls
+    assert list(p["promoted"]) == ["/a/MatMul"]
+    assert [s["action"] for s in p["steps"]][:2] == ["all int8", "sensitivity"]
+    assert doc["verification"]["passed"]
+    assert doc["verification"]["data"] == f"{evaluation} (first 256 samples at most)"
+    report = cli.json("analyze", model, out, "--data", evaluation, "--runs", "0")
+    assert report["fidelity"][0]["top1_agreement"] >= 0.95
+
+    # The default floor (top-1 agreement 0.99) needs a second round: with layer a fixed, the
+    # last layer's error shows; still fewer promotions than the baseline, and analyze agrees.
+    doc = cli.json("quantize", model, "-o", out, *args, "--max-accuracy-drop", "0.01")
+    p = doc["precision"]
+    assert p["goal_met"] and list(p["promoted"]) == ["/a/MatMul", "/c/MatMul"]
+    report = cli.json("analyze", model, out, "--data", evaluation, "--runs", "0")
+    assert report["fidelity"][0]["top1_agreement"] >= 0.99
+
+
+def test_auto_precision_promotes_nothing_when_int8_meets_the_budget(cli, tmp_path: Path) -> None:
+    model = save(mlp(False), tmp_path / "benign.onnx")
+    data = mlp_data(tmp_path / "data", 160, False)
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", data, "--auto-precision")
+    assert doc["precision"]["promoted"] == {}
+    assert doc["precision"]["goal_met"]
+    assert doc["precision"]["file"] == str(tmp_path / "q.precision.yaml")  # auto-precision always writes it
+    assert [s["action"] for s in doc["precision"]["steps"]] == ["all int8"]
+
+
+def test_auto_precision_with_an_impossible_budget_exits_1(cli, sensitive, tmp_path: Path) -> None:
+    model, data = sensitive
+    config = tmp_path / "c.yaml"
+    config.write_text("auto_precision: {candidates: [int8]}\nverify: {enabled: false}\n")
+    out = tmp_path / "q.onnx"
+    result = cli("quantize", model, "-o", out, "--data", data, "--config", config, "--auto-precision",
+                 "--max-accuracy-drop", "0.01")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: auto-precision could not meet its goal (balanced, max accuracy drop 0.01)")
+    assert out.exists()
+
+
+def test_auto_precision_options_need_the_flag(cli, sensitive, tmp_path: Path) -> None:
+    model, data = sensitive
+    result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--criteria", "accuracy")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --criteria, --min-speedup and --precision-out go with --auto-precision")
