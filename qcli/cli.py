@@ -304,8 +304,8 @@ def quantize(
                 "percentile": None if percentile or "percentile" in chosen else table.settings.percentile,
             })
 
-        def bar(description: str, total: int):
-            return render.progress_bar(description, total=total, quiet=quiet or json_out)
+        def bar(description: str, total: int | None, unit: str = "samples"):
+            return render.progress_bar(description, total=total, quiet=quiet or json_out, unit=unit)
 
         outcome = quantize_checked(
             onnx_model, cfg, data=data, table=table, eval_data=eval_data, force=force, strict=strict, progress=bar
@@ -491,8 +491,8 @@ def run_command(
         from qcli.pipeline import run_pipeline
         from qcli.quantize import summary
 
-        def bar(description: str, total: int):
-            return render.progress_bar(description, total=total, quiet=quiet or json_out)
+        def bar(description: str, total: int | None, unit: str = "samples"):
+            return render.progress_bar(description, total=total, quiet=quiet or json_out, unit=unit)
 
         result = run_pipeline(pipeline, progress=bar)
         outcome = result.outcome

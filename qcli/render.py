@@ -87,7 +87,7 @@ def _speed_column():
 
     class Speed(ProgressColumn):
         def render(self, task) -> Text:
-            return Text(f"{task.speed:.1f} samples/s" if task.speed else "")
+            return Text(f"{task.speed:.1f} {task.fields.get('unit', 'samples')}/s" if task.speed else "")
 
     return Speed()
 
@@ -98,7 +98,7 @@ class progress_bar:
     >>> with progress_bar("calibrating", total=512) as advance: advance(8)
     """
 
-    def __init__(self, description: str, total: int | None, quiet: bool = False):
+    def __init__(self, description: str, total: int | None, quiet: bool = False, unit: str = "samples"):
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -122,11 +122,11 @@ class progress_bar:
             transient=True,
             disable=self.quiet,
         )
-        self.description, self.total = description, total
+        self.description, self.total, self.unit = description, total, unit
 
     def __enter__(self):
         self.progress.start()
-        task = self.progress.add_task(self.description, total=self.total)
+        task = self.progress.add_task(self.description, total=self.total, unit=self.unit)
         return lambda n: self.progress.advance(task, n)
 
     def __exit__(self, *exc) -> None:

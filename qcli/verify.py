@@ -47,11 +47,12 @@ MIN_SAMPLES = 16
 LATENCY_TOLERANCE = 0.03
 PROBE_BATCH = 32
 
-# progress(description, total) -> a context manager giving an `advance(n)` callback
-ProgressFactory = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
+# progress(description, total, unit="samples") -> a context manager giving an `advance(n)`
+# callback (total None: unknown)
+ProgressFactory = Callable[..., AbstractContextManager[Callable[[int], None]]]
 
 
-def no_progress(description: str, total: int):
+def no_progress(description: str, total: int | None, unit: str = "samples"):
     return nullcontext(lambda n: None)
 
 
@@ -202,7 +203,7 @@ def quantize_checked(
     probe = Probe(model, list(folder.batches(PROBE_BATCH)), inputs, source=plan.description)
     units = find_units(prepared.model, result.plan)
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
-    with progress("verifying" if not ap.enabled else "searching precisions", budget[0]) as advance:
+    with progress("verifying" if not ap.enabled else "searching precisions", None, unit="trials") as advance:
         trials = Trials(model, prepared, config, table, probe, units, *budget, progress=advance)
         base = trials.fidelity({})
         floors = _floors(config, probe) if vf.enabled else Goal()
