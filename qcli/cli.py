@@ -396,7 +396,7 @@ def _precision_doc(outcome, output: Path, precision_out: Path | None, searched: 
         "promoted": {n: {"precision": p, "reason": outcome.reasons.get(n, "")} for n, p in outcome.promoted.items()},
         "steps": [
             {"action": s.action, "changed": s.changed, "promoted": s.promoted, "drop": s.drop, "noise": s.noise,
-             "latency_ratio": s.latency_ratio, "kept": s.kept}
+             "latency_ratio": s.latency_ratio, "kept": s.kept, "quick": s.quick}
             for s in found.steps
         ],
     }

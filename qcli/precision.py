@@ -139,7 +139,8 @@ class Trials:
     ceiling: float | None = None  # latency ratio worth confirming above
     count: int = 0
     stopped: str | None = None
-    _fidelity: dict[frozenset, Fidelity | None] = field(default_factory=dict)
+    quick_probe: Probe | None = None  # a few of the probe's samples, for ranking
+    _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict)
     _latency: dict[frozenset, float] = field(default_factory=dict)
     _demoted: dict[frozenset, int] = field(default_factory=dict)
 
@@ -158,21 +159,32 @@ class Trials:
 
         return quantize(self.model, promoted_config(self.config, choices, self.units), self.table, prepared=self.prepared)
 
-    def fidelity(self, choices: dict[str, str]) -> Fidelity | None:
-        """The candidate's fidelity; None when it cannot be built from the calibration."""
-        key = frozenset(choices.items())
+    def fidelity(self, choices: dict[str, str], quick: bool = False) -> Fidelity | None:
+        """The candidate's fidelity (on the quick probe's few samples with `quick`: enough to
+        rank, not to check a floor); None when it cannot be built from the calibration."""
+        key = (frozenset(choices.items()), quick)
         if key not in self._fidelity:
             self.count += 1
             try:
                 built = self.build(choices)
-                self._fidelity[key] = self.probe.measure(built.model)
+                probe = self.quick_probe if quick and self.quick_probe is not None else self.probe
+                self._fidelity[key] = probe.measure(built.model)
                 kept = {d.name for d in built.plan.nodes if d.quantized and not d.reason}
-                self._demoted[key] = sum(1 for u in self.units if u.node not in kept)
+                self._demoted[key[0]] = sum(1 for u in self.units if u.node not in kept)
             except CalibrationError:
                 self._fidelity[key] = None
             if self.progress is not None:
                 self.progress(1)
         return self._fidelity[key]
+
+    def affordable(self, n: int) -> bool:
+        """Whether `n` more trials fit in half of what is left of the budget (trials and time,
+        at the mean time per trial so far)."""
+        if n > (self.max_trials - self.count) / 2:
+            return False
+        spent = time.monotonic() - self.started
+        per_trial = spent / max(self.count, 1)
+        return n * per_trial <= (self.time_budget - spent) / 2
 
     def demoted(self, choices: dict[str, str]) -> int:
         """How many units the candidate leaves unquantized: promoting one node can take its
@@ -191,10 +203,12 @@ class Trials:
             self._latency[key] = sorted(ratios)[len(ratios) // 2]
         return self._latency[key]
 
-    def costs(self, candidates: list[str]) -> dict[str, tuple[str, float]]:
+    def costs(self, candidates: list[str], base: dict[str, str] | None = None) -> dict[str, tuple[str, float]]:
         """Per unit: the promotion among `candidates` with the least measured cost, and that
-        cost in µs per run (time promoted - time int8; negative: faster promoted)."""
-        int8 = attribute(self.probe.node_times(self.build({}).model), self.units)
+        cost in µs per run (time promoted - time int8; negative: faster promoted). `base`: the
+        choices the int8 times are measured in (default: all int8); a unit's int8 time depends
+        on its neighbours (whether its Q/DQ pairs fuse)."""
+        int8 = attribute(self.probe.node_times(self.build(base or {}).model), self.units)
         best: dict[str, tuple[str, float]] = {}
         # float first: another candidate replaces it only when clearly cheaper (ties go to float,
         # the more accurate one, so timing noise does not flip the choice)
@@ -270,6 +284,7 @@ class Step:
     noise: float | None
     latency_ratio: float | None = None
     kept: bool = True
+    quick: bool = False  # measured on the quick probe's few samples
 
 
 @dataclass
@@ -291,9 +306,10 @@ def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, fl
     steps: list[Step] = []
     timed = goal.max_latency_ratio is not None
 
-    def log(action: str, changed: list[str], chosen: dict, f: Fidelity | None, ratio: float | None = None, kept: bool = True):
+    def log(action: str, changed: list[str], chosen: dict, f: Fidelity | None, ratio: float | None = None,
+            kept: bool = True, quick: bool = False):
         steps.append(Step(action, sorted(changed, key=lambda n: index[n]), len(chosen),
-                          f.drop if f else None, f.noise if f else None, ratio, kept))
+                          f.drop if f else None, f.noise if f else None, ratio, kept, quick))
 
     index = {u.node: u.index for u in units}
     units = [u for u in units if u.node in costs]  # promotable: a candidate precision exists
@@ -326,32 +342,47 @@ def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, fl
             if kept:
                 choices, current, ratio = dict(trial), f, r
 
-    # Accuracy, in rounds: rank the int8 units by measured sensitivity, find the shortest prefix of
-    # the ranking meeting the goal; when even the whole ranking misses it, promote it and measure
-    # the rest again (a unit's error can hide behind a worse one until that is fixed).
+    # Accuracy: rank the int8 units by measured sensitivity, find the shortest prefix of the
+    # ranking meeting the goal, then prune. Units whose error hides behind a worse one rank low
+    # (their gain is measured with the worse one still int8), so the prefix may take extra
+    # units along; the prune drops every one the goal does not need.
     if not goal.accurate(current) or goal.criterion == "accuracy":
         speed_choices = dict(choices)
 
         def ranking() -> list[str]:
-            base_noise = current.noise if current else float("inf")
-            spread: dict[str, int] = {}
-            for u in units:
-                if u.node in choices or trials.exhausted():
-                    continue
-                trial = {**choices, u.node: target[u.node]}
-                f = trials.fidelity(trial)
-                if f is not None:
-                    sensitivity[u.node] = base_noise - f.noise
-                    spread[u.node] = max(trials.demoted(trial) - trials.demoted(choices), 1)
+            """The int8 units, most sensitive first (sensitivity measured on the quick probe)."""
+            left = [u.node for u in units if u.node not in choices]
+            here = trials.fidelity(choices, quick=True)
+            base_noise = here.noise if here else float("inf")
             floor = 1e-3 * max(base_noise, 1e-12)  # gains below this are measurement noise
+            spread: dict[str, int] = {}
+
+            def gain(nodes: list[str]) -> float | None:
+                trial = {**choices, **{n: target[n] for n in nodes}}
+                f = trials.fidelity(trial, quick=True)
+                if f is None:
+                    return None
+                spread[nodes[0]] = max(trials.demoted(trial) - trials.demoted(choices), 1)
+                return base_noise - f.noise
+
+            if trials.affordable(len(left)):
+                action = "sensitivity"
+                for n in left:
+                    if trials.exhausted():
+                        break
+                    g = gain([n])
+                    if g is not None:
+                        sensitivity[n] = g / spread[n]  # per unit actually left unquantized
+            else:
+                action = "sensitivity by blocks (one trial per unit does not fit the budget)"
+                sensitivity.update(_block_sensitivity(left, gain, trials, floor))
             # By sensitivity (costs are timings: ranking by them would make the promotions depend
-            # on a busy machine; the prune keeps only what the goal needs), per unit actually left
-            # unquantized (promoting a node can take neighbours along). Units the budget left
-            # unmeasured come last, in graph order.
-            measured = [u.node for u in units if u.node in spread and sensitivity[u.node] > floor]
-            ranked = sorted(measured, key=lambda n: (-sensitivity[n] / spread[n], index[n]))
-            log("sensitivity", [], choices, current)
-            return ranked + [u.node for u in units if u.node not in choices and u.node not in spread]
+            # on a busy machine; the prune keeps only what the goal needs). Units the budget left
+            # unmeasured (or below the noise floor) come last, in graph order.
+            log(action, [], choices, here, quick=True)
+            measured = [n for n in left if sensitivity.get(n, 0.0) > floor / len(left)]
+            ranked = sorted(measured, key=lambda n: (-sensitivity[n], index[n]))
+            return ranked + [n for n in left if n not in ranked]
 
         if goal.criterion == "accuracy":
             ranked = ranking()
@@ -360,49 +391,70 @@ def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, fl
                 choices, current, ratio)
         else:
             scales = [0.5, 1.0] if goal.criterion == "balanced" and goal.max_drop is not None else [1.0]
+            ranked = ranking()
+
+            def with_prefix(k: int) -> dict[str, str]:
+                return {**speed_choices, **{n: target[n] for n in ranked[:k]}}
+
             for scale in scales:
-                choices, current = dict(speed_choices), trials.fidelity(speed_choices)
-                order: list[str] = []  # accuracy promotions, most sensitive first
-                met = False
-                while not trials.exhausted():
-                    ranked = ranking()
-                    if not ranked:
-                        break
-                    fixed = dict(choices)
-
-                    def with_prefix(k: int, fixed=fixed, ranked=ranked) -> dict[str, str]:
-                        return {**fixed, **{n: target[n] for n in ranked[:k]}}
-
-                    k = _shortest_prefix(ranked, with_prefix, trials, goal, scale, log)
-                    if k is not None:
-                        choices, order = with_prefix(k), order + ranked[:k]
-                        choices, current = _prune(choices, order[::-1], speed_choices, trials, goal, scale, log)
-                        met = True
-                        break
-                    everything = with_prefix(len(ranked))
-                    f = trials.fidelity(everything)
-                    if f is None or current is None or f.noise >= current.noise:
-                        break
-                    choices, current, order = everything, f, order + ranked
-                    log("all ranked promoted: next round", ranked, choices, f)
-                if met:
+                chosen = _settle(ranked, with_prefix, speed_choices, trials, goal, scale, log)
+                if chosen is not None:
+                    choices, current = chosen, trials.fidelity(chosen)
                     break
+            else:  # out of reach (or out of budget): the best measured candidate, everything promoted
+                everything = with_prefix(len(ranked))
+                f = trials.fidelity(everything)
+                if f is not None and (current is None or f.noise < current.noise):
+                    choices, current = everything, f
+                    log("best reachable: all promoted", ranked, choices, f)
         if timed:
             ratio = trials.latency(choices)
     all_float = len(choices) == len(units) and all(p == "float" for p in choices.values())
     return result(goal.accurate(current) and (goal.fast(ratio) or all_float))  # all float: as fast by construction
 
 
-def _shortest_prefix(ranked, with_prefix, trials, goal: Goal, scale: float, log) -> int | None:
+BLOCKS = 8  # the first split of the units into contiguous blocks; later splits: 4
+
+
+def _block_sensitivity(left: list[str], gain, trials, floor: float) -> dict[str, float]:
+    """Sensitivity by bisection over contiguous blocks of units (graph order): promote each
+    block, keep splitting the blocks whose gain is at least a tenth of the best one's (at most
+    3 per level). About 8 + 12 log4(N) trials instead of N. A unit's score is its finest
+    measured block's gain shared among the block's units."""
+    def split(nodes: list[str], parts: int) -> list[list[str]]:
+        size = -(-len(nodes) // parts)
+        return [nodes[i: i + size] for i in range(0, len(nodes), size)]
+
+    scores: dict[str, float] = {}
+    frontier = split(left, BLOCKS)
+    while frontier and not trials.exhausted():
+        measured = []
+        for block in frontier:
+            if trials.exhausted():
+                break
+            g = gain(block)
+            if g is None:
+                continue
+            measured.append((g, block))
+            for n in block:
+                scores[n] = g / len(block)
+        measured.sort(key=lambda gb: -gb[0])
+        best = measured[0][0] if measured else 0.0
+        frontier = [part for g, block in measured[:3] if g > max(floor, best / 10) and len(block) > 1
+                    for part in split(block, 4)]
+    return scores
+
+
+def _shortest_prefix(ranked, with_prefix, trials, goal: Goal, scale: float, log, quick: bool = False) -> int | None:
     """Smallest k whose first-k promotion meets the accuracy goal: doubling, then bisection."""
     lo, k = 0, 1
     while True:
         if trials.exhausted():
             return None
         k = min(k, len(ranked))
-        f = trials.fidelity(with_prefix(k))
+        f = trials.fidelity(with_prefix(k), quick=quick)
         ok = goal.accurate(f, scale)
-        log(f"promote top {k}", ranked[:k], with_prefix(k), f, kept=ok)
+        log(f"promote top {k}", ranked[:k], with_prefix(k), f, kept=ok, quick=quick)
         if ok:
             break
         if k == len(ranked):
@@ -411,27 +463,55 @@ def _shortest_prefix(ranked, with_prefix, trials, goal: Goal, scale: float, log)
     hi = k  # meets the goal; lo does not
     while hi - lo > 1 and not trials.exhausted():
         mid = (lo + hi) // 2
-        f = trials.fidelity(with_prefix(mid))
+        f = trials.fidelity(with_prefix(mid), quick=quick)
         ok = goal.accurate(f, scale)
-        log(f"promote top {mid}", ranked[:mid], with_prefix(mid), f, kept=ok)
+        log(f"promote top {mid}", ranked[:mid], with_prefix(mid), f, kept=ok, quick=quick)
         lo, hi = (lo, mid) if ok else (mid, hi)
     return hi
 
 
-def _prune(chosen: dict, order: list[str], fixed: dict, trials, goal: Goal, scale: float, log) -> tuple[dict, Fidelity]:
+def _prune(chosen: dict, order: list[str], fixed: dict, trials, goal: Goal, scale: float, log,
+           quick: bool = False) -> dict:
     """Try each promoted unit back at int8 (least useful first); keep the demotions that still
     meet the goal."""
-    current = trials.fidelity(chosen)
     for n in order:
         if n in fixed or trials.exhausted():
             continue
         trial = {k: v for k, v in chosen.items() if k != n}
-        f = trials.fidelity(trial)
+        f = trials.fidelity(trial, quick=quick)
         ok = goal.accurate(f, scale)
-        log("back to int8", [n], trial if ok else chosen, f, kept=ok)
+        log("back to int8", [n], trial if ok else chosen, f, kept=ok, quick=quick)
         if ok:
-            chosen, current = trial, f
-    return chosen, current
+            chosen = trial
+    return chosen
+
+
+def _settle(ranked, with_prefix, fixed, trials, goal: Goal, scale: float, log) -> dict | None:
+    """The accuracy search: the shortest prefix and the prune on the quick probe (a few samples:
+    cheap), each result confirmed on all samples (a few samples can flatter a candidate: the
+    prefix then doubles until it holds; a prune that does not hold is redone on all samples)."""
+    k = _shortest_prefix(ranked, with_prefix, trials, goal, scale, log, quick=True)
+    if k is None:
+        return None
+    while True:
+        f = trials.fidelity(with_prefix(k))
+        ok = goal.accurate(f, scale)
+        log(f"confirm top {k} on all samples", [], with_prefix(k), f, kept=ok)
+        if ok:
+            break
+        if k >= len(ranked) or trials.exhausted():
+            return None
+        k = min(2 * k, len(ranked))
+    chosen = with_prefix(k)
+    pruned = _prune(chosen, ranked[:k][::-1], fixed, trials, goal, scale, log, quick=True)
+    if pruned != chosen:
+        f = trials.fidelity(pruned)
+        ok = goal.accurate(f, scale)
+        log("confirm the prune on all samples", [], pruned if ok else chosen, f, kept=ok)
+        if ok:
+            return pruned
+        return _prune(chosen, ranked[:k][::-1], fixed, trials, goal, scale, log)  # again, on all samples
+    return chosen
 
 
 def _most_within_speed(ranked, with_prefix, trials, goal: Goal, log, choices, current, ratio):

@@ -46,6 +46,7 @@ from qcli.quantize import QuantizeResult, calibrate, quantize
 MIN_SAMPLES = 16
 LATENCY_TOLERANCE = 0.03
 PROBE_BATCH = 32
+QUICK_SAMPLES = 16  # samples the search ranks units on (floors are checked on all of them)
 
 # progress(description, total, unit="samples") -> a context manager giving an `advance(n)`
 # callback (total None: unknown)
@@ -204,7 +205,8 @@ def quantize_checked(
     units = find_units(prepared.model, result.plan)
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
     with progress("verifying" if not ap.enabled else "searching precisions", None, unit="trials") as advance:
-        trials = Trials(model, prepared, config, table, probe, units, *budget, progress=advance)
+        trials = Trials(model, prepared, config, table, probe, units, *budget, progress=advance,
+                        quick_probe=probe.head(QUICK_SAMPLES))
         base = trials.fidelity({})
         floors = _floors(config, probe) if vf.enabled else Goal()
         goal = floors
@@ -233,7 +235,9 @@ def quantize_checked(
                 if ratio is None and floors.max_latency_ratio is not None:
                     ratio = trials.latency(found.choices)
             if found.stopped:
-                outcome.notes.append(f"search stopped early: {found.stopped}")
+                knobs = "--max-trials/--time-budget" if ap.enabled else "verify.max_trials/verify.time_budget"
+                outcome.notes.append(f"search stopped early: {found.stopped}; the result is safe but coarse "
+                                     f"(more promoted than needed): raise {knobs} for a finer one")
     if vf.enabled:
         plan_ = outcome.result.plan
         outcome.verification = _verification(plan, probe, base, ratio, floors, config,

@@ -33,7 +33,7 @@ class FakeTrials:
                 error += extra
         return error
 
-    def fidelity(self, choices: dict[str, str]) -> Fidelity:
+    def fidelity(self, choices: dict[str, str], quick: bool = False) -> Fidelity:
         key = frozenset(choices.items())
         if key not in self.seen:
             self.seen.append(key)
@@ -43,6 +43,10 @@ class FakeTrials:
 
     def demoted(self, choices: dict[str, str]) -> int:
         return len(choices)
+
+    def affordable(self, n: int) -> bool:
+        return n <= (self.max_trials - self.count) / 2
+
 
     def latency(self, choices: dict[str, str]) -> float:
         return self.base_ratio + sum(self.costs.get(n, 0.0) for n in choices)
@@ -104,13 +108,15 @@ class MaskingTrials(FakeTrials):
         return 1.0 if "a" not in choices else super()._error(choices)
 
 
-def test_an_error_hidden_behind_a_worse_one_is_found_in_a_second_round() -> None:
+def test_an_error_hidden_behind_a_worse_one_is_still_found() -> None:
+    """c's error shows only once a is promoted: the prefix search takes it along (and b, d),
+    the prune drops what the goal does not need."""
     errors = {"a": 0.0, "b": 0.0001, "c": 0.02, "d": 0.0001}
     us = units(*errors)
     found = search(us, MaskingTrials(errors), Goal(max_drop=0.01), float_costs(us))
     assert found.met
     assert found.choices == {"a": "float", "c": "float"}
-    assert "all ranked promoted: next round" in [s.action for s in found.steps]
+    assert [s.action for s in found.steps if s.action == "back to int8" and s.kept]  # pruned
 
 
 def test_impossible_budget_returns_the_best_reachable_and_says_so() -> None:
@@ -123,17 +129,27 @@ def test_impossible_budget_returns_the_best_reachable_and_says_so() -> None:
     assert found.fidelity.drop == pytest.approx(0.05)
 
 
-def test_the_search_stops_at_its_trial_budget_with_the_safe_answer() -> None:
-    """Out of trials before the ranking is searched: every unit promoted (one last trial), which
-    is safe; the result says the budget stopped it."""
+def test_a_small_budget_measures_blocks_of_units_and_stops_safely() -> None:
+    """40 units, one of them sensitive, and 30 trials: one trial per unit does not fit, so
+    blocks of units are measured and the sensitive block split until the unit shows."""
     names = [f"u{i}" for i in range(40)]
-    errors = {n: 0.01 for n in names}
+    errors = {n: 0.0002 for n in names} | {"u29": 0.3}
     us = units(*names)
-    trials = FakeTrials(errors, max_trials=10)
+    trials = FakeTrials(errors, max_trials=30)
+    found = search(us, trials, Goal(max_drop=0.01), float_costs(us))
+    assert found.steps[1].action == "sensitivity by blocks (one trial per unit does not fit the budget)"
+    assert found.met and found.choices == {"u29": "float"}
+    assert trials.count <= 30
+
+
+def test_out_of_budget_the_search_returns_everything_promoted() -> None:
+    names = [f"u{i}" for i in range(40)]
+    us = units(*names)
+    trials = FakeTrials({n: 0.01 for n in names}, max_trials=10)
     found = search(us, trials, Goal(max_drop=0.05), float_costs(us))
     assert found.stopped == "max trials (10) reached"
-    assert trials.count == 11
     assert found.met and len(found.choices) == 40
+    assert found.steps[-1].action == "best reachable: all promoted"
 
 
 def test_units_slower_in_int8_go_float_when_the_latency_ceiling_is_missed() -> None:

@@ -136,6 +136,20 @@ class Probe:
             float_accuracy=topk[0].top1_rate if topk else None,
         )
 
+    def head(self, n: int) -> Probe:
+        """A probe on the first `n` samples (this one when it has no more)."""
+        if self.samples <= n:
+            return self
+        first = self.batches[0]
+        k = min(n, first.size)
+        cut = Batch(
+            {name: a[:k] for name, a in first.inputs.items()},
+            None if first.label is None else first.label[:k],
+            None if first.outputs is None else {name: a[:k] for name, a in first.outputs.items()},
+            first.sources[:k],
+        )
+        return Probe(self.float_model, [cut], self.inputs, self.threads, f"{self.source} (first {k})")
+
     def feeds(self) -> dict[str, np.ndarray]:
         """One sample (batch 1 when the inputs allow it): what latency is timed on."""
         feeds, _ = timed_inputs(self.batches[0], self.inputs, 1)
