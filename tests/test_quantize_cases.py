@@ -276,6 +276,7 @@ def test_classifier_gemm_writes_float_logits(tmp_path: Path) -> None:
     assert result.plan.activations == ["x", "r"]
     written = ops(path)
     assert written["QuantizeLinear"] == 2 and written["DequantizeLinear"] == 2 + 2 + 2  # acts, weights, biases
+    assert written["Relu"] == 0  # r's QuantizeLinear (zero point 0, uint8) clips as much
     assert _fused_ops(path) == Counter({"QGemm": 2, "QuantizeLinear": 1})
     assert {o.name for o in onnx.load(str(path)).graph.output} == {"logits"}
 
@@ -325,3 +326,34 @@ def test_gemm_before_an_excluded_node(tmp_path: Path) -> None:
         assert result.plan.activations == (["x"] if fc1_int8 else [])
         path = save_model(result.model, tmp_path / "q.onnx")
         assert _fused_ops(path)["QGemm"] == int(fc1_int8)
+
+
+def test_relu_dropped_only_where_its_quantizelinear_clips_as_much(tmp_path: Path) -> None:
+    """uint8 asymmetric: r's zero point is 0, the type's minimum, so Q(Relu(h)) == Q(h) and the
+    Gemm writes r directly (bit-identical outputs with the Relu put back). int8 symmetric: zero
+    point 0 is mid-range, negative h would survive: the Relu stays."""
+    import onnxruntime as ort
+
+    def run(m: onnx.ModelProto) -> np.ndarray:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
+        return ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+            None, {"x": x})[0]
+
+    model, data = _opset11_mlp(), _mlp_data(tmp_path)
+    x = RNG.standard_normal((64, 8)).astype(np.float32) * 3
+    for activations, relus in (({"dtype": "uint8", "symmetric": False}, 0), ({"dtype": "int8", "symmetric": True}, 1)):
+        config = Config.model_validate({"activations": activations})
+        result = quantize(model, config, calibrate(model, DataFolder(data, model_inputs(model)), config))
+        assert ops(save_model(result.model, tmp_path / "q.onnx"))["Relu"] == relus
+        fc1 = next(n for n in result.model.graph.node if n.name == "/fc1/Gemm")
+        assert list(fc1.output) == (["r"] if relus == 0 else ["h"])
+    # the uint8 model of the loop's first pass, with the Relu put back
+    config = Config()
+    dropped = quantize(model, config, calibrate(model, DataFolder(data, model_inputs(model)), config)).model
+    restored = onnx.ModelProto()
+    restored.CopyFrom(dropped)
+    fc1 = next(n for n in restored.graph.node if n.name == "/fc1/Gemm")
+    fc1.output[0] = "h"
+    restored.graph.node.insert(list(restored.graph.node).index(fc1) + 1, helper.make_node("Relu", ["h"], ["r"]))
+    np.testing.assert_array_equal(run(dropped), run(restored))
