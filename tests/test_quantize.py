@@ -105,7 +105,7 @@ def test_sample_cnn(cli, tmp_path) -> None:
     assert "folded 9 BatchNormalization nodes into Conv" in doc["notes"]
     fused = fused_op_counts(out, tmp_path)
     assert fused["QLinearConv"] == 9 and fused["Conv"] == 0
-    assert os.path.getsize(cnn / "model.onnx") / os.path.getsize(out) > 3.6  # measured 3.68
+    assert os.path.getsize(cnn / "model.onnx") / os.path.getsize(out) > 3.7  # measured 3.72
 
 
 def test_eval_data_gate(cli, residual, residual_data, tmp_path) -> None:
