@@ -14,6 +14,9 @@ Decisions (README "What gets quantized" and "Configuration" say the same for use
   exclude it or any of its tensors.
 - Relu/Clip right after a quantized producer are folded: the producer's output gets no Q/DQ,
   the clipped output does (onnxruntime then drops the Relu into the int8 kernel).
+- The output of a Gemm or MatMul (`float_output` in rules.py) gets a Q/DQ pair only when a
+  quantized node reads it (or an override names it): otherwise onnxruntime's int8 kernel writes
+  it in float (QGemm, MatMulIntegerToFloat), e.g. a classifier's logits.
 - Data-movement ops (`shares`) are quantized when a neighbouring tensor is, sharing its scale,
   so onnxruntime runs them on int8 or drops their Q/DQ pair.
 - Int8 pays off in the kernels of Conv, ConvTranspose, MatMul and Gemm ("anchors"). A group of
@@ -287,8 +290,22 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             candidates.discard(i)
             reasons[i] = "no Conv/MatMul/Gemm next to it: int8 would be slower here"
 
+    def writes_float(node: onnx.NodeProto) -> bool:
+        """Whether onnxruntime can fuse the node into an int8 kernel that writes float outputs:
+        a `float_output` op, unless a lone Relu/Clip follows an output (onnxruntime's QDQ
+        selector then takes the Relu/Clip into the group and wants a QuantizeLinear after it)."""
+        if not rule_for(node).float_output:
+            return False
+        for name in node.output:
+            users = consumers.get(name, [])
+            if len(users) == 1 and graph.node[users[0]].op_type in ("Relu", "Clip"):
+                clipped = graph.node[users[0]].output[0]
+                if len(consumers.get(clipped, [])) == 1 and clipped not in graph_outputs:
+                    return False
+        return True
+
     # 2b. A compute node whose outputs only feed excluded nodes cannot be fused (nothing would
-    # read its quantized output): it stays float too.
+    # read its quantized output): it stays float too, unless its int8 kernel writes float.
     def readers(name: str) -> list[int]:
         """Consumers of `name`, looking through the Relu/Clip that would fold into its producer."""
         out = []
@@ -299,13 +316,29 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
 
     for i in sorted(candidates):
         outs = [o for o in graph.node[i].output if o]
-        if rule_for(graph.node[i]).kind == "compute" and keep_float and all(
+        if rule_for(graph.node[i]).kind == "compute" and not writes_float(graph.node[i]) and keep_float and all(
             o not in graph_outputs and readers(o) and all(u in keep_float for u in readers(o)) for o in outs
         ):
             candidates.discard(i)
             reasons[i] = "its output only feeds nodes excluded by config"
 
     # 3. Tensors of compute nodes, weights, biases, folded Relu/Clip.
+    asked = set().union(*(sel.tensors for _, o, sel in overrides if o.precision != "float"))
+
+    def read_quantized(name: str) -> bool:
+        """Whether a quantized compute node reads `name` as an activation (looking through the
+        Relu/Clip that would fold into its producer), or an override names it."""
+        if name in asked:
+            return True
+        for u in consumers.get(name, []):
+            node, r = graph.node[u], rule_for(graph.node[u])
+            if r is not None and r.kind == "fold":
+                if read_quantized(node.output[0]):
+                    return True
+            elif u in candidates and r.kind == "compute" and name in [node.input[k] for k in activation_inputs(node, r)]:
+                return True
+        return False
+
     plan = Plan(keep_float=keep_float)
     quantized: set[str] = set()
     folded: dict[int, str] = {}
@@ -333,6 +366,8 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             if weight in plan.weights and is_float(node.input[rule.bias]):
                 plan.biases[node.input[rule.bias]] = BiasPlan(node.input[rule.bias], node.input[0], weight)
         for out in node.output:
+            if writes_float(node) and not read_quantized(out):
+                continue  # the int8 kernel writes it in float (see rules.py)
             users = consumers.get(out, [])
             fold = (
                 users

@@ -8,6 +8,9 @@
   `axis` when per-channel) and a DequantizeLinear writing `w_dequantized`; the float initializer is
   dropped when nothing else reads it, which is where the file shrinks.
 - Each bias becomes int32 with scale = input scale x weight scale and zero point 0.
+- A folded Relu/Clip whose QuantizeLinear clips as much is dropped: its input's producer writes
+  its output (`_drop_redundant_clips`).
+- Node names: `<t>_Q` and `<t>_DQ` for the pair of `t` (and `<w>_DQ` for a weight or bias).
 New names derive from the tensor names, nodes are kept in topological order (original order
 first), so the output is deterministic.
 """
@@ -84,11 +87,13 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
     def dequantize_node(
         q_name: str, scale: str, zero: str | None, output: str, axis: int | None, bits: int = 8, block: int = 0
     ) -> onnx.NodeProto:
-        """DequantizeLinear; `zero` None omits the zero point (all zeros: int32 bias)."""
+        """DequantizeLinear of `<t>_quantized`, named `<t>_DQ` (as its QuantizeLinear is `<t>_Q`);
+        `zero` None omits the zero point (all zeros: int32 bias)."""
         inputs = [q_name, scale] + ([zero] if zero else [])
         domain = qdq_domain(bits, opset)
         domains.add(domain)
-        node = helper.make_node("DequantizeLinear", inputs, [output], name=f"{output}_DQ", domain=domain)
+        name = q_name.removesuffix("_quantized") + "_DQ"
+        node = helper.make_node("DequantizeLinear", inputs, [output], name=name, domain=domain)
         if axis is not None:
             node.attribute.append(helper.make_attribute("axis", axis))
         if block:
@@ -190,10 +195,12 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
         graph.node[i].input[k] = name
     for (i, k), name in output_renames.items():
         graph.node[i].output[k] = name
+    dropped = _drop_redundant_clips(graph, plan, producer, inits)
+    old_nodes = [n for i, n in enumerate(graph.node) if i not in dropped]
 
     # Drop float initializers nothing reads any more.
-    read = {name for node in [*graph.node, *new_nodes] for name in node.input}
-    read |= {name for node in graph.node for name in names_used_inside(node)}
+    read = {name for node in [*old_nodes, *new_nodes] for name in node.input}
+    read |= {name for node in old_nodes for name in names_used_inside(node)}
     kept = [t for t in graph.initializer if t.name in read]
     del graph.initializer[:]
     graph.initializer.extend(kept + new_inits)
@@ -204,10 +211,61 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
     if CONTRIB in domains and not any(o.domain == CONTRIB for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(CONTRIB, 1))
 
-    nodes = _toposort([*graph.node, *new_nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
+    nodes = _toposort([*old_nodes, *new_nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
     del graph.node[:]
     graph.node.extend(nodes)
     return out
+
+
+def _drop_redundant_clips(
+    graph: onnx.GraphProto, plan: Plan, producer: dict[str, tuple[int, int]], inits: dict[str, onnx.TensorProto]
+) -> set[int]:
+    """Indices of the folded Relu/Clip nodes that change nothing before their QuantizeLinear,
+    rewired so that their input's producer writes their output directly.
+
+    Q(Clip(x)) == Q(x) when the clip bounds quantize to the type's limits or beyond: for Relu,
+    when the zero point is the type's minimum (negative x saturate to it, as 0 does). This is
+    what onnxruntime does with them when it fuses the group; dropping them here also leaves the
+    file one node (and one tensor) smaller. Kept: a Relu/Clip whose input or output something
+    else reads (a graph output, an excluded node that reads the float value, another reader).
+    """
+    folded = {d.index for d in plan.nodes if d.quantized and d.op_type in ("Relu", "Clip")}
+    graph_outputs = {o.name for o in graph.output}
+    reads: dict[str, int] = {}
+    for i, node in enumerate(graph.node):
+        for name in node.input:
+            reads[name] = reads.get(name, 0) + 1
+    excluded_reads = {name for i in plan.keep_float for name in graph.node[i].input}
+    dropped: set[int] = set()
+    for group in plan.groups:
+        for t in group.tensors:
+            i = producer.get(t, (None,))[0]
+            if i not in folded or t in graph_outputs or t in excluded_reads:
+                continue
+            node = graph.node[i]
+            source = node.input[0]
+            if source in graph_outputs or source not in producer or reads.get(source) != 1:
+                continue
+            lo, hi = (0.0, np.inf) if node.op_type == "Relu" else _clip_bounds(node, inits)
+            q = np.rint(np.float64([lo, hi]) / np.float64(group.scale)) + np.float64(group.zero_point)
+            if q[0] > group.scheme.dtype.qmin or q[1] < group.scheme.dtype.qmax:
+                continue
+            j, k = producer[source]
+            graph.node[j].output[k] = t
+            dropped.add(i)
+            stale = [v for v in graph.value_info if v.name == source]
+            for v in stale:
+                graph.value_info.remove(v)
+    return dropped
+
+
+def _clip_bounds(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> tuple[float, float]:
+    """Clip's (min, max) from its constant inputs; a missing one is unbounded (opset >= 11)."""
+    bounds = [-np.inf, np.inf]
+    for k in (1, 2):
+        if k < len(node.input) and node.input[k]:
+            bounds[k - 1] = float(numpy_helper.to_array(inits[node.input[k]]))
+    return bounds[0], bounds[1]
 
 
 def _tensor(values: np.ndarray, name: str, onnx_type: int) -> onnx.TensorProto:

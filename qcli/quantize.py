@@ -95,16 +95,28 @@ def quantize(
     settings = RangeSettings.of(config)
     assign_ranges(plan, work, table, settings)
     out = materialize(work, plan)
+    _keep_own_value_info(out, model)
+    compact = {"separators": (",", ":")}
     for key, value in (
         ("qcli.version", __version__),
-        ("qcli.config", json.dumps(config_document(config), separators=(",", ":"))),
-        ("qcli.calibration", json.dumps({"method": settings.method, "samples": table.samples, "fingerprint": table.fingerprint})),
+        ("qcli.config", json.dumps(config_document(config), **compact)),
+        ("qcli.calibration", json.dumps({"method": settings.method, "samples": table.samples, "fingerprint": table.fingerprint}, **compact)),
     ):
         entry = out.metadata_props.add()
         entry.key, entry.value = key, value
     notes += plan.notes
     notes += [f"warning: config rule {text}" for text in plan.unmatched]
     return QuantizeResult(out, plan, notes)
+
+
+def _keep_own_value_info(out: onnx.ModelProto, model: onnx.ModelProto) -> None:
+    """Keep only the value_info the input model carried. The shapes `prepare` inferred were for
+    planning; written, they would annotate some tensors and not the new Q/DQ ones, and
+    onnxruntime infers them all at load anyway (on a small model they are ~1% of the file)."""
+    own = {v.name for v in model.graph.value_info}
+    kept = [v for v in out.graph.value_info if v.name in own]
+    del out.graph.value_info[:]
+    out.graph.value_info.extend(kept)
 
 
 def check_unmatched(plan: Plan, strict: bool) -> None:

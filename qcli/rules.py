@@ -11,6 +11,12 @@ Kinds:
 - `fold`: Relu/Clip right after a quantized producer: no Q/DQ of its own; the producer's output
   range is the clipped one (onnxruntime folds the pair into the producer's requantization).
 
+`float_output` marks compute ops whose int8 kernel can also write float directly (QGemm without
+an output scale, MatMulIntegerToFloat): their output gets a Q/DQ pair only when a quantized node
+reads it. A classifier's logits then come out of the int8 kernel in float: one QuantizeLinear /
+DequantizeLinear pair less to run and store, and no rounding of the output. Other compute ops
+(QLinearConv, QLinearAdd, ...) fuse only with a QuantizeLinear after them.
+
 Ops not in the table stay float. `default_float` marks ops that have a rule (so a YAML
 override can quantize them) but whose 8-bit form hurts accuracy or speed by default.
 """
@@ -31,6 +37,7 @@ class OpRule:
     channel_axis: int | None = None  # per-channel axis of the weight (see `weight_axis`)
     default_float: bool = False
     reason: str = ""  # why default_float
+    float_output: bool = False  # the fused int8 kernel can write float (see the module docstring)
 
 
 ALL_INPUTS = (-1,)
@@ -39,8 +46,8 @@ RULES: dict[str, OpRule] = {
     # compute: onnxruntime has an int8 kernel for the fused Q/DQ pattern
     "Conv": OpRule("compute", (0,), weights=(1,), bias=2, channel_axis=0),
     "ConvTranspose": OpRule("compute", (0,), weights=(1,), bias=2, channel_axis=1),
-    "MatMul": OpRule("compute", (0, 1), weights=(1,), channel_axis=-1),
-    "Gemm": OpRule("compute", (0, 1), weights=(1,), bias=2, channel_axis=0),  # transB-dependent
+    "MatMul": OpRule("compute", (0, 1), weights=(1,), channel_axis=-1, float_output=True),
+    "Gemm": OpRule("compute", (0, 1), weights=(1,), bias=2, channel_axis=0, float_output=True),  # axis: transB
     "Add": OpRule("compute", (0, 1)),
     "Mul": OpRule("compute", (0, 1)),
     "AveragePool": OpRule("compute"),
