@@ -17,10 +17,12 @@ import onnx
 
 from qcli import __version__
 from qcli.calibrate.collect import collect
+from qcli.calibrate.shards import collect_sharded
 from qcli.calibrate.table import METHODS, CalibrationTable, RangeSettings, build_table
 from qcli.config import Config, config_document
 from qcli.data import DataFolder
 from qcli.errors import ConfigError, ModelError
+from qcli.executor import Executor
 from qcli.model import fingerprint, max_ir_version, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import PrepareResult, prepare
@@ -44,6 +46,7 @@ def calibrate(
     strict: bool = False,
     methods: tuple[str, ...] = METHODS,
     prepared: PrepareResult | None = None,
+    executor: Executor | None = None,
 ) -> CalibrationTable:
     """Observe the activations `config`'s quantization needs over `folder` and solve the
     ranges of `methods` (default all four) for the configured activation dtype.
@@ -51,19 +54,23 @@ def calibrate(
     The histograms keep at least `bins` bins across each tensor's range (twice that at most),
     which is what the KL solver works on. The table is keyed to the fingerprint of `model`
     as given (before preparation), which is what `quantize` checks. `prepared`: the result of
-    `prepare(model)` when the caller has it already (it is not changed).
+    `prepare(model)` when the caller has it already (it is not changed). `executor`: with more
+    than one worker, the pass is split into one shard of the folder per worker and the shards'
+    statistics are merged, exactly: the table is the same as one process's.
     """
     work = (prepared or prepare(model, force=force)).model
     plan = make_plan(work, config)
     check_unmatched(plan, strict)
-    collected = collect(
-        work,
-        folder,
+    options = dict(
         batch_size=config.calibration.batch_size,
         tensors=plan.calibrated_tensors,
         max_bins=2 * config.calibration.bins,
         progress=progress,
     )
+    if executor is None or executor.workers == 1:
+        collected = collect(work, folder, **options)
+    else:
+        collected = collect_sharded(work, folder, executor, **options)
     table = build_table(
         collected.observers, fingerprint(model), collected.samples, RangeSettings.of(config), methods,
         collected.aliases,
