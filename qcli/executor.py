@@ -19,11 +19,12 @@ by the out-of-memory killer, a crash in native code) loses the items it was runn
 are run once more, one at a time, in fresh workers, and if one is lost again `WorkerLost`
 names it. (Ray retries a task whose worker died once itself.)
 
-Default (README "Scale-out"): calibration uses one worker. Measured on the 2-core machine
-with benchmarks/scale.py (the sample CNN, 512 samples), two local workers are no faster than
-the single process, whose pass is already a three-thread pipeline with onnxruntime using both
-cores, and starting the workers costs about a second; more workers pay off with more cores
-(or a Ray cluster) and longer passes.
+Default (README "Scale-out"): `qcli calibrate` uses one worker, in its own process.
+Measured on the 2-core machine with benchmarks/scale.py (the sample CNN, 512 samples): one
+process 2.0 s, a local pool of two workers 3.1 s (0.65x), of one worker 2.6 s. The single
+pass is already a three-thread pipeline with onnxruntime on both cores, and each worker
+process pays about a second to start and import onnxruntime; more workers pay off with more
+cores, longer passes, or a cluster.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import concurrent.futures as cf
 import logging
 import multiprocessing
 import os
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -123,9 +125,11 @@ class LocalExecutor(_Base):
 
     def _run(self, fn: Callable, items: Sequence, indices, results: list, done: Done | None) -> list[int]:
         """Run `items[indices]` at once into `results`; return the indices lost with the pool."""
-        if self._pool is None:
-            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
-        futures = {self._pool.submit(fn, items[i]): i for i in indices}
+        try:
+            futures = {self._start().submit(fn, items[i]): i for i in indices}
+        except cf.process.BrokenProcessPool:  # a worker died while the pool sat idle
+            self._terminate()
+            futures = {self._start().submit(fn, items[i]): i for i in indices}
         lost = []
         try:
             for future in cf.as_completed(futures):
@@ -143,6 +147,11 @@ class LocalExecutor(_Base):
         if lost:
             self._terminate()  # a broken pool takes no more work
         return sorted(lost)
+
+    def _start(self) -> cf.ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
 
     def close(self) -> None:
         if self._pool is not None:
@@ -179,6 +188,7 @@ class RayExecutor(_Base):
         self._ray = ray
         self._started = False
         if not ray.is_initialized():
+            _check_reachable(address)
             try:
                 ray.init(
                     address=address,
@@ -232,6 +242,21 @@ class RayExecutor(_Base):
         if self._started:
             self._ray.shutdown()
             self._started = False
+
+
+def _check_reachable(address: str | None, timeout: float = 5.0) -> None:
+    """Fail fast on a `host:port` nobody listens on: Ray itself retries for minutes."""
+    if not address or address == "auto" or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as exc:
+        raise QcliError(
+            f"cannot reach the Ray cluster at {address}: {exc}",
+            hint="give the head node's host:port (ray start --head prints it), or leave out "
+            "--ray-address to start a local instance",
+        ) from None
 
 
 def _call(fn: Callable[[T], R], item: T) -> R:

@@ -22,7 +22,7 @@ from qcli.calibrate.table import METHODS, CalibrationTable, RangeSettings, build
 from qcli.config import Config, config_document
 from qcli.data import DataFolder
 from qcli.errors import ConfigError, ModelError
-from qcli.executor import Executor
+from qcli.executor import Executor, SerialExecutor
 from qcli.model import fingerprint, max_ir_version, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import PrepareResult, prepare
@@ -54,9 +54,10 @@ def calibrate(
     The histograms keep at least `bins` bins across each tensor's range (twice that at most),
     which is what the KL solver works on. The table is keyed to the fingerprint of `model`
     as given (before preparation), which is what `quantize` checks. `prepared`: the result of
-    `prepare(model)` when the caller has it already (it is not changed). `executor`: with more
-    than one worker, the pass is split into one shard of the folder per worker and the shards'
-    statistics are merged, exactly: the table is the same as one process's.
+    `prepare(model)` when the caller has it already (it is not changed). `executor`: the pass
+    runs in its workers, split into one shard of the folder per worker, and the shards'
+    statistics are merged, exactly: the table is the same as one process's. None, or a
+    `SerialExecutor`: the pass runs here.
     """
     work = (prepared or prepare(model, force=force)).model
     plan = make_plan(work, config)
@@ -67,7 +68,7 @@ def calibrate(
         max_bins=2 * config.calibration.bins,
         progress=progress,
     )
-    if executor is None or executor.workers == 1:
+    if executor is None or isinstance(executor, SerialExecutor):
         collected = collect(work, folder, **options)
     else:
         collected = collect_sharded(work, folder, executor, **options)

@@ -24,12 +24,14 @@ from qcli.quantize import calibrate, quantize
 CNN = SAMPLE_MODELS / "cnn"
 
 
-class Sharded(SerialExecutor):
+class Sharded:
     """In-process executor that still splits the work into `workers` shards."""
 
     def __init__(self, workers: int):
-        super().__init__()
-        self.workers = workers
+        self.workers, self.threads = workers, None
+
+    def map(self, fn, items, done=None):
+        return SerialExecutor().map(fn, items, done)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,7 @@ def test_subset_holds_paths_of_its_files_only(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ sharded == single process
 
 
-@pytest.mark.parametrize(("samples", "batch_size", "workers"), [(64, 8, 2), (61, 5, 3)])
+@pytest.mark.parametrize(("samples", "batch_size", "workers"), [(64, 8, 2), (61, 5, 3), (20, 8, 1)])
 def test_sharded_calibration_equals_single_process(cnn, samples: int, batch_size: int, workers: int) -> None:
     config = _config(samples, batch_size)
     single = _run(cnn, CNN / "calib", config)
@@ -266,3 +268,21 @@ def test_ray_executor_starts_and_stops_its_own_instance(ray_instance) -> None:
         assert not ray_instance.is_initialized()
     finally:
         ray_instance.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+
+
+def test_an_unreachable_ray_address_fails_fast() -> None:
+    from qcli.executor import _check_reachable
+
+    _check_reachable("auto")  # left to Ray
+    with pytest.raises(QcliError) as error:
+        _check_reachable("127.0.0.1:1")
+    assert error.value.message.startswith("cannot reach the Ray cluster at 127.0.0.1:1: ")
+
+
+def test_a_worker_that_died_between_maps_is_replaced() -> None:
+    with LocalExecutor(1) as executor:
+        assert executor.map(_square, [2]) == [4]
+        for process in list(executor._pool._processes.values()):
+            process.kill()
+            process.join()
+        assert executor.map(_square, [3]) == [9]

@@ -121,8 +121,6 @@ def collect_sharded(
 ) -> Collected:
     """`collect` over `folder` in one shard per worker of `executor`, merged."""
     shards = plan_shards(folder, executor.workers, batch_size)
-    if len(shards) == 1:
-        return collect(model, folder, tensors=tensors, batch_size=batch_size, max_bins=max_bins, progress=progress)
     if model.ByteSize() >= _PROTOBUF_LIMIT:
         raise CalibrationError(
             "models of 2 GB or more calibrate in one process",
