@@ -250,7 +250,7 @@ def _check_reachable(address: str | None, timeout: float = 5.0) -> None:
         return
     host, _, port = address.rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except (OSError, ValueError) as exc:
         raise QcliError(
             f"cannot reach the Ray cluster at {address}: {exc}",
