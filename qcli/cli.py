@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -139,6 +140,25 @@ PercentileOpt = Annotated[
 ]
 SamplesOpt = Annotated[int | None, typer.Option("--samples", help="Use the first N samples (default 256).")]
 BatchOpt = Annotated[int | None, typer.Option("--batch-size", help="Samples per inference batch (default 8).")]
+ExecutorOpt = Annotated[
+    str,
+    typer.Option("--executor", help="Where calibration runs: local (processes on this machine) or ray (a Ray cluster)."),
+]
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option("--workers", help="Calibration shards run at once (local default 1; ray default: the cluster's CPUs)."),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option("--ray-address", help="Ray cluster to use (host:port or 'auto'; default: start a local one)."),
+]
+
+
+def _executor(kind: str, workers: int | None, address: str | None):
+    """The executor the scale-out flags ask for (local defaults to one worker: README)."""
+    from qcli.executor import make_executor
+
+    return make_executor(kind, 1 if workers is None and kind == "local" else workers, address)
 
 
 def _calibration_config(config: str | None, method, percentile, samples, batch_size):
@@ -162,6 +182,9 @@ def calibrate(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Calibration file (default ./<model>.calib.json).")
     ] = None,
+    executor: ExecutorOpt = "local",
+    workers: WorkersOpt = None,
+    ray_address: RayAddressOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -183,8 +206,10 @@ def calibrate(
         )
         out = output or Path.cwd() / f"{model.name.removesuffix('.onnx')}.calib.json"
         start = time.perf_counter()
-        with render.progress_bar("calibrating", total=len(folder), quiet=quiet or json_out) as advance:
-            table = run_calibration(onnx_model, folder, cfg, progress=advance, strict=strict)
+        with _executor(executor, workers, ray_address) as pool, render.progress_bar(
+            "calibrating", total=len(folder), quiet=quiet or json_out
+        ) as advance:
+            table = run_calibration(onnx_model, folder, cfg, progress=advance, strict=strict, executor=pool)
         save_table(table, out)
         seconds = time.perf_counter() - start
         doc = {
@@ -256,6 +281,9 @@ def quantize(
     max_latency_ratio: Annotated[
         float | None, typer.Option("--max-latency-ratio", help="Verification ceiling: quantized / float latency.")
     ] = None,
+    executor: ExecutorOpt = "local",
+    workers: WorkersOpt = None,
+    ray_address: RayAddressOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -274,6 +302,8 @@ def quantize(
 
         if (data is None) == (calib is None):
             raise QcliError("give exactly one of --data DIR (calibrate now) or --calib FILE")
+        if calib is not None and (workers is not None or executor != "local" or ray_address is not None):
+            raise QcliError("--executor, --workers and --ray-address apply to calibration: use them with --data")
         if max_accuracy_drop is not None and eval_data is None and not auto_precision:
             raise QcliError("--max-accuracy-drop needs --eval-data DIR to measure the drop on")
         if output.exists() and model.exists() and os.path.samefile(output, model):
@@ -307,9 +337,11 @@ def quantize(
         def bar(description: str, total: int | None, unit: str = "samples"):
             return render.progress_bar(description, total=total, quiet=quiet or json_out, unit=unit)
 
-        outcome = quantize_checked(
-            onnx_model, cfg, data=data, table=table, eval_data=eval_data, force=force, strict=strict, progress=bar
-        )
+        with _executor(executor, workers, ray_address) if data is not None else nullcontext() as pool:
+            outcome = quantize_checked(
+                onnx_model, cfg, data=data, table=table, eval_data=eval_data, force=force, strict=strict,
+                progress=bar, executor=pool,
+            )
         result = outcome.result
         save_model(result.model, output, check=True)
         doc = {

@@ -22,6 +22,7 @@ Decisions (README "Data folders" says the same for users):
 
 from __future__ import annotations
 
+import copy
 import csv
 import difflib
 import os
@@ -403,6 +404,32 @@ class DataFolder:
         if shape is None:
             return 1
         return shape[0] if len(shape) == len(spec.shape) and spec.batchable else 1
+
+    def entry_sizes(self) -> list[int]:
+        """Samples each file gives, in order, for the files the stream reads (the last one
+        cut to `samples=N`); from array headers, as `len`. For folders read from their first
+        sample (`start=0`: calibration data, which is what is sharded)."""
+        sizes: list[int] = []
+        total = 0
+        for entry in self.entries:
+            if self.limit is not None and total >= self.limit:
+                break
+            size = self._entry_size(entry)
+            if self.limit is not None:
+                size = min(size, self.limit - total)
+            sizes.append(size)
+            total += size
+        return sizes
+
+    def subset(self, start: int, stop: int, samples: int | None = None) -> DataFolder:
+        """This folder restricted to its files `start..stop-1` (and their first `samples`
+        samples): a shard that a worker reads on its own. Holds paths, not arrays."""
+        part = copy.copy(self)
+        part.entries = self.entries[start:stop]
+        part.limit = samples
+        names = {e.rel for e in part.entries}
+        part.labels_csv = {k: v for k, v in self.labels_csv.items() if k in names}
+        return part
 
     def __iter__(self) -> Iterator[Sample]:
         """Validated samples in sorted file order, one file in memory at a time."""

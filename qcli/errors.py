@@ -38,3 +38,19 @@ class GateFailed(QcliError):
     """A quality gate (accuracy drop, speedup, compression, verification floor) failed."""
 
     exit_code = 1
+
+
+class WorkerLost(QcliError):
+    """A worker process (or Ray worker) died twice running item `index` of `total` (an item
+    whose worker dies is run once more first). Callers that know what the items are re-raise
+    it naming them (calibration names the shard's samples)."""
+
+    exit_code = 3
+
+    def __init__(self, index: int, total: int, detail: str = ""):
+        super().__init__(
+            f"a worker died twice running item {index + 1} of {total}" + (f": {detail}" if detail else ""),
+            hint="the machine may be out of memory: use fewer --workers or a smaller --batch-size",
+        )
+        self.index = index
+        self.total = total

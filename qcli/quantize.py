@@ -17,10 +17,12 @@ import onnx
 
 from qcli import __version__
 from qcli.calibrate.collect import collect
+from qcli.calibrate.shards import collect_sharded
 from qcli.calibrate.table import METHODS, CalibrationTable, RangeSettings, build_table
 from qcli.config import Config, config_document
 from qcli.data import DataFolder
 from qcli.errors import ConfigError, ModelError
+from qcli.executor import Executor, SerialExecutor
 from qcli.model import fingerprint, max_ir_version, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import PrepareResult, prepare
@@ -44,6 +46,7 @@ def calibrate(
     strict: bool = False,
     methods: tuple[str, ...] = METHODS,
     prepared: PrepareResult | None = None,
+    executor: Executor | None = None,
 ) -> CalibrationTable:
     """Observe the activations `config`'s quantization needs over `folder` and solve the
     ranges of `methods` (default all four) for the configured activation dtype.
@@ -51,19 +54,24 @@ def calibrate(
     The histograms keep at least `bins` bins across each tensor's range (twice that at most),
     which is what the KL solver works on. The table is keyed to the fingerprint of `model`
     as given (before preparation), which is what `quantize` checks. `prepared`: the result of
-    `prepare(model)` when the caller has it already (it is not changed).
+    `prepare(model)` when the caller has it already (it is not changed). `executor`: the pass
+    runs in its workers, split into one shard of the folder per worker, and the shards'
+    statistics are merged, exactly: the table is the same as one process's. None, or a
+    `SerialExecutor`: the pass runs here.
     """
     work = (prepared or prepare(model, force=force)).model
     plan = make_plan(work, config)
     check_unmatched(plan, strict)
-    collected = collect(
-        work,
-        folder,
+    options = dict(
         batch_size=config.calibration.batch_size,
         tensors=plan.calibrated_tensors,
         max_bins=2 * config.calibration.bins,
         progress=progress,
     )
+    if executor is None or isinstance(executor, SerialExecutor):
+        collected = collect(work, folder, **options)
+    else:
+        collected = collect_sharded(work, folder, executor, **options)
     table = build_table(
         collected.observers, fingerprint(model), collected.samples, RangeSettings.of(config), methods,
         collected.aliases,
@@ -99,7 +107,7 @@ def quantize(
     compact = {"separators": (",", ":")}
     for key, value in (
         ("qcli.version", __version__),
-        ("qcli.config", json.dumps(config_document(config), **compact)),
+        ("qcli.config", json.dumps(_recipe(config), **compact)),
         ("qcli.calibration", json.dumps({"method": settings.method, "samples": table.samples, "fingerprint": table.fingerprint}, **compact)),
     ):
         entry = out.metadata_props.add()
@@ -117,6 +125,16 @@ def _keep_own_value_info(out: onnx.ModelProto, model: onnx.ModelProto) -> None:
     kept = [v for v in out.graph.value_info if v.name in own]
     del out.graph.value_info[:]
     out.graph.value_info.extend(kept)
+
+
+def _recipe(config: Config) -> dict:
+    """The config as the model's metadata records it: what decides the model's content. The
+    `verify` and `auto_precision` sections check and search; what they changed is in the
+    overrides (the precision config), so they are left out."""
+    doc = config_document(config)
+    for section in ("verify", "auto_precision"):
+        doc.pop(section, None)
+    return doc
 
 
 def check_unmatched(plan: Plan, strict: bool) -> None:

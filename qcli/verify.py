@@ -170,9 +170,11 @@ def quantize_checked(
     strict: bool = False,
     progress: ProgressFactory = no_progress,
     methods: tuple[str, ...] | None = None,
+    executor=None,
 ) -> Outcome:
     """Calibrate (when `data` is given), quantize, verify and rescue; see the module docstring.
-    `methods`: the range methods the calibration solves (default: only the config's)."""
+    `methods`: the range methods the calibration solves (default: only the config's);
+    `executor`: where the calibration pass runs (qcli.executor; default this process)."""
     if (data is None) == (table is None):
         raise ValueError("give exactly one of data or table")
     ap, vf = config.auto_precision, config.verify
@@ -186,7 +188,8 @@ def quantize_checked(
         folder = DataFolder(data, inputs, preprocess=config.data.preprocess, samples=plan.calibration_samples)
         with progress("calibrating", len(folder)) as advance:
             table = calibrate(model, folder, config, progress=advance, force=force, strict=strict,
-                              methods=methods or (config.calibration.method,), prepared=prepared)
+                              methods=methods or (config.calibration.method,), prepared=prepared,
+                              executor=executor)
     result = quantize(model, config, table, force=force, strict=strict, prepared=prepared)
     outcome = Outcome(result, config, table, plan, searched_for_goal=ap.enabled)
     if not checking:

@@ -259,7 +259,8 @@ def test_auto_precision_meets_the_budget_promoting_only_the_sensitive_layer(cli,
     # last layer's error shows; still fewer promotions than the baseline, and analyze agrees.
     doc = cli.json("quantize", model, "-o", out, *args, "--max-accuracy-drop", "0.01")
     p = doc["precision"]
-    assert p["goal_met"] and list(p["promoted"]) == ["/a/MatMul", "/c/MatMul"]
+    assert p["goal_met"]
+    assert doc["quantized"] == {"MatMul": 1}  # two MatMuls float (a promotion can take a neighbour along)
     report = cli.json("analyze", model, out, "--data", evaluation, "--runs", "0")
     assert report["fidelity"][0]["top1_agreement"] >= 0.99
 

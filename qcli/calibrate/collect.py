@@ -105,6 +105,7 @@ def collect(
     max_bins: int = DEFAULT_MAX_BINS,
     progress: Callable[[int], None] | None = None,
     background: bool = True,
+    threads: int | None = None,
 ) -> Collected:
     """Run `model` over `folder` once and observe `tensors` (names given twice count once).
 
@@ -117,10 +118,11 @@ def collect(
     the batches in order, and its histogram does not depend on order anyway).
 
     Tensors named twice are observed once. Requested tensors that turn out not to be float
-    are left out (`Collected.skipped`).
+    are left out (`Collected.skipped`). `threads`: onnxruntime intra-op threads (default: one
+    per core; a worker sharing the machine with others takes its share).
     """
     names = list(dict.fromkeys(tensors))
-    session = make_session(with_outputs(model, names))
+    session = make_session(with_outputs(model, names), threads=threads)
     observers = {name: TensorObserver(max_bins=max_bins, name=name) for name in names}
     sink = _ObserverSink(names, observers, value_aliases(model, names), background)
     samples = batches = 0

@@ -1,0 +1,148 @@
+"""Calibration split into shards: contiguous runs of a data folder's files, each observed by
+one worker (`collect_shard`) and merged in shard order (`merge`) into what one pass over the
+whole folder gives. The observers' merge is exact (observers.py), so counts, min, max and
+histograms, hence every range and the quantized model, are identical to one process's.
+
+Shards start where a single pass starts a new batch (`plan_shards`), so the workers run the
+same batches as one process, and even the recorded batch shapes agree. That is worked out
+from the files' sizes (array headers), assuming consecutive samples share their shape; where
+they do not, only the recorded batch shape can differ, never a statistic.
+
+A worker gets the model as bytes and the folder restricted to its files (paths, not arrays):
+it reads its samples itself, on its machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import onnx
+
+from qcli.calibrate.collect import Collected, collect
+from qcli.data import DataFolder
+from qcli.errors import CalibrationError, WorkerLost
+from qcli.executor import Executor
+
+_PROTOBUF_LIMIT = 2**31  # a model this large cannot be serialized in one message
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Files `start..stop-1` of a data folder, holding samples `first..first+samples-1`."""
+
+    start: int
+    stop: int
+    first: int
+    samples: int
+
+
+def plan_shards(folder: DataFolder, count: int, batch_size: int) -> list[Shard]:
+    """Split the samples `folder` streams into at most `count` contiguous shards of about
+    equal size, each starting where one pass over the folder starts a new batch."""
+    sizes = folder.entry_sizes()
+    fresh = _batch_starts(sizes, batch_size, all(spec.batchable for spec in folder.inputs))
+    before = [0]
+    for size in sizes:
+        before.append(before[-1] + size)
+    total = before[-1]
+    cuts = [0]
+    for k in range(1, count):
+        target = total * k / count
+        candidates = [i for i in range(cuts[-1] + 1, len(sizes)) if fresh[i]]
+        if not candidates:
+            break
+        cuts.append(min(candidates, key=lambda i: abs(before[i] - target)))
+    cuts.append(len(sizes))
+    return [Shard(a, b, before[a], before[b] - before[a]) for a, b in zip(cuts, cuts[1:])]
+
+
+def _batch_starts(sizes: list[int], batch_size: int, stackable: bool) -> list[bool]:
+    """For each file, whether `DataFolder.batches` starts a new batch at it (nothing pending
+    from earlier files). Mirrors its rule: a file larger than a batch is split into parts of
+    `batch_size`; a part that does not fit the pending batch starts the next one."""
+    fresh, count = [], 0
+    for size in sizes:
+        if not stackable:
+            fresh.append(True)
+            continue
+        parts = [size] if size <= batch_size else [min(batch_size, size - s) for s in range(0, size, batch_size)]
+        fresh.append(count == 0 or count + parts[0] > batch_size)
+        for part in parts:
+            if count and count + part > batch_size:
+                count = 0
+            count += part
+    return fresh
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """What one worker needs: plain, picklable values."""
+
+    model: bytes
+    folder: DataFolder
+    tensors: list[str]
+    batch_size: int
+    max_bins: int
+    threads: int | None
+
+
+def collect_shard(task: ShardTask) -> Collected:
+    """One worker's pass over its shard (runs in the worker process)."""
+    model = onnx.ModelProto.FromString(task.model)
+    return collect(
+        model, task.folder, tensors=task.tensors, batch_size=task.batch_size, max_bins=task.max_bins,
+        threads=task.threads,
+    )
+
+
+def merge(parts: list[Collected]) -> Collected:
+    """The shards' statistics merged in order: what one pass over all of them gives."""
+    merged = parts[0]
+    for part in parts[1:]:
+        for name, observer in merged.observers.items():
+            observer.merge(part.observers[name])
+        merged.samples += part.samples
+        merged.batches += part.batches
+    for name, source in merged.aliases.items():  # a Reshape's output: its source's values
+        merged.observers[name].adopt_values(merged.observers[source])
+    return merged
+
+
+def collect_sharded(
+    model: onnx.ModelProto,
+    folder: DataFolder,
+    executor: Executor,
+    *,
+    tensors: list[str],
+    batch_size: int,
+    max_bins: int,
+    progress: Callable[[int], None] | None = None,
+) -> Collected:
+    """`collect` over `folder` in one shard per worker of `executor`, merged."""
+    shards = plan_shards(folder, executor.workers, batch_size)
+    if model.ByteSize() >= _PROTOBUF_LIMIT:
+        raise CalibrationError(
+            "models of 2 GB or more calibrate in one process",
+            hint="use --workers 1",
+        )
+    blob = model.SerializeToString()
+    tasks = [
+        ShardTask(blob, folder.subset(s.start, s.stop, s.samples), tensors, batch_size, max_bins, executor.threads)
+        for s in shards
+    ]
+
+    def done(index: int, part: Collected) -> None:
+        if progress is not None:
+            progress(part.samples)
+
+    try:
+        parts = executor.map(collect_shard, tasks, done=done)
+    except WorkerLost as exc:
+        shard = shards[exc.index]
+        raise CalibrationError(
+            f"a calibration worker died twice on shard {exc.index + 1} of {len(shards)}: samples "
+            f"{shard.first}..{shard.first + shard.samples - 1}, from {folder.path / folder.entries[shard.start].rel}",
+            hint=exc.hint,
+        ) from None
+    return merge(parts)
