@@ -302,8 +302,9 @@ def quantize(
 
         if (data is None) == (calib is None):
             raise QcliError("give exactly one of --data DIR (calibrate now) or --calib FILE")
-        if calib is not None and (workers is not None or executor != "local" or ray_address is not None):
-            raise QcliError("--executor, --workers and --ray-address apply to calibration: use them with --data")
+        if calib is not None and not auto_precision and (workers is not None or executor != "local" or ray_address is not None):
+            raise QcliError("--executor, --workers and --ray-address apply to calibration and the precision "
+                            "search: use them with --data or --auto-precision")
         if max_accuracy_drop is not None and eval_data is None and not auto_precision:
             raise QcliError("--max-accuracy-drop needs --eval-data DIR to measure the drop on")
         if output.exists() and model.exists() and os.path.samefile(output, model):
@@ -337,7 +338,7 @@ def quantize(
         def bar(description: str, total: int | None, unit: str = "samples"):
             return render.progress_bar(description, total=total, quiet=quiet or json_out, unit=unit)
 
-        with _executor(executor, workers, ray_address) if data is not None else nullcontext() as pool:
+        with _executor(executor, workers, ray_address) if data is not None or auto_precision else nullcontext() as pool:
             outcome = quantize_checked(
                 onnx_model, cfg, data=data, table=table, eval_data=eval_data, force=force, strict=strict,
                 progress=bar, executor=pool,

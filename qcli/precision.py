@@ -52,6 +52,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx
 
@@ -140,9 +141,12 @@ class Trials:
     count: int = 0
     stopped: str | None = None
     quick_probe: Probe | None = None  # a few of the probe's samples, for ranking
+    executor: Any = None  # qcli.executor: independent trials run on its workers
+    force: bool = False  # prepare's --force, for workers that prepare the model again
     _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict)
     _latency: dict[frozenset, float] = field(default_factory=dict)
     _demoted: dict[frozenset, int] = field(default_factory=dict)
+    _shared: Any = None  # the _Context workers set up from
 
     def __post_init__(self) -> None:
         self.started = time.monotonic()
@@ -176,6 +180,39 @@ class Trials:
             if self.progress is not None:
                 self.progress(1)
         return self._fidelity[key]
+
+    def fidelity_many(self, candidates: list[dict[str, str]], quick: bool = False) -> list[Fidelity | None]:
+        """`fidelity` of independent candidates, on the executor's workers when there are
+        several: each worker gets one contiguous chunk and sets up its own copy of the trials
+        once (prepared model, probe, float outputs); results land in this cache in order, so
+        what follows does not depend on the number of workers."""
+        todo: list[dict[str, str]] = []
+        for c in candidates:
+            if (frozenset(c.items()), quick) not in self._fidelity and c not in todo:
+                todo.append(c)
+        workers = getattr(self.executor, "workers", 1)
+        if workers > 1 and len(todo) > 1:
+            context = self._context()
+            size = -(-len(todo) // workers)
+            chunks = [todo[i: i + size] for i in range(0, len(todo), size)]
+            tasks = [(context, [tuple(sorted(c.items())) for c in chunk], quick, self.executor.threads) for chunk in chunks]
+            for chunk, results in zip(chunks, self.executor.map(_run_trials, tasks)):
+                for c, (f, demoted) in zip(chunk, results):
+                    self._fidelity[(frozenset(c.items()), quick)] = f
+                    self._demoted[frozenset(c.items())] = demoted
+            self.count += len(todo)
+            if self.progress is not None:
+                self.progress(len(todo))
+        return [self.fidelity(c, quick) for c in candidates]
+
+    def _context(self) -> _Context:
+        if self._shared is None:
+            import uuid
+
+            quick = self.quick_probe.samples if self.quick_probe is not None else self.probe.samples
+            self._shared = _Context(uuid.uuid4().hex, self.model.SerializeToString(), self.config, self.table,
+                                    self.probe.batches, self.probe.inputs, quick, self.force)
+        return self._shared
 
     def affordable(self, n: int) -> bool:
         """Whether `n` more trials fit in half of what is left of the budget (trials and time,
@@ -223,6 +260,46 @@ class Trials:
                 if u.node not in best or cost < best[u.node][1] - max(SPEED_TIE, 0.1 * abs(best[u.node][1])):
                     best[u.node] = (precision, cost)
         return best
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What a worker needs to run trials itself (sent once per chunk of trials)."""
+
+    key: str  # one search: a worker keeps its setup for this key
+    model: bytes
+    config: Config
+    table: CalibrationTable
+    batches: list
+    inputs: list
+    quick: int
+    force: bool
+
+
+_WORKER_TRIALS: dict[str, Trials] = {}
+
+
+def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
+    """Worker side of `Trials.fidelity_many`: set up once per search, then measure a chunk."""
+    from qcli.plan import make_plan
+    from qcli.prepare import prepare
+
+    context, chunk, quick, threads = task
+    trials = _WORKER_TRIALS.get(context.key)
+    if trials is None:
+        _WORKER_TRIALS.clear()
+        model = onnx.load_from_string(context.model)
+        prepared = prepare(model, force=context.force)
+        probe = Probe(model, context.batches, context.inputs, threads)
+        units = find_units(prepared.model, make_plan(prepared.model, context.config))
+        trials = Trials(model, prepared, context.config, context.table, probe, units,
+                        max_trials=1 << 30, time_budget=float("inf"), quick_probe=probe.head(context.quick))
+        _WORKER_TRIALS[context.key] = trials
+    results = []
+    for items in chunk:
+        choices = dict(items)
+        results.append((trials.fidelity(choices, quick), trials.demoted(choices)))
+    return results
 
 
 def attribute(times: dict[str, float], units: list[Unit]) -> dict[str, float]:
@@ -367,15 +444,14 @@ def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, fl
 
             if trials.affordable(len(left)):
                 action = "sensitivity"
+                trials.fidelity_many([{**choices, n: target[n]} for n in left], quick=True)  # in parallel
                 for n in left:
-                    if trials.exhausted():
-                        break
                     g = gain([n])
                     if g is not None:
                         sensitivity[n] = g / spread[n]  # per unit actually left unquantized
             else:
                 action = "sensitivity by blocks (one trial per unit does not fit the budget)"
-                sensitivity.update(_block_sensitivity(left, gain, trials, floor))
+                sensitivity.update(_block_sensitivity(left, gain, trials, floor, choices, target))
             # By sensitivity (costs are timings: ranking by them would make the promotions depend
             # on a busy machine; the prune keeps only what the goal needs). Units the budget left
             # unmeasured (or below the noise floor) come last, in graph order.
@@ -416,7 +492,7 @@ def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, fl
 BLOCKS = 8  # the first split of the units into contiguous blocks; later splits: 4
 
 
-def _block_sensitivity(left: list[str], gain, trials, floor: float) -> dict[str, float]:
+def _block_sensitivity(left: list[str], gain, trials, floor: float, fixed: dict, target: dict) -> dict[str, float]:
     """Sensitivity by bisection over contiguous blocks of units (graph order): promote each
     block, keep splitting the blocks whose gain is at least a tenth of the best one's (at most
     3 per level). About 8 + 12 log4(N) trials instead of N. A unit's score is its finest
@@ -428,6 +504,7 @@ def _block_sensitivity(left: list[str], gain, trials, floor: float) -> dict[str,
     scores: dict[str, float] = {}
     frontier = split(left, BLOCKS)
     while frontier and not trials.exhausted():
+        trials.fidelity_many([{**fixed, **{n: target[n] for n in block}} for block in frontier], quick=True)
         measured = []
         for block in frontier:
             if trials.exhausted():

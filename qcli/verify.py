@@ -174,7 +174,8 @@ def quantize_checked(
 ) -> Outcome:
     """Calibrate (when `data` is given), quantize, verify and rescue; see the module docstring.
     `methods`: the range methods the calibration solves (default: only the config's);
-    `executor`: where the calibration pass runs (qcli.executor; default this process)."""
+    `executor`: where the calibration pass and the search's independent trials run
+    (qcli.executor; default this process)."""
     if (data is None) == (table is None):
         raise ValueError("give exactly one of data or table")
     ap, vf = config.auto_precision, config.verify
@@ -209,7 +210,7 @@ def quantize_checked(
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
     with progress("verifying" if not ap.enabled else "searching precisions", None, unit="trials") as advance:
         trials = Trials(model, prepared, config, table, probe, units, *budget, progress=advance,
-                        quick_probe=probe.head(QUICK_SAMPLES))
+                        quick_probe=probe.head(QUICK_SAMPLES), executor=executor, force=force)
         base = trials.fidelity({})
         floors = _floors(config, probe) if vf.enabled else Goal()
         goal = floors

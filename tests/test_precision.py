@@ -44,6 +44,9 @@ class FakeTrials:
     def demoted(self, choices: dict[str, str]) -> int:
         return len(choices)
 
+    def fidelity_many(self, candidates: list[dict[str, str]], quick: bool = False) -> list[Fidelity]:
+        return [self.fidelity(c, quick) for c in candidates]
+
     def affordable(self, n: int) -> bool:
         return n <= (self.max_trials - self.count) / 2
 

@@ -229,7 +229,8 @@ def test_cli_refuses_executor_flags_without_data(cli, tmp_path: Path) -> None:
     result = cli("quantize", CNN / "model.onnx", "-o", tmp_path / "q.onnx", "--calib", tmp_path / "c.json",
                  "--workers", "2")
     assert result.exit_code == 2
-    assert "error: --executor, --workers and --ray-address apply to calibration: use them with --data" in result.stderr
+    assert ("error: --executor, --workers and --ray-address apply to calibration and the precision search: "
+            "use them with --data or --auto-precision") in result.stderr.replace("\n", " ")
 
 
 # ---------------------------------------------------------------------------------- Ray

@@ -293,3 +293,19 @@ def test_auto_precision_options_need_the_flag(cli, sensitive, tmp_path: Path) ->
     result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--criteria", "accuracy")
     assert result.exit_code == 2
     assert result.stderr.startswith("error: --criteria, --min-speedup and --precision-out go with --auto-precision")
+
+
+def test_search_trials_on_two_local_workers_give_the_same_model(cli, sensitive, tmp_path: Path) -> None:
+    """Sensitivity trials run on the executor's workers (each sets itself up once); the choices,
+    every measured step and the model do not depend on the number of workers."""
+    model, data = sensitive
+    evaluation = mlp_data(tmp_path / "eval", 48, True, seed=7)
+    docs, outs = [], []
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}.onnx"
+        docs.append(cli.json("quantize", model, "-o", out, "--data", data, "--eval-data", evaluation, "--auto-precision",
+                             "--max-accuracy-drop", "0.01", "--workers", workers))
+        outs.append(out.read_bytes())
+    assert docs[0]["precision"]["promoted"] == docs[1]["precision"]["promoted"] != {}
+    assert [s["noise"] for s in docs[0]["precision"]["steps"]] == [s["noise"] for s in docs[1]["precision"]["steps"]]
+    assert outs[0] == outs[1]
