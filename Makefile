@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BUILD_VENV := .build-venv
 
-.PHONY: install demo test bench sample-models clean
+.PHONY: install demo test bench sample-models real-models clean
 
 install: $(STAMP)
 
@@ -35,6 +35,14 @@ sample-models:
 	$(PYTHON) -m venv $(BUILD_VENV)
 	$(BUILD_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r sample_models/requirements-build.txt
 	$(BUILD_VENV)/bin/python sample_models/build.py
+
+# Exported models from other projects' packages, for tests/test_real_models.py (skipped
+# without them): rapidocr-onnxruntime's PaddleOCR models, taken from its wheel (no install).
+REAL := .real-models
+real-models: $(STAMP)
+	mkdir -p $(REAL)
+	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -d $(REAL) 'rapidocr-onnxruntime==1.4.4'
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e rapidocr_onnxruntime-1.4.4-py3-none-any.whl .
 
 clean:
 	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache

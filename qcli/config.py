@@ -111,7 +111,7 @@ class Verify(_Section):
     samples: int = Field(64, ge=1)  # held-back samples compared
     rescue: bool = True
     max_trials: int = Field(64, ge=1)  # the rescue's budget
-    time_budget: float = Field(45.0, gt=0)  # seconds
+    time_budget: float = Field(120.0, gt=0)  # seconds
 
 
 class AutoPrecision(_Section):
