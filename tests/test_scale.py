@@ -287,3 +287,21 @@ def test_a_worker_that_died_between_maps_is_replaced() -> None:
             process.kill()
             process.join()
         assert executor.map(_square, [3]) == [9]
+
+
+def test_precision_search_trials_on_ray_match_one_process(ray_instance, tmp_path: Path) -> None:
+    """The rescue's sensitivity trials on two Ray workers: same promotions and model bytes as
+    in one process."""
+    from test_verify import mlp, mlp_data
+
+    from qcli.config import Config
+    from qcli.executor import RayExecutor
+    from qcli.verify import quantize_checked
+
+    model = mlp(True)
+    data = mlp_data(tmp_path / "data", 160, True)
+    single = quantize_checked(model, Config(), data=data)
+    with RayExecutor(2) as executor:
+        spread = quantize_checked(model, Config(), data=data, executor=executor)
+    assert single.promoted == spread.promoted != {}
+    assert single.result.model.SerializeToString() == spread.result.model.SerializeToString()
