@@ -5,9 +5,11 @@
 
 Each sample model (`sample_models/<name>/`) is quantized, in this one process, by:
 
-* ``qcli``: `qcli.quantize.calibrate` with the default config over `calib/`, then
-  `qcli.quantize.quantize`, `qcli.model.save_model` and `qcli.model.check_model` -- what
-  `qcli quantize MODEL -o OUT --data calib/` does.
+* ``qcli``: `qcli.verify.quantize_checked` with the default config over `calib/` (calibrate,
+  quantize, verify on held-back samples, rescue when a floor is missed), then
+  `qcli.model.save_model` and `qcli.model.check_model` -- what `qcli quantize MODEL -o OUT
+  --data calib/` does; ``qcli --no-verify``: the same without verification (the plain int8
+  rewrite, calibrated on every sample).
 * ``ort-minmax``, ``ort-percentile``, ``ort-entropy``: onnxruntime's recommended pipeline,
   `quant_pre_process` then `quantize_static(quant_format=QDQ, per_channel=True,
   activation_type=QUInt8, weight_type=QInt8, calibrate_method=...)`, its documented defaults
@@ -175,25 +177,25 @@ def quiet() -> Iterator[None]:
 # ============================================================================ quantizers
 
 
-def quantize_qcli(model_path: Path, calib: Path, out: Path) -> Variant:
-    """`qcli quantize MODEL -o OUT --data calib/` with the default config, timed end to end."""
-    from qcli.quantize import calibrate
+def quantize_qcli(model_path: Path, calib: Path, out: Path, verify: bool = True) -> Variant:
+    """`qcli quantize MODEL -o OUT --data calib/` with the default config (verification and its
+    rescue included), timed end to end; `verify=False`: with `--no-verify` (the plain rewrite)."""
     from qcli.config import load_config
-    from qcli.data import DataFolder, model_inputs
     from qcli.model import check_model, load_model, save_model
-    from qcli.quantize import quantize
+    from qcli.verify import quantize_checked
 
+    name = "qcli" if verify else "qcli --no-verify"
     start = time.perf_counter()
     try:
         config = load_config(None)
+        if not verify:
+            config = config.merged(verify={"enabled": False})
         model = load_model(model_path)
-        folder = DataFolder(calib, model_inputs(model), samples=config.calibration.samples)
-        table = calibrate(model, folder, config)
-        save_model(quantize(model, config, table).model, out)
+        save_model(quantize_checked(model, config, data=calib).result.model, out)
         check_model(out)
     except Exception as exc:  # a failure is a result of the benchmark
-        return Variant("qcli", error=error_line(exc))
-    return Variant("qcli", path=out, quantize_s=time.perf_counter() - start)
+        return Variant(name, error=error_line(exc))
+    return Variant(name, path=out, quantize_s=time.perf_counter() - start)
 
 
 def calibration_reader(model_path: Path, calib: Path, per_call: int):
@@ -418,8 +420,9 @@ def benchmark_model(name: str, folder: Path, work: Path, runs: int, rounds: int)
     workload = WORKLOADS.get(name, Workload(calib_per_call=8, batch_n=32))
     model_path = folder / "model.onnx"
     qcli = quantize_qcli(model_path, folder / "calib", work / "qcli.onnx")
+    plain = quantize_qcli(model_path, folder / "calib", work / "qcli-plain.onnx", verify=False)
     ort_variants, notes = quantize_ort(model_path, folder / "calib", work, workload)
-    result = ModelResult(name, [Variant("fp32", path=model_path), qcli, *ort_variants], notes, workload.batch_n)
+    result = ModelResult(name, [Variant("fp32", path=model_path), qcli, plain, *ort_variants], notes, workload.batch_n)
     measure(result, folder, work, runs, rounds, workload)
     return result
 
