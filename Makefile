@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/qcli inspect sample_models/cnn/model.onnx
 	$(BIN)/qcli calibrate sample_models/cnn/model.onnx --data sample_models/cnn/calib -o out/cnn.calib.json
-	$(BIN)/qcli quantize sample_models/cnn/model.onnx --calib out/cnn.calib.json -o out/cnn.int8.onnx
+	$(BIN)/qcli quantize sample_models/cnn/model.onnx --calib out/cnn.calib.json -o out/cnn.int8.onnx \
+		--eval-data sample_models/cnn/eval
 	$(BIN)/qcli analyze sample_models/cnn/model.onnx out/cnn.int8.onnx --data sample_models/cnn/eval \
 		--report out/cnn.report.html --max-accuracy-drop 0.005 --min-compression 3
 

@@ -58,3 +58,19 @@ def test_bad_inline_config(cli, tmp_path: Path) -> None:
     result = cli("run", tmp_path / "pipeline.yaml")
     assert result.exit_code == 2
     assert "calibration.samples: Input should be greater than or equal to 1" in result.stderr
+
+
+def test_pipeline_verifies_the_model_and_a_missed_floor_exits_1(cli, tmp_path: Path) -> None:
+    text = pipeline(tmp_path).read_text().replace(
+        "config: {calibration: {samples: 64}}",
+        "config: {calibration: {samples: 64}, verify: {rescue: false, max_latency_ratio: 0.05}}",
+    )
+    (tmp_path / "pipeline.yaml").write_text(text)
+    result = cli("run", tmp_path / "pipeline.yaml", "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    v = doc["verification"]
+    assert v["data"].endswith("(first 64 samples at most)") and not v["passed"]
+    assert [c["name"] for c in v["checks"] if not c["passed"]] == ["latency ratio"]
+    assert result.stderr.startswith("error: verification failed: latency ratio 0.")
+    assert (tmp_path / "out" / "report.json").exists()  # the analysis ran and was written first
