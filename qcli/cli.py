@@ -142,11 +142,13 @@ SamplesOpt = Annotated[int | None, typer.Option("--samples", help="Use the first
 BatchOpt = Annotated[int | None, typer.Option("--batch-size", help="Samples per inference batch (default 8).")]
 ExecutorOpt = Annotated[
     str,
-    typer.Option("--executor", help="Where calibration runs: local (processes on this machine) or ray (a Ray cluster)."),
+    typer.Option("--executor", help="Where calibration and precision-search trials run: local (processes on "
+                 "this machine) or ray (a Ray cluster)."),
 ]
 WorkersOpt = Annotated[
     int | None,
-    typer.Option("--workers", help="Calibration shards run at once (local default 1; ray default: the cluster's CPUs)."),
+    typer.Option("--workers", help="Calibration shards (and search trials) run at once (local default 1; ray "
+                 "default: the cluster's CPUs)."),
 ]
 RayAddressOpt = Annotated[
     str | None,
