@@ -309,3 +309,21 @@ def test_search_trials_on_two_local_workers_give_the_same_model(cli, sensitive, 
     assert docs[0]["precision"]["promoted"] == docs[1]["precision"]["promoted"] != {}
     assert [s["noise"] for s in docs[0]["precision"]["steps"]] == [s["noise"] for s in docs[1]["precision"]["steps"]]
     assert outs[0] == outs[1]
+
+
+def test_a_model_that_outputs_class_ids_is_checked_by_exact_agreement(cli, tmp_path: Path) -> None:
+    """An exported classifier ending in ArgMax has no scores to compare: its int64 class ids must
+    agree exactly, and the rescue works from that."""
+    m = mlp(True)
+    m.graph.node.append(helper.make_node("ArgMax", ["logits"], ["ids"], axis=1, keepdims=0, name="/argmax"))
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info("ids", TensorProto.INT64, ["N"]))
+    model = save(m, tmp_path / "ids.onnx")
+    data = mlp_data(tmp_path / "data", 160, True)
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data)
+    v = doc["verification"]
+    assert v["passed"] and [c["name"] for c in v["checks"]] == ["top-1 agreement"]
+    assert v["outputs"][0]["exact"] >= 0.99
+    assert doc["precision"]["promoted"]  # all-int8 agreed on far fewer ids
+    plain = cli("quantize", model, "-o", tmp_path / "plain.onnx", "--data", data, "--no-rescue")
+    assert plain.exit_code == 1 and "top-1 agreement 0." in plain.stderr

@@ -41,6 +41,7 @@ class OutputFidelity:
     top1_agreement: float | None
     cosine: float | None
     sqnr_db: float | None
+    exact: float | None = None  # integer/bool outputs (class ids, masks): fraction of samples equal
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,10 @@ class Fidelity:
 
     @property
     def top1_agreement(self) -> float | None:
-        """The lowest top-1 agreement over class-score outputs (None: there are none)."""
+        """The lowest top-1 agreement over class-score outputs, or exact agreement over integer
+        outputs (an ArgMax's class ids); None: there are none."""
         values = [o.top1_agreement for o in self.outputs if o.top1_agreement is not None]
+        values += [o.exact for o in self.outputs if o.exact is not None]
         return min(values) if values else None
 
     @property
@@ -126,7 +129,8 @@ class Probe:
                     topk[0].update(np.asarray(reference[k]), batch.label)
                     topk[1].update(np.asarray(values[k]), batch.label)
         outputs = tuple(
-            OutputFidelity(name, bool(acc.class_scores), acc.top1_agreement, acc.cosine, acc.sqnr.db)
+            OutputFidelity(name, bool(acc.class_scores), acc.top1_agreement, acc.cosine, acc.sqnr.db,
+                           None if acc.floating or not acc.samples else acc.exact / acc.samples)
             for name, acc in zip(self.names, accs)
         )
         noise = sum(acc.sqnr.noise / max(acc.sqnr.signal, 1e-30) for acc in accs if acc.floating)
