@@ -327,3 +327,29 @@ def test_a_model_that_outputs_class_ids_is_checked_by_exact_agreement(cli, tmp_p
     assert doc["precision"]["promoted"]  # all-int8 agreed on far fewer ids
     plain = cli("quantize", model, "-o", tmp_path / "plain.onnx", "--data", data, "--no-rescue")
     assert plain.exit_code == 1 and "top-1 agreement 0." in plain.stderr
+
+
+def test_bad_precision_and_verification_input_is_a_clear_error(cli, sensitive, tmp_path: Path) -> None:
+    model, data = sensitive
+    calib = tmp_path / "c.json"
+    assert cli("calibrate", model, "--data", data, "-o", calib, "-q").exit_code == 0
+    out = ["-o", tmp_path / "q.onnx"]
+
+    result = cli("quantize", model, *out, "--calib", calib, "--auto-precision")
+    assert result.exit_code == 2
+    assert result.stderr == "error: auto-precision needs data to measure on\nhint: give --eval-data DIR (or --data DIR)\n"
+
+    result = cli("quantize", model, *out, "--data", data, "--auto-precision", "--criteria", "custom")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: auto_precision.criteria custom needs auto_precision.min_speedup")
+
+    result = cli("quantize", model, *out, "--data", data, "--auto-precision", "--criteria", "fastest")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: command line: auto_precision.criteria: Input should be 'performance', "
+                                    "'balanced', 'accuracy' or 'custom'")
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = cli("quantize", model, *out, "--data", data, "--eval-data", empty)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: no samples found in {empty}\nhint: a data folder holds *.npz")
