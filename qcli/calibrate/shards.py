@@ -85,6 +85,7 @@ class ShardTask:
     batch_size: int
     max_bins: int
     threads: int | None
+    first_sample: int = 0  # index of the shard's first sample in the whole stream
 
 
 def collect_shard(task: ShardTask) -> Collected:
@@ -92,7 +93,7 @@ def collect_shard(task: ShardTask) -> Collected:
     model = onnx.ModelProto.FromString(task.model)
     return collect(
         model, task.folder, tensors=task.tensors, batch_size=task.batch_size, max_bins=task.max_bins,
-        threads=task.threads,
+        threads=task.threads, first_sample=task.first_sample,
     )
 
 
@@ -128,7 +129,9 @@ def collect_sharded(
         )
     blob = model.SerializeToString()
     tasks = [
-        ShardTask(blob, folder.subset(s.start, s.stop, s.samples), tensors, batch_size, max_bins, executor.threads)
+        ShardTask(
+            blob, folder.subset(s.start, s.stop, s.samples), tensors, batch_size, max_bins, executor.threads, s.first
+        )
         for s in shards
     ]
 
