@@ -130,7 +130,8 @@ def test_sampled_histogram_is_a_fixed_subset_of_each_sample_and_merges_exactly()
     assert back.to_dict() == one_by_one.to_dict()
     # A batch whose first dimension is not its sample count is binned whole.
     batch = np.concatenate(samples[:4]).reshape(3, 4, 50)
-    assert sample_subset(batch, 4, 16, first=100).size == batch.size
+    assert sample_subset(batch, 4, 16, first=100) is None
+    assert sample_subset(batch.reshape(4, 3, 50), 4, 16, first=100).size == 4 * 22
     with pytest.raises(ValueError, match="sample_values differ"):
         one_by_one.merge(TensorObserver(max_bins=256))
 

@@ -184,20 +184,19 @@ def sample_stride(n: int, sample_values: int) -> int:
     return 1
 
 
-def sample_subset(x: np.ndarray, samples: int, sample_values: int | None, first: int = 0) -> np.ndarray:
+def sample_subset(x: np.ndarray, samples: int, sample_values: int | None, first: int = 0) -> np.ndarray | None:
     """The values of batch `x` (holding samples `first .. first+samples-1` of the stream along
-    its first dimension) that are binned: all values of the first `WHOLE_SAMPLES` samples, each
-    later sample's flattened values at a stride of `sample_stride`. All values (flattened)
-    when `sample_values` is None, or when the first dimension is not the sample count."""
-    flat = x.reshape(-1)
+    its first dimension) that are binned, flattened: all values of the first `WHOLE_SAMPLES`
+    samples, each later sample's flattened values at a stride of `sample_stride`. None (every
+    value) when `sample_values` is None, or when the first dimension is not the sample count."""
     if sample_values is None or samples < 1 or x.ndim == 0 or (samples > 1 and x.shape[0] != samples):
-        return flat
+        return None
     n = x.size // samples
     stride = sample_stride(n, sample_values)
     whole = min(max(WHOLE_SAMPLES - first, 0), samples)  # samples binned whole
     if stride == 1 or whole == samples:
-        return flat
-    rows = flat.reshape(samples, n)
+        return None
+    rows = x.reshape(samples, n)
     strided = rows[whole:, ::stride].reshape(-1)
     return np.concatenate([rows[:whole].reshape(-1), strided]) if whole else strided
 
@@ -452,14 +451,17 @@ class TensorObserver:
         many small batches can note each batch's layout and pass their values in fewer, larger
         calls (numpy's per-call overhead dominates below ~10**4 elements).
         """
-        flats = [a.reshape(-1) for a, _, _ in parts if a.size]
-        if not flats:
+        parts = [part for part in parts if part[0].size]
+        if not parts:
             return
+        flats = [a.reshape(-1) for a, _, _ in parts]
         values = flats[0] if len(flats) == 1 else np.concatenate(flats)
         binned = values
         if self.sample_values is not None:
-            subsets = [sample_subset(a, n, self.sample_values, first) for a, n, first in parts if a.size]
-            binned = subsets[0] if len(subsets) == 1 else np.concatenate(subsets)
+            subsets = [sample_subset(a, n, self.sample_values, first) for a, n, first in parts]
+            if any(sub is not None for sub in subsets):  # else every value is binned
+                subsets = [flat if sub is None else sub for flat, sub in zip(flats, subsets)]
+                binned = subsets[0] if len(subsets) == 1 else np.concatenate(subsets)
         self._add(values, binned)
 
     def _add(self, values: np.ndarray, binned: np.ndarray) -> None:
