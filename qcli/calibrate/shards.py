@@ -9,7 +9,9 @@ from the files' sizes (array headers), assuming consecutive samples share their 
 they do not, only the recorded batch shape can differ, never a statistic.
 
 A worker gets the model as bytes and the folder restricted to its files (paths, not arrays):
-it reads its samples itself, on its machine.
+it reads its samples itself, on its machine. It is also told the index of its shard's first
+sample in the whole folder: which values of a sample the histograms bin depends on that index
+(the first 32 samples are binned whole, see observers.py), so the merge stays exact.
 """
 
 from __future__ import annotations
