@@ -12,7 +12,7 @@ import pytest
 
 from conftest import parse_model, write_npz
 from qcli.calibrate.collect import collect, value_aliases, with_outputs
-from qcli.calibrate.observers import TensorObserver
+from qcli.calibrate.observers import SAMPLE_VALUES, TensorObserver
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import DataError
 from qcli.runtime import make_session
@@ -48,10 +48,12 @@ def make_data(folder: Path, count: int, seed: int = 0) -> Path:
     return folder
 
 
-def reference(model, folder: Path, batch_size: int, max_bins: int = 256) -> dict[str, dict]:
+def reference(
+    model, folder: Path, batch_size: int, max_bins: int = 256, sample_values: int | None = SAMPLE_VALUES
+) -> dict[str, dict]:
     """Every tensor observed directly, batch by batch, in one thread."""
     session = make_session(with_outputs(model, NAMES))
-    observers = {name: TensorObserver(max_bins=max_bins, name=name) for name in NAMES}
+    observers = {name: TensorObserver(max_bins=max_bins, name=name, sample_values=sample_values) for name in NAMES}
     for batch in DataFolder(folder, model_inputs(model)).batches(batch_size):
         for name, value in zip(NAMES, session.run(NAMES, batch.inputs)):
             observers[name].update(value, samples=batch.size)
@@ -97,6 +99,32 @@ def test_pooling_small_outputs_changes_nothing(model, tmp_path: Path, monkeypatc
             got = collect(model, DataFolder(folder, model_inputs(model)), batch_size=2, tensors=NAMES,
                           max_bins=256, background=background)
             assert {n: o.to_dict() for n, o in got.observers.items()} == expected, (pool, background)
+
+
+def test_sampled_histograms_do_not_depend_on_batching(
+    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 48 values a sample, at least 8 binned: stride 5 (the largest prime <= 6 not dividing 48),
+    # after the first 4 samples (binned whole).
+    from qcli.calibrate import observers
+
+    monkeypatch.setattr(observers, "WHOLE_SAMPLES", 4)
+    folder = make_data(tmp_path / "data", 17)
+    runs = {}
+    for batch_size in (1, 3, 8):
+        got = collect(model, DataFolder(folder, model_inputs(model)), batch_size=batch_size, tensors=NAMES,
+                      max_bins=256, sample_values=8)
+        expected = reference(model, folder, batch_size, sample_values=8)
+        for name in ("x", "q", "s"):
+            assert got.observers[name].to_dict() == expected[name], name
+        for name in ("r", "t"):  # rearrangements of q: q's statistics (its subset), their own layout
+            assert {**got.observers[name].to_dict(), "shape": None} == {**expected["q"], "shape": None}
+        runs[batch_size] = {n: {**o.to_dict(), "shape": None} for n, o in got.observers.items()}
+    assert runs[1] == runs[3] == runs[8]
+    x = runs[1]["x"]
+    assert x["count"] == 17 * 48 and x["binned"] == 4 * 48 + 13 * 10 and x["sample_values"] == 8
+    values = np.concatenate([np.load(f)["x"].reshape(-1) for f in sorted(folder.glob("*.npz"))])
+    assert (x["min"], x["max"]) == (float(values.min()), float(values.max()))  # over every value
 
 
 def test_repeated_names_are_observed_once(model, tmp_path: Path) -> None:

@@ -11,10 +11,13 @@ import pytest
 
 from qcli.calibrate.observers import (
     GridHistogram,
+    WHOLE_SAMPLES,
     TensorObserver,
     bin_counts,
     grid_exponent,
     grid_index,
+    sample_stride,
+    sample_subset,
 )
 from qcli.errors import CalibrationError
 
@@ -85,6 +88,52 @@ def test_merge_of_shards_equals_single_stream_exactly():
     for part in (batches[3:], batches[:1], batches[1:3]):
         total.merge(observe(part))
     assert total.to_dict() == single
+
+
+def test_sampled_histogram_is_a_fixed_subset_of_each_sample_and_merges_exactly():
+    rng = np.random.default_rng(12)
+    # 40 samples of 3x50 values (n = 150, at least 16 binned: stride 7), some with NaN; the
+    # first WHOLE_SAMPLES (32) binned whole.
+    samples = [rng.normal(i % 4, 1 + i % 3, size=(1, 3, 50)).astype(np.float32) for i in range(40)]
+    samples[5][0, 0, 3] = samples[35][0, 0, 7] = np.nan
+    assert sample_stride(150, 16) == 7 and WHOLE_SAMPLES == 32
+    subset = np.concatenate([s.reshape(-1)[:: 1 if i < 32 else 7] for i, s in enumerate(samples)])
+    everything = np.concatenate([s.reshape(-1) for s in samples])
+
+    def run(groups, cuts=()):
+        parts, edges = [], [0, *cuts, len(groups)]
+        for a, b in zip(edges, edges[1:]):
+            obs = TensorObserver(max_bins=256, sample_values=16)
+            first = sum(len(g) for g in groups[:a])  # a shard starts at this sample
+            for g in groups[a:b]:
+                obs.update_layout(g[0], samples=len(g))
+                obs.update_values(np.concatenate(g), samples=len(g), first=first)
+                first += len(g)
+            parts.append(obs)
+        for other in parts[1:]:
+            parts[0].merge(other)
+        return parts[0]
+
+    one_by_one = run([[s] for s in samples])
+    finite = everything[np.isfinite(everything)]
+    assert (one_by_one.min, one_by_one.max, one_by_one.count) == (finite.min(), finite.max(), finite.size)
+    assert one_by_one.nan_count == 2 and one_by_one.binned == np.isfinite(subset).sum()
+    assert one_by_one.binned < one_by_one.count
+    h = one_by_one.histogram
+    np.testing.assert_array_equal(h.counts, reference_counts(subset[np.isfinite(subset)], h))
+    expected = {**one_by_one.to_dict(), "shape": None}
+    for size in (3, 8, 40):  # batched differently, and split into shards merged afterwards
+        groups = [samples[i : i + size] for i in range(0, len(samples), size)]
+        assert {**run(groups).to_dict(), "shape": None} == expected
+        assert {**run(groups, cuts=(len(groups) // 2,)).to_dict(), "shape": None} == expected
+    back = TensorObserver.from_dict(json.loads(json.dumps(one_by_one.to_dict())))
+    assert back.to_dict() == one_by_one.to_dict()
+    # A batch whose first dimension is not its sample count is binned whole.
+    batch = np.concatenate(samples[:4]).reshape(3, 4, 50)
+    assert sample_subset(batch, 4, 16, first=100) is None
+    assert sample_subset(batch.reshape(4, 3, 50), 4, 16, first=100).size == 4 * 22
+    with pytest.raises(ValueError, match="sample_values differ"):
+        one_by_one.merge(TensorObserver(max_bins=256))
 
 
 def test_batch_order_does_not_matter():

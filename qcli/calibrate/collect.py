@@ -11,7 +11,9 @@ Speed (measured with benchmarks/calibration.py): the pass is a pipeline (reading
 observing in three threads); a tensor that only rearranges another observed tensor's values
 (Reshape, Transpose...) takes that tensor's statistics instead of being binned again; small
 outputs are pooled per tensor before they reach the observer. None of this changes a
-statistic: the histograms do not depend on how values are grouped or ordered.
+statistic: the histograms do not depend on how values are grouped or ordered. The histograms
+bin at least `sample_values` values of each sample (default `SAMPLE_VALUES`, 2048; None: every
+value), a subset fixed by the sample alone (observers.py); count, min, max stay exact.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import TypeVar
 import numpy as np
 import onnx
 
-from qcli.calibrate.observers import DEFAULT_MAX_BINS, TensorObserver
+from qcli.calibrate.observers import DEFAULT_MAX_BINS, SAMPLE_VALUES, TensorObserver
 from qcli.data import DataFolder
 from qcli.errors import DataError
 from qcli.runtime import make_session
@@ -106,6 +108,8 @@ def collect(
     progress: Callable[[int], None] | None = None,
     background: bool = True,
     threads: int | None = None,
+    sample_values: int | None = SAMPLE_VALUES,
+    first_sample: int = 0,
 ) -> Collected:
     """Run `model` over `folder` once and observe `tensors` (names given twice count once).
 
@@ -119,12 +123,14 @@ def collect(
 
     Tensors named twice are observed once. Requested tensors that turn out not to be float
     are left out (`Collected.skipped`). `threads`: onnxruntime intra-op threads (default: one
-    per core; a worker sharing the machine with others takes its share).
+    per core; a worker sharing the machine with others takes its share). `sample_values`:
+    at least this many values of each sample are binned (None: all; observers.py);
+    `first_sample`: the index of the folder's first sample in the whole stream (a shard's).
     """
     names = list(dict.fromkeys(tensors))
     session = make_session(with_outputs(model, names), threads=threads)
-    observers = {name: TensorObserver(max_bins=max_bins, name=name) for name in names}
-    sink = _ObserverSink(names, observers, value_aliases(model, names), background)
+    observers = {name: TensorObserver(max_bins=max_bins, name=name, sample_values=sample_values) for name in names}
+    sink = _ObserverSink(names, observers, value_aliases(model, names), background, first_sample)
     samples = batches = 0
     stream = folder.batches(batch_size)
     if background:
@@ -174,13 +180,19 @@ class _ObserverSink:
     POOL = 1 << 16  # values; at most this many per tensor wait in a pool (flat in samples)
 
     def __init__(
-        self, names: list[str], observers: dict[str, TensorObserver], aliases: dict[str, str], background: bool
+        self,
+        names: list[str],
+        observers: dict[str, TensorObserver],
+        aliases: dict[str, str],
+        background: bool,
+        first_sample: int = 0,
     ):
         self.names = names
+        self.next_sample = first_sample  # index in the whole stream of the next batch's first sample
         self.observers = observers
         self.aliases = aliases  # tensor -> the tensor whose values it holds: layout noted only
         self.skipped: list[str] = []
-        self._pools: dict[str, list[np.ndarray]] = {}
+        self._pools: dict[str, list[tuple[np.ndarray, int, int]]] = {}
         self._pooled: dict[str, int] = {}
         self._error: BaseException | None = None
         self._abandoned = False
@@ -228,6 +240,7 @@ class _ObserverSink:
                 self._error = exc
 
     def _update(self, values: list, samples: int) -> None:
+        first, self.next_sample = self.next_sample, self.next_sample + samples
         for name, value in zip(self.names, values):
             observer = self.observers.get(name)
             if observer is None:
@@ -241,10 +254,10 @@ class _ObserverSink:
             if name in self.aliases or value.size == 0:
                 continue
             if value.size >= self.POOL:
-                observer.update_values(value)
+                observer.update_values(value, samples, first)
                 continue
             pool = self._pools.setdefault(name, [])
-            pool.append(value.reshape(-1))
+            pool.append((value, samples, first))
             self._pooled[name] = self._pooled.get(name, 0) + value.size
             if self._pooled[name] >= self.POOL:
                 self._drain(name)
@@ -253,7 +266,7 @@ class _ObserverSink:
         pool = self._pools.pop(name, [])
         self._pooled[name] = 0
         if pool:
-            self.observers[name].update_values(pool[0] if len(pool) == 1 else np.concatenate(pool))
+            self.observers[name].update_batches(pool)
 
     def _flush(self) -> None:
         for name in list(self._pools):

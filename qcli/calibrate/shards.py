@@ -9,7 +9,9 @@ from the files' sizes (array headers), assuming consecutive samples share their 
 they do not, only the recorded batch shape can differ, never a statistic.
 
 A worker gets the model as bytes and the folder restricted to its files (paths, not arrays):
-it reads its samples itself, on its machine.
+it reads its samples itself, on its machine. It is also told the index of its shard's first
+sample in the whole folder: which values of a sample the histograms bin depends on that index
+(the first 32 samples are binned whole, see observers.py), so the merge stays exact.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class ShardTask:
     batch_size: int
     max_bins: int
     threads: int | None
+    first_sample: int = 0  # index of the shard's first sample in the whole stream
 
 
 def collect_shard(task: ShardTask) -> Collected:
@@ -92,7 +95,7 @@ def collect_shard(task: ShardTask) -> Collected:
     model = onnx.ModelProto.FromString(task.model)
     return collect(
         model, task.folder, tensors=task.tensors, batch_size=task.batch_size, max_bins=task.max_bins,
-        threads=task.threads,
+        threads=task.threads, first_sample=task.first_sample,
     )
 
 
@@ -128,7 +131,9 @@ def collect_sharded(
         )
     blob = model.SerializeToString()
     tasks = [
-        ShardTask(blob, folder.subset(s.start, s.stop, s.samples), tensors, batch_size, max_bins, executor.threads)
+        ShardTask(
+            blob, folder.subset(s.start, s.stop, s.samples), tensors, batch_size, max_bins, executor.threads, s.first
+        )
         for s in shards
     ]
 
