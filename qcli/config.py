@@ -27,6 +27,7 @@ ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float"]  # float:
 WeightDtype = Literal["int8", "uint8", "int4", "uint4"]
 Granularity = Literal["per_tensor", "per_channel", "per_block"]
 Precision = Literal["float", "int8", "uint8", "int16", "uint16"]
+Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4"]  # int4: weights, to shrink
 
 
 class _Section(BaseModel):
@@ -119,7 +120,7 @@ class AutoPrecision(_Section):
     criteria: Literal["performance", "balanced", "accuracy", "custom"] = "balanced"
     max_accuracy_drop: float = Field(0.01, ge=0)
     min_speedup: float | None = Field(None, gt=0)
-    candidates: list[Precision] = ["int8", "int16", "float"]
+    candidates: list[Candidate] = ["int8", "int16", "float"]
     samples: int = Field(256, ge=1)  # samples of --eval-data (or held back) measured per trial
     max_trials: int = Field(200, ge=1)
     time_budget: float = Field(600.0, gt=0)  # seconds

@@ -38,6 +38,9 @@ Search, on the probe's measurements (`Goal` says what must hold):
    first (prune): the result promotes no unit whose promotion was not needed.
 Each unit's promotion target is its cheapest candidate by measured cost, float winning ties
 (another candidate must be cheaper by more than SPEED_TIE and 10%).
+int4 (when the config lists it among the candidates) goes the other way: with the goal met,
+the weighted nodes whose 4-bit weights add the least noise get int4 weights, as many as keep
+the goal and the latency ceiling (`_shrink`): a smaller file within the same budget.
 Criteria: `performance` meets `max_accuracy_drop` at the least cost; `balanced` aims at half the
 budget and settles for the whole budget when half cannot be reached; `accuracy` promotes by rank
 as far as the speed floor (`min_speedup`, default 1.0: never slower than float) allows;
@@ -58,7 +61,7 @@ import onnx
 
 from qcli.analyze.probe import Fidelity, Probe
 from qcli.calibrate.table import CalibrationTable
-from qcli.config import Activations, Config, Match, Override
+from qcli.config import Activations, Config, Match, Override, Weights
 from qcli.errors import CalibrationError, ConfigError
 from qcli.plan import Plan
 from qcli.prepare import PrepareResult
@@ -74,6 +77,7 @@ class Unit:
     op_type: str
     index: int
     tensors: frozenset[str]  # what it reads and writes (for attributing Q/DQ kernel time)
+    weighted: bool = False  # has a constant weight (a candidate for int4 weights)
 
 
 def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
@@ -92,7 +96,9 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
         tensors = set(node.input) | set(node.output)
         for j in folded_into.get(d.name, []):
             tensors |= set(graph.node[j].output)
-        units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in tensors if t)))
+        inits = {t.name for t in graph.initializer}
+        weighted = any(k < len(node.input) and node.input[k] in inits for k in rule.weights)
+        units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in tensors if t), weighted))
     return units
 
 
@@ -106,12 +112,14 @@ def promoted_config(config: Config, choices: dict[str, str], units: list[Unit]) 
     order = {u.node: u.index for u in units}
     overrides = list(config.overrides)
     wide = "uint16" if config.activations.dtype in ("uint8", "uint16") else "int16"
-    for precision in PROMOTIONS:
+    for precision in ("int4", *PROMOTIONS):
         nodes = sorted((n for n, p in choices.items() if p == precision), key=lambda n: order.get(n, 0))
         if not nodes:
             continue
         match = Match(nodes=[_exact(n) for n in nodes])
-        if precision == "float":
+        if precision == "int4":
+            overrides.append(Override(match=match, weights=Weights(dtype="int4", symmetric=True, granularity="per_channel")))
+        elif precision == "float":
             overrides.append(Override(match=match, precision="float"))
         else:
             overrides.append(Override(match=match, activations=Activations(dtype=wide, symmetric=config.activations.symmetric)))
@@ -377,7 +385,7 @@ class SearchResult:
     stopped: str | None = None
 
 
-def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, float]]) -> SearchResult:
+def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, float]], shrink: bool = False) -> SearchResult:
     """Find the choices meeting `goal` (see the module docstring). `trials` needs `fidelity(choices)`,
     `latency(choices)`, `demoted(choices)`, `exhausted()` and the attributes `count` and `stopped`."""
     steps: list[Step] = []
@@ -403,6 +411,8 @@ def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, fl
                             steps, sensitivity, costs, trials.count, trials.stopped)
 
     if goal.accurate(current) and goal.fast(ratio) and goal.criterion != "accuracy":
+        if shrink:
+            choices, current, ratio = _shrink(units, choices, current, ratio, trials, goal, log, index)
         return result(True)
 
     # Speed: units measurably faster unquantized (by more than SPEED_TIE µs) are promoted when
@@ -488,8 +498,46 @@ def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, fl
                     log("best reachable: all promoted", ranked, choices, f)
         if timed:
             ratio = trials.latency(choices)
+    if shrink and goal.accurate(current) and goal.fast(ratio) and not trials.exhausted():
+        choices, current, ratio = _shrink(units, choices, current, ratio, trials, goal, log, index)
     all_float = len(choices) == len(units) and all(p == "float" for p in choices.values())
     return result(goal.accurate(current) and (goal.fast(ratio) or all_float))  # all float: as fast by construction
+
+
+def _shrink(units, choices, current, ratio, trials, goal: Goal, log, index):
+    """int4 weights (`int4` among the candidates): with the goal met, the nodes whose int4
+    weights add the least output noise (one quick trial each) go to int4, as many as keep the
+    goal (bisection on the quick probe, confirmed on all samples, halving until it holds) and
+    the latency ceiling. Smaller files within the same budget."""
+    pool = [u.node for u in units if u.weighted and u.node not in choices]
+    if not pool:
+        return choices, current, ratio
+    here = trials.fidelity(choices, quick=True)
+    found = trials.fidelity_many([{**choices, n: "int4"} for n in pool], quick=True)
+    added = {n: (f.noise - here.noise) if f is not None and here is not None else float("inf") for n, f in zip(pool, found)}
+    order = sorted(pool, key=lambda n: (added[n], index[n]))
+    log("int4 weights: noise each adds", [], choices, here, quick=True)
+
+    def with_int4(k: int) -> dict[str, str]:
+        return {**choices, **{n: "int4" for n in order[:k]}}
+
+    lo, hi = 0, len(order)
+    while lo < hi and not trials.exhausted():
+        mid = (lo + hi + 1) // 2
+        f = trials.fidelity(with_int4(mid), quick=True)
+        ok = goal.accurate(f)
+        log(f"int4 weights on {mid}", order[:mid], with_int4(mid) if ok else with_int4(lo), f, kept=ok, quick=True)
+        lo, hi = (mid, hi) if ok else (lo, mid - 1)
+    k = lo
+    while k:
+        f = trials.fidelity(with_int4(k))
+        r = trials.latency(with_int4(k)) if goal.max_latency_ratio is not None else None
+        ok = goal.accurate(f) and goal.fast(r)
+        log(f"confirm int4 weights on {k} on all samples", [], with_int4(k) if ok else choices, f, r, kept=ok)
+        if ok:
+            return with_int4(k), f, r if r is not None else ratio
+        k //= 2
+    return choices, current, ratio
 
 
 BLOCKS = 8  # the first split of the units into contiguous blocks; later splits: 4

@@ -225,7 +225,7 @@ def quantize_checked(
         needed = ap.enabled or (vf.rescue and not (floors.accurate(base) and _fast(floors, ratio)))
         if needed and units:
             costs = trials.costs(ap.candidates if ap.enabled else ["float"])
-            found = search(units, trials, goal, costs)
+            found = search(units, trials, goal, costs, shrink=ap.enabled and "int4" in ap.candidates)
             outcome.search, outcome.goal_met = found, found.met
             outcome.promoted = found.choices
             outcome.reasons = _reasons(found)
@@ -302,7 +302,9 @@ def _reasons(found: SearchResult) -> dict[str, str]:
             continue
         for n in step.changed:
             if n in found.choices and n not in reasons:
-                if step.action.startswith(("slower", "int8 slower")):
+                if found.choices[n] == "int4":
+                    reasons[n] = "int4 weights: among the nodes whose 4-bit weights add the least output noise"
+                elif step.action.startswith(("slower", "int8 slower")):
                     precision, cost = found.costs.get(n, ("float", 0.0))
                     reasons[n] = f"faster in {precision} ({-cost:.1f} µs less per run)"
                 else:

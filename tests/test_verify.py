@@ -353,3 +353,26 @@ def test_bad_precision_and_verification_input_is_a_clear_error(cli, sensitive, t
     result = cli("quantize", model, *out, "--data", data, "--eval-data", empty)
     assert result.exit_code == 2
     assert result.stderr.startswith(f"error: no samples found in {empty}\nhint: a data folder holds *.npz")
+
+
+def test_int4_among_the_candidates_shrinks_the_model_within_the_budget(cli, tmp_path: Path) -> None:
+    """With `int4` among the candidates and the goal met, the nodes whose 4-bit weights add the
+    least noise go to int4 while the goal holds; the precision file reproduces the model."""
+    model = save(mlp(False), tmp_path / "benign.onnx")
+    data = mlp_data(tmp_path / "data", 160, False)
+    evaluation = mlp_data(tmp_path / "eval", 96, False, seed=7)
+    config = tmp_path / "c.yaml"
+    config.write_text("auto_precision: {candidates: [int4, int8, float]}\n")
+    args = ["--data", data, "--eval-data", evaluation, "--auto-precision", "--criteria", "performance",
+            "--max-accuracy-drop", "0.5", "--min-top1-agreement", "0.5"]
+    int8 = cli.json("quantize", model, "-o", tmp_path / "int8.onnx", *args)
+    doc = cli.json("quantize", model, "-o", tmp_path / "int4.onnx", *args, "--config", config)
+    int4 = [n for n, p in doc["precision"]["promoted"].items() if p["precision"] == "int4"]
+    assert int4 and doc["precision"]["goal_met"] and doc["verification"]["passed"]
+    assert doc["bytes_after"] < int8["bytes_after"]
+    q = onnx.load(str(tmp_path / "int4.onnx"))
+    assert sum(t.data_type == TensorProto.INT4 and t.name.endswith("_quantized") for t in q.graph.initializer) == len(int4)
+    again = cli.json("quantize", model, "-o", tmp_path / "again.onnx", "--data", data, "--eval-data", evaluation,
+                     "--config", tmp_path / "int4.precision.yaml")
+    assert again["precision"] is None
+    assert (tmp_path / "again.onnx").read_bytes() == (tmp_path / "int4.onnx").read_bytes()
