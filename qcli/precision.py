@@ -424,10 +424,11 @@ def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, fl
             if goal.fast(ratio) or not trial or trial == choices:
                 continue
             f, r = trials.fidelity(trial), trials.latency(trial)
-            # All float computes like the float model: as fast by construction, whatever one
-            # noisy timing says (the ceiling is missed by the current choices anyway).
+            # All float computes like the float model: under a ceiling of at least 1 it is as
+            # fast as needed by construction, whatever one noisy timing says (the current
+            # choices miss the ceiling anyway). Under a lower ceiling only timings decide.
             as_float = len(trial) == len(units) and all(p == "float" for p in trial.values())
-            kept = f is not None and (r < ratio or as_float)
+            kept = f is not None and (r < ratio or (as_float and goal.max_latency_ratio >= 1.0))
             log(action, [n for n in trial if n not in choices], trial if kept else choices, f, r, kept)
             if kept:
                 choices, current, ratio = dict(trial), f, r

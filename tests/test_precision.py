@@ -220,3 +220,25 @@ def test_kernel_times_are_attributed_to_units() -> None:
     }
     got = attribute(times, us)
     assert got == pytest.approx({"/fc/MatMul": 10 + 2 + 1.5 + 1, "/add/Add": 4 + 1.5 + 2})
+
+
+def test_all_float_is_not_taken_for_a_ceiling_below_float_speed() -> None:
+    """A latency ceiling of 0.05 cannot be met; int8 (0.5x float) is the fastest there is, so it
+    stays: all-float only passes a ceiling >= 1 by construction."""
+    errors = {"a": 0.001, "b": 0.001}
+    us = units(*errors)
+    costs = {"a": ("float", -5.0), "b": ("float", 10.0)}
+    trials = FakeTrials(errors, costs={"a": 0.2, "b": 0.3}, base_ratio=0.5)
+    found = search(us, trials, Goal(max_drop=0.01, max_latency_ratio=0.05), costs)
+    assert not found.met
+    assert found.choices == {} and found.latency_ratio == pytest.approx(0.5)
+
+
+def test_all_float_is_taken_when_int8_misses_a_ceiling_of_one() -> None:
+    errors = {"a": 0.001, "b": 0.001}
+    us = units(*errors)
+    costs = {"a": ("float", 5.0), "b": ("float", 10.0)}  # profiles say int8 is faster per node...
+    trials = FakeTrials(errors, costs={"a": -0.05, "b": -0.2}, base_ratio=1.3)  # ...the model is not
+    found = search(us, trials, Goal(max_drop=0.01, max_latency_ratio=1.0), costs)
+    assert found.met and found.choices == {"a": "float", "b": "float"}
+    assert found.steps[-1].action == "int8 slower overall: all promoted"
