@@ -39,7 +39,7 @@ from qcli.analyze.probe import Fidelity, Probe
 from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
 from qcli.data import DataFolder, model_inputs
-from qcli.precision import Goal, SearchResult, Trials, find_units, goal_of, search
+from qcli.precision import Goal, SearchResult, Trials, find_units, goal_of, promoted_config, search
 from qcli.prepare import PrepareResult, prepare
 from qcli.quantize import QuantizeResult, calibrate, quantize
 
@@ -229,10 +229,8 @@ def quantize_checked(
             outcome.search, outcome.goal_met = found, found.met
             outcome.promoted = found.choices
             outcome.reasons = _reasons(found)
+            outcome.config = promoted_config(config, found.choices, units)  # search off: reproduces it
             if found.choices:
-                from qcli.precision import promoted_config
-
-                outcome.config = promoted_config(config, found.choices, units)
                 outcome.result = quantize(model, outcome.config, table, force=force, strict=strict, prepared=prepared)
                 _explain(outcome)
                 base = found.fidelity

@@ -273,6 +273,11 @@ def test_auto_precision_promotes_nothing_when_int8_meets_the_budget(cli, tmp_pat
     assert doc["precision"]["promoted"] == {}
     assert doc["precision"]["goal_met"]
     assert doc["precision"]["file"] == str(tmp_path / "q.precision.yaml")  # auto-precision always writes it
+    written = yaml.safe_load((tmp_path / "q.precision.yaml").read_text())
+    assert written["auto_precision"]["enabled"] is False and written["overrides"] == []  # reproduces, no search
+    again = cli.json("quantize", model, "-o", tmp_path / "again.onnx", "--data", data,
+                     "--config", tmp_path / "q.precision.yaml")
+    assert again["precision"] is None and (tmp_path / "again.onnx").read_bytes() == out.read_bytes()
     assert [s["action"] for s in doc["precision"]["steps"]] == ["all int8"]
 
 
