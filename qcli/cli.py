@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import nullcontext
+from functools import partial
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -337,8 +338,7 @@ def quantize(
                 "percentile": None if percentile or "percentile" in chosen else table.settings.percentile,
             })
 
-        def bar(description: str, total: int | None, unit: str = "samples"):
-            return render.progress_bar(description, total=total, quiet=quiet or json_out, unit=unit)
+        bar = partial(render.progress_bar, quiet=quiet or json_out)  # (description, total, unit=...)
 
         with _executor(executor, workers, ray_address) if data is not None or auto_precision else nullcontext() as pool:
             outcome = quantize_checked(
@@ -359,7 +359,7 @@ def quantize(
         doc["compression"] = round(doc["bytes_before"] / max(doc["bytes_after"], 1), 3)
         doc["notes"] = doc["notes"] + outcome.notes
         doc["verification"] = outcome.verification.to_dict() if outcome.verification else None
-        doc["precision"] = _precision_doc(outcome, output, precision_out, outcome.searched_for_goal)
+        doc["precision"] = _precision_doc(outcome, output, precision_out)
         evaluation = None
         if eval_data is not None:
             from qcli.analyze import evaluate, headline
@@ -406,7 +406,7 @@ def _check_outcome(outcome, output: Path) -> None:
         )
 
 
-def _precision_doc(outcome, output: Path, precision_out: Path | None, searched: bool) -> dict | None:
+def _precision_doc(outcome, output: Path, precision_out: Path | None) -> dict | None:
     """Write the precision config (when a search ran and promoted, or auto-precision ran) and
     describe the search for the summary."""
     from qcli.config import config_yaml
@@ -416,7 +416,7 @@ def _precision_doc(outcome, output: Path, precision_out: Path | None, searched: 
     if found is None:
         return None
     path = None
-    if outcome.promoted or searched or precision_out is not None:
+    if outcome.promoted or outcome.searched_for_goal or precision_out is not None:
         path = precision_out or output.with_name(f"{output.name.removesuffix('.onnx')}.precision.yaml")
         header = (
             f"# qcli {__version__}: the precisions chosen for {output.name}.\n"
@@ -526,8 +526,7 @@ def run_command(
         from qcli.pipeline import run_pipeline
         from qcli.quantize import summary
 
-        def bar(description: str, total: int | None, unit: str = "samples"):
-            return render.progress_bar(description, total=total, quiet=quiet or json_out, unit=unit)
+        bar = partial(render.progress_bar, quiet=quiet or json_out)  # (description, total, unit=...)
 
         result = run_pipeline(pipeline, progress=bar)
         outcome = result.outcome
@@ -536,7 +535,7 @@ def run_command(
             "calibration_file": str(result.calibration_file) if result.calibration_file else None,
             "quantization": summary(result.quantized),
             "verification": outcome.verification.to_dict() if outcome.verification else None,
-            "precision": _precision_doc(outcome, result.output, None, outcome.searched_for_goal),
+            "precision": _precision_doc(outcome, result.output, None),
             "reports": [str(p) for p in result.reports],
             "analysis": result.report.to_dict() if result.report else None,
         }
@@ -549,7 +548,9 @@ def run_command(
                 f"quantized {sum(q['quantized'].values())} nodes "
                 f"({', '.join(f'{k} {v}' for k, v in q['quantized'].items())}); wrote {result.output}"
             )
-            render.verification(console, {**doc, "notes": outcome.notes})
+            for note in outcome.notes:
+                console.print(note)
+            render.verification(console, doc)
             if result.report is not None:
                 show(console, result.report)
             for p in result.reports:

@@ -155,6 +155,7 @@ class Trials:
     _latency: dict[frozenset, float] = field(default_factory=dict)
     _demoted: dict[frozenset, int] = field(default_factory=dict)
     _shared: Any = None  # the _Context workers set up from
+    _built: dict[frozenset, Any] = field(default_factory=dict)  # recent candidates, by choices
 
     def __post_init__(self) -> None:
         self.started = time.monotonic()
@@ -167,9 +168,21 @@ class Trials:
         return self.stopped is not None
 
     def build(self, choices: dict[str, str]):
+        """The candidate quantized (a QuantizeResult). The last two are kept: a candidate's
+        fidelity, latency and profile are asked for one after another."""
         from qcli.quantize import quantize
 
-        return quantize(self.model, promoted_config(self.config, choices, self.units), self.table, prepared=self.prepared)
+        key = frozenset(choices.items())
+        if key not in self._built:
+            if len(self._built) >= 2:
+                del self._built[next(iter(self._built))]
+            self._built[key] = quantize(self.model, promoted_config(self.config, choices, self.units), self.table,
+                                        prepared=self.prepared)
+        return self._built[key]
+
+    def seed(self, int8) -> None:
+        """The all-int8 candidate (choices {}) when the caller built it already."""
+        self._built[frozenset()] = int8
 
     def fidelity(self, choices: dict[str, str], quick: bool = False) -> Fidelity | None:
         """The candidate's fidelity (on the quick probe's few samples with `quick`: enough to

@@ -172,8 +172,8 @@ def calibration(console: Console, doc: dict, rows: int = 30) -> None:
 def quantization(console: Console, doc: dict) -> None:
     from rich import box
 
-    for note in doc["notes"]:
-        console.print(f"prepare: {note}")
+    for note in doc["notes"]:  # what preparation changed, plan notes, warnings, verification notes
+        console.print(note)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Nodes", title_justify="left")
     table.add_column("op type")
     table.add_column("count", justify="right")
@@ -204,9 +204,6 @@ def verification(console: Console, doc: dict) -> None:
     from rich import box
 
     v, p = doc.get("verification"), doc.get("precision")
-    for note in doc.get("notes", []):
-        if note.startswith("verification skipped") or note.startswith("search stopped"):
-            console.print(note)
     if p is not None:
         console.print(f"precision search: {p['trials']} trials, goal {'met' if p['goal_met'] else 'NOT met'}"
                       + (f" ({p['stopped']})" if p["stopped"] else ""))

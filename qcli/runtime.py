@@ -29,9 +29,16 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     return options
 
 
-def make_session(model: onnx.ModelProto | str | Path, threads: int | None = None) -> ort.InferenceSession:
-    """An onnxruntime CPU session for a ModelProto (kept in memory when it fits) or a path."""
+def make_session(
+    model: onnx.ModelProto | str | Path, threads: int | None = None, profile: str | Path | None = None
+) -> ort.InferenceSession:
+    """An onnxruntime CPU session for a ModelProto (kept in memory when it fits) or a path.
+    `profile`: a file-name prefix; the session then records onnxruntime's profile there
+    (`session.end_profiling()` writes it and returns its path)."""
     options = session_options(threads)
+    if profile is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile)
     providers = ["CPUExecutionProvider"]
     try:
         if isinstance(model, (str, Path)):

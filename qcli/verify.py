@@ -212,6 +212,7 @@ def quantize_checked(
     with progress("verifying" if not ap.enabled else "searching precisions", None, unit="trials") as advance:
         trials = Trials(model, prepared, config, table, probe, units, *budget, progress=advance,
                         quick_probe=probe.head(QUICK_SAMPLES), executor=executor, force=force)
+        trials.seed(result)  # the all-int8 candidate is the model just made
         base = trials.fidelity({})
         floors = _floors(config, probe) if vf.enabled else Goal()
         goal = floors
@@ -231,7 +232,7 @@ def quantize_checked(
             outcome.reasons = _reasons(found)
             outcome.config = promoted_config(config, found.choices, units)  # search off: reproduces it
             if found.choices:
-                outcome.result = quantize(model, outcome.config, table, force=force, strict=strict, prepared=prepared)
+                outcome.result = trials.build(found.choices)  # quantized with outcome.config
                 _explain(outcome)
                 base = found.fidelity
                 ratio = found.latency_ratio if floors.max_latency_ratio is not None else None

@@ -31,7 +31,7 @@ from qcli.analyze.latency import measure, timed_inputs
 from qcli.analyze.metrics import FidelityAccumulator, TopKAccumulator, is_class_scores
 from qcli.data import Batch, InputSpec
 from qcli.errors import DataError
-from qcli.runtime import make_session, session_options
+from qcli.runtime import make_session
 
 
 @dataclass(frozen=True)
@@ -193,18 +193,8 @@ class Probe:
 def node_times(model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int = 20,
                threads: int | None = None) -> dict[str, float]:
     """onnxruntime's profiler on `model`: mean µs per run of each node's kernel, by node name."""
-    import onnxruntime as ort
-
-    from qcli.model import clamp_ir_version
-
     with tempfile.TemporaryDirectory(prefix="qcli-profile-") as tmp:
-        options = session_options(threads)
-        options.enable_profiling = True
-        options.profile_file_prefix = str(Path(tmp) / "profile")
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        clamp_ir_version(copy)
-        session = ort.InferenceSession(copy.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = make_session(model, threads, profile=Path(tmp) / "profile")
         for _ in range(3):
             session.run(None, feeds)
         for _ in range(runs):
