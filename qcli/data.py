@@ -248,14 +248,19 @@ class Batch:
         return next(iter(self.inputs.values())).shape[0]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Entry:
-    """One sample file (or test_data_set folder) found in the data folder."""
+    """One sample file (or test_data_set folder) found in the data folder. Small on purpose
+    (the folder's root is shared, the path is built when read): a folder lists every entry."""
 
-    path: Path
-    rel: str
+    root: Path
+    rel: str  # path under root, '/'-separated
     kind: str  # npz | npy | pb | image
     class_label: int | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.rel
 
 
 class DataFolder:
@@ -298,23 +303,34 @@ class DataFolder:
 
     def _scan(self) -> tuple[list[_Entry], str, list[str]]:
         root = self.path
-        children = sorted(p for p in root.iterdir() if not p.name.startswith("."))
-        test_sets = [p for p in children if p.is_dir() and p.name.startswith("test_data_set")]
+        # Names, not Path objects: a folder of 10,000 samples is listed whole, and its listing
+        # is most of what reading it keeps in memory.
+        files, dirs = [], []
+        with os.scandir(root) as listing:
+            for item in listing:
+                if item.name.startswith("."):
+                    continue
+                if item.is_dir():
+                    dirs.append(item.name)
+                elif item.is_file():
+                    files.append(item.name)
+        files.sort()
+        dirs.sort()
+        test_sets = [d for d in dirs if d.startswith("test_data_set")]
         if test_sets:
-            return [_Entry(p, p.name, "pb") for p in test_sets], "onnx-test-data", []
-        files = [p for p in children if p.is_file()]
-        by_kind: dict[str, list[Path]] = {"npz": [], "npy": [], "image": []}
-        for p in files:
-            suffix = p.suffix.lower()
+            return [_Entry(root, d, "pb") for d in test_sets], "onnx-test-data", []
+        by_kind: dict[str, list[str]] = {"npz": [], "npy": [], "image": []}
+        for name in files:
+            suffix = os.path.splitext(name)[1].lower()
             if suffix == ".npz":
-                by_kind["npz"].append(p)
+                by_kind["npz"].append(name)
             elif suffix == ".npy":
-                by_kind["npy"].append(p)
+                by_kind["npy"].append(name)
             elif suffix in IMAGE_EXTENSIONS:
-                by_kind["image"].append(p)
+                by_kind["image"].append(name)
         # As torchvision's ImageFolder: once any subfolder holds images, every subfolder is a
         # class (an empty one still takes its label id, so ids do not shift).
-        subdirs = [p for p in children if p.is_dir()]
+        subdirs = [root / d for d in dirs]
         has_images = any(_is_image(f) for d in subdirs for f in d.iterdir())
         class_dirs = subdirs if has_images else []
         found = [kind for kind, paths in by_kind.items() if paths]
@@ -335,13 +351,13 @@ class DataFolder:
         if kind == "image-folders":
             class_names = [p.name for p in class_dirs]
             entries = [
-                _Entry(f, f"{d.name}/{f.name}", "image", class_label=i)
+                _Entry(root, f"{d.name}/{f.name}", "image", class_label=i)
                 for i, d in enumerate(class_dirs)
                 for f in sorted(d.iterdir())
                 if _is_image(f)
             ]
             return entries, "image-folders", class_names
-        entries = [_Entry(p, p.name, kind) for p in by_kind[kind]]
+        entries = [_Entry(root, name, kind) for name in by_kind[kind]]
         return entries, kind, []
 
     def _read_labels_csv(self) -> dict[str, np.ndarray]:

@@ -317,10 +317,9 @@ def _workable(flat: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(flat)
 
 
-def _selected(segments: np.ndarray) -> int:
-    """How many values a segment table selects."""
-    _, rows, n, whole, stride = segments.T
-    return int((whole * n + (rows - whole) * -(-n // stride)).sum())
+def _selected(rows: int, n: int, whole: int, stride: int) -> int:
+    """How many values a segment `(rows, length, whole, stride)` selects."""
+    return whole * n + (rows - whole) * -(-n // stride)
 
 
 def _gather(values: np.ndarray, segments: np.ndarray) -> np.ndarray:
@@ -464,17 +463,18 @@ class TensorObserver:
             return
         flats = [a.reshape(-1) for a, _, _ in parts]
         values = _workable(flats[0] if len(flats) == 1 else np.concatenate(flats))
-        rows, offset = [], 0
+        rows, offset, selected = [], 0, 0
         for a, samples, first in parts:
-            rows.append((offset, *_segment(a.shape, samples, self.sample_values, min(first, WHOLE_SAMPLES))))
+            segment = _segment(a.shape, samples, self.sample_values, min(first, WHOLE_SAMPLES))
+            rows.append((offset, *segment))
             offset += a.size
-        segments = np.array(rows, dtype=np.int64)
-        self._add(values, segments)
+            selected += _selected(*segment)
+        self._add(values, np.array(rows, dtype=np.int64), selected)
 
-    def _add(self, values: np.ndarray, segments: np.ndarray) -> None:
+    def _add(self, values: np.ndarray, segments: np.ndarray, selected: int) -> None:
         """Add the 1-D float array `values` to count, min, max and NaN/Inf counts, and the
-        values `segments` select (kernels.py; all of them, or each sample's subset) to the
-        histogram."""
+        `selected` values `segments` select (kernels.py; all of them, or each sample's subset)
+        to the histogram."""
         lo, hi = float(values.min()), float(values.max())
         if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN propagates: one check covers all
             # Rare: bin the finite values of the subset, gathered out (the kernel's input must
@@ -485,11 +485,11 @@ class TensorObserver:
             if values.size == 0:
                 return
             lo, hi = float(values.min()), float(values.max())
-            segments = kernels.whole(binned.size)
+            segments, selected = kernels.whole(binned.size), binned.size
         else:
             binned = values
         self.count += values.size
-        self.binned += int(_selected(segments))
+        self.binned += selected
         self._extend(lo, hi)
         h = self._hist
         if self._counts_shared:  # handed out: copy before adding
