@@ -17,6 +17,7 @@ from qcli.calibrate.observers import (
     grid_exponent,
     grid_index,
     sample_stride,
+    sample_walk,
     sample_subset,
 )
 from qcli.errors import CalibrationError
@@ -134,6 +135,29 @@ def test_sampled_histogram_is_a_fixed_subset_of_each_sample_and_merges_exactly()
     assert sample_subset(batch.reshape(4, 3, 50), 4, 16, first=100).size == 4 * 22
     with pytest.raises(ValueError, match="sample_values differ"):
         one_by_one.merge(TensorObserver(max_bins=256))
+
+
+def test_sizes_without_a_small_prime_stride_are_walked_not_binned_whole():
+    # 48 = 2**4 * 3 values a sample, at least 16 binned: n // m = 3, and 2 and 3 divide 48, so
+    # there is no stride; the walk (i * 5) % 48 for i < 16 takes 16 distinct values that cover
+    # every column of a 4x12 sample, instead of all 48 (exported models' sizes are mostly
+    # products of 2, 3 and 5: the PaddleOCR classifier had 5 tensor shapes like this).
+    assert sample_stride(48, 16) == 1 and sample_walk(48, 16) == (5, 16)
+    positions = (np.arange(16) * 5) % 48
+    assert len(set(positions.tolist())) == 16 and set((positions % 12).tolist()) == set(range(12))
+    rng = np.random.default_rng(5)
+    samples = [rng.normal(size=(1, 4, 12)).astype(np.float32) for _ in range(40)]
+    subset = np.concatenate([s.reshape(-1) if i < WHOLE_SAMPLES else s.reshape(-1)[positions] for i, s in enumerate(samples)])
+    results = []
+    for size in (1, 3, 8):
+        obs = TensorObserver(max_bins=256, sample_values=16)
+        for start in range(0, 40, size):
+            obs.update(np.concatenate(samples[start : start + size]), samples=len(samples[start : start + size]))
+        results.append({**obs.to_dict(), "shape": None})
+    assert results[0] == results[1] == results[2]
+    assert results[0]["binned"] == subset.size == 32 * 48 + 8 * 16 and results[0]["count"] == 40 * 48
+    h = TensorObserver.from_dict(results[0]).histogram
+    np.testing.assert_array_equal(h.counts, reference_counts(subset, h))
 
 
 def test_batch_order_does_not_matter():
