@@ -5,6 +5,7 @@ onnxruntime's own calibrators, on the sample models, at 32, 128 and 512 samples.
     .venv/bin/python benchmarks/calibration.py --quick    # 1 repetition, 32 and 128 samples
     .venv/bin/python benchmarks/calibration.py --models cnn --samples 512 --reps 5
     .venv/bin/python benchmarks/calibration.py --kinds plain qcli --qcli-root /tmp/old-checkout
+    .venv/bin/python benchmarks/calibration.py --models paddle-cls paddle-rec --samples 128 --kinds plain qcli
 
 What is measured (each configuration in a fresh child process, one after the other):
 
@@ -41,6 +42,9 @@ Data: each sample folder has 256 `calib/` samples; the benchmark copies `calib/`
 end; never written into the repository or the working directory), and a run with N samples
 reads its first N. The transformer's samples have different lengths, so its batches are
 whatever consecutive samples share a length (as qcli batches them); the same batches for all.
+Exported models (`--models paddle-cls paddle-rec paddle-det`, after `make real-models`) get
+seeded random inputs in [-1, 1] at a fixed shape, written to the temporary directory the same
+way: their figures are about time and memory, not about ranges.
 
 Repetitions are interleaved (plain, qcli, ort, plain, qcli, ... ) and medians are shown, so
 load from other jobs on the machine spreads over all tools alike. onnxruntime's Percentile and
@@ -69,6 +73,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 QCLI_ROOT = ROOT  # the qcli source tree the children import (--qcli-root)
 MODELS = ("cnn", "transformer")
+# Exported models (`make real-models` unpacks them; not run unless named in --models): PaddleOCR's
+# text-direction classifier, recognizer and detector, fed seeded random inputs in [-1, 1] of
+# the shape they are usually run at (timing and memory only: random pixels are not text).
+REAL_DIR = ROOT / ".real-models" / "rapidocr_onnxruntime" / "models"
+REAL_MODELS = {
+    "paddle-cls": ("ch_ppocr_mobile_v2.0_cls_infer.onnx", (1, 3, 48, 192)),
+    "paddle-rec": ("ch_PP-OCRv4_rec_infer.onnx", (1, 3, 48, 320)),
+    "paddle-det": ("ch_PP-OCRv4_det_infer.onnx", (1, 3, 320, 320)),
+}
 SAMPLES = (32, 128, 512)
 BATCH_SIZE = 8
 ORT_METHODS = ("MinMax", "Percentile", "Entropy")
@@ -239,7 +252,19 @@ def _child(kind: str, model_path: str, data: str, samples: int, work: str, strid
 
 
 def make_data(source: Path, target: Path, count: int) -> None:
-    """`count` sample files: calib/ then eval/ (then again), numbered, into `target`."""
+    """`count` sample files: calib/ then eval/ (then again), numbered, into `target`; for an
+    exported model (`source` its .onnx file), seeded random inputs of its REAL_MODELS shape."""
+    if source.suffix == ".onnx":
+        import numpy as np
+        import onnx
+
+        shape = next(shape for file, shape in REAL_MODELS.values() if file == source.name)
+        name = onnx.load(str(source), load_external_data=False).graph.input[0].name
+        rng = np.random.default_rng(0)
+        target.mkdir(parents=True)
+        for i in range(count):
+            np.savez(target / f"{i:05d}.npz", **{name: rng.uniform(-1, 1, size=shape).astype(np.float32)})
+        return
     files = sorted((source / "calib").glob("*.npz")) + sorted((source / "eval").glob("*.npz"))
     if not files:
         raise SystemExit(f"no .npz samples in {source}/calib or {source}/eval")
@@ -275,6 +300,11 @@ def run_child(
             lines = [line for line in stderr.strip().splitlines() if line.strip()]
             return {"error": lines[-1] if lines else f"exit status {proc.returncode}", "hwm_kb": hwm}
         return json.loads(out.read_text())
+
+
+def model_file(source: Path) -> Path:
+    """The model of a sample model folder, or the exported model's file itself."""
+    return source if source.suffix == ".onnx" else source / "model.onnx"
 
 
 def _median(values: list[float]) -> float:
@@ -316,7 +346,8 @@ def ok(r: dict) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", default=list(MODELS))
+    p.add_argument("--models", nargs="+", default=list(MODELS),
+                   help=f"sample models, or exported ones ({', '.join(REAL_MODELS)}; make real-models)")
     p.add_argument("--samples", nargs="+", type=int, default=list(SAMPLES))
     p.add_argument("--reps", type=int, default=3, help="repetitions of each configuration (median)")
     p.add_argument("--ort-reps-512", type=int, default=1, help="repetitions of ort Percentile/Entropy at >= 512 samples")
@@ -351,6 +382,13 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(highlight=False, width=max(shutil.get_terminal_size((120, 24)).columns, 120))
     models = []
     for name in args.models:
+        if name in REAL_MODELS:
+            path = REAL_DIR / REAL_MODELS[name][0]
+            if path.is_file():
+                models.append((name, path))
+            else:
+                console.print(f"[yellow]skipped {name}: {path} not found (make real-models)[/yellow]")
+            continue
         folder = ROOT / "sample_models" / name
         if (folder / "model.onnx").is_file():
             models.append((name, folder))
@@ -381,13 +419,13 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                         if runs[kind] and not ok(runs[kind][-1]):
                             continue  # a failure or timeout is not retried
-                        runs[kind].append(run_child(kind, folder / "model.onnx", data, n, args.timeout))
+                        runs[kind].append(run_child(kind, model_file(folder), data, n, args.timeout))
                 for kind in args.kinds:
                     r = results[(name, n, kind)] = summarize(runs[kind])
                     console.print(f"  {name:12} {n:4d} samples  {LABELS[kind]:32} {fmt_time(r):>10} {fmt_mb(r):>9}"
                                   + (f"  {r['error'][:70]}" if "error" in r else ""), markup=False)
                     if kind.startswith("ort-") and "error" in r:
-                        strided = run_child(kind, folder / "model.onnx", data, n, args.timeout, strided=True)
+                        strided = run_child(kind, model_file(folder), data, n, args.timeout, strided=True)
                         results[(name, n, kind + " strided")] = strided
                         console.print(f"  {name:12} {n:4d} samples  {LABELS[kind] + ' strided':32} "
                                       f"{fmt_time(strided):>10} {fmt_mb(strided):>9}"
