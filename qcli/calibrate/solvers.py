@@ -17,6 +17,7 @@ see observers.py), so one streaming pass over the data serves every method:
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from collections.abc import Callable
 from typing import Protocol
@@ -351,12 +352,21 @@ class QuantizationError:
             k0, k1 = int(inside_from[block].min()), max(int(inside_to[block].max()), 0)
             l, h, d = lo[block, None], hi[block, None], step[block, None]
             # 3H(x) = n * step**3 / 4 + r**3, n = round(x / step), r = x - n * step.
-            x = np.concatenate([l, h], axis=1)
+            # In place, in the same order of operations (the same bits) as the formula.
+            x = np.empty((len(block), 2 + max(k1 - k0, 0)))
+            x[:, :1], x[:, 1:2] = l, h
             if k1 > k0:
-                x = np.concatenate([x, np.minimum(np.maximum(edges[k0:k1], l), h)], axis=1)
-            n = np.rint(x * (1.0 / d))
-            x -= n * d
-            g = n * (d * d * d / 4) + x * x * x
+                inner = x[:, 2:]
+                np.maximum(edges[k0:k1], l, out=inner)
+                np.minimum(inner, h, out=inner)
+            n = np.multiply(x, 1.0 / d)
+            np.rint(n, out=n)
+            t = np.multiply(n, d)
+            x -= t
+            g = np.multiply(n, d * d * d / 4, out=n)
+            np.multiply(x, x, out=t)
+            t *= x
+            g += t
             total = g[:, 1] * weights[k1] - g[:, 0] * weights[k0]
             if k1 > k0:
                 total += g[:, 2:] @ steps[k0:k1]
@@ -397,6 +407,14 @@ def _quantizers(qdtype: QuantDtype, symmetric: bool, lo: np.ndarray, hi: np.ndar
     return lo_q, lo_q + span * step, step
 
 
+@functools.lru_cache(maxsize=8)
+def _geometric_grid(lowest: float, points: int) -> np.ndarray:
+    """`np.geomspace(lowest, 1, points)`, computed once (read-only: the same for every search)."""
+    grid = np.geomspace(lowest, 1.0, points)
+    grid.flags.writeable = False
+    return grid
+
+
 def _search(
     error: Callable[[np.ndarray], np.ndarray],
     coarse: int = 64,
@@ -406,7 +424,7 @@ def _search(
     """The fraction f in [lowest, 1] minimising error(f): a geometric grid of `coarse` points
     (7% steps for the defaults: a clipping threshold can sit orders of magnitude below an
     outlier), then `fine` points linearly between the best point's neighbours."""
-    grid = np.geomspace(lowest, 1.0, coarse)
+    grid = _geometric_grid(lowest, coarse)
     err = error(grid)
     k = int(np.argmin(err))
     refine = np.linspace(grid[max(k - 1, 0)], grid[min(k + 1, coarse - 1)], fine)
