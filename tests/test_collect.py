@@ -78,7 +78,9 @@ def test_statistics_equal_a_plain_loop(model, tmp_path: Path, background: bool, 
         model, DataFolder(folder, model_inputs(model)), batch_size=batch_size, tensors=NAMES,
         max_bins=256, background=background,
     )
-    assert got.samples == 17 and got.batches == -(-17 // batch_size) and got.skipped == []
+    # `batches` counts onnxruntime runs: the first sample runs alone (it measures the outputs'
+    # size per sample), the rest in batches of `batch_size`.
+    assert got.samples == 17 and got.batches == -(-17 // batch_size) + (batch_size > 1) and got.skipped == []
     assert got.aliases == {"r": "q", "t": "q"}
     assert list(got.observers) == NAMES
     for name in NAMES:
@@ -134,11 +136,11 @@ def test_repeated_names_are_observed_once(model, tmp_path: Path) -> None:
     assert got.observers["x"].count == 5 * 6 * 8
 
 
-def test_progress_is_reported_per_batch(model, tmp_path: Path) -> None:
+def test_progress_is_reported_per_run(model, tmp_path: Path) -> None:
     folder = make_data(tmp_path / "data", 10)
     seen: list[int] = []
     collect(model, DataFolder(folder, model_inputs(model)), batch_size=4, tensors=NAMES, progress=seen.append)
-    assert seen == [4, 4, 2]
+    assert seen == [1, 3, 4, 2]  # the first sample runs alone (it measures the outputs' size)
 
 
 def test_a_bad_sample_file_stops_the_pass_and_its_threads(model, tmp_path: Path) -> None:
@@ -214,3 +216,25 @@ def test_batches_do_not_pile_up_behind_a_slow_observer(
     got = collect(model, DataFolder(folder, model_inputs(model)), batch_size=1, tensors=NAMES, progress=progress)
     assert got.observers["x"].samples == 12 and len(observed) == 12
     assert max(lags) <= 2 and max(lags) >= 1  # it did run ahead, by two batches at most
+
+
+@pytest.mark.parametrize("background", [True, False])
+@pytest.mark.parametrize("samples_per_run, runs", [(0, 17), (3, 8)])
+def test_large_outputs_are_run_in_smaller_parts(model, tmp_path: Path, monkeypatch, background, samples_per_run, runs) -> None:
+    # A budget below one sample's outputs runs (and observes) one sample at a time; a budget of
+    # 3 samples' outputs cuts the batches of 8, 8, 1 into runs of 1+3+3+1, 3+3+2, 1. Statistics
+    # stay the same.
+    import qcli.calibrate.collect as collect_module
+
+    folder = make_data(tmp_path / "data", 17)
+    expected = reference(model, folder, 8)
+    one = next(iter(DataFolder(folder, model_inputs(model)).batches(1)))
+    per_sample = sum(v.nbytes for v in make_session(with_outputs(model, NAMES)).run(NAMES, one.inputs))
+    monkeypatch.setattr(collect_module, "RUN_OUTPUT_BYTES", max(samples_per_run * per_sample, 1))
+    got = collect(
+        model, DataFolder(folder, model_inputs(model)), batch_size=8, tensors=NAMES, max_bins=256,
+        background=background,
+    )
+    assert got.samples == 17 and got.batches == runs
+    for name in NAMES:
+        assert {**got.observers[name].to_dict(), "shape": None} == {**expected[name], "shape": None}, name

@@ -388,3 +388,21 @@ def test_float32_binning_is_exact_at_positive_exponents():
         first, n = int(index.min()), int(index.max() - index.min()) + 1
         ref = np.bincount((index - first).astype(np.int64), minlength=n)
         np.testing.assert_array_equal(bin_counts(x, k, first, n), ref)
+
+
+def test_large_samples_are_binned_whole_up_to_a_value_budget(monkeypatch) -> None:
+    # With a 100-value budget, samples of 48 values are binned whole for the first 3 samples,
+    # not 32; later ones contribute their 16-value walk. Batching still does not matter.
+    from qcli.calibrate import observers
+
+    monkeypatch.setattr(observers, "WHOLE_VALUES", 100)
+    assert observers.whole_samples(48) == 3 and observers.whole_samples(1) == WHOLE_SAMPLES
+    rng = np.random.default_rng(6)
+    samples = [rng.normal(size=(1, 4, 12)).astype(np.float32) for _ in range(10)]
+    dicts = []
+    for size in (1, 4):
+        obs = TensorObserver(max_bins=256, sample_values=16)
+        for start in range(0, 10, size):
+            obs.update(np.concatenate(samples[start : start + size]), samples=len(samples[start : start + size]))
+        dicts.append({**obs.to_dict(), "shape": None})
+    assert dicts[0] == dicts[1] and dicts[0]["binned"] == 3 * 48 + 7 * 16

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 
 from qcli.calibrate.observers import DEFAULT_MAX_BINS, SAMPLE_VALUES, TensorObserver
-from qcli.data import DataFolder
+from qcli.data import Batch, DataFolder
 from qcli.errors import DataError
 from qcli.runtime import make_session
 
@@ -50,6 +50,15 @@ _REARRANGING = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Iden
 
 #: Batches a pipeline stage may run ahead of the next (memory: this many batches per stage).
 _AHEAD = 1
+
+#: Bytes of observed tensors one onnxruntime run may return. A batch whose observed tensors
+#: would take more is run in smaller parts (statistics do not depend on batching), sized from
+#: the largest per-sample figure seen so far (the first batch's first sample is run alone to
+#: measure it); at most three runs' outputs are alive in the pipeline (one being computed, one
+#: queued, one observed), and when a single sample's outputs exceed this, each run is observed
+#: before the next starts, so one is. Measured: the PaddleOCR recognizer's 271 observed
+#: tensors hold 130 MB a sample, and batches of 8 took the pass to a 4.4 GB peak.
+RUN_OUTPUT_BYTES = 96 << 20
 
 
 def value_aliases(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
@@ -135,21 +144,29 @@ def collect(
     stream = folder.batches(batch_size)
     if background:
         stream = prefetch(stream, depth=_AHEAD)
+    per_sample = 0  # the most bytes of observed tensors a sample has produced so far
+
+    def run_size() -> int:
+        return 1 if per_sample == 0 else max(1, RUN_OUTPUT_BYTES // per_sample)
+
     try:
         for batch in stream:
-            try:
-                values = session.run(names, batch.inputs)
-            except Exception as exc:  # onnxruntime's Fail / InvalidArgument / RuntimeException
-                where = batch.sources[0] if len(batch.sources) == 1 else f"{batch.sources[0]} .. {batch.sources[-1]}"
-                raise DataError(
-                    f"onnxruntime failed on {folder.path / where}: {str(exc).strip()}",
-                    hint="check that this sample is a valid input for the model",
-                ) from exc
-            sink.put(values, batch.size)
-            samples += batch.size
-            batches += 1
-            if progress is not None:
-                progress(batch.size)
+            for part in _parts(batch, run_size):
+                try:
+                    values = session.run(names, part.inputs)
+                except Exception as exc:  # onnxruntime's Fail / InvalidArgument / RuntimeException
+                    where = batch.sources[0] if len(batch.sources) == 1 else f"{batch.sources[0]} .. {batch.sources[-1]}"
+                    raise DataError(
+                        f"onnxruntime failed on {folder.path / where}: {str(exc).strip()}",
+                        hint="check that this sample is a valid input for the model",
+                    ) from exc
+                nbytes = sum(v.nbytes for v in values if isinstance(v, np.ndarray))
+                per_sample = max(per_sample, -(-nbytes // part.size))
+                sink.put(values, part.size, wait=per_sample > RUN_OUTPUT_BYTES)
+                samples += part.size
+                batches += 1
+                if progress is not None:
+                    progress(part.size)
     except BaseException:
         sink.close(reraise=False)
         raise
@@ -164,6 +181,19 @@ def collect(
             observers[name].adopt_values(observers[source])
             aliases[name] = source
     return Collected(observers, samples, batches, sink.skipped, aliases)
+
+
+def _parts(batch: Batch, size: Callable[[], int]) -> Iterator[Batch]:
+    """`batch`, or consecutive slices of it of `size()` samples (asked before each slice)."""
+    start = 0
+    while start < batch.size:
+        n = size()
+        if start == 0 and n >= batch.size:
+            yield batch
+            return
+        stop = min(start + n, batch.size)
+        yield Batch({k: v[start:stop] for k, v in batch.inputs.items()}, None, None, batch.sources)
+        start = stop
 
 
 class _ObserverSink:
@@ -202,13 +232,16 @@ class _ObserverSink:
             self._thread = threading.Thread(target=self._loop, name="qcli-observe", daemon=True)
             self._thread.start()
 
-    def put(self, values: list, samples: int) -> None:
+    def put(self, values: list, samples: int, wait: bool = False) -> None:
+        """Hand a run's outputs over; `wait`: return once they have been observed."""
         if self._thread is None:
             self._update(values, samples)
             return
         if self._error is not None:
             raise self._error
         self._queue.put((values, samples))
+        if wait:
+            self._queue.join()
 
     def close(self, reraise: bool = True) -> None:
         """Wait for the observers to take every batch; raise what the thread raised.
@@ -233,6 +266,8 @@ class _ObserverSink:
                     self._update(*item)
                 except BaseException as exc:  # re-raised in the calling thread
                     self._error = exc
+            del item  # the outputs are freed before waiting for the next ones
+            self._queue.task_done()
         if self._error is None and not self._abandoned:
             try:
                 self._flush()

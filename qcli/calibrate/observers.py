@@ -43,7 +43,8 @@ Per-sample subsampling (`sample_values`, what calibration uses)
 Counting values into bins is the costly step (~3.5 ns a value, numpy's `bincount` alone ~1.8),
 while min and max cost ~0.2. With `sample_values = m`, an observer still counts every value
 and takes min, max and NaN/Inf counts over every value (exact), but bins only a fixed subset of
-each sample: the first `WHOLE_SAMPLES` (32) samples of the stream whole, and of every later
+each sample: the first samples of the stream whole (`whole_samples`: 32, or fewer for a large
+tensor, as many as hold 2**20 values: 4 for 262,144 values a sample, 1 from 2**20), and of every later
 sample the flattened values at positions 0, s, 2s, ... where the stride `s` is the largest
 prime <= n // m that does not divide the sample's size n (`sample_stride`; every value when
 n < 2m). When there is no such prime (n = 9216 = 2**10 * 9 with m = 2048: n // m = 4, and 2
@@ -54,9 +55,11 @@ classifier's tensor shapes (4608-11520 values a sample, 276k of its 2.2M values 
 binned whole, and the walk takes 12-15% off its calibration pass. So:
 
 * every sample contributes at least `m` values (all of them when it holds fewer than 2m), and
-  at most about 2m once n >= 2m; the first 32 all of theirs, so a short calibration (a few
+  at most about 2m once n >= 2m; the first ones all of theirs, so a short calibration (a few
   samples of a large input) keeps every value, and a tensor's histogram holds at least
-  min(all its values, 32 samples' worth + m a sample after that);
+  min(all its values, 32 samples' or 2**20 values' worth + m a sample after that). The cap
+  in values: binning 32 whole samples of the PaddleOCR recognizer (130 MB of observed values
+  a sample) took 4 s of a 32-sample calibration;
 * the subset depends only on the sample itself (its values' order and count) and its index in
   the stream (shards are told where they start), never on the batching, the batch order or the sharding: merged shards still equal one pass, byte
   for byte, and the histogram does not change with `--batch-size`;
@@ -79,8 +82,14 @@ tensors: <= 2.4%), while calibrating on another 256 samples of the same data mov
 to 5.6-7.0%; 1024 values a sample moved some by 7.2% (CNN, mse) and 10.2% (transformer, kl),
 so 2048 it is. Re-measured with the walk (same figures on the sample models; on the PaddleOCR
 classifier with random inputs, 256 samples: at most 6.1% / 20.5% / 10.7% for percentile / kl /
-mse, 90% of tensors <= 4.0%, where another 256 samples move them by up to 14.7% / 121% / 19.2%). min/max (the `minmax` range, and the cap of every other method) stay
-exact.
+mse, 90% of tensors <= 4.0%, where another 256 samples move them by up to 14.7% / 121% / 19.2%).
+min/max (the `minmax` range, and the cap of every other method) stay exact.
+
+Why numpy and not a compiled loop: counting is a scatter-increment that numpy can only do as
+whole-array passes plus `np.bincount` (~4 ns a value). A numba loop was measured at ~1.6 ns and
+without the GIL, but numba costs every calibrating process ~0.35 s to import and ~0.35 s to
+load even a cached kernel (+100 MB RSS, +200 MB installed): more than it saves at 512 samples
+of the sample models (0.14-0.21 s), so the binning stays in numpy.
 
 A sample's subset is taken along the batch's memory order, which keeps each sample's values
 together only when the batch dimension is the first (outermost) one, as in the tensors of the
@@ -119,8 +128,19 @@ _SEEN_LAYOUTS = 1024
 #: Values of each sample that calibration bins at least (see the module docstring).
 SAMPLE_VALUES = 2048
 
-#: The first samples of the stream are binned whole (see the module docstring).
+#: The first samples of the stream are binned whole (see the module docstring): this many, or
+#: as many as hold WHOLE_VALUES values when fewer do (`whole_samples`).
 WHOLE_SAMPLES = 32
+WHOLE_VALUES = 1 << 20
+
+
+def whole_samples(n: int) -> int:
+    """How many of the first samples of `n` values each are binned whole.
+
+    >>> whole_samples(3072), whole_samples(262144), whole_samples(4 << 20)
+    (32, 4, 1)
+    """
+    return max(1, min(WHOLE_SAMPLES, -(-WHOLE_VALUES // max(n, 1))))
 
 #: Elements per chunk in `bin_counts`: keeps the temporaries in cache (measured ~1.5x faster
 #: than whole-batch temporaries on a 1M-element batch) and bounds the extra memory.
@@ -232,7 +252,7 @@ def _walk_positions(n: int, step: int, count: int) -> np.ndarray:
 
 def sample_subset(x: np.ndarray, samples: int, sample_values: int | None, first: int = 0) -> np.ndarray | None:
     """The values of batch `x` (holding samples `first .. first+samples-1` of the stream along
-    its first dimension) that are binned, flattened: all values of the first `WHOLE_SAMPLES`
+    its first dimension) that are binned, flattened: all values of the first `whole_samples`
     samples, each later sample's flattened values at the positions of `sample_walk`. None
     (every value) when `sample_values` is None, or when the first dimension is not the sample
     count."""
@@ -240,7 +260,7 @@ def sample_subset(x: np.ndarray, samples: int, sample_values: int | None, first:
         return None
     n = x.size // samples
     step, count = sample_walk(n, sample_values)
-    whole = min(max(WHOLE_SAMPLES - first, 0), samples)  # samples binned whole
+    whole = min(max(whole_samples(n) - first, 0), samples)  # samples binned whole
     if step == 1 or whole == samples:
         return None
     rows = x.reshape(samples, n)
