@@ -56,9 +56,10 @@ _AHEAD = 1
 #: the largest per-sample figure seen so far (the first batch's first sample is run alone to
 #: measure it); at most three runs' outputs are alive in the pipeline (one being computed, one
 #: queued, one observed), and when a single sample's outputs exceed this, each run is observed
-#: before the next starts, so one is. Measured: the PaddleOCR recognizer's 271 observed
-#: tensors hold 130 MB a sample, and batches of 8 took the pass to a 4.4 GB peak.
-RUN_OUTPUT_BYTES = 96 << 20
+#: before the next starts, so one is. Measured on the PaddleOCR recognizer (271 observed
+#: tensors, 130 MB a sample), 512 samples: batches of 8 peaked at 4.4 GB; runs of one sample
+#: at 728 MB (39 s; with a 96 MB bound, observed one run at a time: 571 MB but 53 s).
+RUN_OUTPUT_BYTES = 160 << 20
 
 
 def value_aliases(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
