@@ -260,7 +260,11 @@ def test_auto_precision_meets_the_budget_promoting_only_the_sensitive_layer(cli,
     doc = cli.json("quantize", model, "-o", out, *args, "--max-accuracy-drop", "0.01")
     p = doc["precision"]
     assert p["goal_met"]
-    assert doc["quantized"] == {"MatMul": 1}  # two MatMuls float (a promotion can take a neighbour along)
+    # One or two MatMuls float (a promotion can take a neighbour along; which one goes first among
+    # equally accurate choices follows the measured kernel times, which a loaded machine moves):
+    # fewer than the baseline's three either way.
+    assert doc["quantized"] in ({"MatMul": 1}, {"MatMul": 2})
+    assert len(p["promoted"]) < 3
     report = cli.json("analyze", model, out, "--data", evaluation, "--runs", "0")
     assert report["fidelity"][0]["top1_agreement"] >= 0.99
 
