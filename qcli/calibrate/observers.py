@@ -86,7 +86,7 @@ mse, 90% of tensors <= 4.0%, where another 256 samples move them by up to 14.7% 
 min/max (the `minmax` range, and the cap of every other method) stay exact.
 
 Why numpy and not a compiled loop: counting is a scatter-increment that numpy can only do as
-whole-array passes plus `np.bincount` (~4 ns a value). A numba loop was measured at ~1.6 ns and
+whole-array passes plus `np.bincount` (~3.5-4 ns a value). A numba loop was measured at ~1.6 ns and
 without the GIL, but numba costs every calibrating process ~0.35 s to import and ~0.35 s to
 load even a cached kernel (+100 MB RSS, +200 MB installed): more than it saves at 512 samples
 of the sample models (0.14-0.21 s), so the binning stays in numpy.
@@ -208,7 +208,7 @@ def sample_stride(n: int, sample_values: int) -> int:
     """
     p = n // max(sample_values, 1)
     while p >= 2:
-        if n % p and all(p % d for d in range(2, math.isqrt(p) + 1)):
+        if n % p and _is_prime(p):
             return p
         p -= 1
     return 1
@@ -236,9 +236,13 @@ def sample_walk(n: int, sample_values: int) -> tuple[int, int]:
     if stride > 1:
         return stride, -(-n // stride)
     p = q + 1
-    while n % p == 0 or any(p % d == 0 for d in range(2, math.isqrt(p) + 1)):
+    while n % p == 0 or not _is_prime(p):
         p += 1
     return p, -(-n // q)
+
+
+def _is_prime(p: int) -> bool:
+    return p >= 2 and all(p % d for d in range(2, math.isqrt(p) + 1))
 
 
 @functools.lru_cache(maxsize=256)
