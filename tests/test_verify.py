@@ -11,7 +11,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import SAMPLE_MODELS, save, write_npz
+from conftest import SAMPLE_MODELS, op_counts, save, write_npz
 from qcli.config import Config
 from qcli.model import clamp_ir_version
 from qcli.verify import MIN_SAMPLES, plan_data
@@ -390,3 +390,44 @@ def test_int4_among_the_candidates_shrinks_the_model_within_the_budget(cli, tmp_
                      "--config", tmp_path / "int4.precision.yaml")
     assert again["precision"] is None
     assert (tmp_path / "again.onnx").read_bytes() == (tmp_path / "int4.onnx").read_bytes()
+
+
+def test_inputs_that_do_not_stack_are_verified_as_they_are(cli, tmp_path: Path) -> None:
+    """Exported recurrent models take a state with the batch inside ([2, N, 128] in Silero VAD)
+    and a scalar sample rate: samples cannot be stacked, and the quick probe of the search must
+    use each one whole (it sliced the scalar: an internal error on Silero VAD)."""
+    rng = np.random.default_rng(3)
+    w1 = (rng.standard_normal((16, 8)) * 0.5).astype(np.float32)
+    w2 = (rng.standard_normal((8, 8)) * 0.5).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="/a/MatMul"),
+        helper.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT, name="/cast"),
+        helper.make_node("Div", ["srf", "rate"], ["scale"], name="/div"),
+        helper.make_node("Mul", ["h", "scale"], ["hs"], name="/mul"),
+        helper.make_node("Relu", ["hs"], ["r"], name="/relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="/b/MatMul"),
+        helper.make_node("Add", ["state", "y"], ["state_out"], name="/state/Add"),
+    ]
+    graph = helper.make_graph(
+        nodes, "stateful",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16]),
+         helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "N", 8]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8]),
+         helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [2, "N", 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+         numpy_helper.from_array(np.array(16000, np.float32), "rate")],
+    )
+    model = save(clamp_ir_version(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])),
+                 tmp_path / "stateful.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(40):
+        write_npz(data / f"{i:03d}.npz", x=rng.standard_normal((1, 16)).astype(np.float32),
+                  state=rng.standard_normal((2, 1, 8)).astype(np.float32), sr=np.array(16000, np.int64))
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", data)
+    assert doc["verification"]["passed"] and doc["verification"]["samples"] == 40
+    assert op_counts(out)["QuantizeLinear"] >= 2
+    report = cli.json("analyze", model, out, "--data", data)
+    assert [f["output"] for f in report["fidelity"]] == ["y", "state_out"]

@@ -146,6 +146,8 @@ class Probe:
             return self
         first = self.batches[0]
         k = min(n, first.size)
+        if k == first.size:  # also every batch of inputs that do not stack (state, a scalar)
+            return Probe(self.float_model, [first], self.inputs, self.threads, f"{self.source} (first {k})")
         cut = Batch(
             {name: a[:k] for name, a in first.inputs.items()},
             None if first.label is None else first.label[:k],
