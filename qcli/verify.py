@@ -309,8 +309,13 @@ def _reasons(found: SearchResult) -> dict[str, str]:
                     reasons[n] = f"faster in {precision} ({-cost:.1f} µs less per run)"
                 else:
                     gain = found.sensitivity.get(n)
-                    reasons[n] = (f"sensitive: promoting it alone cuts output noise by {gain:.3g}"
-                                  if gain is not None else "not measured (budget spent): promoted by rank")
+                    if gain is None:
+                        reasons[n] = "not measured (budget spent): promoted by rank"
+                    elif gain <= 0:  # ranked last; the goal still needed it (or everything)
+                        reasons[n] = (f"promoted with the units ranked above it (alone it changes output "
+                                      f"noise by {-gain:+.3g}: not sensitive by itself)")
+                    else:
+                        reasons[n] = f"sensitive: promoting it alone cuts output noise by {gain:.3g}"
     return reasons
 
 
@@ -322,5 +327,6 @@ def _explain(outcome: Outcome) -> None:
     for k, d in enumerate(outcome.result.plan.nodes):
         if d.name in outcome.promoted and outcome.promoted[d.name] == "float":
             why = outcome.reasons.get(d.name, "")
-            why = "faster in float" if why.startswith("faster") else "sensitive to 8 bits" if why else "promoted"
+            why = ("faster in float" if why.startswith("faster") else
+                   "sensitive to 8 bits" if why.startswith("sensitive") else "promoted")
             outcome.result.plan.nodes[k] = replace(d, reason=f"{why} (precision search)")

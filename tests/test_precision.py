@@ -242,3 +242,22 @@ def test_all_float_is_taken_when_int8_misses_a_ceiling_of_one() -> None:
     found = search(us, trials, Goal(max_drop=0.01, max_latency_ratio=1.0), costs)
     assert found.met and found.choices == {"a": "float", "b": "float"}
     assert found.steps[-1].action == "int8 slower overall: all promoted"
+
+
+def test_reasons_say_why_each_unit_was_promoted() -> None:
+    """A unit promoted with the ones ranked above it, whose own promotion did not cut the noise
+    (seen on an exported classifier), is not called sensitive."""
+    from qcli.precision import SearchResult, Step
+    from qcli.verify import _reasons
+
+    steps = [Step("all int8", [], 0, 0.4, 1.0),
+             Step("slower in int8: promoted", ["c"], 1, 0.4, 1.0),
+             Step("promote top 3", ["a", "b", "d"], 4, 0.0, 0.01)]
+    found = SearchResult({"a": "float", "b": "float", "c": "float"}, None, None, True, steps,
+                         {"a": 0.5, "b": -0.002}, {"c": ("float", -12.5)}, 3)
+    assert _reasons(found) == {
+        "a": "sensitive: promoting it alone cuts output noise by 0.5",
+        "b": "promoted with the units ranked above it (alone it changes output noise by +0.002: "
+             "not sensitive by itself)",
+        "c": "faster in float (12.5 µs less per run)",
+    }
