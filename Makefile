@@ -38,12 +38,14 @@ sample-models:
 	$(BUILD_VENV)/bin/python sample_models/build.py
 
 # Exported models from other projects' packages, for tests/test_real_models.py (skipped
-# without them): rapidocr-onnxruntime's PaddleOCR models, taken from its wheel (no install).
+# without them), taken from their wheels (no install): rapidocr-onnxruntime's PaddleOCR
+# models, silero-vad's voice activity detectors (LSTM state, If subgraphs).
 REAL := .real-models
 real-models: $(STAMP)
 	mkdir -p $(REAL)
-	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -d $(REAL) 'rapidocr-onnxruntime==1.4.4'
+	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -d $(REAL) 'rapidocr-onnxruntime==1.4.4' 'silero-vad==6.2.3'
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e rapidocr_onnxruntime-1.4.4-py3-none-any.whl .
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e silero_vad-6.2.3-py3-none-any.whl .
 
 clean:
 	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache

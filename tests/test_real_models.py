@@ -1,10 +1,13 @@
 """Models as an exporter wrote them, not as a test builds them: PaddleOCR's text-direction
 classifier, detector and recognizer from the rapidocr-onnxruntime wheel (Paddle2ONNX, opset
-11/12, weights in Constant nodes, BatchNorm, HardSigmoid/HardSwish blocks, dynamic shapes).
+11/12, weights in Constant nodes, BatchNorm, HardSigmoid/HardSwish blocks, dynamic shapes), and
+Silero's voice activity detectors from the silero-vad wheel (PyTorch and spox exports, opset
+15/16: an LSTM state [2, N, 128] and a scalar sample rate as inputs, If subgraphs, an STFT as
+a Conv).
 
 `make real-models` fetches them into .real-models/ (`.ci/run` does); without them these tests
 are skipped. The data are text lines drawn with Pillow (no downloads), normalized as PaddleOCR
-does ((x / 255 - 0.5) / 0.5, NCHW).
+does ((x / 255 - 0.5) / 0.5, NCHW), and 32 ms chunks of synthetic audio (tones in noise).
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ CLS = MODELS / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
 DET = MODELS / "ch_PP-OCRv4_det_infer.onnx"
 REC = MODELS / "ch_PP-OCRv4_rec_infer.onnx"
 
-pytestmark = pytest.mark.skipif(not CLS.exists(), reason="no real models: run `make real-models` (.ci/run does)")
+VAD = REPO / ".real-models" / "silero_vad" / "data"
+
+paddle = pytest.mark.skipif(not CLS.exists(), reason="no real models: run `make real-models` (.ci/run does)")
+silero = pytest.mark.skipif(not VAD.exists(), reason="no Silero VAD models: run `make real-models` (.ci/run does)")
 
 
 def text_line(rng: np.random.Generator, width: int, height: int, flip: bool = False) -> Image.Image:
@@ -54,6 +60,7 @@ def write_lines(folder: Path, n: int, width: int, height: int, page: int = 0) ->
     return folder
 
 
+@paddle
 def test_text_direction_classifier_is_verified_by_default(cli, tmp_path: Path) -> None:
     """The default `qcli quantize` on the exported classifier ends above every floor. (On a
     2-core x86 machine its int8 form is slower than float at batch 1, ~1.16x, so the rescue
@@ -69,6 +76,7 @@ def test_text_direction_classifier_is_verified_by_default(cli, tmp_path: Path) -
     check_model(out)
 
 
+@paddle
 @pytest.mark.parametrize("model, size", [(DET, 160), (REC, 0)], ids=["det", "rec"])
 def test_detector_and_recognizer_quantize_and_load(cli, tmp_path: Path, model: Path, size: int) -> None:
     """Without verification (it is exercised above): both quantize with the default config,
@@ -79,4 +87,44 @@ def test_detector_and_recognizer_quantize_and_load(cli, tmp_path: Path, model: P
     convs = sum(1 for n in onnx.load(str(model)).graph.node if n.op_type == "Conv")
     assert doc["quantized"].get("Conv", 0) >= convs * 0.9
     assert doc["compression"] > 2.5
+    check_model(out)
+
+
+def write_audio(folder: Path, n: int, sample_rate: bool = True) -> Path:
+    """`n` chunks of 512 samples at 16 kHz (tones in noise), each with a zero LSTM state."""
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    t = np.arange(512) / 16000
+    for i in range(n):
+        x = 0.3 * np.sin(2 * np.pi * (100 + 20 * i) * t) + 0.05 * rng.standard_normal(512)
+        arrays = {"input": x.astype(np.float32)[None], "state": np.zeros((2, 1, 128), np.float32)}
+        if sample_rate:
+            arrays["sr"] = np.array(16000, np.int64)
+        np.savez(folder / f"{i:03d}.npz", **arrays)
+    return folder
+
+
+@silero
+def test_silero_vad_is_verified_by_default(cli, tmp_path: Path) -> None:
+    """The PyTorch export (opset 15, constant If conditions, LSTM): samples that cannot be
+    stacked (state [2, N, 128], scalar sr) are run one at a time; quantized, verified, loads."""
+    data = write_audio(tmp_path / "audio", 48)
+    out = tmp_path / "vad.onnx"
+    doc = cli.json("quantize", VAD / "silero_vad_16k_op15.onnx", "-o", out, "--data", data)
+    assert doc["verification"]["passed"], doc["verification"]
+    assert doc["quantized"].get("Conv", 0) >= 4 and doc["compression"] > 1.2
+    check_model(out)
+    report = cli.json("analyze", VAD / "silero_vad_16k_op15.onnx", out, "--data", data)
+    assert [f["output"] for f in report["fidelity"]] == ["output", "stateN"]
+
+
+@silero
+def test_silero_vad_with_a_run_time_if_stays_float_and_says_so(cli, tmp_path: Path) -> None:
+    """The spox export branches on the sample-rate input at run time (If 'If_0'): its
+    branches stay float, the summary says why, and the written model still loads."""
+    data = write_audio(tmp_path / "audio", 24)
+    out = tmp_path / "vad.onnx"
+    doc = cli.json("quantize", VAD / "silero_vad.onnx", "-o", out, "--data", data)
+    assert "If 'If_0' has a run-time condition: its branches stay float" in doc["notes"]
+    assert doc["verification"]["passed"]
     check_model(out)
