@@ -431,3 +431,22 @@ def test_inputs_that_do_not_stack_are_verified_as_they_are(cli, tmp_path: Path) 
     assert op_counts(out)["QuantizeLinear"] >= 2
     report = cli.json("analyze", model, out, "--data", data)
     assert [f["output"] for f in report["fidelity"]] == ["y", "state_out"]
+
+
+def test_the_quick_probe_takes_the_first_samples_across_batches() -> None:
+    """`Probe.head(n)`: the first n samples whole batch by batch, the last batch cut; a batch
+    holding one sample (inputs that do not stack) is fed as it is."""
+    from qcli.analyze.probe import Probe
+    from qcli.data import Batch, model_inputs
+
+    model = mlp(False)
+    x = np.random.default_rng(0).standard_normal((9, 16)).astype(np.float32)
+    batches = [Batch({"x": x[i: i + 3]}, None, None, [f"{j}.npy" for j in range(i, i + 3)]) for i in (0, 3, 6)]
+    probe = Probe(model, batches, model_inputs(model))
+    head = probe.head(5)
+    assert [b.size for b in head.batches] == [3, 2] and head.samples == 5
+    assert head.batches[1].sources == ["3.npy", "4.npy"]
+    np.testing.assert_array_equal(head.batches[1].inputs["x"], x[3:5])
+    assert probe.head(9) is probe
+    single = Probe(model, [Batch({"x": x[i: i + 1]}, None, None, [f"{i}.npy"]) for i in range(9)], model_inputs(model))
+    assert [b.size for b in single.head(4).batches] == [1, 1, 1, 1]

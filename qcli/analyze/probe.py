@@ -141,20 +141,27 @@ class Probe:
         )
 
     def head(self, n: int) -> Probe:
-        """A probe on the first `n` samples (this one when it has no more)."""
+        """A probe on the first `n` samples (this one when it has no more): whole batches, the
+        last one cut when it holds more. Only batches of several samples are ever cut, and
+        those are stacked ones: inputs that do not stack (a recurrent state [2, N, 128], a
+        scalar) come one sample a batch and are fed as they are."""
         if self.samples <= n:
             return self
-        first = self.batches[0]
-        k = min(n, first.size)
-        if k == first.size:  # also every batch of inputs that do not stack (state, a scalar)
-            return Probe(self.float_model, [first], self.inputs, self.threads, f"{self.source} (first {k})")
-        cut = Batch(
-            {name: a[:k] for name, a in first.inputs.items()},
-            None if first.label is None else first.label[:k],
-            None if first.outputs is None else {name: a[:k] for name, a in first.outputs.items()},
-            first.sources[:k],
-        )
-        return Probe(self.float_model, [cut], self.inputs, self.threads, f"{self.source} (first {k})")
+        batches, taken = [], 0
+        for batch in self.batches:
+            if taken >= n:
+                break
+            k = min(n - taken, batch.size)
+            if k < batch.size:
+                batch = Batch(
+                    {name: a[:k] for name, a in batch.inputs.items()},
+                    None if batch.label is None else batch.label[:k],
+                    None if batch.outputs is None else {name: a[:k] for name, a in batch.outputs.items()},
+                    batch.sources[:k],
+                )
+            batches.append(batch)
+            taken += k
+        return Probe(self.float_model, batches, self.inputs, self.threads, f"{self.source} (first {taken})")
 
     def feeds(self) -> dict[str, np.ndarray]:
         """One sample (batch 1 when the inputs allow it): what latency is timed on."""
