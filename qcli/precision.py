@@ -35,9 +35,17 @@ Search, on the probe's measurements (`Goal` says what must hold):
    costs are timings, and the promotions must not depend on how busy the machine was); the
    shortest prefix of the ranking that meets the goal is found by doubling then bisection
    (about 2 log2(N) trials), then each promoted unit is tried back at int8, least sensitive
-   first (prune): the result promotes no unit whose promotion was not needed.
-Each unit's promotion target is its cheapest candidate by measured cost, float winning ties
-(another candidate must be cheaper by more than SPEED_TIE and 10%).
+   first (prune): the result promotes no unit whose promotion was not needed; then each one is
+   tried in its cheapest candidate when that is not float (kept if the goal still holds).
+The accuracy steps promote to float (the most accurate candidate; int16 when float is not a
+candidate), so which units are promoted does not depend on timings; the cheapest candidate is
+the one with the least measured cost, float winning ties (another candidate must be cheaper by
+more than SPEED_TIE and 10%). Why not rank with the cheapest: on onnxruntime's CPU provider
+(1.32), int16 activations before a MatMul/Gemm with int8 weights do not stay 16-bit: it fuses
+DequantizeLinear(weight) + MatMul into MatMulNBits with accuracy_level 4, which quantizes the
+activations to int8 per block of K at run time. Such an "int16" promotion can leave a unit's
+error as it was, so a timing that made it the target hid the sensitive unit (seen in CI: an
+MLP whose input has one huge channel got its next layer promoted instead).
 int4 (when the config lists it among the candidates) goes the other way: with the goal met,
 the weighted nodes whose 4-bit weights add the least noise get int4 weights, as many as keep
 the goal and the latency ceiling (`_shrink`): a smaller file within the same budget.
@@ -398,9 +406,13 @@ class SearchResult:
     stopped: str | None = None
 
 
-def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, float]], shrink: bool = False) -> SearchResult:
+def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, float]], shrink: bool = False,
+           candidates: list[str] | None = None) -> SearchResult:
     """Find the choices meeting `goal` (see the module docstring). `trials` needs `fidelity(choices)`,
-    `latency(choices)`, `demoted(choices)`, `exhausted()` and the attributes `count` and `stopped`."""
+    `latency(choices)`, `demoted(choices)`, `exhausted()` and the attributes `count` and `stopped`.
+    `candidates`: the promotions allowed; the accuracy search ranks and promotes with the most
+    accurate of them (float), then tries each promoted unit in its cheaper one (default: the
+    cheaper one from `costs` throughout)."""
     steps: list[Step] = []
     timed = goal.max_latency_ratio is not None
 
@@ -411,7 +423,9 @@ def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, fl
 
     index = {u.node: u.index for u in units}
     units = [u for u in units if u.node in costs]  # promotable: a candidate precision exists
-    target = {u.node: costs[u.node][0] for u in units}
+    target = {u.node: costs[u.node][0] for u in units}  # the cheapest promotion (measured)
+    best = "float" if candidates is not None and "float" in candidates else None
+    accurate = {n: best or p for n, p in target.items()}  # what the accuracy search promotes to
     cost = {u.node: costs[u.node][1] for u in units}
     choices: dict[str, str] = {}
     current = trials.fidelity(choices)
@@ -462,7 +476,7 @@ def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, fl
             spread: dict[str, int] = {}
 
             def gain(nodes: list[str]) -> float | None:
-                trial = {**choices, **{n: target[n] for n in nodes}}
+                trial = {**choices, **{n: accurate[n] for n in nodes}}
                 f = trials.fidelity(trial, quick=True)
                 if f is None:
                     return None
@@ -471,14 +485,14 @@ def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, fl
 
             if trials.affordable(len(left)):
                 action = "sensitivity"
-                trials.fidelity_many([{**choices, n: target[n]} for n in left], quick=True)  # in parallel
+                trials.fidelity_many([{**choices, n: accurate[n]} for n in left], quick=True)  # in parallel
                 for n in left:
                     g = gain([n])
                     if g is not None:
                         sensitivity[n] = g / spread[n]  # per unit actually left unquantized
             else:
                 action = "sensitivity by blocks (one trial per unit does not fit the budget)"
-                sensitivity.update(_block_sensitivity(left, gain, trials, floor, choices, target))
+                sensitivity.update(_block_sensitivity(left, gain, trials, floor, choices, accurate))
             # By sensitivity (costs are timings: ranking by them would make the promotions depend
             # on a busy machine; the prune keeps only what the goal needs). Units the budget left
             # unmeasured (or below the noise floor) come last, in graph order.
@@ -490,17 +504,17 @@ def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, fl
         if goal.criterion == "accuracy":
             ranked = ranking()
             choices, current, ratio = _most_within_speed(
-                ranked, lambda k: {**choices, **{n: target[n] for n in ranked[:k]}}, trials, goal, log,
+                ranked, lambda k: {**choices, **{n: accurate[n] for n in ranked[:k]}}, trials, goal, log,
                 choices, current, ratio)
         else:
             scales = [0.5, 1.0] if goal.criterion == "balanced" and goal.max_drop is not None else [1.0]
             ranked = ranking()
 
             def with_prefix(k: int) -> dict[str, str]:
-                return {**speed_choices, **{n: target[n] for n in ranked[:k]}}
+                return {**speed_choices, **{n: accurate[n] for n in ranked[:k]}}
 
             for scale in scales:
-                chosen = _settle(ranked, with_prefix, speed_choices, trials, goal, scale, log)
+                chosen = _settle(ranked, with_prefix, speed_choices, trials, goal, scale, log, target)
                 if chosen is not None:
                     choices, current = chosen, trials.fidelity(chosen)
                     break
@@ -613,25 +627,28 @@ def _shortest_prefix(ranked, with_prefix, trials, goal: Goal, scale: float, log,
 
 
 def _prune(chosen: dict, order: list[str], fixed: dict, trials, goal: Goal, scale: float, log,
-           quick: bool = False) -> dict:
-    """Try each promoted unit back at int8 (least useful first); keep the demotions that still
-    meet the goal."""
+           quick: bool = False, cheaper: dict[str, str] | None = None) -> dict:
+    """Try each promoted unit back at int8 (least useful first), or with `cheaper` in its
+    cheaper promotion; keep the changes that still meet the goal."""
     for n in order:
-        if n in fixed or trials.exhausted():
+        if n in fixed or trials.exhausted() or (cheaper is not None and cheaper[n] == chosen.get(n, cheaper[n])):
             continue
-        trial = {k: v for k, v in chosen.items() if k != n}
+        trial = {k: v for k, v in chosen.items() if k != n} if cheaper is None else {**chosen, n: cheaper[n]}
         f = trials.fidelity(trial, quick=quick)
         ok = goal.accurate(f, scale)
-        log("back to int8", [n], trial if ok else chosen, f, kept=ok, quick=quick)
+        log("back to int8" if cheaper is None else f"to {cheaper[n]} (cheaper)", [n], trial if ok else chosen, f,
+            kept=ok, quick=quick)
         if ok:
             chosen = trial
     return chosen
 
 
-def _settle(ranked, with_prefix, fixed, trials, goal: Goal, scale: float, log) -> dict | None:
-    """The accuracy search: the shortest prefix and the prune on the quick probe (a few samples:
-    cheap), each result confirmed on all samples (a few samples can flatter a candidate: the
-    prefix then doubles until it holds; a prune that does not hold is redone on all samples)."""
+def _settle(ranked, with_prefix, fixed, trials, goal: Goal, scale: float, log,
+            cheaper: dict[str, str] | None = None) -> dict | None:
+    """The accuracy search: the shortest prefix, the prune and (with `cheaper`) each promoted
+    unit tried in its cheaper promotion, on the quick probe (a few samples: cheap), each result
+    confirmed on all samples (a few samples can flatter a candidate: the prefix then doubles
+    until it holds; a prune that does not hold is redone on all samples)."""
     k = _shortest_prefix(ranked, with_prefix, trials, goal, scale, log, quick=True)
     if k is None:
         return None
@@ -645,14 +662,15 @@ def _settle(ranked, with_prefix, fixed, trials, goal: Goal, scale: float, log) -
             return None
         k = min(2 * k, len(ranked))
     chosen = with_prefix(k)
-    pruned = _prune(chosen, ranked[:k][::-1], fixed, trials, goal, scale, log, quick=True)
-    if pruned != chosen:
-        f = trials.fidelity(pruned)
-        ok = goal.accurate(f, scale)
-        log("confirm the prune on all samples", [], pruned if ok else chosen, f, kept=ok)
-        if ok:
-            return pruned
-        return _prune(chosen, ranked[:k][::-1], fixed, trials, goal, scale, log)  # again, on all samples
+    for what, change in [("the prune", None)] + ([("the cheaper promotions", cheaper)] if cheaper else []):
+        order = [n for n in ranked[:k][::-1] if n in chosen]
+        changed = _prune(chosen, order, fixed, trials, goal, scale, log, quick=True, cheaper=change)
+        if changed != chosen:
+            f = trials.fidelity(changed)
+            ok = goal.accurate(f, scale)
+            log(f"confirm {what} on all samples", [], changed if ok else chosen, f, kept=ok)
+            # a change that does not hold on all samples is redone on all samples
+            chosen = changed if ok else _prune(chosen, order, fixed, trials, goal, scale, log, cheaper=change)
     return chosen
 
 

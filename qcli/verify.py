@@ -227,7 +227,8 @@ def quantize_checked(
         needed = ap.enabled or (vf.rescue and not (floors.accurate(base) and _fast(floors, ratio)))
         if needed and units:
             costs = trials.costs(ap.candidates if ap.enabled else ["float"])
-            found = search(units, trials, goal, costs, shrink=ap.enabled and "int4" in ap.candidates)
+            found = search(units, trials, goal, costs, shrink=ap.enabled and "int4" in ap.candidates,
+                           candidates=ap.candidates if ap.enabled else ["float"])
             outcome.search, outcome.goal_met = found, found.met
             outcome.promoted = found.choices
             outcome.reasons = _reasons(found)

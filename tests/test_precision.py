@@ -167,6 +167,38 @@ def test_units_slower_in_int8_go_float_when_the_latency_ceiling_is_missed() -> N
     assert found.steps[1].action == "slower in int8: promoted"
 
 
+class Int16Trials(FakeTrials):
+    """FakeTrials where int16 removes the error of the units in `helped` only (onnxruntime runs
+    a MatMul after int16 activations as MatMulNBits, which quantizes them to int8 again)."""
+
+    def __init__(self, errors: dict[str, float], helped: set[str]):
+        super().__init__(errors)
+        self.helped = helped
+
+    def _error(self, choices: dict[str, str]) -> float:
+        return sum(e for n, e in self.errors.items()
+                   if n not in choices or (choices[n] == "int16" and n not in self.helped))
+
+
+def test_the_accuracy_search_promotes_to_float_then_tries_the_cheaper_promotion() -> None:
+    """Units ranked with their cheapest promotion (int16 here, by timing) would hide `a`, whose
+    int16 form does not help: ranking with float finds both sensitive units whatever the
+    timings said, and only `b`, whose int16 form holds the goal, ends int16."""
+    errors = {"a": 0.05, "b": 0.05, "c": 0.001}
+    us = units(*errors)
+    costs = {n: ("int16", -5.0) for n in errors}
+    trials = Int16Trials(errors, helped={"b"})
+    found = search(us, trials, Goal(max_drop=0.01), costs, candidates=["int8", "int16", "float"])
+    assert found.met
+    assert found.choices == {"a": "float", "b": "int16"}
+    cheaper = [(s.action, s.changed, s.kept) for s in found.steps if s.action.endswith("(cheaper)")]
+    assert cheaper == [("to int16 (cheaper)", ["b"], True), ("to int16 (cheaper)", ["a"], False)]
+    assert any(s.action == "confirm the cheaper promotions on all samples" and s.kept for s in found.steps)
+    # without float among the candidates, int16 is all there is: a cannot be fixed
+    found = search(us, Int16Trials(errors, helped={"b"}), Goal(max_drop=0.01), costs, candidates=["int8", "int16"])
+    assert not found.met and found.choices["b"] == "int16"
+
+
 def test_accuracy_criterion_promotes_as_far_as_the_speed_floor_allows() -> None:
     errors = {"a": 0.04, "b": 0.03, "c": 0.02, "d": 0.01}
     us = units(*errors)

@@ -14,11 +14,12 @@ the same batches and returns a `Fidelity` summary:
 
 `latency_ratio(candidate)` times the candidate against the float model exactly as `analyze`
 does (alternating runs, spinning off); `node_times(model)` reads onnxruntime's profiler: the
-mean kernel time of each node, by node name (fused int8 nodes keep the original node's name).
+median per-run kernel time of each node, by node name (fused int8 nodes keep the original node's name).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import tempfile
 from dataclasses import dataclass, field
@@ -208,13 +209,13 @@ class Probe:
         return self._float_ms
 
     def node_times(self, model: onnx.ModelProto, runs: int = 20) -> dict[str, float]:
-        """Mean kernel time (µs) per node name over `runs` profiled runs (after 3 warm-up runs)."""
+        """Median kernel time (µs) per node name over `runs` profiled runs (after 3 warm-up runs)."""
         return node_times(model, self.feeds(), runs, self.threads)
 
 
 def node_times(model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int = 20,
                threads: int | None = None) -> dict[str, float]:
-    """onnxruntime's profiler on `model`: mean µs per run of each node's kernel, by node name."""
+    """onnxruntime's profiler on `model`: median µs per run of each node's kernel, by node name."""
     with tempfile.TemporaryDirectory(prefix="qcli-profile-") as tmp:
         session = make_session(model, threads, profile=Path(tmp) / "profile")
         for _ in range(3):
@@ -222,12 +223,14 @@ def node_times(model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int =
         for _ in range(runs):
             session.run(None, feeds)
         events = json.loads(Path(session.end_profiling()).read_text())
-    # Skip the warm-up runs: the profile lists runs in order; keep the last `runs` model runs.
-    run_starts = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
-    first = run_starts[-runs] if len(run_starts) >= runs else 0
-    times: dict[str, float] = {}
+    # The profile lists runs in order: skip the warm-up runs, then sum each node's kernel time per
+    # run and keep the median run's: a mean lets one run preempted on a loaded machine move a
+    # few-µs node by more than the differences the precision search compares.
+    starts = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")[-runs:]
+    per_run: dict[str, list[float]] = {}
     for e in events:
-        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e["ts"] >= first:
-            name = e["name"][: -len("_kernel_time")]
-            times[name] = times.get(name, 0.0) + e["dur"] / runs
-    return times
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and starts and e["ts"] >= starts[0]:
+            run = bisect.bisect_right(starts, e["ts"]) - 1
+            row = per_run.setdefault(e["name"][: -len("_kernel_time")], [0.0] * len(starts))
+            row[run] += e["dur"]
+    return {name: float(np.median(row)) for name, row in per_run.items()}
