@@ -450,11 +450,7 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
         members.setdefault(groups.find(t), []).append(t)
     for tensors in members.values():
         constant = next((t for t in tensors if t in inits), None)
-        fixed = next(
-            (OUTPUT_RANGES[graph.node[producer[t]].op_type] for t in tensors
-             if t in producer and graph.node[producer[t]].op_type in OUTPUT_RANGES),
-            None,
-        )
+        fixed = _known_range(tensors, graph, producer, active)
         scheme = default_act
         asked = [(requests.activation[t], t) for t in tensors if t in requests.activation]
         if asked:
@@ -516,6 +512,28 @@ def _weight_plan(name: str, scheme: QuantScheme, node: onnx.NodeProto, rank: int
     if axis is None:
         scheme = replace(scheme, granularity="per_tensor", block_size=0)
     return WeightPlan(name, scheme, axis)
+
+
+def _known_range(tensors: list[str], graph: onnx.GraphProto, producer: dict[str, int],
+                 moving: set[int]) -> tuple[float, float] | None:
+    """The range a group holds without calibration: when every member that does not come out
+    of the group's own data movement (`moving`: Reshape, Concat, ... whose values are their
+    inputs') is the output of an op with a known range (Sigmoid, Softmax: [0, 1]), the union
+    of those ranges; else None (calibrate). One member of known range does not fix the group:
+    a detector's head concatenates raw box offsets with Sigmoid scores, and [0, 1] for all of
+    them would clip every box offset."""
+    ranges = []
+    for t in tensors:
+        j = producer.get(t)
+        if j in moving:
+            continue
+        op = graph.node[j].op_type if j is not None else None
+        if op not in OUTPUT_RANGES:
+            return None
+        ranges.append(OUTPUT_RANGES[op])
+    if not ranges:
+        return None
+    return min(r[0] for r in ranges), max(r[1] for r in ranges)
 
 
 def _static_clip(node: onnx.NodeProto, inits: dict) -> bool:

@@ -378,3 +378,58 @@ def test_relu_dropped_only_where_its_quantizelinear_clips_as_much(tmp_path: Path
     fc1.output[0] = "h"
     restored.graph.node.insert(list(restored.graph.node).index(fc1) + 1, helper.make_node("Relu", ["h"], ["r"]))
     np.testing.assert_array_equal(run(dropped), run(restored))
+
+
+def test_detector_head_concat_of_box_offsets_and_sigmoid_scores_is_calibrated(tmp_path: Path) -> None:
+    """A YOLOX-style head (ddddocr's detector, 2026-11-23): Concat(raw box Conv, Sigmoid(obj),
+    Sigmoid(cls)) -> Transpose -> output. The Concat shares one scale across its inputs; the
+    Sigmoids' known [0, 1] once fixed the whole group's range and clipped every box offset
+    (cosine 0.95 there). Now the group is calibrated: its range covers the box offsets."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["f"], pads=[1, 1, 1, 1], name="/stem/Conv"),
+        helper.make_node("Relu", ["f"], ["r"], name="/stem/Relu"),
+        helper.make_node("Conv", ["r", "wb", "bb"], ["box"], name="/head/box/Conv"),
+        helper.make_node("Conv", ["r", "wo", "bo"], ["obj_logit"], name="/head/obj/Conv"),
+        helper.make_node("Sigmoid", ["obj_logit"], ["obj"], name="/head/obj/Sigmoid"),
+        helper.make_node("Conv", ["r", "wc", "bc"], ["cls_logit"], name="/head/cls/Conv"),
+        helper.make_node("Sigmoid", ["cls_logit"], ["cls"], name="/head/cls/Sigmoid"),
+        helper.make_node("Concat", ["box", "obj", "cls"], ["head"], axis=1, name="/head/Concat"),
+        helper.make_node("Transpose", ["head"], ["y"], perm=[0, 2, 3, 1], name="/head/Transpose"),
+    ]
+    inits = {
+        "w0": weight(8, 3, 3, 3), "b0": weight(8),
+        "wb": weight(4, 8, 1, 1, scale=3.0), "bb": np.float32([4, 4, 8, 8]),  # offsets of several pixels
+        "wo": weight(1, 8, 1, 1), "bo": weight(1), "wc": weight(2, 8, 1, 1), "bc": weight(2),
+    }
+    model = make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 16, 7])],
+        inits,
+    )
+    batches = [{"x": RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(16)]
+    result, path = quantize_and_compare(model, tmp_path, batches, min_cosine=0.999)
+    group = next(g for g in result.plan.groups if "head" in g.tensors)
+    assert {"box", "obj", "cls", "head", "y"} <= set(group.tensors)
+    assert group.fixed_range is None and group.range[1] > 4  # calibrated: the box offsets fit
+
+
+def test_a_group_of_sigmoid_values_only_keeps_the_known_range(tmp_path: Path) -> None:
+    """Sigmoid -> MaxPool -> Conv: the Sigmoid's output and the MaxPool's (its values) are
+    [0, 1] without calibration."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["f"], pads=[1, 1, 1, 1], name="/a/Conv"),
+        helper.make_node("Sigmoid", ["f"], ["s"], name="/a/Sigmoid"),
+        helper.make_node("MaxPool", ["s"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="/pool"),
+        helper.make_node("Conv", ["p", "w1", "b1"], ["y"], name="/b/Conv"),
+    ]
+    model = make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 4, 4])],
+        {"w0": weight(8, 3, 3, 3), "b0": weight(8), "w1": weight(4, 8, 1, 1), "b1": weight(4)},
+    )
+    batches = [{"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(8)]
+    result, _ = quantize_and_compare(model, tmp_path, batches)
+    group = next(g for g in result.plan.groups if "s" in g.tensors)
+    assert set(group.tensors) == {"s", "p"} and group.fixed_range == (0.0, 1.0)
