@@ -40,14 +40,15 @@ sample-models:
 # Exported models from other projects' packages, for tests/test_real_models.py (skipped
 # without them), taken from their wheels (no install): rapidocr-onnxruntime's PaddleOCR
 # models, silero-vad's voice activity detectors (LSTM state, If subgraphs), ddddocr's captcha
-# detector (YOLOX head) and CNN + LSTM recognizer.
+# detector (YOLOX head) and CNN + LSTM recognizer, NudeNet's YOLOv8n.
 REAL := .real-models
 real-models: $(STAMP)
 	mkdir -p $(REAL)
-	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -d $(REAL) 'rapidocr-onnxruntime==1.4.4' 'silero-vad==6.2.3' 'ddddocr==1.6.1'
+	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -d $(REAL) 'rapidocr-onnxruntime==1.4.4' 'silero-vad==6.2.3' 'ddddocr==1.6.1' 'nudenet==3.4.2'
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e rapidocr_onnxruntime-1.4.4-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e silero_vad-6.2.3-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e ddddocr-1.6.1-py3-none-any.whl .
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e nudenet-3.4.2-py3-none-any.whl .
 
 clean:
 	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache
