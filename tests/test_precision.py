@@ -122,6 +122,27 @@ def test_an_error_hidden_behind_a_worse_one_is_still_found() -> None:
     assert [s.action for s in found.steps if s.action == "back to int8" and s.kept]  # pruned
 
 
+def test_a_hidden_error_among_many_units_is_pruned_in_halves() -> None:
+    """200 units; u0 hides the last unit's error, so the ranking puts it last and the prefix
+    takes all 200 along. One at a time the prune would need 200 trials; in halves it isolates
+    the two needed units in a few dozen."""
+    names = [f"u{i}" for i in range(200)]
+    errors = {n: 0.00001 for n in names} | {"u0": 0.5, "u199": 0.3}
+
+    class Hidden(FakeTrials):
+        def _error(self, choices: dict[str, str]) -> float:
+            return 1.0 if "u0" not in choices else super()._error(choices)
+
+    us = units(*names)
+    trials = Hidden(errors, max_trials=120)
+    found = search(us, trials, Goal(max_drop=0.01), float_costs(us))
+    assert found.met and found.stopped is None
+    assert found.choices == {"u0": "float", "u199": "float"}
+    prune = [s for s in found.steps if s.action == "back to int8"]
+    assert any(s.kept and len(s.changed) >= 25 for s in prune)  # whole chunks went back
+    assert trials.count < 80, trials.count
+
+
 def test_impossible_budget_returns_the_best_reachable_and_says_so() -> None:
     errors = {"a": 0.05, "b": 0.05}
     us = units(*errors)
