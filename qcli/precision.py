@@ -645,11 +645,12 @@ def _prune(chosen: dict, order: list[str], fixed: dict, trials, goal: Goal, scal
     pending = [n for n in order if n not in fixed and n in chosen]
     if cheaper is not None:
         pending = [n for n in pending if cheaper[n] != chosen[n]]
-    if cheaper is not None or len(pending) <= PRUNE_ONE_BY_ONE:
-        chunks = [[n] for n in pending]
-    else:
+    chunked = cheaper is None and len(pending) > PRUNE_ONE_BY_ONE
+    if chunked:
         half = len(pending) // 2
         chunks = [pending[:half], pending[half:]]
+    else:
+        chunks = [[n] for n in pending]
     while chunks and not trials.exhausted():
         chunk = chunks.pop(0)
         if cheaper is None:
@@ -665,7 +666,7 @@ def _prune(chosen: dict, order: list[str], fixed: dict, trials, goal: Goal, scal
         elif len(chunk) > 1:
             half = len(chunk) // 2
             chunks[:0] = [chunk[:half], chunk[half:]]
-        elif cheaper is None and len(chunks) > 1:  # a needed unit found: the rest, at once first
+        elif chunked and len(chunks) > 1:  # a needed unit found: the rest, at once first
             chunks = [[n for c in chunks for n in c]]
     return chosen
 

@@ -226,9 +226,9 @@ def quantize_checked(
         ratio = trials.latency({}) if floors.max_latency_ratio is not None else None
         needed = ap.enabled or (vf.rescue and not (floors.accurate(base) and _fast(floors, ratio)))
         if needed and units:
-            costs = trials.costs(ap.candidates if ap.enabled else ["float"])
-            found = search(units, trials, goal, costs, shrink=ap.enabled and "int4" in ap.candidates,
-                           candidates=ap.candidates if ap.enabled else ["float"])
+            candidates = ap.candidates if ap.enabled else ["float"]
+            found = search(units, trials, goal, trials.costs(candidates), shrink="int4" in candidates,
+                           candidates=candidates)
             outcome.search, outcome.goal_met = found, found.met
             outcome.promoted = found.choices
             outcome.reasons = _reasons(found)

@@ -120,6 +120,8 @@ def test_an_error_hidden_behind_a_worse_one_is_still_found() -> None:
     assert found.met
     assert found.choices == {"a": "float", "c": "float"}
     assert [s.action for s in found.steps if s.action == "back to int8" and s.kept]  # pruned
+    # a few promoted units (<= PRUNE_ONE_BY_ONE) are tried back one at a time
+    assert all(len(s.changed) == 1 for s in found.steps if s.action == "back to int8")
 
 
 def test_a_hidden_error_among_many_units_is_pruned_in_halves() -> None:
