@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from qcli import __version__, render
 from qcli.errors import QcliError
@@ -69,7 +70,7 @@ def _guard(debug: bool, work: Callable[[], Any]) -> Any:
     except QcliError as exc:
         if debug:
             raise
-        err.print(f"[bold red]error:[/bold red] {exc.message}", markup=True)
+        err.print(f"[bold red]error:[/bold red] {escape(exc.message)}", markup=True)
         if exc.hint:
             err.print(f"hint: {exc.hint}", markup=False)
         raise typer.Exit(exc.exit_code) from None
@@ -79,12 +80,14 @@ def _guard(debug: bool, work: Callable[[], Any]) -> Any:
     except Exception as exc:
         if debug:
             raise
-        err.print(f"[bold red]internal error:[/bold red] {type(exc).__name__}: {exc}", markup=True)
+        err.print(f"[bold red]internal error:[/bold red] {escape(f'{type(exc).__name__}: {exc}')}", markup=True)
         err.print("hint: this is a bug in qcli; rerun with --debug and report the traceback")
         raise typer.Exit(INTERNAL_ERROR) from None
 
 
 def _console(quiet: bool) -> Console:
+    """The console for results. Strings from models and data reach it escaped (`render.plain`,
+    `rich.markup.escape`) or printed with markup=False: "[batch, seq]" is a shape, not a tag."""
     return Console(quiet=quiet, highlight=False)
 
 
@@ -375,9 +378,9 @@ def quantize(
             render.quantization(console, doc)
             render.verification(console, doc)
             if evaluation is not None:
-                console.print(doc["evaluation"]["summary"])
+                console.print(doc["evaluation"]["summary"], markup=False)
                 for gate in evaluation.gates:
-                    console.print(gate.message)
+                    console.print(gate.message, markup=False)
         _check_outcome(outcome, output)
         if evaluation is not None and (error := evaluation.gate_error()) is not None:
             raise error
@@ -504,7 +507,7 @@ def analyze(
         else:
             show(_console(quiet), result)
             if report is not None:
-                _console(quiet).print(f"wrote {report}")
+                _console(quiet).print(f"wrote {report}", markup=False)
         error = result.gate_error()
         if error is not None:
             raise error
@@ -546,15 +549,16 @@ def run_command(
             q = doc["quantization"]
             console.print(
                 f"quantized {sum(q['quantized'].values())} nodes "
-                f"({', '.join(f'{k} {v}' for k, v in q['quantized'].items())}); wrote {result.output}"
+                f"({', '.join(f'{k} {v}' for k, v in q['quantized'].items())}); wrote {result.output}",
+                markup=False,
             )
             for note in outcome.notes:
-                console.print(note)
+                console.print(note, markup=False)
             render.verification(console, doc)
             if result.report is not None:
                 show(console, result.report)
             for p in result.reports:
-                console.print(f"wrote {p}")
+                console.print(f"wrote {p}", markup=False)
         _check_outcome(outcome, result.output)
         if result.report is not None and (error := result.report.gate_error()) is not None:
             raise error
@@ -600,7 +604,7 @@ def config_validate(
         if json_out:
             _print_json({"config": str(resolve_config(file)), "valid": True})
         else:
-            _console(quiet).print(f"{resolve_config(file)}: valid")
+            _console(quiet).print(f"{resolve_config(file)}: valid", markup=False)
 
     _guard(debug, work)
 
@@ -625,7 +629,7 @@ def config_init(
         if json_out:
             _print_json({"config": str(output)})
         else:
-            _console(quiet).print(f"wrote {output}")
+            _console(quiet).print(f"wrote {output}", markup=False)
 
     _guard(debug, work)
 

@@ -2,8 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+
+def plain(doc: Any) -> Any:
+    """`doc` with every string (dict keys too) escaped for rich markup.
+
+    The reports hold names from models and data (shapes such as "[batch, seq]", tensor and
+    node names, paths, messages) that rich would otherwise read as markup tags: swallowed,
+    or a MarkupError for one such as "[/x]". Each renderer escapes its whole document once,
+    so its own markup is the only markup printed.
+    """
+    if isinstance(doc, str):
+        return escape(doc)
+    if isinstance(doc, dict):
+        return {plain(k): plain(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return type(doc)(plain(v) for v in doc)
+    return doc
 
 
 def human_bytes(n: float) -> str:
@@ -15,10 +35,13 @@ def human_bytes(n: float) -> str:
 
 
 def _shape(dims: list) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+    """A shape for a rich cell, e.g. [batch, 3]: the opening bracket escaped (the dims come
+    escaped from `plain`)."""
+    return "\\[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
 def model_info(console: Console, info: dict) -> None:
+    info = plain(info)
     console.print(f"[bold]{info['path']}[/bold]  {human_bytes(info['file_bytes'])}")
     opsets = ", ".join(f"{d} {v}" for d, v in info["opsets"].items())
     console.print(f"IR {info['ir_version']} · opset {opsets} · producer {info['producer'] or '-'}")
@@ -59,6 +82,7 @@ def model_info(console: Console, info: dict) -> None:
 
 
 def data_info(console: Console, data: dict) -> None:
+    data = plain(data)
     labels = f"{data['labelled']} labelled" if data["labelled"] else "no labels"
     console.print(
         f"data {data['path']}: {data['samples']} samples in {data['files']} "
@@ -143,6 +167,7 @@ def num(x: float) -> str:
 def calibration(console: Console, doc: dict, rows: int = 30) -> None:
     from rich import box
 
+    doc = plain(doc)
     method = doc["method"]
     console.print(
         f"Calibration: {doc['tensors']} tensors over {doc['samples']} samples; ranges for "
@@ -172,6 +197,7 @@ def calibration(console: Console, doc: dict, rows: int = 30) -> None:
 def quantization(console: Console, doc: dict) -> None:
     from rich import box
 
+    doc = plain(doc)
     for note in doc["notes"]:  # what preparation changed, plan notes, warnings, verification notes
         console.print(note)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Nodes", title_justify="left")
@@ -203,6 +229,7 @@ def verification(console: Console, doc: dict) -> None:
     """The verification checks and what the precision search promoted, if anything."""
     from rich import box
 
+    doc = plain(doc)
     v, p = doc.get("verification"), doc.get("precision")
     if p is not None:
         console.print(f"precision search: {p['trials']} trials, goal {'met' if p['goal_met'] else 'NOT met'}"

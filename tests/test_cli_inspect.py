@@ -138,3 +138,37 @@ def test_debug_shows_the_traceback(cli, tmp_path: Path) -> None:
 
 def test_usage_error_exits_2(cli) -> None:
     assert cli("inspect").exit_code == 2
+
+
+# Exporters name dynamic axes in lower case ("batch", "unk__214"): "[batch, seq]" is a rich
+# markup tag unless escaped, and was printed as nothing.
+NAMED_DIMS_MODEL = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[batch, 3] x) => (float[batch, 3] y) {
+    y = Relu (x)
+}
+"""
+
+
+def test_inspect_prints_named_dims(cli, tmp_path: Path) -> None:
+    import onnx
+
+    model = tmp_path / "named.onnx"
+    onnx.save(onnx.parser.parse_model(NAMED_DIMS_MODEL), str(model))
+    result = cli("inspect", model)
+    assert result.exit_code == 0
+    assert result.stdout.count("[batch, 3]") == 2
+
+
+def test_error_messages_keep_their_brackets(cli, tmp_path: Path) -> None:
+    import onnx
+
+    model = tmp_path / "named.onnx"
+    onnx.save(onnx.parser.parse_model(NAMED_DIMS_MODEL), str(model))
+    data = tmp_path / "[bold]data"  # a folder name rich read as a style tag
+    data.mkdir()
+    write_npz(data / "0.npz", x=np.zeros((1, 4), np.float32))
+    _fails(
+        cli("inspect", model, "--data", data),
+        f"{data / '0.npz'}: input 'x' has shape [1, 4], the model expects [batch, 3] (axis 1 must be 3)",
+    )
