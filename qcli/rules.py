@@ -96,6 +96,12 @@ RULES: dict[str, OpRule] = {
     "Tanh": OpRule("compute", default_float=True, reason="no int8 kernel"),
 }
 
+#: Mul of a tensor by itself: x**2 as JAX/TensorFlow exports spell it (the E[x**2] of a
+#: LayerNorm that computes the variance as E[x**2] - E[x]**2, where 8 bits on the square cancel
+#: away the variance; GELU's x**3). Pow's rule, not Mul's. Measured on magika's jax2tf model:
+#: all-int8 top-1 agreement 92% with the squares quantized.
+SQUARE = OpRule("compute", (0, 1), default_float=True, reason="a square (Mul of x by x): variance chains need more than 8 bits")
+
 
 # Outputs whose range is known without calibration. Softmax's also must not be narrower: when
 # onnxruntime fuses DequantizeLinear -> Softmax -> QuantizeLinear into QLinearSoftmax, an output
@@ -111,6 +117,8 @@ def rule_for(node: onnx.NodeProto) -> OpRule | None:
     """The rule of a node of the default ONNX domain, or None (the node stays float)."""
     if node.domain not in ("", "ai.onnx"):
         return None
+    if node.op_type == "Mul" and len(node.input) == 2 and node.input[0] == node.input[1]:
+        return SQUARE
     return RULES.get(node.op_type)
 
 

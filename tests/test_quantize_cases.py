@@ -433,3 +433,40 @@ def test_a_group_of_sigmoid_values_only_keeps_the_known_range(tmp_path: Path) ->
     result, _ = quantize_and_compare(model, tmp_path, batches)
     group = next(g for g in result.plan.groups if "s" in g.tensors)
     assert set(group.tensors) == {"s", "p"} and group.fixed_range == (0.0, 1.0)
+
+
+def test_a_square_written_as_mul_stays_float_like_pow(tmp_path: Path) -> None:
+    """JAX/TF exports compute a LayerNorm's variance as E[x*x] - E[x]**2 with Mul(x, x): the
+    squares stay float like Pow (8 bits on E[x*x] cancel the variance away); other Muls do not."""
+    d = 32
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="/fc1/MatMul"),
+        helper.make_node("Add", ["h", "b1"], ["hb"], name="/fc1/Add"),
+        helper.make_node("Mul", ["hb", "hb"], ["sq"], name="/ln/Square"),
+        helper.make_node("ReduceMean", ["sq"], ["ex2"], axes=[-1], name="/ln/MeanSq"),
+        helper.make_node("ReduceMean", ["hb"], ["mu"], axes=[-1], name="/ln/Mean"),
+        helper.make_node("Mul", ["mu", "mu"], ["mu2"], name="/ln/Square_1"),
+        helper.make_node("Sub", ["ex2", "mu2"], ["var"], name="/ln/Sub"),
+        helper.make_node("Add", ["var", "eps"], ["ve"], name="/ln/Add"),
+        helper.make_node("Sqrt", ["ve"], ["sd"], name="/ln/Sqrt"),
+        helper.make_node("Sub", ["hb", "mu"], ["c"], name="/ln/Sub_1"),
+        helper.make_node("Div", ["c", "sd"], ["n"], name="/ln/Div"),
+        helper.make_node("Mul", ["n", "gamma"], ["g"], name="/ln/Mul"),
+        helper.make_node("MatMul", ["g", "w2"], ["y"], name="/fc2/MatMul"),
+    ]
+    inits = {
+        "w1": weight(d, d, scale=0.1), "b1": np.full(d, 4.0, np.float32), "eps": np.float32([1e-5]),
+        "gamma": (1 + weight(d, scale=0.1)), "w2": weight(d, 4),
+    }
+    model = make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S", d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "S", 4])],
+        inits,
+    )
+    batches = [{"x": RNG.standard_normal((1, 7, d)).astype(np.float32)} for _ in range(24)]
+    result, path = quantize_and_compare(model, tmp_path, batches, min_cosine=0.999)
+    reasons = {d.name: d.reason for d in result.plan.nodes if not d.quantized}
+    square = "a square (Mul of x by x): variance chains need more than 8 bits"
+    assert reasons["/ln/Square"] == reasons["/ln/Square_1"] == square
+    assert "/ln/Mul" not in reasons
