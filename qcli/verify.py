@@ -136,7 +136,7 @@ class Verification:
             ],
             "outputs": [
                 {"name": o.name, "top1_agreement": o.top1_agreement, "cosine": o.cosine, "sqnr_db": o.sqnr_db,
-                 "exact": o.exact}
+                 "agreement": o.agreement}
                 for o in self.fidelity.outputs
             ],
             "latency_ratio": None if self.latency_ratio is None else round(self.latency_ratio, 4),

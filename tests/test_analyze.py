@@ -290,6 +290,22 @@ def test_streaming_accumulators_match_whole_array_math():
     assert sqnr_db(3.0, 0.0) is None
 
 
+def test_integer_outputs_agree_per_element_not_per_sample():
+    """A tagger's or a mask's ids: one token that differs costs one token, not the sample."""
+    ref = np.arange(40, dtype=np.int64).reshape(4, 10) % 7
+    got = ref.copy()
+    got[1, 3] += 1  # one token of one sample
+    got[2, 0] += 1
+    fid = FidelityAccumulator()
+    fid.update(ref[:3], got[:3], 3)
+    fid.update(ref[3:], got[3:], 1)
+    assert fid.element_agreement == pytest.approx(38 / 40)
+    assert fid.exact == 2 and fid.samples == 4 and fid.top1_agreement is None
+    floats = FidelityAccumulator()
+    floats.update(ref.astype(np.float32), got.astype(np.float32), 4)
+    assert floats.element_agreement is None
+
+
 # --------------------------------------------------------------------------- reports
 
 

@@ -442,6 +442,7 @@ def _fidelity(name: str, acc: FidelityAccumulator) -> Fidelity:
         max_abs_error=rounded(acc.sqnr.max_abs) if acc.floating else None,
         exact_match=rounded(acc.exact / acc.samples) if acc.samples else 0.0,
         nonfinite=acc.sqnr.nonfinite,
+        agreement=rounded(acc.element_agreement),
     )
 
 

@@ -106,12 +106,15 @@ class FidelityAccumulator:
     """How closely `value` follows `reference` for one output, over all batches.
 
     Float outputs: SQNR, mean and minimum per-sample cosine, max abs error; class-score outputs
-    also top-1 agreement. Other outputs (integers, bools): fraction of samples exactly equal.
+    also top-1 agreement. Every output: fraction of samples exactly equal; other outputs
+    (integers, bools: class ids, masks, per-token tags) also the fraction of elements equal.
     """
 
     samples: int = 0
     agree: int = 0
     exact: int = 0
+    equal: int = 0  # elements equal (integer/bool outputs)
+    compared: int = 0
     cosine_sum: float = 0.0
     cosine_min: float = 1.0
     cosine_rows: int = 0
@@ -130,8 +133,11 @@ class FidelityAccumulator:
             self.class_scores = is_class_scores(reference)
         x, y = _rows(reference, batch), _rows(value, batch)
         self.samples += x.shape[0]
-        self.exact += int(np.all(x == y, axis=1).sum())
+        equal = x == y
+        self.exact += int(np.all(equal, axis=1).sum())
         if not self.floating:
+            self.equal += int(np.count_nonzero(equal))
+            self.compared += equal.size
             return
         self.sqnr.update(x, y)
         x64, y64 = x.astype(np.float64), y.astype(np.float64)
@@ -153,6 +159,12 @@ class FidelityAccumulator:
     @property
     def top1_agreement(self) -> float | None:
         return self.agree / self.samples if self.class_scores and self.samples else None
+
+    @property
+    def element_agreement(self) -> float | None:
+        """Integer/bool outputs: the fraction of elements equal (of samples, for an [N] ArgMax;
+        of pixels for a mask, of tokens for a tagger's ids)."""
+        return self.equal / self.compared if not self.floating and self.compared else None
 
     @property
     def cosine(self) -> float | None:

@@ -42,7 +42,11 @@ class OutputFidelity:
     top1_agreement: float | None
     cosine: float | None
     sqnr_db: float | None
-    exact: float | None = None  # integer/bool outputs (class ids, masks): fraction of samples equal
+    # Integer/bool outputs (class ids, masks, a tagger's ids): the fraction of their elements
+    # equal. Per element, not per sample: one pixel of a mask or one token of a sentence that
+    # differs does not count as a wrong sample (a piper diacritizer at int8: 96.6% of tokens
+    # equal, 34% of sentences identical).
+    agreement: float | None = None
 
 
 @dataclass(frozen=True)
@@ -56,10 +60,10 @@ class Fidelity:
 
     @property
     def top1_agreement(self) -> float | None:
-        """The lowest top-1 agreement over class-score outputs, or exact agreement over integer
-        outputs (an ArgMax's class ids); None: there are none."""
+        """The lowest top-1 agreement over class-score outputs, or agreement of the elements of
+        integer outputs (an ArgMax's class ids); None: there are none."""
         values = [o.top1_agreement for o in self.outputs if o.top1_agreement is not None]
-        values += [o.exact for o in self.outputs if o.exact is not None]
+        values += [o.agreement for o in self.outputs if o.agreement is not None]
         return min(values) if values else None
 
     @property
@@ -131,7 +135,7 @@ class Probe:
                     topk[1].update(np.asarray(values[k]), batch.label)
         outputs = tuple(
             OutputFidelity(name, bool(acc.class_scores), acc.top1_agreement, acc.cosine, acc.sqnr.db,
-                           None if acc.floating or not acc.samples else acc.exact / acc.samples)
+                           acc.element_agreement)
             for name, acc in zip(self.names, accs)
         )
         noise = sum(acc.sqnr.noise / max(acc.sqnr.signal, 1e-30) for acc in accs if acc.floating)

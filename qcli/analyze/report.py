@@ -84,6 +84,7 @@ class Fidelity:
     max_abs_error: float | None
     exact_match: float  # fraction of samples bit-identical
     nonfinite: int = 0  # elements with NaN/Inf on either side, left out of SQNR and cosine
+    agreement: float | None = None  # kind "other" (class ids, masks): fraction of elements equal
 
 
 @dataclass

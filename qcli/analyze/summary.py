@@ -104,7 +104,8 @@ FIDELITY_HEADER = ("output", "top-1 agreement", "cosine (mean / min)", "SQNR", "
 
 def fidelity_row(f: Fidelity) -> tuple[str, ...]:
     if f.kind == "other":
-        return (f.output, "–", "–", "–", "–", f"{f.samples} ({pct(f.exact_match)} identical)")
+        agree = pct(f.agreement) if f.agreement is not None else "–"  # of the elements (ids, mask pixels)
+        return (f.output, agree, "–", "–", "–", f"{f.samples} ({pct(f.exact_match)} identical)")
     cosine = f"{f.cosine:.5f} / {f.cosine_min:.5f}" if f.cosine is not None else "–"
     return (f.output, pct(f.top1_agreement), cosine, db(f.sqnr_db), num(f.max_abs_error or 0.0), str(f.samples))
 
