@@ -19,6 +19,8 @@ Decisions (README "What gets quantized" and "Configuration" say the same for use
   it in float (QGemm, MatMulIntegerToFloat), e.g. a classifier's logits.
 - Data-movement ops (`shares`) are quantized when a neighbouring tensor is, sharing its scale,
   so onnxruntime runs them on int8 or drops their Q/DQ pair.
+- A weight is stored once: a node whose weight something also reads in float (a float node,
+  a subgraph, a graph output) stays float unless an override names it (`_float_readers`).
 - Int8 pays off in the kernels of Conv, ConvTranspose, MatMul and Gemm ("anchors"). A group of
   connected quantizable nodes without an anchor (say a lone Add between float ops) stays float:
   its Q/DQ pairs would cost more time than its int8 kernel saves.
@@ -277,18 +279,43 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             j = producer.get(graph.node[j].input[0])
         return j
 
-    components = _UnionFind()
-    for i in candidates:
-        components.find(str(i))
-        for name in graph.node[i].input:
-            j = source(name)
-            if j in candidates:
-                components.union(str(i), str(j))
-    anchored = {components.find(str(i)) for i in candidates if graph.node[i].op_type in ANCHORS}
-    for i in sorted(candidates):
-        if components.find(str(i)) not in anchored:
-            candidates.discard(i)
-            reasons[i] = "no Conv/MatMul/Gemm next to it: int8 would be slower here"
+    def keep_anchored() -> None:
+        components = _UnionFind()
+        for i in candidates:
+            components.find(str(i))
+            for name in graph.node[i].input:
+                j = source(name)
+                if j in candidates:
+                    components.union(str(i), str(j))
+        anchored = {components.find(str(i)) for i in candidates if graph.node[i].op_type in ANCHORS}
+        for i in sorted(candidates):
+            if components.find(str(i)) not in anchored:
+                candidates.discard(i)
+                reasons[i] = "no Conv/MatMul/Gemm next to it: int8 would be slower here"
+
+    # 2a. A weight that something also reads in float would be stored twice (see
+    # `_float_readers`): its quantized readers stay float too, unless an override asks for them.
+    # Dropping a reader can leave a group without its anchor, so the two repeat until stable.
+    float_reads = {name: f"a {graph.node[i].op_type} body" for i, name in _subgraph_reads(graph)}
+    float_reads.update((name, "a graph output") for name in graph_outputs)
+    keep_anchored()
+    while True:
+        dropped = False
+        for i in sorted(candidates):
+            node, rule = graph.node[i], rule_for(graph.node[i])
+            if any(i in sel.nodes and o.precision not in (None, "float") for _, o, sel in overrides):
+                continue
+            for k in rule.weights:
+                w = node.input[k] if k < len(node.input) else ""
+                readers = _float_readers(w, consumers.get(w, []), candidates, graph, float_reads) if w in inits else []
+                if readers:
+                    candidates.discard(i)
+                    reasons[i] = f"its weight is also read in float (by {readers[0]}): int8 would store it twice"
+                    dropped = True
+                    break
+        if not dropped:
+            break
+        keep_anchored()
 
     def writes_float(node: onnx.NodeProto) -> bool:
         """Whether onnxruntime can fuse the node into an int8 kernel that writes float outputs:
@@ -500,6 +527,38 @@ def _unmatched(match: Match, where: str, names: list[str], graph: onnx.GraphProt
     hints = close(match.nodes, names) + close(match.op_types, sorted({n.op_type for n in graph.node}))
     hints += close(match.tensors, sorted(tensors))
     return f"{where} matched nothing" + (f" (close: {', '.join(hints)})" if hints else "")
+
+
+def _subgraph_reads(graph: onnx.GraphProto) -> list[tuple[int, str]]:
+    """(node index, name) for every name read inside the If/Loop/Scan bodies of the nodes of
+    `graph`, at any depth: outer-scope tensors those bodies use stay as they are, float."""
+
+    def body_reads(body: onnx.GraphProto) -> set[str]:
+        reads = {name for n in body.node for name in n.input}
+        for n in body.node:
+            for attr in n.attribute:
+                for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                    reads |= body_reads(sub)
+        return reads
+
+    found = []
+    for i, node in enumerate(graph.node):
+        for attr in node.attribute:
+            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                found += [(i, name) for name in sorted(body_reads(body))]
+    return found
+
+
+def _float_readers(weight: str, users: list[int], candidates: set[int], graph: onnx.GraphProto,
+                   float_reads: dict[str, str]) -> list[str]:
+    """Who reads `weight` in float once quantized nodes read its int8 copy: nodes that are not
+    candidates (Shape and Size read only its shape: they get the int8 copy), a subgraph, the
+    graph's outputs. The model would then hold the weight twice, float and int8, and grow (piper's
+    nakdimon, whose Keras LSTMs pass their weights to a Loop and to a first-step MatMul: 20.3 MiB
+    float, 24.8 MiB with those MatMuls quantized)."""
+    readers = [f"a {graph.node[j].op_type}" for j in users
+               if j not in candidates and graph.node[j].op_type not in ("Shape", "Size")]
+    return readers + ([float_reads[weight]] if weight in float_reads else [])
 
 
 def _weight_plan(name: str, scheme: QuantScheme, node: onnx.NodeProto, rank: int) -> WeightPlan:

@@ -126,6 +126,9 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
         )
         for use in uses(wp.name, only_quantized=True):
             renames[use] = f"{wp.name}_dequantized"
+        for use in uses(wp.name, only_quantized=False):  # shape readers: the int8 copy has it
+            if graph.node[use[0]].op_type in ("Shape", "Size"):
+                renames[use] = f"{wp.name}_quantized"
 
     # activations (and embedding tables quantized with their group's params)
     graph_outputs = {o.name for o in graph.output}

@@ -114,20 +114,23 @@ def test_lstm_stays_float_and_correct(tmp_path: Path) -> None:
     assert ops(path)["LSTM"] == 1
 
 
-def test_if_with_runtime_condition_left_float_inside(tmp_path: Path) -> None:
-    then_graph = helper.make_graph(
-        [helper.make_node("Mul", ["h", "two"], ["t_out"], name="/then/Mul")], "then", [],
-        [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, None)],
-    )
-    else_graph = helper.make_graph(
-        [helper.make_node("Neg", ["h"], ["e_out"], name="/else/Neg")], "else", [],
-        [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)],
-    )
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h"], name="/fc1/MatMul"),
+def runtime_if(then_node: onnx.NodeProto, else_node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """Nodes computing z = then_node's t_out if sum(x) > 0 else else_node's e_out (a run-time
+    condition: the If stays)."""
+    then_graph = helper.make_graph([then_node], "then", [], [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, None)])
+    else_graph = helper.make_graph([else_node], "else", [], [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)])
+    return [
         helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="/ReduceSum"),
         helper.make_node("Greater", ["s", "zero"], ["cond"], name="/Greater"),
         helper.make_node("If", ["cond"], ["z"], then_branch=then_graph, else_branch=else_graph, name="/If"),
+    ]
+
+
+def test_if_with_runtime_condition_left_float_inside(tmp_path: Path) -> None:
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="/fc1/MatMul"),
+        *runtime_if(helper.make_node("Mul", ["h", "two"], ["t_out"], name="/then/Mul"),
+                    helper.make_node("Neg", ["h"], ["e_out"], name="/else/Neg")),
         helper.make_node("MatMul", ["z", "w2"], ["y"], name="/fc2/MatMul"),
     ]
     inits = {"w1": weight(6, 6), "w2": weight(6, 2), "zero": np.float32(0.0), "two": np.float32([2.0])}
@@ -470,3 +473,40 @@ def test_a_square_written_as_mul_stays_float_like_pow(tmp_path: Path) -> None:
     square = "a square (Mul of x by x): variance chains need more than 8 bits"
     assert reasons["/ln/Square"] == reasons["/ln/Square_1"] == square
     assert "/ln/Mul" not in reasons
+
+
+def test_a_weight_also_read_in_float_is_not_stored_twice(tmp_path: Path) -> None:
+    """w1 feeds a MatMul and an If branch (which stays float): quantizing the MatMul would keep
+    w1 in float for the branch and add an int8 copy. That MatMul stays float, the rest does
+    not, the model does not grow; an override naming the MatMul still quantizes it."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="/fc1/MatMul"),
+        *runtime_if(helper.make_node("MatMul", ["x", "w1"], ["t_out"], name="/then/MatMul"),
+                    helper.make_node("Neg", ["x"], ["e_out"], name="/else/Neg")),
+        helper.make_node("Add", ["h", "z"], ["a"], name="/Add"),
+        helper.make_node("MatMul", ["a", "w2"], ["y"], name="/fc2/MatMul"),
+        helper.make_node("Shape", ["w2"], ["w2_shape"], name="/Shape"),
+    ]
+    inits = {"w1": weight(64, 64), "w2": weight(64, 64), "zero": np.float32(0.0)}
+    model = make(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64]),
+         helper.make_tensor_value_info("w2_shape", TensorProto.INT64, [2])],
+        inits,
+    )
+    batches = [{"x": RNG.standard_normal((1, 64)).astype(np.float32)} for _ in range(20)]
+    result, path = quantize_and_compare(model, tmp_path, batches, min_cosine=0.98)
+    reasons = {d.name: d.reason for d in result.plan.nodes if not d.quantized}
+    assert reasons["/fc1/MatMul"] == "its weight is also read in float (by a If body): int8 would store it twice"
+    assert "/fc2/MatMul" not in reasons  # a Shape reads only w2's shape: it gets the int8 copy
+    names = {t.name for t in onnx.load(str(path)).graph.initializer}
+    assert "w1" in names and "w1_quantized" not in names and "w2" not in names and "w2_quantized" in names
+    assert path.stat().st_size < 64 * 64 * 4 * 1.5  # w1 float, w2 int8 (was w1 twice)
+
+    from qcli.config import parse_config
+
+    config = parse_config({"overrides": [{"match": {"nodes": ["/fc1/MatMul"]}, "precision": "int8"}]})
+    table = calibrate(model, DataFolder(tmp_path / "data", model_inputs(model)), config)
+    forced = quantize(model, config, table)
+    assert {d.name for d in forced.plan.nodes if d.quantized} >= {"/fc1/MatMul", "/fc2/MatMul"}
