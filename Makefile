@@ -44,11 +44,14 @@ sample-models:
 REAL := .real-models
 real-models: $(STAMP)
 	mkdir -p $(REAL)
-	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -d $(REAL) 'rapidocr-onnxruntime==1.4.4' 'silero-vad==6.2.3' 'ddddocr==1.6.1' 'nudenet==3.4.2'
+	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -d $(REAL) 'rapidocr-onnxruntime==1.4.4' 'silero-vad==6.2.3' 'ddddocr==1.6.1' 'nudenet==3.4.2' \
+		'magika==1.0.3' 'piper-tts==1.8.0'
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e rapidocr_onnxruntime-1.4.4-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e silero_vad-6.2.3-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e ddddocr-1.6.1-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e nudenet-3.4.2-py3-none-any.whl .
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e magika-1.0.3-*.whl .
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e piper_tts-1.8.0-*.whl .
 
 clean:
 	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache

@@ -5,12 +5,15 @@ Silero's voice activity detectors from the silero-vad wheel (PyTorch and spox ex
 15/16: an LSTM state [2, N, 128] and a scalar sample rate as inputs, If subgraphs, an STFT as
 a Conv), and ddddocr's captcha models (PyTorch 1.9 exports, opset 11/12: a YOLOX-style
 detector whose head concatenates box offsets with Sigmoid scores, a CNN + LSTM recognizer with
-a dynamic width, and an already-quantized model), and NudeNet's YOLOv8n (an Ultralytics
-export, opset 17, dynamic height and width).
+a dynamic width, and an already-quantized model), NudeNet's YOLOv8n (an Ultralytics export,
+opset 17, dynamic height and width), magika's file-type classifier (jax2tf + tf2onnx, int32
+byte tokens) and piper's diacritizers (Keras BiLSTMs as Loop ops via tf2onnx; PyTorch 2.1 GRUs
+and attention with int64 inputs).
 
 `make real-models` fetches them into .real-models/ (`.ci/run` does); without them these tests
 are skipped. The data are text lines drawn with Pillow (no downloads), normalized as PaddleOCR
-does ((x / 255 - 0.5) / 0.5, NCHW), and 32 ms chunks of synthetic audio (tones in noise).
+does ((x / 255 - 0.5) / 0.5, NCHW), 32 ms chunks of synthetic audio (tones in noise), the bytes
+of Python's standard library files, and random letters of the diacritizers' alphabets.
 """
 
 from __future__ import annotations
@@ -205,4 +208,90 @@ def test_yolov8_is_all_int8_by_default(cli, tmp_path: Path) -> None:
     assert doc["verification"]["passed"], doc["verification"]
     assert doc["precision"] is None  # all-int8 met every floor: no search
     assert doc["quantized"]["Conv"] == 64
+    check_model(out)
+
+
+# --------------------------------------------------------------------------- TensorFlow/JAX exports
+
+MAGIKA = REPO / ".real-models" / "magika" / "models" / "standard_v3_3" / "model.onnx"
+PIPER = REPO / ".real-models" / "piper"
+magika = pytest.mark.skipif(not MAGIKA.exists(), reason="no magika model: run `make real-models` (.ci/run does)")
+piper = pytest.mark.skipif(not PIPER.exists(), reason="no piper models: run `make real-models` (.ci/run does)")
+
+
+def write_file_bytes(folder: Path, n: int, skip: int = 0) -> Path:
+    """magika's input: the first and the last 1024 bytes of real files (here Python's own
+    standard library, sorted), padded with its token 256, as magika reads them."""
+    import sysconfig
+
+    files = sorted(p for p in Path(sysconfig.get_paths()["stdlib"]).rglob("*") if p.is_file() and p.stat().st_size)
+    folder.mkdir()
+    for i, path in enumerate(files[skip::max(len(files) // (n + skip), 1)][:n]):
+        b = list(path.read_bytes())
+        pad = [256] * max(0, 1024 - len(b))
+        np.save(folder / f"{i:04d}.npy", np.array([b[:1024] + pad + pad + b[-1024:]], np.int32))
+    return folder
+
+
+@magika
+def test_jax_layernorm_squares_stay_float(cli, tmp_path: Path) -> None:
+    """magika's classifier (jax2tf, then tf2onnx: int32 byte tokens, LayerNorms that compute the
+    variance as E[x*x] - E[x]**2 with Mul(x, x)). With the squares in int8 the all-int8 model
+    agreed on 92% of files; now the squares stay float and verification passes."""
+    data = write_file_bytes(tmp_path / "files", 96)
+    out = tmp_path / "magika.onnx"
+    doc = cli.json("quantize", MAGIKA, "-o", out, "--data", data)
+    assert doc["verification"]["passed"], doc["verification"]
+    square = "a square (Mul of x by x): variance chains need more than 8 bits"
+    assert {"op_type": "Mul", "reason": square, "count": 4} in doc["float"]
+    check_model(out)
+
+
+def write_letters(folder: Path, n: int, names: tuple[str, ...], letters: list[int], space: int,
+                  dtype: type) -> Path:
+    """`n` sentences of 8-80 random letters and spaces (ids of the model's alphabet)."""
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    for i in range(n):
+        ids = rng.choice(letters, size=int(rng.integers(8, 80)))
+        ids[rng.random(ids.size) < 0.18] = space
+        arrays = {names[0]: ids[None].astype(dtype)}
+        if len(names) > 1:  # tashkeel: no diacritic hints, and the length
+            arrays |= {names[1]: np.zeros_like(arrays[names[0]]), names[2]: np.array([ids.size], np.int64)}
+        np.savez(folder / f"{i:04d}.npz", **arrays)
+    return folder
+
+
+@piper
+def test_keras_lstm_weights_are_not_stored_twice(cli, tmp_path: Path) -> None:
+    """piper's Hebrew diacritizer (Keras BiLSTMs via tf2onnx: Loop ops) passes each LSTM weight
+    to its Loop and to a MatMul of the first step outside. Quantizing those MatMuls kept the
+    float weights for the Loops and added int8 copies: 20.3 MiB -> 24.8 MiB. Now they stay
+    float and the model does not grow."""
+    # The model's alphabet: id 4 is the space, 16-42 the Hebrew letters (piper/hebrew).
+    data = write_letters(tmp_path / "text", 48, ("input_1",), list(range(16, 43)), 4, np.float32)
+    out = tmp_path / "nakdimon.onnx"
+    doc = cli.json("quantize", PIPER / "hebrew" / "nakdimon.onnx", "-o", out, "--data", data)
+    assert doc["verification"]["passed"], doc["verification"]
+    twice = "its weight is also read in float (by a Loop): int8 would store it twice"
+    assert {"op_type": "MatMul", "reason": twice, "count": 8} in doc["float"]
+    assert doc["compression"] >= 1.0
+    check_model(out)
+
+
+@piper
+def test_a_taggers_ids_are_verified_per_token(cli, tmp_path: Path) -> None:
+    """piper's Arabic diacritizer (PyTorch 2.1: GRUs and attention, int64 inputs) outputs one
+    class id per character. All-int8, 96-97% of the characters keep their id but only a third
+    of the sentences are identical: verification counts characters, as a tagger is judged."""
+    # The model's alphabet (piper/tashkeel/input_id_map.json): id 1 is the space, 18-53 letters.
+    data = write_letters(tmp_path / "text", 48, ("char_inputs", "diac_inputs", "input_lengths"),
+                         list(range(18, 54)), 1, np.int64)
+    out = tmp_path / "tashkeel.onnx"
+    doc = cli.json("quantize", PIPER / "tashkeel" / "model.onnx", "-o", out, "--data", data, "--no-rescue",
+                   "--min-top1-agreement", "0.95", "--max-latency-ratio", "2")
+    v = doc["verification"]
+    assert v["passed"], v
+    ids = next(o for o in v["outputs"] if o["name"] == "predictions")
+    assert 0.95 <= ids["agreement"] < 1.0
     check_model(out)
