@@ -88,6 +88,23 @@ def tensor_bytes(data_type: int, count: int) -> int:
         return 0
 
 
+def _type_text(tp: onnx.TypeProto) -> str:
+    """A tensor's element type ("float32"), or a structured type as ONNX spells it, with the
+    element type: "seq(map(int64, float32))" (skl2onnx's ZipMap), "optional(float32)"."""
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type":
+        elem = tp.tensor_type.elem_type
+        return onnx.helper.tensor_dtype_to_np_dtype(elem).name if elem else "unknown"
+    if kind == "sequence_type":
+        return f"seq({_type_text(tp.sequence_type.elem_type)})"
+    if kind == "map_type":
+        key = onnx.helper.tensor_dtype_to_np_dtype(tp.map_type.key_type).name
+        return f"map({key}, {_type_text(tp.map_type.value_type)})"
+    if kind == "optional_type":
+        return f"optional({_type_text(tp.optional_type.elem_type)})"
+    return kind or "unknown"
+
+
 def _value_info(value: onnx.ValueInfoProto) -> dict:
     t = value.type.tensor_type
     dims = []
@@ -96,8 +113,8 @@ def _value_info(value: onnx.ValueInfoProto) -> dict:
             dims.append(int(d.dim_value))
         else:
             dims.append(d.dim_param or None)
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else "unknown"
-    return {"name": value.name, "dtype": dtype, "shape": dims}
+    shape = dims if value.type.WhichOneof("value") == "tensor_type" else None  # a sequence has none
+    return {"name": value.name, "dtype": _type_text(value.type), "shape": shape}
 
 
 def weight_census(model: onnx.ModelProto) -> dict:

@@ -52,7 +52,7 @@ def model_info(console: Console, info: dict) -> None:
         io.add_column(col)
     for kind in ("inputs", "outputs"):
         for v in info[kind]:
-            io.add_row(kind[:-1], v["name"], v["dtype"], _shape(v["shape"]))
+            io.add_row(kind[:-1], v["name"], v["dtype"], "–" if v["shape"] is None else _shape(v["shape"]))
     console.print(io)
 
     ops = Table(title=f"Op types ({info['nodes']} nodes)", title_justify="left")

@@ -343,6 +343,34 @@ def test_a_model_that_outputs_class_ids_is_checked_by_their_agreement(cli, tmp_p
     assert plain.exit_code == 1 and "top-1 agreement 0." in plain.stderr
 
 
+def test_a_classifier_with_a_zipmap_output_is_checked_by_its_scores(cli, tmp_path: Path) -> None:
+    """skl2onnx writes a classifier's probabilities as a sequence of maps (ZipMap): onnxruntime
+    returns a list of {class: probability} dicts. They are compared as [N, C] class scores; as
+    dicts, no two were ever equal and verification saw 0% agreement."""
+    m = mlp(False)
+    m.graph.node.extend([
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=1, name="/softmax"),
+        helper.make_node("ZipMap", ["probs"], ["output_probability"], classlabels_int64s=list(range(10)),
+                         domain="ai.onnx.ml", name="/zipmap"),
+    ])
+    del m.graph.output[:]
+    scores = helper.make_tensor_type_proto(TensorProto.FLOAT, [])
+    seq = helper.make_sequence_type_proto(helper.make_map_type_proto(TensorProto.INT64, scores))
+    m.graph.output.append(helper.make_value_info("output_probability", seq))
+    m.opset_import.append(helper.make_opsetid("ai.onnx.ml", 1))
+    model = save(m, tmp_path / "zipmap.onnx")
+    data = mlp_data(tmp_path / "data", 160, False)
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", data, "--no-rescue")
+    v = doc["verification"]
+    assert v["passed"] and [c["name"] for c in v["checks"]] == ["top-1 agreement"]
+    assert v["outputs"][0]["top1_agreement"] >= 0.99 and v["outputs"][0]["cosine"] > 0.999
+    report = cli.json("analyze", model, out, "--data", data, "--runs", "0")
+    assert report["fidelity"][0]["kind"] == "class-scores"
+    info = cli.json("inspect", model)
+    assert info["outputs"] == [{"name": "output_probability", "dtype": "seq(map(int64, float32))", "shape": None}]
+
+
 def test_bad_precision_and_verification_input_is_a_clear_error(cli, sensitive, tmp_path: Path) -> None:
     model, data = sensitive
     calib = tmp_path / "c.json"

@@ -25,7 +25,7 @@ from qcli import __version__
 from qcli.analyze.gates import Gates, check_gates
 from qcli.analyze.latency import measure, timed_inputs
 from qcli.analyze.layers import QuantizedTensor, quantized_tensors
-from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, TopKAccumulator, is_class_scores
+from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, TopKAccumulator, as_array, is_class_scores
 from qcli.analyze.report import (
     Accuracy,
     ClassAccuracy,
@@ -392,7 +392,7 @@ def _check_compatible(fm: _Model, qm: _Model) -> list[InputSpec]:
 
 def _run(session, names: list[str], feeds: dict[str, np.ndarray], where: str, model: _Model) -> list:
     try:
-        return session.run(names, feeds)
+        return [as_array(v) for v in session.run(names, feeds)]
     except Exception as exc:  # onnxruntime's Fail / InvalidArgument / RuntimeException
         raise DataError(
             f"onnxruntime failed running {model.label} on {where}: {str(exc).strip()}",

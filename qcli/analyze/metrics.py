@@ -37,6 +37,20 @@ def sqnr_db(signal: float, noise: float) -> float | None:
     return 10.0 * math.log10(max(signal, _SILENT_SIGNAL) / noise)
 
 
+def as_array(value) -> np.ndarray:
+    """An output as onnxruntime returns it, as an array. A sequence of maps (skl2onnx's ZipMap:
+    one {class: probability} dict per sample) becomes `[N, C]` float32 scores in the maps' key
+    order, so it is compared as class scores (np.asarray would give dicts, never equal).
+
+    >>> as_array([{0: 0.25, 1: 0.75}, {0: 1.0, 1: 0.0}]).tolist()
+    [[0.25, 0.75], [1.0, 0.0]]
+    """
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        keys = list(value[0])
+        return np.array([[v[k] for k in keys] for v in value], dtype=np.float32)
+    return np.asarray(value)
+
+
 def is_class_scores(value: np.ndarray) -> bool:
     """A class-score output: float, rank 2 `[N, C]` with at least 2 classes."""
     return value.ndim == 2 and value.shape[1] >= 2 and np.issubdtype(value.dtype, np.floating)

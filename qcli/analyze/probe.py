@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 
 from qcli.analyze.latency import measure, timed_inputs
-from qcli.analyze.metrics import FidelityAccumulator, TopKAccumulator, is_class_scores
+from qcli.analyze.metrics import FidelityAccumulator, TopKAccumulator, as_array, is_class_scores
 from qcli.data import Batch, InputSpec
 from qcli.errors import DataError
 from qcli.runtime import make_session
@@ -109,7 +109,7 @@ class Probe:
             raise DataError(f"no samples to verify on{' in ' + self.source if self.source else ''}")
         self.names = [o.name for o in self.float_model.graph.output]
         session = make_session(self.float_model, self.threads)
-        self.reference = [session.run(self.names, b.inputs) for b in self.batches]
+        self.reference = [[as_array(v) for v in session.run(self.names, b.inputs)] for b in self.batches]
         self._float_session = session
         self._float_ms: float | None = None
 
@@ -122,7 +122,7 @@ class Probe:
         accs = [FidelityAccumulator() for _ in self.names]
         topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
         for batch, reference in zip(self.batches, self.reference):
-            values = session.run(self.names, batch.inputs)
+            values = [as_array(v) for v in session.run(self.names, batch.inputs)]
             for acc, ref, value in zip(accs, reference, values):
                 acc.update(ref, value, batch.size)
             if batch.label is not None:
