@@ -245,9 +245,13 @@ def quantize_checked(
                 outcome.notes.append(f"search stopped early: {found.stopped}; the result is safe but coarse "
                                      f"(more promoted than needed): raise {knobs} for a finer one")
     if vf.enabled:
-        plan_ = outcome.result.plan
-        outcome.verification = _verification(plan, probe, base, ratio, floors, config,
-                                              all_float=not plan_.groups and not plan_.weights)
+        all_float = None
+        if not result.plan.groups and not result.plan.weights:
+            all_float = ("nothing to quantize: no node of this model has an int8 form here (the node table says why "
+                         "each stays float); the model written computes like the original")
+        elif not outcome.result.plan.groups and not outcome.result.plan.weights:
+            all_float = "nothing is left quantized: the model computes in float like the original (int8 did not pay off here)"
+        outcome.verification = _verification(plan, probe, base, ratio, floors, config, all_float)
     return outcome
 
 
@@ -273,7 +277,9 @@ def _floors(config: Config, probe: Probe) -> Goal:
 
 
 def _verification(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | None, floors: Goal,
-                  config: Config, all_float: bool = False) -> Verification:
+                  config: Config, all_float: str | None = None) -> Verification:
+    """The checks of `f` and `ratio` against the floors; `all_float`: the note saying why the
+    model has no quantized node left, if so."""
     vf = config.verify
     checks, notes = [], []
     if f.top1_agreement is not None:
@@ -282,10 +288,9 @@ def _verification(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | None
     if f.cosine is not None:
         checks.append(Check("cosine", f.cosine, vf.min_cosine, True, f.cosine >= vf.min_cosine))
     if all_float:
-        notes.append("nothing is left quantized: the model computes in float like the original "
-                     "(int8 did not pay off here)")
+        notes.append(all_float)
     if ratio is not None and floors.max_latency_ratio is not None:
-        by_construction = all_float and floors.max_latency_ratio >= 1.0
+        by_construction = all_float is not None and floors.max_latency_ratio >= 1.0
         checks.append(Check("latency ratio", ratio, floors.max_latency_ratio, False, by_construction or _fast(floors, ratio)))
     elif vf.max_latency_ratio is not None:
         notes.append(

@@ -208,6 +208,20 @@ def test_a_tiny_op_that_int8_would_slow_down_goes_back_to_float(cli, tmp_path: P
     assert "nothing is left quantized: the model computes in float like the original (int8 did not pay off here)" in v["notes"]
 
 
+def test_a_model_with_nothing_to_quantize_says_so(cli, tmp_path: Path) -> None:
+    """No node has an int8 form here (a tree ensemble, say; here Sigmoid and Exp): the model is
+    written as it computes, and the note does not claim int8 was tried and did not pay off."""
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"], name="/Sigmoid"), helper.make_node("Exp", ["s"], ["y"], name="/Exp")]
+    graph = helper.make_graph(nodes, "none", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])])
+    model = save(clamp_ir_version(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])), tmp_path / "none.onnx")
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", mlp_data(tmp_path / "data", 64, False))
+    v = doc["verification"]
+    assert v["passed"] and doc["precision"] is None
+    assert ("nothing to quantize: no node of this model has an int8 form here (the node table says why each stays "
+            "float); the model written computes like the original") in v["notes"]
+
+
 def test_an_impossible_latency_floor_exits_1_with_the_best_model(cli, tmp_path: Path) -> None:
     cnn = SAMPLE_MODELS / "cnn"
     out = tmp_path / "q.onnx"
