@@ -233,6 +233,10 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
     default_act = _activation_scheme(config.activations)
     default_weight = _weight_scheme(config.weights)
 
+    def asked_for(i: int) -> bool:
+        """Whether an override selects node `i` with a quantized precision."""
+        return any(i in sel.nodes and o.precision not in (None, "float") for _, o, sel in overrides)
+
     # 1. Which nodes could be quantized.
     keep_float = set(off_nodes)  # excluded by the config: they read their inputs unquantized
     reasons: dict[int, str] = {}
@@ -245,8 +249,7 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
         if i in off_nodes:
             reasons[i] = "excluded by config"
             continue
-        enabled = any(i in sel.nodes and o.precision not in (None, "float") for _, o, sel in overrides)
-        if rule.default_float and not enabled:
+        if rule.default_float and not asked_for(i):
             reasons[i] = rule.reason
             continue
         if rule.kind == "fold":
@@ -303,7 +306,7 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
         dropped = False
         for i in sorted(candidates):
             node, rule = graph.node[i], rule_for(graph.node[i])
-            if any(i in sel.nodes and o.precision not in (None, "float") for _, o, sel in overrides):
+            if asked_for(i):
                 continue
             for k in rule.weights:
                 w = node.input[k] if k < len(node.input) else ""
