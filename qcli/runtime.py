@@ -22,7 +22,10 @@ _INLINE_LIMIT = 2**31 - 256 * 2**20  # models bigger than this go through a temp
 def session_options(threads: int | None = None) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3  # errors only: warnings about unused initializers are noise
+    # Fatal only: warnings (unused initializers) are noise, and an error of a run comes back as
+    # the exception qcli turns into its message (naming the file); onnxruntime's own log line
+    # of it printed the same text again, before the message, in red.
+    options.log_severity_level = 4
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

@@ -172,3 +172,28 @@ def test_error_messages_keep_their_brackets(cli, tmp_path: Path) -> None:
         cli("inspect", model, "--data", data),
         f"{data / '0.npz'}: input 'x' has shape [1, 4], the model expects [batch, 3] (axis 1 must be 3)",
     )
+
+
+def test_a_failing_run_is_reported_once(tmp_path: Path) -> None:
+    """onnxruntime's own log line of a run error (red, before qcli's message, same text) is off:
+    the error reaches the user once, as qcli's message naming the file (a real subprocess:
+    onnxruntime logs to file descriptor 2, which CliRunner does not capture)."""
+    import onnx
+
+    model = tmp_path / "bad.onnx"
+    onnx.save(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 4] x) => (float[3, M] y) {
+            w = Constant <value = float[4, 4] {1,0,0,0, 0,1,0,0, 0,0,1,0, 0,0,0,1}> ()
+            h = MatMul (x, w)
+            shape = Constant <value = int64[2] {3, -1}> ()
+            y = Reshape (h, shape)
+        }"""), str(model))
+    data = tmp_path / "data"
+    data.mkdir()
+    write_npz(data / "0.npz", x=np.ones((1, 4), np.float32))
+    result = subprocess.run([sys.executable, "-m", "qcli.cli", "calibrate", str(model), "--data", str(data),
+                             "-o", str(tmp_path / "c.json")], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: onnxruntime failed on {data / '0.npz'}: "), result.stderr
+    assert "[E:onnxruntime" not in result.stderr
