@@ -43,6 +43,7 @@ import onnx
 from qcli.calibrate.table import CalibrationTable, RangeSettings
 from qcli.config import Activations, Config, Match, Weights
 from qcli.errors import CalibrationError
+from qcli.info import iter_graphs, node_subgraphs
 from qcli.rules import OUTPUT_RANGES, activation_inputs, block_axis, rule_for, weight_axis
 from qcli.scheme import QuantScheme, choose_qparams
 
@@ -535,21 +536,14 @@ def _unmatched(match: Match, where: str, names: list[str], graph: onnx.GraphProt
 def _subgraph_reads(graph: onnx.GraphProto) -> list[tuple[int, str]]:
     """(node index, name) for every name read inside the If/Loop/Scan bodies of the nodes of
     `graph`, at any depth: outer-scope tensors those bodies use stay as they are, float."""
-
-    def body_reads(body: onnx.GraphProto) -> set[str]:
-        reads = {name for n in body.node for name in n.input}
-        for n in body.node:
-            for attr in n.attribute:
-                for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                    reads |= body_reads(sub)
-        return reads
-
-    found = []
-    for i, node in enumerate(graph.node):
-        for attr in node.attribute:
-            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                found += [(i, name) for name in sorted(body_reads(body))]
-    return found
+    return [
+        (i, name)
+        for i, node in enumerate(graph.node)
+        for body in node_subgraphs(node)
+        for _, g in iter_graphs(body)
+        for n in g.node
+        for name in n.input
+    ]
 
 
 def _float_readers(weight: str, users: list[int], candidates: set[int], graph: onnx.GraphProto,

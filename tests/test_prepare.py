@@ -29,6 +29,7 @@ from qcli.prepare import (
     fold_constants,
     infer_shapes,
     inline_constant_if,
+    inline_functions,
     prepare,
     refuse_quantized,
     upgrade_opset,
@@ -932,7 +933,7 @@ def test_shape_inference_failure_is_a_note(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_passes_are_listed_in_order() -> None:
     assert [p.__name__ for p in PASSES] == [
-        "refuse_quantized", "upgrade_opset", "fold_constants", "canonicalize", "fold_batchnorm",
+        "refuse_quantized", "inline_functions", "upgrade_opset", "fold_constants", "canonicalize", "fold_batchnorm",
         "inline_constant_if", "infer_shapes",
     ]
 
@@ -998,3 +999,42 @@ def test_zoo_prepare_is_deterministic() -> None:
     model = onnx.load(LIGHT_MODELS / "light_shufflenet.onnx")  # opset, folding, 49 BN folds
     first = prepare(model).model.SerializeToString(deterministic=True)
     assert prepare(model).model.SerializeToString(deterministic=True) == first
+
+
+# ---------------------------------------------------------------- local functions
+
+FUNCTIONS = """
+<ir_version: 8, opset_import: ["" : 17, "mods" : 1]>
+net (float[N, 8] x) => (float[N, 8] y) {
+    [l1] a = mods.LinearLeaky <alpha = 0.1> (x, w)
+    [l2] b = mods.LinearLeaky <alpha = 0.3> (a, w)
+    [head] y = MatMul (b, w)
+}
+<domain: "mods", opset_import: ["" : 17]>
+LinearLeaky <alpha> (x, w) => (y) {
+    h = MatMul (x, w)
+    y = LeakyRelu <alpha: float = @alpha> (h)
+}
+"""
+
+
+def test_local_functions_are_inlined_with_names_from_their_calls() -> None:
+    """Exported modules as local functions (export_modules_as_functions): calls of a custom
+    domain that the quantizer would leave float whole. Inlined, each attribute reference takes
+    its call's value, and the nodes are named after the call."""
+    model = build(FUNCTIONS, w=weights(8, 8))
+    result = run_pass(inline_functions, model)
+    assert result.notes == ["inlined 2 calls of local functions (LinearLeaky x2)"]
+    assert not result.model.functions
+    names = [(n.op_type, n.name) for n in result.model.graph.node]
+    assert names == [("MatMul", "l1/MatMul"), ("LeakyRelu", "l1/LeakyRelu"), ("MatMul", "l2/MatMul"),
+                     ("LeakyRelu", "l2/LeakyRelu"), ("MatMul", "head")]
+    alphas = [n.attribute[0].f for n in result.model.graph.node if n.op_type == "LeakyRelu"]
+    assert alphas == pytest.approx([0.1, 0.3])
+    assert_same_outputs(model, result.model)
+    assert not run_pass(inline_functions, result.model).modified  # nothing left to do
+    from qcli.config import Config
+    from qcli.plan import make_plan
+
+    plan = make_plan(prepare(model).model, Config())
+    assert {d.name for d in plan.nodes if d.quantized} >= {"l1/MatMul", "l2/MatMul", "head"}

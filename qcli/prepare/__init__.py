@@ -1,5 +1,5 @@
 """Graph passes run before quantization: `prepare(model)` returns an equivalent model the
-quantizer can read (opset >= 13, weights as initializers, exporter quirks canonicalized (Sum ->
+quantizer can read (local functions inlined, opset >= 13, weights as initializers, exporter quirks canonicalized (Sum ->
 Add, no Dropout/Identity, per-channel Mul/Add folded into the Conv before), BatchNormalization
 folded, constant Ifs inlined, value_info filled) and one note per change.
 
@@ -46,6 +46,7 @@ from qcli.prepare._graph import Options, PassResult
 from qcli.prepare.batchnorm import fold_batchnorm
 from qcli.prepare.canonicalize import canonicalize
 from qcli.prepare.constants import fold_constants
+from qcli.prepare.functions import inline_functions
 from qcli.prepare.guard import refuse_quantized
 from qcli.prepare.opset import upgrade_opset
 from qcli.prepare.shapes import infer_shapes
@@ -55,6 +56,7 @@ Pass = Callable[[onnx.ModelProto, Options], PassResult]
 
 PASSES: list[Pass] = [
     refuse_quantized,  # already-quantized models are refused (unless force)
+    inline_functions,  # calls of local functions (exported modules) -> their bodies
     upgrade_opset,  # below 13 -> 13
     fold_constants,  # Constant nodes and constant subgraphs -> initializers
     canonicalize,  # Sum -> Add, Dropout/Identity removed, per-channel Mul/Add -> the Conv before
@@ -110,6 +112,7 @@ __all__ = [
     "fold_constants",
     "infer_shapes",
     "inline_constant_if",
+    "inline_functions",
     "prepare",
     "refuse_quantized",
     "upgrade_opset",

@@ -209,3 +209,24 @@ def _copy_field(target, descriptor, value) -> None:
         getattr(target, descriptor.name).CopyFrom(value)
     else:
         setattr(target, descriptor.name, value)
+
+
+def transplant(converted: onnx.ModelProto, model: onnx.ModelProto, light: LightCopy) -> None:
+    """Move a graph a C++ tool made from `light` (the version converter, the inliner) into
+    `model`, whose big initializers never left it: only the small ones are replaced by the
+    tool's, and the inputs `light` declared for the big ones are dropped again."""
+    big = set(light.left_out)
+    initializers = model.graph.initializer
+    for index in reversed(range(len(initializers))):
+        if initializers[index].name not in big:
+            del initializers[index]
+    initializers.extend(converted.graph.initializer)
+    added = set(light.added_inputs)
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        target = getattr(model.graph, field)
+        del target[:]
+        target.extend(v for v in getattr(converted.graph, field) if getattr(v, "name", None) not in added)
+    del model.opset_import[:]
+    model.opset_import.extend(converted.opset_import)
+    del model.functions[:]
+    model.functions.extend(converted.functions)

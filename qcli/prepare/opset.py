@@ -28,13 +28,13 @@ from qcli.info import iter_graphs
 from qcli.model import max_ir_version
 from qcli.prepare._graph import (
     DEFAULT_DOMAINS,
-    LightCopy,
     NameAllocator,
     Options,
     PassResult,
     is_default_domain,
     label,
     light_copy,
+    transplant,
     node_names,
     plural,
     tensor_names,
@@ -78,7 +78,7 @@ def upgrade_opset(model: onnx.ModelProto, options: Options = Options()) -> PassR
         converted = version_converter.convert_version(light.model, TARGET_OPSET)
     except Exception as exc:  # the converter raises RuntimeError / ValidationError / others
         raise _conversion_error(exc, model, old) from exc
-    _transplant(converted, model, light)
+    transplant(converted, model, light)
     notes.insert(0, f"upgraded opset {old} -> {TARGET_OPSET}")
     notes.extend(_finish_set_aside(model, old))
     old_ir = model.ir_version
@@ -117,26 +117,6 @@ def _conversion_error(exc: Exception, model: onnx.ModelProto, version: int) -> M
         f"onnx's version converter failed{where} upgrading opset {version} -> {TARGET_OPSET}: {text}",
         hint=REEXPORT_HINT,
     )
-
-
-def _transplant(converted: onnx.ModelProto, model: onnx.ModelProto, light: LightCopy) -> None:
-    """Move the converted graph (made from a light copy) into `model`, whose big initializers
-    never left it: only the small ones are replaced by the converter's."""
-    big = set(light.left_out)
-    initializers = model.graph.initializer
-    for index in reversed(range(len(initializers))):
-        if initializers[index].name not in big:
-            del initializers[index]
-    initializers.extend(converted.graph.initializer)
-    added = set(light.added_inputs)
-    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
-        target = getattr(model.graph, field)
-        del target[:]
-        target.extend(v for v in getattr(converted.graph, field) if getattr(v, "name", None) not in added)
-    del model.opset_import[:]
-    model.opset_import.extend(converted.opset_import)
-    del model.functions[:]
-    model.functions.extend(converted.functions)
 
 
 def _rank(graph: onnx.GraphProto, name: str) -> int | None:
