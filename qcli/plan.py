@@ -263,7 +263,11 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             keep_float.add(i)
             continue
         if not all(is_float(t) for t in touched):
-            reasons[i] = "not float32" if rule.kind == "compute" else "moves non-float data"
+            other = {types.get(t) for t in touched if not is_float(t)} & _OTHER_FLOATS.keys()
+            if other:  # a float16 (or float64) model: its float32 export is what quantizes
+                reasons[i] = f"{_OTHER_FLOATS[min(other)]}, not float32: quantize the model's float32 export"
+            else:
+                reasons[i] = "not float32" if rule.kind == "compute" else "moves non-float data"
             continue
         if rule.kind == "compute":
             weights = [node.input[k] for k in rule.weights if k < len(node.input) and node.input[k]]
@@ -531,6 +535,10 @@ def _unmatched(match: Match, where: str, names: list[str], graph: onnx.GraphProt
     hints = close(match.nodes, names) + close(match.op_types, sorted({n.op_type for n in graph.node}))
     hints += close(match.tensors, sorted(tensors))
     return f"{where} matched nothing" + (f" (close: {', '.join(hints)})" if hints else "")
+
+
+_OTHER_FLOATS = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.DOUBLE: "float64",
+                 onnx.TensorProto.BFLOAT16: "bfloat16"}
 
 
 def _subgraph_reads(graph: onnx.GraphProto) -> list[tuple[int, str]]:

@@ -510,3 +510,15 @@ def test_a_weight_also_read_in_float_is_not_stored_twice(tmp_path: Path) -> None
     table = calibrate(model, DataFolder(tmp_path / "data", model_inputs(model)), config)
     forced = quantize(model, config, table)
     assert {d.name for d in forced.plan.nodes if d.quantized} >= {"/fc1/MatMul", "/fc2/MatMul"}
+
+
+def test_a_float16_model_is_told_to_quantize_its_float32_export() -> None:
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="/fc/MatMul")]
+    model = make(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["N", 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["N", 8])],
+                 {"w": weight(8, 8).astype(np.float16)})
+    from qcli.plan import make_plan
+
+    decision = make_plan(model, Config()).nodes[0]
+    assert not decision.quantized
+    assert decision.reason == "float16, not float32: quantize the model's float32 export"
