@@ -1038,3 +1038,20 @@ def test_local_functions_are_inlined_with_names_from_their_calls() -> None:
 
     plan = make_plan(prepare(model).model, Config())
     assert {d.name for d in plan.nodes if d.quantized} >= {"l1/MatMul", "l2/MatMul", "head"}
+
+
+def test_a_malformed_function_call_is_a_clear_error() -> None:
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17, "mods" : 1]>
+        net (float[N, 8] x) => (float[N, 8] y) {
+            y = mods.F (x, x, x)
+        }
+        <domain: "mods", opset_import: ["" : 17]>
+        F (a, b) => (y) {
+            y = Add (a, b)
+        }
+    """)
+    with pytest.raises(ModelError) as err:
+        inline_functions(copy(model))
+    assert err.value.message == ("cannot inline the model's local functions (F): Number of actual parameters "
+                                 "cannot exceed number of formal parameters")

@@ -24,8 +24,9 @@ from collections import Counter
 import onnx
 import onnx.inliner
 
+from qcli.errors import ModelError
 from qcli.info import iter_graphs
-from qcli.prepare._graph import Options, PassResult, light_copy, transplant
+from qcli.prepare._graph import Options, PassResult, light_copy, plural, transplant
 
 
 def inline_functions(model: onnx.ModelProto, options: Options = Options()) -> PassResult:
@@ -52,11 +53,21 @@ def inline_functions(model: onnx.ModelProto, options: Options = Options()) -> Pa
     if not calls and not _called_anywhere(model, local):
         return PassResult(model)  # unused functions: left alone (onnxruntime ignores them)
     light = light_copy(model)
-    transplant(onnx.inliner.inline_local_functions(light.model, convert_version=True), model, light)
+    try:
+        inlined = onnx.inliner.inline_local_functions(light.model, convert_version=True)
+    except Exception as exc:  # onnx raises RuntimeError / ValidationError on a malformed function
+        names = ", ".join(sorted({f.name for f in local.values()}))
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        text = re.sub(r"^\S*\.cc:\d+: \w+: (Assertion `.*?` failed: )?", "", text)  # C++ file, line, assertion
+        raise ModelError(
+            f"cannot inline the model's local functions ({names}): {text}",
+            hint="re-export the model without functions (torch: export_modules_as_functions=False)",
+        ) from exc
+    transplant(inlined, model, light)
     _drop_suffixes(model.graph, named)
     total = sum(calls.values())
     what = ", ".join(f"{name} x{count}" for name, count in sorted(calls.items()))
-    note = f"inlined {total} call{'s' if total != 1 else ''} of local functions ({what})" if total else (
+    note = f"inlined {plural(total, 'call')} of local functions ({what})" if total else (
         "inlined the local functions called inside subgraphs")
     return PassResult(model, True, [note])
 
