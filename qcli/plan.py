@@ -19,8 +19,8 @@ Decisions (README "What gets quantized" and "Configuration" say the same for use
   it in float (QGemm, MatMulIntegerToFloat), e.g. a classifier's logits.
 - Data-movement ops (`shares`) are quantized when a neighbouring tensor is, sharing its scale,
   so onnxruntime runs them on int8 or drops their Q/DQ pair.
-- A weight is stored once: a node whose weight something also reads in float (a float node,
-  a subgraph, a graph output) stays float unless an override names it (`_float_readers`).
+- A node whose weight control flow (If/Loop/Scan) or the graph's outputs also read stays
+  float unless an override names it: the weight would be stored twice (`_float_readers`).
 - Int8 pays off in the kernels of Conv, ConvTranspose, MatMul and Gemm ("anchors"). A group of
   connected quantizable nodes without an anchor (say a lone Add between float ops) stays float:
   its Q/DQ pairs would cost more time than its int8 kernel saves.
@@ -279,6 +279,17 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
                 continue
         candidates.add(i)
 
+    # 1b. A weight that control flow or the graph's outputs also read stays float for them: its
+    # quantized readers would store it a second time (`_float_readers`). They stay float too,
+    # unless an override asks for them.
+    float_reads = _float_readers(graph)
+    for i in sorted(candidates):
+        node, rule = graph.node[i], rule_for(graph.node[i])
+        shared = [node.input[k] for k in rule.weights if k < len(node.input) and node.input[k] in float_reads]
+        if shared and not asked_for(i):
+            candidates.discard(i)
+            reasons[i] = f"its weight is also read in float (by {float_reads[shared[0]]}): int8 would store it twice"
+
     # 2. Keep only connected groups of candidates that contain an anchor.
     def source(name: str) -> int | None:
         """The node producing `name`, looking through Relu/Clip (they fold into it)."""
@@ -287,43 +298,18 @@ def make_plan(model: onnx.ModelProto, config: Config) -> Plan:
             j = producer.get(graph.node[j].input[0])
         return j
 
-    def keep_anchored() -> None:
-        components = _UnionFind()
-        for i in candidates:
-            components.find(str(i))
-            for name in graph.node[i].input:
-                j = source(name)
-                if j in candidates:
-                    components.union(str(i), str(j))
-        anchored = {components.find(str(i)) for i in candidates if graph.node[i].op_type in ANCHORS}
-        for i in sorted(candidates):
-            if components.find(str(i)) not in anchored:
-                candidates.discard(i)
-                reasons[i] = "no Conv/MatMul/Gemm next to it: int8 would be slower here"
-
-    # 2a. A weight that something also reads in float would be stored twice (see
-    # `_float_readers`): its quantized readers stay float too, unless an override asks for them.
-    # Dropping a reader can leave a group without its anchor, so the two repeat until stable.
-    float_reads = {name: f"a {graph.node[i].op_type} body" for i, name in _subgraph_reads(graph)}
-    float_reads.update((name, "a graph output") for name in graph_outputs)
-    keep_anchored()
-    while True:
-        dropped = False
-        for i in sorted(candidates):
-            node, rule = graph.node[i], rule_for(graph.node[i])
-            if asked_for(i):
-                continue
-            for k in rule.weights:
-                w = node.input[k] if k < len(node.input) else ""
-                readers = _float_readers(w, consumers.get(w, []), candidates, graph, float_reads) if w in inits else []
-                if readers:
-                    candidates.discard(i)
-                    reasons[i] = f"its weight is also read in float (by {readers[0]}): int8 would store it twice"
-                    dropped = True
-                    break
-        if not dropped:
-            break
-        keep_anchored()
+    components = _UnionFind()
+    for i in candidates:
+        components.find(str(i))
+        for name in graph.node[i].input:
+            j = source(name)
+            if j in candidates:
+                components.union(str(i), str(j))
+    anchored = {components.find(str(i)) for i in candidates if graph.node[i].op_type in ANCHORS}
+    for i in sorted(candidates):
+        if components.find(str(i)) not in anchored:
+            candidates.discard(i)
+            reasons[i] = "no Conv/MatMul/Gemm next to it: int8 would be slower here"
 
     def writes_float(node: onnx.NodeProto) -> bool:
         """Whether onnxruntime can fuse the node into an int8 kernel that writes float outputs:
@@ -554,16 +540,22 @@ def _subgraph_reads(graph: onnx.GraphProto) -> list[tuple[int, str]]:
     ]
 
 
-def _float_readers(weight: str, users: list[int], candidates: set[int], graph: onnx.GraphProto,
-                   float_reads: dict[str, str]) -> list[str]:
-    """Who reads `weight` in float once quantized nodes read its int8 copy: nodes that are not
-    candidates (Shape and Size read only its shape: they get the int8 copy), a subgraph, the
-    graph's outputs. The model would then hold the weight twice, float and int8, and grow (piper's
-    nakdimon, whose Keras LSTMs pass their weights to a Loop and to a first-step MatMul: 20.3 MiB
-    float, 24.8 MiB with those MatMuls quantized)."""
-    readers = [f"a {graph.node[j].op_type}" for j in users
-               if j not in candidates and graph.node[j].op_type not in ("Shape", "Size")]
-    return readers + ([float_reads[weight]] if weight in float_reads else [])
+def _float_readers(graph: onnx.GraphProto) -> dict[str, str]:
+    """Tensors that stay float whatever is quantized, and who reads them: inputs of If/Loop/Scan
+    nodes and names their bodies read ("a Loop", "a Loop body"), and graph outputs.
+
+    A weight among them would be held twice if a quantized node read it (float for them, int8
+    for it), and the model would grow: piper's nakdimon, whose Keras LSTMs pass their weights to
+    a Loop and to a first-step MatMul, was 20.3 MiB float and 24.8 MiB with those MatMuls
+    quantized. Other float readers in the main graph do not count: a tied embedding's Gather
+    (float when no anchor is near) shares its table with the output projection, and that
+    projection's int8 kernel is worth a second copy of a quarter of the table's size."""
+    reads = {name: f"a {graph.node[i].op_type} body" for i, name in _subgraph_reads(graph)}
+    for node in graph.node:
+        if any(True for _ in node_subgraphs(node)):
+            reads.update((name, f"a {node.op_type}") for name in node.input if name)
+    reads.update((name, "a graph output") for name in (o.name for o in graph.output))
+    return reads
 
 
 def _weight_plan(name: str, scheme: QuantScheme, node: onnx.NodeProto, rank: int) -> WeightPlan:

@@ -522,3 +522,25 @@ def test_a_float16_model_is_told_to_quantize_its_float32_export() -> None:
     decision = make_plan(model, Config()).nodes[0]
     assert not decision.quantized
     assert decision.reason == "float16, not float32: quantize the model's float32 export"
+
+
+def test_a_tied_embedding_keeps_its_output_projection_int8() -> None:
+    """The table E is read by a Gather that stays float (no anchor next to it) and by the output
+    projection Gemm(h, E, transB=1): the Gemm stays int8, worth an int8 copy of E."""
+    nodes = [
+        helper.make_node("Gather", ["E", "ids"], ["emb"], name="/embed/Gather"),
+        helper.make_node("Gemm", ["x", "E"], ["logits"], transB=1, name="/lm_head/Gemm"),
+    ]
+    model = make(
+        nodes,
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N"]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["N", 16]),
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 32])],
+        {"E": weight(32, 16)},
+    )
+    from qcli.plan import make_plan
+
+    decisions = {d.name: d for d in make_plan(model, Config()).nodes}
+    assert decisions["/lm_head/Gemm"].quantized
+    assert decisions["/embed/Gather"].reason == "no Conv/MatMul/Gemm next to it: int8 would be slower here"
