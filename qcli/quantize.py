@@ -69,7 +69,7 @@ def calibrate(
         progress=progress,
     )
     if executor is None or isinstance(executor, SerialExecutor):
-        collected = collect(work, folder, **options)
+        collected = collect(work, folder, reference=model, **options)
     else:
         collected = collect_sharded(work, folder, executor, **options)
     table = build_table(

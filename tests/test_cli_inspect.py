@@ -197,3 +197,4 @@ def test_a_failing_run_is_reported_once(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"error: onnxruntime failed on {data / '0.npz'}: "), result.stderr
     assert "[E:onnxruntime" not in result.stderr
+    assert "\nhint: the model fails on this sample as given, before any change by qcli" in result.stderr

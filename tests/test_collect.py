@@ -186,6 +186,23 @@ def test_an_onnxruntime_failure_names_the_batch(tmp_path: Path) -> None:
         collect(model, DataFolder(folder, model_inputs(model)), batch_size=1, tensors=["x", "y"])
     assert threading.active_count() == before
 
+    # The hint says whose model fails: the one given (here the same), or qcli's prepared one.
+    with pytest.raises(DataError) as err:
+        collect(model, DataFolder(folder, model_inputs(model)), batch_size=1, tensors=["x", "y"], reference=model)
+    assert err.value.hint.startswith("the model fails on this sample as given, before any change by qcli")
+    fine = parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 4] x, int64[N, 1] i) => (float[N, 4] y) {
+            y = Identity (x)
+        }
+        """
+    )
+    with pytest.raises(DataError) as err:
+        collect(model, DataFolder(folder, model_inputs(model)), batch_size=1, tensors=["x", "y"], reference=fine)
+    assert err.value.hint == ("the model as given runs on this sample, so qcli's preparation broke it: this is a "
+                              "bug in qcli; rerun with --debug and report it")
+
 
 def test_batches_do_not_pile_up_behind_a_slow_observer(
     model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

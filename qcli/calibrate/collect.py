@@ -130,6 +130,7 @@ def collect(
     threads: int | None = None,
     sample_values: int | None = SAMPLE_VALUES,
     first_sample: int = 0,
+    reference: onnx.ModelProto | None = None,
 ) -> Collected:
     """Run `model` over `folder` once and observe `tensors` (names given twice count once).
 
@@ -146,6 +147,8 @@ def collect(
     per core; a worker sharing the machine with others takes its share). `sample_values`:
     at least this many values of each sample are binned (None: all; observers.py);
     `first_sample`: the index of the folder's first sample in the whole stream (a shard's).
+    `reference`: the model as the user gave it (before preparation): when a run fails, it is
+    run on the same inputs to tell the user's model failing from qcli's changes failing.
     """
     names = list(dict.fromkeys(tensors))
     session = make_session(with_outputs(model, names), threads=threads)
@@ -169,7 +172,7 @@ def collect(
                     where = batch.sources[0] if len(batch.sources) == 1 else f"{batch.sources[0]} .. {batch.sources[-1]}"
                     raise DataError(
                         f"onnxruntime failed on {folder.path / where}: {str(exc).strip()}",
-                        hint="check that this sample is a valid input for the model",
+                        hint=_failure_hint(reference, part.inputs),
                     ) from exc
                 nbytes = sum(v.nbytes for v in values if isinstance(v, np.ndarray))
                 per_sample = max(per_sample, -(-nbytes // part.size), 1)  # measured: no more probing
@@ -192,6 +195,21 @@ def collect(
             observers[name].adopt_values(observers[source])
             aliases[name] = source
     return Collected(observers, samples, batches, sink.skipped, aliases)
+
+
+def _failure_hint(reference: onnx.ModelProto | None, inputs: dict[str, np.ndarray]) -> str:
+    """What to do about a failed run: whether the model as given fails on these inputs too."""
+    if reference is None:
+        return "check that this sample is a valid input for the model"
+    try:
+        make_session(reference).run(None, inputs)
+    except Exception:  # noqa: BLE001 - any failure means the same: the model itself fails
+        return ("the model fails on this sample as given, before any change by qcli: an exporter may "
+                "have fixed a dimension inside the graph (a Reshape to the export-time shape); run the "
+                "model on a sample of this size with onnxruntime, re-export it with dynamic axes, or give "
+                "samples of the size it was exported with")
+    return ("the model as given runs on this sample, so qcli's preparation broke it: this is a bug in "
+            "qcli; rerun with --debug and report it")
 
 
 def _parts(batch: Batch, size: Callable[[], int]) -> Iterator[Batch]:
