@@ -137,7 +137,7 @@ def _child(kind: str, model_path: str, data: str, samples: int, work: str, strid
 
     result: dict = {}
     if kind in ("plain", "floor"):
-        from qcli.calibrate.collect import with_outputs
+        from qcli.calibrate.collect import session_with_outputs
         from qcli.config import load_config
         from qcli.plan import make_plan
         from qcli.prepare import prepare
@@ -151,8 +151,7 @@ def _child(kind: str, model_path: str, data: str, samples: int, work: str, strid
         if kind == "floor":  # what qcli's pass runs, without observing: its floor
             model = prepare(model).model
             names = list(dict.fromkeys(make_plan(model, load_config(None)).calibrated_tensors))
-            model = with_outputs(model, names)
-        session = make_session(model)
+        session = make_session(model) if names is None else session_with_outputs(model, names)
         count = batches = 0
         for batch in folder.batches(BATCH_SIZE):
             session.run(names, batch.inputs)

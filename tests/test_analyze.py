@@ -159,14 +159,14 @@ def test_every_quantized_activation_has_a_finite_sqnr(report, quantized):
 
 def test_sqnr_matches_a_direct_computation(quantized):
     """The streamed SQNR of one tensor equals the one computed from whole arrays."""
-    from qcli.calibrate.collect import with_outputs
+    from qcli.calibrate.collect import session_with_outputs
     from qcli.model import load_model
 
     files = eval_files()[:24]
     x = np.concatenate([np.load(p)["input"] for p in files])
     name = "/layer1/relu2/Relu_output_0"
-    f = make_session(with_outputs(load_model(FLOAT), [name])).run([name], {"input": x})[0].astype(np.float64)
-    q = make_session(with_outputs(load_model(quantized), [name + "_dequantized"])).run(
+    f = session_with_outputs(load_model(FLOAT), [name]).run([name], {"input": x})[0].astype(np.float64)
+    q = session_with_outputs(load_model(quantized), [name + "_dequantized"]).run(
         [name + "_dequantized"], {"input": x})[0].astype(np.float64)
     expected = 10 * np.log10((f**2).sum() / ((q - f) ** 2).sum())
     r = analyze(FLOAT, quantized, EVAL, samples=24, batch_size=5, runs=0)

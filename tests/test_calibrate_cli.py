@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import parse_model, save, write_npz
-from qcli.calibrate.collect import with_outputs
+from qcli.calibrate.collect import session_with_outputs
 from qcli.config import Config
 from qcli.plan import make_plan
 from qcli.prepare import prepare
@@ -66,7 +66,7 @@ def test_calibrate_writes_the_file_in_the_working_directory(
 
     # minmax ranges equal an independent computation with onnxruntime over the same samples
     model = load_model(conv_model)
-    session = make_session(with_outputs(model, ["x", "r"]))
+    session = session_with_outputs(model, ["x", "r"])
     xs = np.concatenate([np.load(p)["x"][None] for p in sorted(data.glob("*.npz"))[:12]])
     x_out, r_out = session.run(["x", "r"], {"x": xs})
     assert doc["ranges"]["x"]["minmax"] == pytest.approx([float(x_out.min()), float(x_out.max())])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import parse_model, write_npz
-from qcli.calibrate.collect import collect, value_aliases, with_outputs
+from qcli.calibrate.collect import collect, session_with_outputs, value_aliases
 from qcli.calibrate.observers import SAMPLE_VALUES, TensorObserver
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import DataError
@@ -52,7 +52,7 @@ def reference(
     model, folder: Path, batch_size: int, max_bins: int = 256, sample_values: int | None = SAMPLE_VALUES
 ) -> dict[str, dict]:
     """Every tensor observed directly, batch by batch, in one thread."""
-    session = make_session(with_outputs(model, NAMES))
+    session = session_with_outputs(model, NAMES)
     observers = {name: TensorObserver(max_bins=max_bins, name=name, sample_values=sample_values) for name in NAMES}
     for batch in DataFolder(folder, model_inputs(model)).batches(batch_size):
         for name, value in zip(NAMES, session.run(NAMES, batch.inputs)):
@@ -246,7 +246,7 @@ def test_large_outputs_are_run_in_smaller_parts(model, tmp_path: Path, monkeypat
     folder = make_data(tmp_path / "data", 17)
     expected = reference(model, folder, 8)
     one = next(iter(DataFolder(folder, model_inputs(model)).batches(1)))
-    per_sample = sum(v.nbytes for v in make_session(with_outputs(model, NAMES)).run(NAMES, one.inputs))
+    per_sample = sum(v.nbytes for v in session_with_outputs(model, NAMES).run(NAMES, one.inputs))
     monkeypatch.setattr(collect_module, "RUN_OUTPUT_BYTES", max(samples_per_run * per_sample, 1))
     got = collect(
         model, DataFolder(folder, model_inputs(model)), batch_size=8, tensors=NAMES, max_bins=256,
@@ -255,3 +255,13 @@ def test_large_outputs_are_run_in_smaller_parts(model, tmp_path: Path, monkeypat
     assert got.samples == 17 and got.batches == runs
     for name in NAMES:
         assert {**got.observers[name].to_dict(), "shape": None} == {**expected[name], "shape": None}, name
+
+
+def test_a_session_with_outputs_leaves_the_model_as_it_was(model) -> None:
+    """The observed tensors are outputs of the session only: the model (no copy of it is made,
+    its weights would be held twice) gets its own outputs back, byte for byte."""
+    before = model.SerializeToString(deterministic=True)
+    own = [o.name for o in model.graph.output]
+    session = session_with_outputs(model, NAMES + NAMES[:1])  # a name twice counts once
+    assert [o.name for o in session.get_outputs()] == own + [n for n in NAMES if n not in own]
+    assert model.SerializeToString(deterministic=True) == before

@@ -40,7 +40,7 @@ from qcli.analyze.report import (
     rounded,
 )
 from qcli.analyze.size import compare_sizes, model_size, proto_size
-from qcli.calibrate.collect import prefetch, with_outputs
+from qcli.calibrate.collect import prefetch, session_with_outputs
 from qcli.data import Batch, DataFolder, InputSpec, Preprocess, model_inputs
 from qcli.errors import DataError, ModelError, QcliError
 from qcli.model import external_data_files, fingerprint, load_model
@@ -117,9 +117,9 @@ def analyze(
     measures = _Measures([o.name for o in fm.proto.graph.output], pairs, {s.name for s in inputs}, qm.label)
     aug_f = aug_q = None
     if measures.from_graph:
-        aug_f = make_session(with_outputs(fm.proto, measures.from_graph), threads)
+        aug_f = session_with_outputs(fm.proto, measures.from_graph, threads)
     if pairs:
-        aug_q = make_session(with_outputs(qm.proto, [p.quantized_tensor for p in pairs]), threads)
+        aug_q = session_with_outputs(qm.proto, [p.quantized_tensor for p in pairs], threads)
 
     first: Batch | None = None
     # A background thread reads and batches the next samples while onnxruntime runs.
