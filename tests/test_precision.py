@@ -316,3 +316,18 @@ def test_reasons_say_why_each_unit_was_promoted() -> None:
              "not sensitive by itself)",
         "c": "faster in float (12.5 µs less per run)",
     }
+
+
+def test_block_sensitivity_leaves_budget_for_the_prefix_and_the_prune() -> None:
+    """205 units (a 12-layer BERT's), three of them sensitive among many a little so, and 34
+    trials: every block level splits three blocks, so the levels took the whole budget and the
+    search returned everything float. Now a level runs only when it fits in half of what is
+    left, and the search ends with a fraction of the units promoted."""
+    names = [f"u{i}" for i in range(205)]
+    errors = {n: 0.0003 for n in names} | {"u20": 0.05, "u100": 0.05, "u180": 0.05}
+    us = units(*names)
+    trials = FakeTrials(errors, max_trials=34)
+    found = search(us, trials, Goal(max_drop=0.08), float_costs(us))
+    assert found.met
+    assert {"u20", "u100", "u180"} <= set(found.choices) and len(found.choices) < 30
+    assert "best reachable: all promoted" not in [s.action for s in found.steps]
