@@ -24,6 +24,7 @@ import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -102,13 +103,16 @@ class Probe:
     inputs: list[InputSpec]
     threads: int | None = None
     source: str = ""  # where the samples come from, for messages and summaries
+    # The float model's session, when another probe of the same model has one (`head`): a
+    # session holds the weights again (a BERT-base: ~1 GB), so probes share it.
+    session: Any = field(default=None, repr=False)
     reference: list[list[np.ndarray]] = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.batches:
             raise DataError(f"no samples to verify on{' in ' + self.source if self.source else ''}")
         self.names = [o.name for o in self.float_model.graph.output]
-        session = make_session(self.float_model, self.threads)
+        session = self.session or make_session(self.float_model, self.threads)
         self.reference = [[as_array(v) for v in session.run(self.names, b.inputs)] for b in self.batches]
         self._float_session = session
         self._float_ms: float | None = None
@@ -166,7 +170,8 @@ class Probe:
                 )
             batches.append(batch)
             taken += k
-        return Probe(self.float_model, batches, self.inputs, self.threads, f"{self.source} (first {taken})")
+        return Probe(self.float_model, batches, self.inputs, self.threads, f"{self.source} (first {taken})",
+                     session=self._float_session)
 
     def feeds(self) -> dict[str, np.ndarray]:
         """One sample (batch 1 when the inputs allow it): what latency is timed on."""
