@@ -70,16 +70,16 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
     new_nodes: list[onnx.NodeProto] = []
     renames: dict[tuple[int, int], str] = {}  # (node index, input index) -> new input name
 
+    reads: dict[str, list[tuple[int, int]]] = {}  # name -> (node index, input index), in graph order
+    for i, node in enumerate(graph.node):
+        for k, inp in enumerate(node.input):
+            reads.setdefault(inp, []).append((i, k))
+
     def uses(name: str, only_quantized: bool) -> list[tuple[int, int]]:
         """Where `name` is read: by quantized nodes only, or by every node the config did not
         exclude (excluded nodes read the unquantized tensor)."""
-        return [
-            (i, k)
-            for i, node in enumerate(graph.node)
-            if (i in quantized_nodes if only_quantized else i not in plan.keep_float)
-            for k, inp in enumerate(node.input)
-            if inp == name
-        ]
+        return [(i, k) for i, k in reads.get(name, ())
+                if (i in quantized_nodes if only_quantized else i not in plan.keep_float)]
 
     opset = next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), 13)
     domains: set[str] = set()

@@ -155,8 +155,14 @@ def quantize(x, scale, zero_point, qdtype: QuantDtype, axis: int | None = None, 
     x = np.asarray(x, dtype=np.float32)
     scale, zero_point = _broadcast(scale, x.ndim, axis), _broadcast(zero_point, x.ndim, axis)
     qmin, qmax = integer_range(qdtype, symmetric)
-    q = np.rint(x / scale) + zero_point.astype(np.float64)
-    return np.clip(q, qmin, qmax).astype(qdtype.numpy_dtype)
+    # In place, in x / scale's float type: rint gives whole numbers, and adding a zero point of
+    # at most 16 bits to one below 2**24 is exact in float32; a larger one clips either way.
+    # (float64 temporaries took a BERT-base's 85M weights 0.7 s, in every trial of a search.)
+    q = np.asarray(x / scale)  # a 0-d array, not a scalar, for a one-value weight
+    np.rint(q, out=q)
+    q += zero_point
+    np.clip(q, qmin, qmax, out=q)
+    return q.astype(qdtype.numpy_dtype)
 
 
 def dequantize(q, scale, zero_point, axis: int | None = None) -> np.ndarray:

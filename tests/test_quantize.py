@@ -116,3 +116,23 @@ def test_eval_data_gate(cli, residual, residual_data, tmp_path) -> None:
     missing = cli("quantize", residual, "-o", out, "--data", residual_data, "--max-accuracy-drop", "0.01")
     assert missing.exit_code == 2
     assert "error: --max-accuracy-drop needs --eval-data DIR to measure the drop on" in missing.stderr
+
+
+def test_quantize_rounds_half_to_even_and_clips_like_quantizelinear() -> None:
+    """The in-place float32 arithmetic of `scheme.quantize` against onnxruntime's QuantizeLinear:
+    per channel with zero points, a one-value weight, values far out of range."""
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    from qcli.scheme import quant_dtype, quantize as q
+
+    x = np.array([[-3.0, -0.25, 0.25, 0.75, 1e30], [2.5, -1e9, 0.0, 1.5, -0.35]], np.float32)
+    scale, zero = np.array([0.5, 0.1], np.float32), np.array([3, 250], np.uint8)
+    node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], axis=0)
+    graph = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 5])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.UINT8, [2, 5])],
+                              [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(zero, "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(q(x, scale, zero, quant_dtype("uint8"), axis=0), expected)
+    assert q(np.float32(0.3), np.float32(0.1), np.int8(0), quant_dtype("int8"), symmetric=True) == 3
