@@ -221,10 +221,13 @@ piper = pytest.mark.skipif(not PIPER.exists(), reason="no piper models: run `mak
 
 def write_file_bytes(folder: Path, n: int, skip: int = 0) -> Path:
     """magika's input: the first and the last 1024 bytes of real files (here Python's own
-    standard library, sorted), padded with its token 256, as magika reads them."""
+    standard library, sorted), padded with its token 256, as magika reads them. Compiled
+    caches and installed packages are left out: they come and go between runs."""
     import sysconfig
 
-    files = sorted(p for p in Path(sysconfig.get_paths()["stdlib"]).rglob("*") if p.is_file() and p.stat().st_size)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.rglob("*") if p.is_file() and p.stat().st_size
+                   and not {"__pycache__", "site-packages"} & set(p.relative_to(stdlib).parts))
     folder.mkdir()
     for i, path in enumerate(files[skip::max(len(files) // (n + skip), 1)][:n]):
         b = list(path.read_bytes())
