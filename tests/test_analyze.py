@@ -383,3 +383,26 @@ def test_nan_and_inf_are_counted_not_propagated():
     acc = SqnrAccumulator()
     acc.update(big, big * np.float32(1.001))
     assert acc.nonfinite == 0 and acc.db == pytest.approx(60, abs=0.01)
+
+
+def test_the_layer_pass_runs_large_outputs_in_parts(report, quantized, monkeypatch) -> None:
+    """Every quantized activation of both models per run: a batch whose layer outputs exceed
+    the bound is run a few samples at a time (here one: a bound of 1 byte). The sums only
+    regroup: per-layer SQNR within rounding, every other figure equal."""
+    import qcli.analyze.core as core
+
+    runs: list[int] = []
+    real = core._run
+
+    def counted(session, names, feeds, where, model):
+        runs.append(next(iter(feeds.values())).shape[0])
+        return real(session, names, feeds, where, model)
+
+    monkeypatch.setattr(core, "RUN_OUTPUT_BYTES", 1)
+    monkeypatch.setattr(core, "_run", counted)
+    parted = analyze(FLOAT, quantized, EVAL, runs=0)
+    assert max(runs) > 1 and 1 in runs  # whole batches for the outputs, one sample for the layers
+    assert parted.fidelity == report.fidelity and parted.accuracy == report.accuracy
+    whole = {t.tensor: t.sqnr_db for t in report.layers.tensors}
+    for t in parted.layers.tensors:
+        assert t.sqnr_db == pytest.approx(whole[t.tensor], abs=1e-3)

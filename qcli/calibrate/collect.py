@@ -168,7 +168,7 @@ def collect(
 
     try:
         for batch in stream:
-            for part in _parts(batch, run_size):
+            for part in parts(batch, run_size):
                 try:
                     values = session.run(names, part.inputs)
                 except Exception as exc:  # onnxruntime's Fail / InvalidArgument / RuntimeException
@@ -215,7 +215,7 @@ def _failure_hint(reference: onnx.ModelProto | None, inputs: dict[str, np.ndarra
             "qcli; rerun with --debug and report it")
 
 
-def _parts(batch: Batch, size: Callable[[], int]) -> Iterator[Batch]:
+def parts(batch: Batch, size: Callable[[], int]) -> Iterator[Batch]:
     """`batch`, or consecutive slices of it of `size()` samples (asked before each slice)."""
     start = 0
     while start < batch.size:
