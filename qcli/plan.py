@@ -527,19 +527,6 @@ _OTHER_FLOATS = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.DOUBLE: "
                  onnx.TensorProto.BFLOAT16: "bfloat16"}
 
 
-def _subgraph_reads(graph: onnx.GraphProto) -> list[tuple[int, str]]:
-    """(node index, name) for every name read inside the If/Loop/Scan bodies of the nodes of
-    `graph`, at any depth: outer-scope tensors those bodies use stay as they are, float."""
-    return [
-        (i, name)
-        for i, node in enumerate(graph.node)
-        for body in node_subgraphs(node)
-        for _, g in iter_graphs(body)
-        for n in g.node
-        for name in n.input
-    ]
-
-
 def _float_readers(graph: onnx.GraphProto) -> dict[str, str]:
     """Tensors that stay float whatever is quantized, and who reads them: inputs of If/Loop/Scan
     nodes and names their bodies read ("a Loop", "a Loop body"), and graph outputs.
@@ -550,7 +537,11 @@ def _float_readers(graph: onnx.GraphProto) -> dict[str, str]:
     quantized. Other float readers in the main graph do not count: a tied embedding's Gather
     (float when no anchor is near) shares its table with the output projection, and that
     projection's int8 kernel is worth a second copy of a quarter of the table's size."""
-    reads = {name: f"a {graph.node[i].op_type} body" for i, name in _subgraph_reads(graph)}
+    reads: dict[str, str] = {}
+    for node in graph.node:
+        for body in node_subgraphs(node):  # outer-scope names read at any depth stay float
+            reads.update((name, f"a {node.op_type} body") for _, g in iter_graphs(body) for n in g.node
+                         for name in n.input)
     for node in graph.node:
         if any(True for _ in node_subgraphs(node)):
             reads.update((name, f"a {node.op_type}") for name in node.input if name)

@@ -586,9 +586,7 @@ def _block_sensitivity(left: list[str], gain, trials, floor: float, fixed: dict,
 
     scores: dict[str, float] = {}
     frontier = split(left, BLOCKS)
-    first = True
-    while frontier and not trials.exhausted() and (first or trials.affordable(len(frontier))):
-        first = False
+    while frontier and not trials.exhausted():
         trials.fidelity_many([{**fixed, **{n: target[n] for n in block}} for block in frontier], quick=True)
         measured = []
         for block in frontier:
@@ -604,6 +602,8 @@ def _block_sensitivity(left: list[str], gain, trials, floor: float, fixed: dict,
         best = measured[0][0] if measured else 0.0
         frontier = [part for g, block in measured[:3] if g > max(floor, best / 10) and len(block) > 1
                     for part in split(block, 4)]
+        if not trials.affordable(len(frontier)):
+            break
     return scores
 
 

@@ -40,7 +40,7 @@ from qcli.analyze.report import (
     rounded,
 )
 from qcli.analyze.size import compare_sizes, model_size, proto_size
-from qcli.calibrate.collect import RUN_OUTPUT_BYTES, parts, prefetch, session_with_outputs
+from qcli.calibrate.collect import RUN_OUTPUT_BYTES, RunSize, parts, prefetch, session_with_outputs
 from qcli.data import Batch, DataFolder, InputSpec, Preprocess, model_inputs
 from qcli.errors import DataError, ModelError, QcliError
 from qcli.model import external_data_files, fingerprint, load_model
@@ -123,10 +123,9 @@ def analyze(
 
     first: Batch | None = None
     # The per-layer pass returns every quantized activation of both models: a batch's worth
-    # is run in parts of at most RUN_OUTPUT_BYTES (sized from the most bytes a sample has
-    # given so far; the first part is one sample). A BERT-base's 483 activations at batch 32
-    # took analyze to a 9.5 GB peak in whole batches.
-    layer_bytes = 0
+    # is run in parts of at most RUN_OUTPUT_BYTES (`RunSize`, as calibration does). A
+    # BERT-base's 483 activations at batch 32 took analyze to a 9.5 GB peak in whole batches.
+    layer_size = RunSize(RUN_OUTPUT_BYTES)
     # A background thread reads and batches the next samples while onnxruntime runs.
     stream = prefetch(folder.batches(batch_size))
     try:
@@ -138,13 +137,10 @@ def analyze(
                 dict(zip(names, _run(plain_f, names, batch.inputs, where, fm))),
                 dict(zip(names, _run(plain_q, names, batch.inputs, where, qm))),
             )
-            for part in parts(batch, lambda: 1 if not layer_bytes else max(1, RUN_OUTPUT_BYTES // layer_bytes)):
-                if not pairs:
-                    break
+            for part in parts(batch, layer_size) if pairs else ():
                 f_values = _run(aug_f, measures.from_graph, part.inputs, where, fm) if aug_f else []
                 q_values = _run(aug_q, [p.quantized_tensor for p in pairs], part.inputs, where, qm)
-                nbytes = sum(v.nbytes for v in (*f_values, *q_values) if isinstance(v, np.ndarray))
-                layer_bytes = max(layer_bytes, -(-nbytes // part.size), 1)
+                layer_size.note([*f_values, *q_values], part.size)
                 measures.add_layers(part, where, f_values, q_values)
             if first is None:
                 first = batch

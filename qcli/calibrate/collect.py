@@ -161,10 +161,7 @@ def collect(
     stream = folder.batches(batch_size)
     if background:
         stream = prefetch(stream, depth=_AHEAD)
-    per_sample = 0  # the most bytes of observed tensors a sample has produced so far
-
-    def run_size() -> int:
-        return 1 if per_sample == 0 else max(1, RUN_OUTPUT_BYTES // per_sample)
+    run_size = RunSize(RUN_OUTPUT_BYTES)
 
     try:
         for batch in stream:
@@ -177,9 +174,8 @@ def collect(
                         f"onnxruntime failed on {folder.path / where}: {str(exc).strip()}",
                         hint=_failure_hint(reference, part.inputs),
                     ) from exc
-                nbytes = sum(v.nbytes for v in values if isinstance(v, np.ndarray))
-                per_sample = max(per_sample, -(-nbytes // part.size), 1)  # measured: no more probing
-                sink.put(values, part.size, wait=per_sample > RUN_OUTPUT_BYTES)
+                run_size.note(values, part.size)
+                sink.put(values, part.size, wait=run_size.per_sample > RUN_OUTPUT_BYTES)
                 samples += part.size
                 batches += 1
                 if progress is not None:
@@ -213,6 +209,22 @@ def _failure_hint(reference: onnx.ModelProto | None, inputs: dict[str, np.ndarra
                 "samples of the size it was exported with")
     return ("the model as given runs on this sample, so qcli's preparation broke it: this is a bug in "
             "qcli; rerun with --debug and report it")
+
+
+class RunSize:
+    """How many samples one run may take for its outputs to stay within `limit` bytes: one
+    until a run has been measured (`note`), then as many as the most bytes a sample has
+    produced so far allows (at least one). Called before each slice by `parts`."""
+
+    def __init__(self, limit: int):
+        self.limit, self.per_sample = limit, 0
+
+    def __call__(self) -> int:
+        return 1 if self.per_sample == 0 else max(1, self.limit // self.per_sample)
+
+    def note(self, values: list, samples: int) -> None:
+        nbytes = sum(v.nbytes for v in values if isinstance(v, np.ndarray))
+        self.per_sample = max(self.per_sample, -(-nbytes // samples), 1)
 
 
 def parts(batch: Batch, size: Callable[[], int]) -> Iterator[Batch]:

@@ -1,7 +1,8 @@
 """Graph passes run before quantization: `prepare(model)` returns an equivalent model the
-quantizer can read (local functions inlined, opset >= 13, weights as initializers, exporter quirks canonicalized (Sum ->
-Add, no Dropout/Identity, per-channel Mul/Add folded into the Conv before), BatchNormalization
-folded, constant Ifs inlined, value_info filled) and one note per change.
+quantizer can read (local functions inlined, opset >= 13, weights as initializers, exporter
+quirks canonicalized (Sum -> Add, no Dropout/Identity, per-channel Mul/Add folded into the Conv
+before), BatchNormalization folded, constant Ifs inlined, value_info filled) and one note per
+change.
 
 Each pass is a module with one function `model -> PassResult(model, modified, notes)`, usable
 and testable alone; `PASSES` lists them in order.
