@@ -54,3 +54,8 @@ class WorkerLost(QcliError):
         )
         self.index = index
         self.total = total
+
+
+class InternalError(RuntimeError):
+    """A broken invariant inside qcli: a bug, never bad input. Not a QcliError on purpose: the
+    CLI reports it as an internal error (exit 3) and asks for the `--debug` traceback."""
