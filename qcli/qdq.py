@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qcli.errors import ModelError
+from qcli.errors import InternalError
 from qcli.info import names_used_inside
 from qcli.plan import Group, Plan, WeightPlan
 from qcli.scheme import choose_qparams, quantize
@@ -211,8 +211,8 @@ def _group_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.ndar
     member: its integer values and a DequantizeLinear); and the scale of every member."""
     edits, scales = _Edits(), {}
     for group in plan.groups:
-        if group.scale is None:
-            raise ModelError(f"internal: group {group.tensors[0]!r} has no qparams (assign_ranges first)")
+        if group.scale is None or group.zero_point is None:
+            raise InternalError(f"group {group.tensors[0]!r} has no qparams (assign_ranges first)")
         base = group.tensors[0]
         scale = np.asarray(group.scale, dtype=np.float32).reshape(())
         edits.inits += [
@@ -418,5 +418,5 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.Nod
                 if not needs[j]:
                     heapq.heappush(ready, j)
     if len(order) != len(nodes):
-        raise ModelError("internal: the quantized graph has a cycle")
+        raise InternalError("the quantized graph has a cycle")
     return order
