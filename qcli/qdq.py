@@ -27,7 +27,7 @@ from onnx import helper, numpy_helper
 from qcli.errors import InternalError
 from qcli.info import names_used_inside
 from qcli.plan import Group, Plan, WeightPlan
-from qcli.scheme import choose_qparams, quantize
+from qcli.scheme import PerBlock, choose_qparams, quantize
 
 CONTRIB = "com.microsoft"
 SHAPE_READERS = ("Shape", "Size")  # read only the shape, which the integer tensor has too
@@ -157,7 +157,7 @@ def _weight_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.nda
         ]
         edits.nodes.append(_dequantize_node(
             f"{wp.name}_quantized", f"{wp.name}_scale", f"{wp.name}_zero_point", f"{wp.name}_dequantized",
-            axis=wp.axis, domain=qdq_domain(dtype.bits, source.opset), block=wp.scheme.block_size,
+            axis=wp.axis, domain=qdq_domain(dtype.bits, source.opset), block=_block_size(wp),
         ))
         for use in source.uses(wp.name, only_quantized=True):
             edits.inputs[use] = f"{wp.name}_dequantized"
@@ -169,38 +169,44 @@ def _weight_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.nda
 
 def _quantize_weight(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A float weight's integer values, scale and zero point under `plan`."""
-    scheme = plan.scheme
+    scheme, axis = plan.scheme, plan.axis
     scale, zero = _weight_qparams(values, plan)
-    if scheme.granularity == "per_block" and plan.axis is not None:
-        size = values.shape[plan.axis]
-        q = quantize(values, _expand_blocks(scale, plan, size), _expand_blocks(zero, plan, size),
+    if isinstance(scheme.granularity, PerBlock) and axis is not None:
+        block, size = scheme.granularity.size, values.shape[axis]
+        q = quantize(values, _expand_blocks(scale, block, axis, size), _expand_blocks(zero, block, axis, size),
                      scheme.dtype, None, scheme.symmetric)
     else:
-        q = quantize(values, scale, zero, scheme.dtype, plan.axis, scheme.symmetric)
+        q = quantize(values, scale, zero, scheme.dtype, axis, scheme.symmetric)
     return q, scale, zero
 
 
 def _weight_qparams(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np.ndarray]:
     """Scale and zero point of a weight: one, one per channel along `axis`, or one per block of
-    `block_size` values along `axis` (then shaped like the weight with that axis shortened)."""
-    scheme = plan.scheme
-    if plan.axis is None:
+    values along `axis` (then shaped like the weight with that axis shortened)."""
+    scheme, axis = plan.scheme, plan.axis
+    if axis is None:
         return choose_qparams(values.min(), values.max(), scheme.dtype, scheme.symmetric)
-    if scheme.granularity == "per_block":
-        moved = np.moveaxis(values, plan.axis, 0)
-        size, block = moved.shape[0], scheme.block_size
+    if isinstance(scheme.granularity, PerBlock):
+        moved = np.moveaxis(values, axis, 0)
+        size, block = moved.shape[0], scheme.granularity.size
         count = -(-size // block)
         padded = np.pad(moved, [(0, count * block - size)] + [(0, 0)] * (moved.ndim - 1))
         blocks = padded.reshape(count, block, *moved.shape[1:])
         scale, zero = choose_qparams(blocks.min(axis=1), blocks.max(axis=1), scheme.dtype, scheme.symmetric)
-        return np.moveaxis(scale, 0, plan.axis), np.moveaxis(zero, 0, plan.axis)
-    other = tuple(a for a in range(values.ndim) if a != plan.axis)
+        return np.moveaxis(scale, 0, axis), np.moveaxis(zero, 0, axis)
+    other = tuple(a for a in range(values.ndim) if a != axis)
     return choose_qparams(values.min(axis=other), values.max(axis=other), scheme.dtype, scheme.symmetric)
 
 
-def _expand_blocks(param: np.ndarray, plan: WeightPlan, size: int) -> np.ndarray:
+def _expand_blocks(param: np.ndarray, block: int, axis: int, size: int) -> np.ndarray:
     """Per-block params repeated to the weight's shape (for quantizing the values)."""
-    return np.take(np.repeat(param, plan.scheme.block_size, axis=plan.axis), np.arange(size), axis=plan.axis)
+    return np.take(np.repeat(param, block, axis=axis), np.arange(size), axis=axis)
+
+
+def _block_size(plan: WeightPlan) -> int:
+    """DequantizeLinear's `block_size` attribute for the weight: 0 (none) unless per block."""
+    granularity = plan.scheme.granularity
+    return granularity.size if isinstance(granularity, PerBlock) else 0
 
 
 # --------------------------------------------------------------------------- activations
@@ -274,7 +280,7 @@ def _bias_edits(
     block, stays float."""
     edits = _Edits()
     for bp in plan.biases.values():
-        if bp.input not in group_scales or plan.weights[bp.weight].scheme.granularity == "per_block":
+        if bp.input not in group_scales or isinstance(plan.weights[bp.weight].scheme.granularity, PerBlock):
             continue
         q, scale = _quantize_bias(source.values(bp.name), group_scales[bp.input], weight_scales[bp.weight])
         edits.inits += [

@@ -27,6 +27,7 @@ from qcli.model import fingerprint, max_ir_version, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import PrepareResult, prepare
 from qcli.qdq import materialize
+from qcli.scheme import PerBlock
 
 
 @dataclass
@@ -96,7 +97,7 @@ def quantize(
     work, notes = prepared.model, list(prepared.notes)
     plan = make_plan(work, config)
     check_unmatched(plan, strict)
-    if any(w.scheme.granularity == "per_block" for w in plan.weights.values()):
+    if any(isinstance(w.scheme.granularity, PerBlock) for w in plan.weights.values()):
         if opset_version(work) < BLOCK_OPSET:
             work = _upgrade(work, BLOCK_OPSET, notes)
             plan = make_plan(work, config)
