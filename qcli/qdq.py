@@ -54,15 +54,11 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
     weights, weight_scales = _weight_edits(source, plan)
     groups, group_scales = _group_edits(source, plan)
     edits = _Edits.joined(weights, groups, _bias_edits(source, plan, group_scales, weight_scales))
-    for (i, k), name in edits.inputs.items():
-        graph.node[i].input[k] = name
-    for (i, k), name in edits.outputs.items():
-        graph.node[i].output[k] = name
+    _rewire(graph, edits)
     dropped = _drop_redundant_clips(graph, plan, source.producer, source.inits)
     old_nodes = [n for i, n in enumerate(graph.node) if i not in dropped]
     _drop_unread_initializers(graph, source.inits, old_nodes, edits)
-    if any(n.domain == CONTRIB for n in edits.nodes) and not any(o.domain == CONTRIB for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(CONTRIB, 1))
+    _import_contrib_domain(out, edits.nodes)
     nodes = _toposort([*old_nodes, *edits.nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
     del graph.node[:]
     graph.node.extend(nodes)
@@ -325,6 +321,13 @@ def _dequantize_node(
     return node
 
 
+def _rewire(graph: onnx.GraphProto, edits: _Edits) -> None:
+    for (i, k), name in edits.inputs.items():
+        graph.node[i].input[k] = name
+    for (i, k), name in edits.outputs.items():
+        graph.node[i].output[k] = name
+
+
 def _drop_redundant_clips(
     graph: onnx.GraphProto, plan: Plan, producer: dict[str, Use], inits: dict[str, onnx.TensorProto]
 ) -> set[int]:
@@ -391,6 +394,12 @@ def _drop_unread_initializers(
     inputs = [i for i in graph.input if i.name not in inits or i.name in read]
     del graph.input[:]
     graph.input.extend(inputs)
+
+
+def _import_contrib_domain(model: onnx.ModelProto, new_nodes: list[onnx.NodeProto]) -> None:
+    """com.microsoft in the model's opset imports when a new Q/DQ node is of that domain."""
+    if any(n.domain == CONTRIB for n in new_nodes) and not any(o.domain == CONTRIB for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(CONTRIB, 1))
 
 
 def _tensor(values: np.ndarray, name: str, onnx_type: int) -> onnx.TensorProto:
