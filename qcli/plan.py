@@ -45,7 +45,7 @@ from qcli.config import Activations, Config, Match, Weights
 from qcli.errors import CalibrationError
 from qcli.info import iter_graphs, node_subgraphs
 from qcli.rules import OUTPUT_RANGES, activation_inputs, block_axis, rule_for, weight_axis
-from qcli.scheme import QuantScheme, choose_qparams
+from qcli.scheme import PerBlock, PerChannel, PerTensor, QuantScheme, choose_qparams
 
 ANCHORS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
 
@@ -552,12 +552,12 @@ def _float_readers(graph: onnx.GraphProto) -> dict[str, str]:
 def _weight_plan(name: str, scheme: QuantScheme, node: onnx.NodeProto, rank: int) -> WeightPlan:
     """The scheme's axis for this weight; per-tensor where the op has no such axis."""
     axis = None
-    if scheme.granularity == "per_channel":
+    if isinstance(scheme.granularity, PerChannel):
         axis = weight_axis(node, rule_for(node), rank)
-    elif scheme.granularity == "per_block":
+    elif isinstance(scheme.granularity, PerBlock):
         axis = block_axis(node, rank)
     if axis is None:
-        scheme = replace(scheme, granularity="per_tensor", block_size=0)
+        scheme = replace(scheme, granularity=PerTensor())
     return WeightPlan(name, scheme, axis)
 
 

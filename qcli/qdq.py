@@ -17,40 +17,22 @@ first), so the output is deterministic.
 
 from __future__ import annotations
 
+import heapq
+from dataclasses import dataclass, field
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from qcli.errors import InternalError
 from qcli.info import names_used_inside
-from qcli.plan import Plan
-from qcli.scheme import choose_qparams, quantize
-from qcli.errors import ModelError
-
+from qcli.plan import Group, Plan, WeightPlan
+from qcli.scheme import PerBlock, choose_qparams, quantize
 
 CONTRIB = "com.microsoft"
+SHAPE_READERS = ("Shape", "Size")  # read only the shape, which the integer tensor has too
 
-
-def _weight_qparams(values: np.ndarray, plan) -> tuple[np.ndarray, np.ndarray]:
-    """Scale and zero point of a weight: one, one per channel along `axis`, or one per block of
-    `block_size` values along `axis` (then shaped like the weight with that axis shortened)."""
-    scheme = plan.scheme
-    if plan.axis is None:
-        return choose_qparams(values.min(), values.max(), scheme.dtype, scheme.symmetric)
-    if scheme.granularity == "per_block":
-        moved = np.moveaxis(values, plan.axis, 0)
-        size, block = moved.shape[0], scheme.block_size
-        count = -(-size // block)
-        padded = np.pad(moved, [(0, count * block - size)] + [(0, 0)] * (moved.ndim - 1))
-        blocks = padded.reshape(count, block, *moved.shape[1:])
-        scale, zero = choose_qparams(blocks.min(axis=1), blocks.max(axis=1), scheme.dtype, scheme.symmetric)
-        return np.moveaxis(scale, 0, plan.axis), np.moveaxis(zero, 0, plan.axis)
-    other = tuple(a for a in range(values.ndim) if a != plan.axis)
-    return choose_qparams(values.min(axis=other), values.max(axis=other), scheme.dtype, scheme.symmetric)
-
-
-def _expand_blocks(param: np.ndarray, plan, size: int) -> np.ndarray:
-    """Per-block params repeated to the weight's shape (for quantizing the values)."""
-    return np.take(np.repeat(param, plan.scheme.block_size, axis=plan.axis), np.arange(size), axis=plan.axis)
+Use = tuple[int, int]  # (node index, input or output index)
 
 
 def qdq_domain(bits: int, opset: int) -> str:
@@ -60,168 +42,294 @@ def qdq_domain(bits: int, opset: int) -> str:
 
 
 def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
-    """A new model with the plan's Q/DQ nodes, quantized weights and biases."""
+    """A new model with the plan's Q/DQ nodes, quantized weights and biases.
+
+    The steps: what each weight, group and bias adds (initializers, nodes, rewired inputs),
+    read off the float graph; the rewiring applied; redundant Relu/Clips dropped; float
+    initializers nothing reads any more dropped; the nodes put in topological order."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
-    inits = {t.name: t for t in graph.initializer}
-    quantized_nodes = {d.index for d in plan.nodes if d.quantized}
-    new_inits: list[onnx.TensorProto] = []
-    new_nodes: list[onnx.NodeProto] = []
-    renames: dict[tuple[int, int], str] = {}  # (node index, input index) -> new input name
-
-    reads: dict[str, list[tuple[int, int]]] = {}  # name -> (node index, input index), in graph order
-    for i, node in enumerate(graph.node):
-        for k, inp in enumerate(node.input):
-            reads.setdefault(inp, []).append((i, k))
-
-    def uses(name: str, only_quantized: bool) -> list[tuple[int, int]]:
-        """Where `name` is read: by quantized nodes only, or by every node the config did not
-        exclude (excluded nodes read the unquantized tensor)."""
-        return [(i, k) for i, k in reads.get(name, ())
-                if (i in quantized_nodes if only_quantized else i not in plan.keep_float)]
-
-    opset = next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), 13)
-    domains: set[str] = set()
-
-    def dequantize_node(
-        q_name: str, scale: str, zero: str | None, output: str, axis: int | None, bits: int = 8, block: int = 0
-    ) -> onnx.NodeProto:
-        """DequantizeLinear of `<t>_quantized`, named `<t>_DQ` (as its QuantizeLinear is `<t>_Q`);
-        `zero` None omits the zero point (all zeros: int32 bias)."""
-        inputs = [q_name, scale] + ([zero] if zero else [])
-        domain = qdq_domain(bits, opset)
-        domains.add(domain)
-        name = q_name.removesuffix("_quantized") + "_DQ"
-        node = helper.make_node("DequantizeLinear", inputs, [output], name=name, domain=domain)
-        if axis is not None:
-            node.attribute.append(helper.make_attribute("axis", axis))
-        if block:
-            node.attribute.append(helper.make_attribute("block_size", block))
-        return node
-
-    # weights
-    weight_params: dict[str, np.ndarray] = {}
-    for wp in plan.weights.values():
-        values = numpy_helper.to_array(inits[wp.name]).astype(np.float32)
-        scale, zero = _weight_qparams(values, wp)
-        weight_params[wp.name] = scale
-        if wp.scheme.granularity == "per_block":
-            size = values.shape[wp.axis]
-            q = quantize(values, _expand_blocks(scale, wp, size), _expand_blocks(zero, wp, size),
-                         wp.scheme.dtype, None, wp.scheme.symmetric)
-        else:
-            q = quantize(values, scale, zero, wp.scheme.dtype, wp.axis, wp.scheme.symmetric)
-        new_inits += [
-            _tensor(q, f"{wp.name}_quantized", wp.scheme.dtype.onnx_type),
-            numpy_helper.from_array(scale, f"{wp.name}_scale"),
-        ]
-        # The zero point stays even when all zeros: onnxruntime fuses Gemm only with one.
-        new_inits.append(_tensor(zero, f"{wp.name}_zero_point", wp.scheme.dtype.onnx_type))
-        new_nodes.append(
-            dequantize_node(
-                f"{wp.name}_quantized", f"{wp.name}_scale", f"{wp.name}_zero_point", f"{wp.name}_dequantized",
-                wp.axis, wp.scheme.dtype.bits, wp.scheme.block_size,
-            )
-        )
-        for use in uses(wp.name, only_quantized=True):
-            renames[use] = f"{wp.name}_dequantized"
-        for use in uses(wp.name, only_quantized=False):  # shape readers: the int8 copy has it
-            if graph.node[use[0]].op_type in ("Shape", "Size"):
-                renames[use] = f"{wp.name}_quantized"
-
-    # activations (and embedding tables quantized with their group's params)
-    graph_outputs = {o.name for o in graph.output}
-    producer = {o: (i, k) for i, n in enumerate(graph.node) for k, o in enumerate(n.output)}
-    output_renames: dict[tuple[int, int], str] = {}
-    group_scale: dict[str, np.ndarray] = {}
-    for group in plan.groups:
-        if group.scale is None:
-            raise ModelError(f"internal: group {group.tensors[0]!r} has no qparams (assign_ranges first)")
-        base = group.tensors[0]
-        scale_name, zero_name = f"{base}_scale", f"{base}_zero_point"
-        onnx_type = group.scheme.dtype.onnx_type
-        new_inits += [numpy_helper.from_array(np.float32(group.scale), scale_name), _tensor(group.zero_point, zero_name, onnx_type)]
-        for t in group.tensors:
-            group_scale[t] = group.scale
-            if t == group.constant:
-                values = numpy_helper.to_array(inits[t]).astype(np.float32)
-                q = quantize(values, group.scale, group.zero_point, group.scheme.dtype, None, group.scheme.symmetric)
-                new_inits.append(_tensor(q, f"{t}_quantized", onnx_type))
-                new_nodes.append(
-                    dequantize_node(f"{t}_quantized", scale_name, zero_name, f"{t}_dequantized", None, group.scheme.dtype.bits)
-                )
-                for use in uses(t, only_quantized=True):
-                    renames[use] = f"{t}_dequantized"
-                continue
-            if t in graph_outputs and t in producer:
-                source = f"{t}_float"
-                output_renames[producer[t]] = source
-                target = t
-            else:
-                source, target = t, f"{t}_dequantized"
-                for use in uses(t, only_quantized=False):
-                    # Shape and Size read only the shape: the integer tensor has the same, and
-                    # reading it spares a DequantizeLinear that nothing else needs.
-                    shape_only = graph.node[use[0]].op_type in ("Shape", "Size")
-                    renames[use] = f"{t}_quantized" if shape_only else target
-            new_nodes.append(
-                helper.make_node(
-                    "QuantizeLinear", [source, scale_name, zero_name], [f"{t}_quantized"], name=f"{t}_Q",
-                    domain=qdq_domain(group.scheme.dtype.bits, opset),
-                )
-            )
-            new_nodes.append(
-                dequantize_node(f"{t}_quantized", scale_name, zero_name, target, None, group.scheme.dtype.bits)
-            )
-
-    # biases: int32, scale = s_input * s_weight
-    for bp in plan.biases.values():
-        if bp.input not in group_scale or plan.weights[bp.weight].scheme.granularity == "per_block":
-            continue  # no scale to derive it from: the bias stays float
-        values = numpy_helper.to_array(inits[bp.name]).astype(np.float64)
-        scale = (np.float64(group_scale[bp.input]) * weight_params[bp.weight].astype(np.float64)).astype(np.float32)
-        scale = np.broadcast_to(scale, values.shape).copy() if scale.ndim else scale
-        q = np.clip(np.rint(values / scale), -(2**31) + 1, 2**31 - 1).astype(np.int32)
-        axis = 0 if scale.ndim else None
-        new_inits += [
-            numpy_helper.from_array(q, f"{bp.name}_quantized"),
-            numpy_helper.from_array(scale, f"{bp.name}_scale"),
-        ]
-        new_nodes.append(
-            dequantize_node(f"{bp.name}_quantized", f"{bp.name}_scale", None, f"{bp.name}_dequantized", axis)
-        )
-        for use in uses(bp.name, only_quantized=True):
-            renames[use] = f"{bp.name}_dequantized"
-
-    for (i, k), name in renames.items():
-        graph.node[i].input[k] = name
-    for (i, k), name in output_renames.items():
-        graph.node[i].output[k] = name
-    dropped = _drop_redundant_clips(graph, plan, producer, inits)
+    source = _Source.of(out, plan)
+    weights, weight_scales = _weight_edits(source, plan)
+    groups, group_scales = _group_edits(source, plan)
+    edits = _Edits.joined(weights, groups, _bias_edits(source, plan, group_scales, weight_scales))
+    _rewire(graph, edits)
+    dropped = _drop_redundant_clips(graph, plan, source.producer, source.inits)
     old_nodes = [n for i, n in enumerate(graph.node) if i not in dropped]
-
-    # Drop float initializers nothing reads any more.
-    read = {name for node in [*old_nodes, *new_nodes] for name in node.input}
-    read |= {name for node in old_nodes for name in names_used_inside(node)}
-    kept = [t for t in graph.initializer if t.name in read]
-    del graph.initializer[:]
-    graph.initializer.extend(kept + new_inits)
-    inputs = [i for i in graph.input if i.name not in inits or i.name in read]
-    del graph.input[:]
-    graph.input.extend(inputs)
-
-    if CONTRIB in domains and not any(o.domain == CONTRIB for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(CONTRIB, 1))
-
-    nodes = _toposort([*old_nodes, *new_nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
+    _drop_unread_initializers(graph, source.inits, old_nodes, edits)
+    _import_contrib_domain(out, edits.nodes)
+    nodes = _toposort([*old_nodes, *edits.nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
     del graph.node[:]
     graph.node.extend(nodes)
     return out
 
 
+@dataclass(frozen=True)
+class _Source:
+    """The float graph as the edits read it, before any of them is applied: its initializers,
+    where each tensor is read and written, and which nodes are quantized or kept float."""
+
+    inits: dict[str, onnx.TensorProto]
+    reads: dict[str, list[Use]]  # name -> (node, input index), in graph order
+    producer: dict[str, Use]  # name -> (node, output index)
+    op_types: list[str]
+    outputs: set[str]  # graph outputs
+    quantized: set[int]
+    keep_float: set[int]
+    opset: int
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto, plan: Plan) -> _Source:
+        graph = model.graph
+        reads: dict[str, list[Use]] = {}
+        for i, node in enumerate(graph.node):
+            for k, name in enumerate(node.input):
+                reads.setdefault(name, []).append((i, k))
+        return cls(
+            inits={t.name: t for t in graph.initializer},
+            reads=reads,
+            producer={o: (i, k) for i, n in enumerate(graph.node) for k, o in enumerate(n.output)},
+            op_types=[n.op_type for n in graph.node],
+            outputs={o.name for o in graph.output},
+            quantized={d.index for d in plan.nodes if d.quantized},
+            keep_float=plan.keep_float,
+            opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13),
+        )
+
+    def uses(self, name: str, only_quantized: bool) -> list[Use]:
+        """Where `name` is read: by quantized nodes only, or by every node the config did not
+        exclude (excluded nodes read the unquantized tensor)."""
+        return [(i, k) for i, k in self.reads.get(name, ())
+                if (i in self.quantized if only_quantized else i not in self.keep_float)]
+
+    def reads_shape_only(self, use: Use) -> bool:
+        return self.op_types[use[0]] in SHAPE_READERS
+
+    def values(self, name: str) -> np.ndarray:
+        return numpy_helper.to_array(self.inits[name])
+
+
+@dataclass
+class _Edits:
+    """What materialize adds (initializers, nodes, in the order they are written) and rewires:
+    (node index, input or output index) -> the tensor name it takes instead."""
+
+    inits: list[onnx.TensorProto] = field(default_factory=list)
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    inputs: dict[Use, str] = field(default_factory=dict)
+    outputs: dict[Use, str] = field(default_factory=dict)
+
+    def add(self, other: _Edits) -> None:
+        self.inits += other.inits
+        self.nodes += other.nodes
+        self.inputs.update(other.inputs)
+        self.outputs.update(other.outputs)
+
+    @classmethod
+    def joined(cls, *parts: _Edits) -> _Edits:
+        whole = cls()
+        for part in parts:
+            whole.add(part)
+        return whole
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _weight_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.ndarray]]:
+    """Each weight as integer initializers and a DequantizeLinear; and each weight's scale,
+    which its bias's scale derives from."""
+    edits, scales = _Edits(), {}
+    for wp in plan.weights.values():
+        q, scale, zero = _quantize_weight(source.values(wp.name).astype(np.float32), wp)
+        scales[wp.name] = scale
+        dtype = wp.scheme.dtype
+        edits.inits += [
+            _tensor(q, f"{wp.name}_quantized", dtype.onnx_type),
+            numpy_helper.from_array(scale, f"{wp.name}_scale"),
+            # The zero point stays even when all zeros: onnxruntime fuses Gemm only with one.
+            _tensor(zero, f"{wp.name}_zero_point", dtype.onnx_type),
+        ]
+        edits.nodes.append(_dequantize_node(
+            f"{wp.name}_quantized", f"{wp.name}_scale", f"{wp.name}_zero_point", f"{wp.name}_dequantized",
+            axis=wp.axis, domain=qdq_domain(dtype.bits, source.opset), block=_block_size(wp),
+        ))
+        for use in source.uses(wp.name, only_quantized=True):
+            edits.inputs[use] = f"{wp.name}_dequantized"
+        for use in source.uses(wp.name, only_quantized=False):
+            if source.reads_shape_only(use):  # the integer copy has the shape
+                edits.inputs[use] = f"{wp.name}_quantized"
+    return edits, scales
+
+
+def _quantize_weight(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A float weight's integer values, scale and zero point under `plan`."""
+    scheme, axis = plan.scheme, plan.axis
+    scale, zero = _weight_qparams(values, plan)
+    if isinstance(scheme.granularity, PerBlock) and axis is not None:
+        block, size = scheme.granularity.size, values.shape[axis]
+        q = quantize(values, _expand_blocks(scale, block, axis, size), _expand_blocks(zero, block, axis, size),
+                     scheme.dtype, None, scheme.symmetric)
+    else:
+        q = quantize(values, scale, zero, scheme.dtype, axis, scheme.symmetric)
+    return q, scale, zero
+
+
+def _weight_qparams(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and zero point of a weight: one, one per channel along `axis`, or one per block of
+    values along `axis` (then shaped like the weight with that axis shortened)."""
+    scheme, axis = plan.scheme, plan.axis
+    if axis is None:
+        return choose_qparams(values.min(), values.max(), scheme.dtype, scheme.symmetric)
+    if isinstance(scheme.granularity, PerBlock):
+        moved = np.moveaxis(values, axis, 0)
+        size, block = moved.shape[0], scheme.granularity.size
+        count = -(-size // block)
+        padded = np.pad(moved, [(0, count * block - size)] + [(0, 0)] * (moved.ndim - 1))
+        blocks = padded.reshape(count, block, *moved.shape[1:])
+        scale, zero = choose_qparams(blocks.min(axis=1), blocks.max(axis=1), scheme.dtype, scheme.symmetric)
+        return np.moveaxis(scale, 0, axis), np.moveaxis(zero, 0, axis)
+    other = tuple(a for a in range(values.ndim) if a != axis)
+    return choose_qparams(values.min(axis=other), values.max(axis=other), scheme.dtype, scheme.symmetric)
+
+
+def _expand_blocks(param: np.ndarray, block: int, axis: int, size: int) -> np.ndarray:
+    """Per-block params repeated to the weight's shape (for quantizing the values)."""
+    return np.take(np.repeat(param, block, axis=axis), np.arange(size), axis=axis)
+
+
+def _block_size(plan: WeightPlan) -> int:
+    """DequantizeLinear's `block_size` attribute for the weight: 0 (none) unless per block."""
+    granularity = plan.scheme.granularity
+    return granularity.size if isinstance(granularity, PerBlock) else 0
+
+
+# --------------------------------------------------------------------------- activations
+
+
+def _group_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.ndarray]]:
+    """Each group's scale and zero point, and a Q/DQ pair per member (an embedding table
+    member: its integer values and a DequantizeLinear); and the scale of every member."""
+    edits, scales = _Edits(), {}
+    for group in plan.groups:
+        if group.scale is None or group.zero_point is None:
+            raise InternalError(f"group {group.tensors[0]!r} has no qparams (assign_ranges first)")
+        base = group.tensors[0]
+        scale = np.asarray(group.scale, dtype=np.float32).reshape(())
+        edits.inits += [
+            numpy_helper.from_array(scale, f"{base}_scale"),
+            _tensor(group.zero_point, f"{base}_zero_point", group.scheme.dtype.onnx_type),
+        ]
+        for t in group.tensors:
+            scales[t] = group.scale
+            member = _constant_member if t == group.constant else _activation_member
+            edits.add(member(source, group, t))
+    return edits, scales
+
+
+def _constant_member(source: _Source, group: Group, t: str) -> _Edits:
+    """An initializer of a group (an embedding table) quantized with the group's params."""
+    base, dtype = group.tensors[0], group.scheme.dtype
+    values = source.values(t).astype(np.float32)
+    q = quantize(values, group.scale, group.zero_point, dtype, None, group.scheme.symmetric)
+    edits = _Edits(inits=[_tensor(q, f"{t}_quantized", dtype.onnx_type)])
+    edits.nodes.append(_dequantize_node(
+        f"{t}_quantized", f"{base}_scale", f"{base}_zero_point", f"{t}_dequantized",
+        domain=qdq_domain(dtype.bits, source.opset),
+    ))
+    for use in source.uses(t, only_quantized=True):
+        edits.inputs[use] = f"{t}_dequantized"
+    return edits
+
+
+def _activation_member(source: _Source, group: Group, t: str) -> _Edits:
+    """The Q/DQ pair of activation `t`, and its readers rewired to the pair's output. A graph
+    output keeps its name on the DequantizeLinear: its producer writes `t_float` instead."""
+    base, domain = group.tensors[0], qdq_domain(group.scheme.dtype.bits, source.opset)
+    scale, zero = f"{base}_scale", f"{base}_zero_point"
+    edits = _Edits()
+    if t in source.outputs and t in source.producer:
+        edits.outputs[source.producer[t]] = f"{t}_float"
+        read, target = f"{t}_float", t
+    else:
+        read, target = t, f"{t}_dequantized"
+        for use in source.uses(t, only_quantized=False):
+            # Shape and Size read only the shape: the integer tensor has the same, and
+            # reading it spares a DequantizeLinear that nothing else needs.
+            edits.inputs[use] = f"{t}_quantized" if source.reads_shape_only(use) else target
+    edits.nodes += [
+        helper.make_node("QuantizeLinear", [read, scale, zero], [f"{t}_quantized"], name=f"{t}_Q", domain=domain),
+        _dequantize_node(f"{t}_quantized", scale, zero, target, domain=domain),
+    ]
+    return edits
+
+
+# --------------------------------------------------------------------------- biases
+
+
+def _bias_edits(
+    source: _Source, plan: Plan, group_scales: dict[str, np.ndarray], weight_scales: dict[str, np.ndarray]
+) -> _Edits:
+    """Each bias as int32 with scale = input scale x weight scale (per channel when the
+    weight's is) and no zero point. A bias whose input has no scale, or whose weight is per
+    block, stays float."""
+    edits = _Edits()
+    for bp in plan.biases.values():
+        if bp.input not in group_scales or isinstance(plan.weights[bp.weight].scheme.granularity, PerBlock):
+            continue
+        q, scale = _quantize_bias(source.values(bp.name), group_scales[bp.input], weight_scales[bp.weight])
+        edits.inits += [
+            numpy_helper.from_array(q, f"{bp.name}_quantized"),
+            numpy_helper.from_array(scale, f"{bp.name}_scale"),
+        ]
+        edits.nodes.append(_dequantize_node(
+            f"{bp.name}_quantized", f"{bp.name}_scale", None, f"{bp.name}_dequantized",
+            axis=0 if scale.ndim else None,
+        ))
+        for use in source.uses(bp.name, only_quantized=True):
+            edits.inputs[use] = f"{bp.name}_dequantized"
+    return edits
+
+
+def _quantize_bias(
+    values: np.ndarray, input_scale: np.ndarray, weight_scale: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A bias's int32 values and its scale, input scale x weight scale (zero point 0)."""
+    values = values.astype(np.float64)
+    scale = (np.float64(input_scale) * weight_scale.astype(np.float64)).astype(np.float32)
+    scale = np.broadcast_to(scale, values.shape).copy() if scale.ndim else scale
+    q = np.clip(np.rint(values / scale), -(2**31) + 1, 2**31 - 1).astype(np.int32)
+    return q, scale
+
+
+# --------------------------------------------------------------------------- graph edits
+
+
+def _dequantize_node(
+    q_name: str, scale: str, zero: str | None, output: str, *, axis: int | None = None, domain: str = "", block: int = 0
+) -> onnx.NodeProto:
+    """DequantizeLinear of `<t>_quantized`, named `<t>_DQ` (as its QuantizeLinear is `<t>_Q`);
+    `zero` None omits the zero point (all zeros: int32 bias)."""
+    inputs = [q_name, scale] + ([zero] if zero else [])
+    name = q_name.removesuffix("_quantized") + "_DQ"
+    node = helper.make_node("DequantizeLinear", inputs, [output], name=name, domain=domain)
+    if axis is not None:
+        node.attribute.append(helper.make_attribute("axis", axis))
+    if block:
+        node.attribute.append(helper.make_attribute("block_size", block))
+    return node
+
+
+def _rewire(graph: onnx.GraphProto, edits: _Edits) -> None:
+    for (i, k), name in edits.inputs.items():
+        graph.node[i].input[k] = name
+    for (i, k), name in edits.outputs.items():
+        graph.node[i].output[k] = name
+
+
 def _drop_redundant_clips(
-    graph: onnx.GraphProto, plan: Plan, producer: dict[str, tuple[int, int]], inits: dict[str, onnx.TensorProto]
+    graph: onnx.GraphProto, plan: Plan, producer: dict[str, Use], inits: dict[str, onnx.TensorProto]
 ) -> set[int]:
     """Indices of the folded Relu/Clip nodes that change nothing before their QuantizeLinear,
     rewired so that their input's producer writes their output directly.
@@ -231,18 +339,20 @@ def _drop_redundant_clips(
     what onnxruntime does with them when it fuses the group; dropping them here also leaves the
     file one node (and one tensor) smaller. Kept: a Relu/Clip whose input or output something
     else reads (a graph output, an excluded node that reads the float value, another reader).
+    `graph` is the rewired one (its readers are counted as they are now), `producer` the float
+    graph's.
     """
     folded = {d.index for d in plan.nodes if d.quantized and d.op_type in ("Relu", "Clip")}
     graph_outputs = {o.name for o in graph.output}
     reads: dict[str, int] = {}
-    for i, node in enumerate(graph.node):
+    for node in graph.node:
         for name in node.input:
             reads[name] = reads.get(name, 0) + 1
     excluded_reads = {name for i in plan.keep_float for name in graph.node[i].input}
     dropped: set[int] = set()
     for group in plan.groups:
         for t in group.tensors:
-            i = producer.get(t, (None,))[0]
+            i = producer[t][0] if t in producer else None
             if i not in folded or t in graph_outputs or t in excluded_reads:
                 continue
             node = graph.node[i]
@@ -250,7 +360,7 @@ def _drop_redundant_clips(
             if source in graph_outputs or source not in producer or reads.get(source) != 1:
                 continue
             lo, hi = (0.0, np.inf) if node.op_type == "Relu" else _clip_bounds(node, inits)
-            q = np.rint(np.float64([lo, hi]) / np.float64(group.scale)) + np.float64(group.zero_point)
+            q = np.rint(np.array([lo, hi], dtype=np.float64) / np.float64(group.scale)) + np.float64(group.zero_point)
             if q[0] > group.scheme.dtype.qmin or q[1] < group.scheme.dtype.qmax:
                 continue
             j, k = producer[source]
@@ -271,6 +381,27 @@ def _clip_bounds(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> tu
     return bounds[0], bounds[1]
 
 
+def _drop_unread_initializers(
+    graph: onnx.GraphProto, inits: dict[str, onnx.TensorProto], old_nodes: list[onnx.NodeProto], edits: _Edits
+) -> None:
+    """The float initializers nothing reads any more dropped (and their graph inputs, in old
+    models that list initializers as inputs), the new ones appended."""
+    read = {name for node in [*old_nodes, *edits.nodes] for name in node.input}
+    read |= {name for node in old_nodes for name in names_used_inside(node)}
+    kept = [t for t in graph.initializer if t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + edits.inits)
+    inputs = [i for i in graph.input if i.name not in inits or i.name in read]
+    del graph.input[:]
+    graph.input.extend(inputs)
+
+
+def _import_contrib_domain(model: onnx.ModelProto, new_nodes: list[onnx.NodeProto]) -> None:
+    """com.microsoft in the model's opset imports when a new Q/DQ node is of that domain."""
+    if any(n.domain == CONTRIB for n in new_nodes) and not any(o.domain == CONTRIB for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(CONTRIB, 1))
+
+
 def _tensor(values: np.ndarray, name: str, onnx_type: int) -> onnx.TensorProto:
     """An initializer of `onnx_type` (int4/uint4 are packed two per byte by onnx's helper)."""
     values = np.asarray(values)
@@ -281,8 +412,6 @@ def _tensor(values: np.ndarray, name: str, onnx_type: int) -> onnx.TensorProto:
 
 def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
     """Stable topological order: among ready nodes, the earliest in `nodes` goes first."""
-    import heapq
-
     produced = {o for n in nodes for o in n.output}
     needs: list[set[str]] = []
     waiting: dict[str, list[int]] = {}
@@ -304,5 +433,5 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.Nod
                 if not needs[j]:
                     heapq.heappush(ready, j)
     if len(order) != len(nodes):
-        raise ModelError("internal: the quantized graph has a cycle")
+        raise InternalError("the quantized graph has a cycle")
     return order

@@ -12,6 +12,7 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx
 
@@ -27,6 +28,7 @@ from qcli.model import fingerprint, max_ir_version, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import PrepareResult, prepare
 from qcli.qdq import materialize
+from qcli.scheme import PerBlock
 
 
 @dataclass
@@ -62,7 +64,7 @@ def calibrate(
     work = (prepared or prepare(model, force=force)).model
     plan = make_plan(work, config)
     check_unmatched(plan, strict)
-    options = dict(
+    options: dict[str, Any] = dict(
         batch_size=config.calibration.batch_size,
         tensors=plan.calibrated_tensors,
         max_bins=2 * config.calibration.bins,
@@ -96,7 +98,7 @@ def quantize(
     work, notes = prepared.model, list(prepared.notes)
     plan = make_plan(work, config)
     check_unmatched(plan, strict)
-    if any(w.scheme.granularity == "per_block" for w in plan.weights.values()):
+    if any(isinstance(w.scheme.granularity, PerBlock) for w in plan.weights.values()):
         if opset_version(work) < BLOCK_OPSET:
             work = _upgrade(work, BLOCK_OPSET, notes)
             plan = make_plan(work, config)
@@ -104,17 +106,21 @@ def quantize(
     assign_ranges(plan, work, table, settings)
     out = materialize(work, plan)
     _keep_own_value_info(out, model)
-    compact = {"separators": (",", ":")}
+    calibration = {"method": settings.method, "samples": table.samples, "fingerprint": table.fingerprint}
     for key, value in (
         ("qcli.version", __version__),
-        ("qcli.config", json.dumps(_recipe(config), **compact)),
-        ("qcli.calibration", json.dumps({"method": settings.method, "samples": table.samples, "fingerprint": table.fingerprint}, **compact)),
+        ("qcli.config", _compact_json(_recipe(config))),
+        ("qcli.calibration", _compact_json(calibration)),
     ):
         entry = out.metadata_props.add()
         entry.key, entry.value = key, value
     notes += plan.notes
     notes += [f"warning: config rule {text}" for text in plan.unmatched]
     return QuantizeResult(out, plan, notes)
+
+
+def _compact_json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _keep_own_value_info(out: onnx.ModelProto, model: onnx.ModelProto) -> None:

@@ -1,7 +1,7 @@
 """Quantized integer types qcli can target: one immutable row per type (bits, signedness,
-integer range, numpy and ONNX types), looked up by name with `quant_dtype("int8")`.
-
-The quantization scheme (granularity, symmetry) and the qparams math will live here too.
+integer range, numpy and ONNX types), looked up by name with `quant_dtype("int8")`; how a
+tensor is quantized (`QuantScheme`: type, granularity as a type, symmetry); and the qparams
+math (pure numpy).
 """
 
 from __future__ import annotations
@@ -80,22 +80,62 @@ def quant_dtype(name: str) -> QuantDtype:
 
 
 @dataclass(frozen=True)
-class QuantScheme:
-    """How one tensor is quantized: integer type, granularity, symmetry.
+class PerTensor:
+    """One scale (and zero point) for the whole tensor."""
 
-    `granularity` is 'per_tensor', 'per_channel' (one scale per slice along the weight's
-    channel axis, chosen per op by rules.weight_axis) or 'per_block' (one scale per
-    `block_size` consecutive values along the reduction axis).
+
+@dataclass(frozen=True)
+class PerChannel:
+    """One scale per slice along the op's channel axis (chosen per op by `rules.weight_axis`)."""
+
+
+@dataclass(frozen=True)
+class PerBlock:
+    """One scale per `size` consecutive values along the reduction axis."""
+
+    size: int
+
+
+Granularity = PerTensor | PerChannel | PerBlock
+
+GRANULARITIES = ("per_tensor", "per_channel", "per_block")  # as the config spells them
+
+
+def granularity_of(name: str, block_size: int | None = None) -> Granularity:
+    """The granularity the config spells `name`; `block_size` is read for 'per_block' only.
+
+    >>> granularity_of("per_channel")
+    PerChannel()
+    >>> granularity_of("per_block", 32)
+    PerBlock(size=32)
+    >>> isinstance(granularity_of("per_tensor", 32), PerTensor)
+    True
     """
+    if name == "per_tensor":
+        return PerTensor()
+    if name == "per_channel":
+        return PerChannel()
+    if name == "per_block":
+        if not block_size or block_size < 1:
+            raise ConfigError(f"per_block granularity needs a positive block_size, got {block_size!r}")
+        return PerBlock(block_size)
+    raise ConfigError(f"unknown granularity {name!r}; expected one of {', '.join(GRANULARITIES)}")
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How one tensor is quantized: integer type, granularity, symmetry."""
 
     dtype: QuantDtype
-    granularity: str = "per_tensor"
+    granularity: Granularity = PerTensor()
     symmetric: bool = False
-    block_size: int = 0
 
     @classmethod
-    def of(cls, dtype: str, granularity: str = "per_tensor", symmetric: bool = False, block_size: int = 0) -> QuantScheme:
-        return cls(quant_dtype(dtype), granularity, symmetric, block_size)
+    def of(
+        cls, dtype: str, granularity: str = "per_tensor", symmetric: bool = False, block_size: int = 0
+    ) -> QuantScheme:
+        """A scheme from the config's spelling (`block_size` is read for 'per_block' only)."""
+        return cls(quant_dtype(dtype), granularity_of(granularity, block_size), symmetric)
 
 
 def integer_range(qdtype: QuantDtype, symmetric: bool) -> tuple[int, int]:
