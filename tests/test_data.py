@@ -128,6 +128,15 @@ def test_labels_csv_overrides_folder_labels(tmp_path: Path) -> None:
     assert sample.label.tolist() == [2]
 
 
+def test_labels_csv_errors_name_the_line(tmp_path: Path) -> None:
+    write_npz(tmp_path / "a.npz", image=image(0))
+    csv = tmp_path / "labels.csv"
+    for text, line in [("a.npz,2\nb.npz,1\n", 2), ("file,label\na.npz,x\n", 2), ("a.npz,1,2\n", 1)]:
+        csv.write_text(text)
+        with pytest.raises(DataError, match=f"^{csv}:{line}: "):
+            DataFolder(tmp_path, IMAGE_INPUTS)
+
+
 # ---- errors: each names the file and the input
 
 

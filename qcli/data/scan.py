@@ -131,11 +131,10 @@ def read_labels(root: Path, entries: list[Entry], labels_file: Path | None = Non
             rows = list(csv.reader(fh))
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
-    if rows and [c.strip().lower() for c in rows[0]] == ["file", "label"]:
-        rows = rows[1:]
+    header = bool(rows) and [c.strip().lower() for c in rows[0]] == ["file", "label"]
     known = {e.rel for e in entries}
     labels: dict[str, np.ndarray] = {}
-    for line, row in enumerate(rows, start=2):
+    for line, row in enumerate(rows[1:] if header else rows, start=2 if header else 1):
         if not row or not "".join(row).strip():
             continue
         if len(row) != 2:
