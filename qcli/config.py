@@ -14,13 +14,13 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from qcli.data import Preprocess
-from qcli.errors import ConfigError, DataError
+from qcli.errors import ConfigError
 
 Method = Literal["minmax", "percentile", "kl", "mse"]
 ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float"]  # float: weight-only
@@ -126,18 +126,8 @@ class AutoPrecision(_Section):
     time_budget: float = Field(600.0, gt=0)  # seconds
 
 
-def _preprocess(value: Any) -> Preprocess | None:
-    if value is None or isinstance(value, Preprocess):
-        return value
-    try:
-        return Preprocess.from_dict(value)
-    except DataError as exc:  # pydantic reports ValueErrors with the field's location
-        raise ValueError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
-
-
 class Data(_Section):
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
-    preprocess: Annotated[Preprocess | None, BeforeValidator(_preprocess)] = None
+    preprocess: Preprocess | None = None  # a pydantic model of its own: its errors carry the key's line
 
 
 class Config(_Section):
@@ -323,12 +313,10 @@ def _known_keys(loc: tuple, root: type[BaseModel]) -> list[str]:
 
 def config_document(config: Config) -> dict:
     """The resolved config as plain data (for `qcli config show`, metadata and reports)."""
-    import dataclasses
-
     doc = config.model_dump(mode="json", exclude={"data"})
     if config.data.preprocess is not None:
-        pre = dataclasses.asdict(config.data.preprocess)
-        doc["data"] = {"preprocess": {k: list(v) if isinstance(v, tuple) else v for k, v in pre.items() if v is not None}}
+        pre = config.data.preprocess.model_dump(mode="json", exclude_none=True)
+        doc["data"] = {"preprocess": pre}
     return doc
 
 

@@ -12,7 +12,7 @@ import yaml
 from onnx import numpy_helper
 
 from conftest import SAMPLE_MODELS, fused_op_counts
-from qcli.config import PRESETS, load_config
+from qcli.config import PRESETS, config_document, load_config
 
 
 def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
@@ -46,6 +46,40 @@ def test_bad_configs(cli, tmp_path: Path, text: str, message: str, hint: str | N
     assert stderr.startswith(f"error: {tmp_path / 'c.yaml'}{message}"), stderr
     if hint:
         assert hint in stderr
+
+
+@pytest.mark.parametrize(
+    "text, message, hint",
+    [
+        ("data:\n  preprocess:\n    men: [0.5]\n", ":3: unknown key data.preprocess.men", "hint: did you mean 'mean'?"),
+        (
+            "data:\n  preprocess:\n    scale: 255\n    resize: [1, 2, 3]\n",
+            ":4: data.preprocess.resize: Value error, must be a positive integer or [height, width] (got [1, 2, 3])",
+            None,
+        ),
+        ("data:\n  preprocess: {std: [0.2, 0]}\n", ":2: data.preprocess.std: Value error, must not contain 0", None),
+        ("data:\n  preprocess:\n    scale: 0\n", ":3: data.preprocess.scale: Value error, must be one non-zero", None),
+        ("data:\n  preprocess:\n    channels: rgb\n", ":3: data.preprocess.channels: Input should be 'RGB'", None),
+        ("data:\n  preprocess: [255]\n", ":2: data.preprocess: Input should be a valid dictionary", None),
+    ],
+)
+def test_bad_preprocess_names_file_line_and_key(
+    cli, tmp_path: Path, text: str, message: str, hint: str | None
+) -> None:
+    test_bad_configs(cli, tmp_path, text, message, hint)  # the line of the key, as for every section
+
+
+def test_preprocess_in_the_config_document(tmp_path: Path) -> None:
+    """The form stored in a quantized model's metadata and in reports: lists, floats, no nulls."""
+    text = "data:\n  preprocess: {resize: 256, center_crop: 224, scale: [255], mean: 0.5, std: [1, 0.5, 0.25]}\n"
+    doc = config_document(load_config(write(tmp_path, text)))
+    assert doc["data"] == {
+        "preprocess": {
+            "resize": [256], "center_crop": [224, 224], "scale": 255.0, "mean": [0.5], "std": [1.0, 0.5, 0.25],
+            "channels": "RGB", "layout": "NCHW", "dtype": "float32",
+        }
+    }
+    assert "data" not in config_document(load_config(write(tmp_path, "data: {}\n")))
 
 
 def test_unknown_preset(cli) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tracemalloc
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ from PIL import Image
 
 from conftest import IMAGE_MODEL, TWO_INPUT_MODEL, parse_model, write_npz
 from qcli.data import DataFolder, Preprocess, model_inputs
+from qcli.data.readers import READERS
+from qcli.data.scan import EntryKind
 from qcli.errors import DataError
 
 IMAGE_INPUTS = model_inputs(parse_model(IMAGE_MODEL))
@@ -125,6 +128,15 @@ def test_labels_csv_overrides_folder_labels(tmp_path: Path) -> None:
     assert sample.label.tolist() == [2]
 
 
+def test_labels_csv_errors_name_the_line(tmp_path: Path) -> None:
+    write_npz(tmp_path / "a.npz", image=image(0))
+    csv = tmp_path / "labels.csv"
+    for text, line in [("a.npz,2\nb.npz,1\n", 2), ("file,label\na.npz,x\n", 2), ("a.npz,1,2\n", 1)]:
+        csv.write_text(text)
+        with pytest.raises(DataError, match=f"^{csv}:{line}: "):
+            DataFolder(tmp_path, IMAGE_INPUTS)
+
+
 # ---- errors: each names the file and the input
 
 
@@ -216,6 +228,50 @@ def test_preprocess_rejects_unknown_keys() -> None:
     with pytest.raises(DataError, match=r"unknown key data\.preprocess\.men") as err:
         Preprocess.from_dict({"men": [0.5]})
     assert err.value.hint == "did you mean 'mean'?"
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"resize": 0}, "data.preprocess.resize: must be a positive integer or [height, width] (got 0)"),
+        ({"center_crop": [1, 2, 3]}, "data.preprocess.center_crop: must be a positive integer or [height, width]"),
+        ({"resize": True}, "data.preprocess.resize: must be a positive integer"),
+        ({"mean": []}, "data.preprocess.mean: must be a number or a list of numbers (got [])"),
+        ({"std": [0.5, 0]}, "data.preprocess.std: must not contain 0 (got [0.5, 0])"),
+        ({"scale": [1, 2]}, "data.preprocess.scale: must be one non-zero number (got [1, 2])"),
+        ({"layout": "NCWH"}, "data.preprocess.layout: Input should be 'NCHW' or 'NHWC' (got 'NCWH')"),
+        ("RGB", "data.preprocess: Input should be a valid dictionary"),
+    ],
+)
+def test_preprocess_errors_name_the_key(raw: object, message: str) -> None:
+    with pytest.raises(DataError) as err:
+        Preprocess.from_dict(raw)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_preprocess_values_and_defaults() -> None:
+    pre = Preprocess.from_dict({"resize": [300, 200], "center_crop": 224, "scale": [255], "mean": 1, "std": None})
+    assert (pre.resize, pre.center_crop, pre.scale) == ((300, 200), (224, 224), 255.0)
+    assert (pre.mean, pre.std) == ((1.0,), (1.0,))
+    assert Preprocess.from_dict({}) == Preprocess()
+    with pytest.raises(DataError, match=r"^unknown key cfg\.pre\.zzz$") as err:
+        Preprocess.from_dict({"zzz": 1}, where="cfg.pre")
+    assert err.value.hint.startswith("known keys: resize, center_crop, scale")
+
+
+def test_every_entry_kind_has_a_reader() -> None:
+    assert set(READERS) == set(get_args(EntryKind))
+
+
+def test_test_data_sets_holding_batches_are_counted(tmp_path: Path) -> None:
+    for i in range(2):
+        d = tmp_path / f"test_data_set_{i}"
+        d.mkdir()
+        batch = np.stack([image(i)] * 3)
+        (d / "input_0.pb").write_bytes(numpy_helper.from_array(batch, "image").SerializeToString())
+    folder = DataFolder(tmp_path, IMAGE_INPUTS)
+    assert len(folder) == 6 and folder.entry_sizes() == [3, 3]
+    assert [b.size for b in DataFolder(tmp_path, IMAGE_INPUTS, start=2, samples=3).batches(8)] == [3]
 
 
 def test_fixed_batch_dim_is_never_stacked(tmp_path: Path) -> None:

@@ -1,0 +1,99 @@
+"""Samples as read from one file, and batches stacked from consecutive samples.
+
+Every array carries a leading batch axis; a sample may hold a batch (a file of N samples), and
+`take`/`split`/`stack` cut and join along that axis only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LABEL_KEY = "label"  # the array of a .npz that holds labels rather than an input
+
+
+@dataclass
+class Sample:
+    """What one data file holds: arrays per input (leading batch axis), labels, reference outputs."""
+
+    source: str  # path relative to the data folder, for messages
+    inputs: dict[str, np.ndarray]
+    label: np.ndarray | None = None  # int64 [batch]
+    outputs: dict[str, np.ndarray] | None = None  # reference outputs (ONNX test data)
+
+    @property
+    def size(self) -> int:
+        return next(iter(self.inputs.values())).shape[0] if self.inputs else 0
+
+
+@dataclass
+class Batch:
+    """Consecutive samples stacked along the batch axis, with the files they came from."""
+
+    inputs: dict[str, np.ndarray]
+    label: np.ndarray | None
+    outputs: dict[str, np.ndarray] | None
+    sources: list[str] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return next(iter(self.inputs.values())).shape[0]
+
+
+def signature(sample: Sample) -> tuple:
+    """The shapes past the batch axis: samples stack only when these agree."""
+    return tuple((k, v.shape[1:]) for k, v in sorted(sample.inputs.items()))
+
+
+def take(sample: Sample, start: int, stop: int | None = None) -> Sample:
+    """Samples [start:stop] of a batch (or [0:start] when only one bound is given).
+
+    >>> s = Sample("a.npz", {"x": np.arange(5)[:, None]}, label=np.arange(5))
+    >>> take(s, 1, 3).label.tolist(), take(s, 2).size
+    ([1, 2], 2)
+    """
+    if stop is None:
+        start, stop = 0, start
+    cut = slice(start, stop)
+    return Sample(
+        sample.source,
+        {k: v[cut] for k, v in sample.inputs.items()},
+        None if sample.label is None else sample.label[cut],
+        None if sample.outputs is None else {k: v[cut] for k, v in sample.outputs.items()},
+    )
+
+
+def split(sample: Sample, size: int) -> Iterator[Sample]:
+    """The sample cut into parts of at most `size` along the batch axis."""
+    if sample.size <= size:
+        yield sample
+        return
+    for start in range(0, sample.size, size):
+        yield take(sample, start, min(start + size, sample.size))
+
+
+def stack(samples: list[Sample]) -> Batch:
+    """Concatenate samples; labels/outputs only when every sample has them.
+
+    >>> parts = [Sample(f"{i}.npy", {"x": np.full((1, 2), i)}, label=np.array([i])) for i in range(3)]
+    >>> batch = stack(parts)
+    >>> batch.size, batch.label.tolist(), batch.sources
+    (3, [0, 1, 2], ['0.npy', '1.npy', '2.npy'])
+    """
+    sources = [s.source for s in samples]
+    if len(samples) == 1:
+        s = samples[0]
+        return Batch(s.inputs, s.label, s.outputs, sources)
+    inputs = {k: np.concatenate([s.inputs[k] for s in samples]) for k in samples[0].inputs}
+    labels = [s.label for s in samples if s.label is not None]
+    label = np.concatenate(labels) if len(labels) == len(samples) else None
+    outs = [s.outputs for s in samples if s.outputs is not None]
+    outputs = None
+    if len(outs) == len(samples):
+        try:
+            outputs = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+        except (KeyError, ValueError):
+            outputs = None
+    return Batch(inputs, label, outputs, sources)
