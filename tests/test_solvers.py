@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from qcli.calibrate.observers import GridHistogram, TensorObserver
+from qcli.calibrate.grid import GridHistogram
+from qcli.calibrate.observers import TensorObserver
 from qcli.calibrate.solvers import (
     SOLVERS,
     QuantizationError,

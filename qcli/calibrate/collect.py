@@ -37,7 +37,9 @@ from typing import TypeVar
 import numpy as np
 import onnx
 
-from qcli.calibrate.observers import DEFAULT_MAX_BINS, SAMPLE_VALUES, TensorObserver
+from qcli.calibrate.grid import DEFAULT_MAX_BINS
+from qcli.calibrate.observers import TensorObserver
+from qcli.calibrate.sampling import SAMPLE_VALUES
 from qcli.data import Batch, DataFolder
 from qcli.errors import DataError
 from qcli.runtime import make_session

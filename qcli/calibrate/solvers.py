@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from qcli.calibrate.observers import GridHistogram
+from qcli.calibrate.grid import GridHistogram
 from qcli.errors import CalibrationError, ConfigError
 from qcli.scheme import QuantDtype
 
