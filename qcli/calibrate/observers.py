@@ -152,8 +152,8 @@ class TensorObserver:
         if self.sample_values is not None:
             subsets = [sample_subset(a, n, self.sample_values, first) for a, n, first in parts]
             if any(sub is not None for sub in subsets):  # else every value is binned
-                subsets = [flat if sub is None else sub for flat, sub in zip(flats, subsets)]
-                binned = subsets[0] if len(subsets) == 1 else np.concatenate(subsets)
+                picked = [flat if sub is None else sub for flat, sub in zip(flats, subsets, strict=True)]
+                binned = picked[0] if len(picked) == 1 else np.concatenate(picked)
         self._add(values, binned)
 
     def _add(self, values: np.ndarray, binned: np.ndarray) -> None:
@@ -181,10 +181,9 @@ class TensorObserver:
             lo, hi = float(flat.min()), float(flat.max())
         self.count += flat.size
         self.binned += binned.size
-        self._extend(lo, hi)
+        h = self._extend(lo, hi)
         if binned.size == 0:
             return
-        h = self._hist
         if self._counts_shared:  # handed out: copy before adding
             h = self._hist = GridHistogram(h.exponent, h.first, h.counts.copy())
             self._counts_shared = False
@@ -193,16 +192,18 @@ class TensorObserver:
         first, last = (grid_index(lo, k), grid_index(hi, k)) if whole else (h.first, h.last)
         h.counts[first - h.first : last - h.first + 1] += bin_counts(binned, k, first, last - first + 1)
 
-    def _extend(self, lo: float, hi: float) -> None:
-        """Make the grid cover [lo, hi] too (coarsening the counts, exactly, if need be)."""
+    def _extend(self, lo: float, hi: float) -> GridHistogram:
+        """Make the grid cover [lo, hi] too (coarsening the counts, exactly, if need be); return
+        the histogram."""
         if self._hist is not None and lo >= self._min and hi <= self._max:
-            return
+            return self._hist
         new_lo, new_hi = min(self._min, lo), max(self._max, hi)
         k = grid_exponent(new_lo, new_hi, self.max_bins)
         first, last = grid_index(new_lo, k), grid_index(new_hi, k)
         self._hist = GridHistogram(k, first, combine(self._hist, None, k, first, last))
         self._counts_shared = False
         self._min, self._max = new_lo, new_hi
+        return self._hist
 
     def _count_nonfinite(self, flat: np.ndarray) -> np.ndarray:
         finite = np.isfinite(flat)
@@ -399,7 +400,7 @@ def _merge_shape(a: Shape | None, b: Shape | None) -> Shape | None:
     """Dimension-wise agreement of two observed shapes; None where they differ (dynamic)."""
     if a is None or b is None or len(a) != len(b):
         return None
-    return tuple(x if x == y else None for x, y in zip(a, b))
+    return tuple(x if x == y else None for x, y in zip(a, b, strict=True))
 
 
 def _workable(flat: np.ndarray) -> np.ndarray:
