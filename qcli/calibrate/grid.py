@@ -5,7 +5,9 @@ Bin `i` of the grid of width `w = 2**k` is `[i*w, (i+1)*w)`. Binning is exact in
 union of bins `2j` and `2j+1`). A histogram always uses the smallest `k` at which its `[min, max]`
 spans at most `max_bins` bins (`grid_exponent`), and that `k` is monotone in the range: so the
 width depends only on the data, never on the order or the grouping it came in, and histograms of
-different streams merge exactly (coarsen both to the common width, add the counts).
+different streams merge exactly (coarsen both to the common width, add the counts). At that
+width more than `(max_bins - 1) / 2` bins span `[min, max]`, except for tiny ranges, where the
+width is floored so that grid indices stay exact (`MIN_EXPONENT`, `INDEX_BITS`).
 """
 
 from __future__ import annotations
