@@ -319,7 +319,8 @@ class _ObserverSink:
 
     def _update(self, values: list, samples: int) -> None:
         first, self.next_sample = self.next_sample, self.next_sample + samples
-        for name, value in zip(self.names, values, strict=True):
+        # strict=False: a run for no names returns every model output (onnxruntime's None).
+        for name, value in zip(self.names, values, strict=False):
             observer = self.observers.get(name)
             if observer is None:
                 continue
