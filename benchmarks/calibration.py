@@ -73,6 +73,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 ROOT = Path(__file__).resolve().parents[1]
 QCLI_ROOT = ROOT  # the qcli source tree the children import (--qcli-root)
@@ -128,137 +132,163 @@ def _use_qcli_tree(root: str) -> None:
 def _child(kind: str, model_path: str, data: str, samples: int, work: str, strided: bool) -> dict:
     """Run one configuration; return its figures (written as JSON by `main`)."""
     _use_qcli_tree(os.environ.get("QCLI_BENCH_ROOT", str(ROOT)))
-    import numpy  # noqa: F401  (imports are outside the timed region for every kind)
+    # Imports are outside the timed region for every kind: what they all share, here.
+    import numpy  # noqa: F401
+    import onnxruntime  # noqa: F401
+
+    import qcli.data  # noqa: F401
+    import qcli.model  # noqa: F401
+    import qcli.runtime  # noqa: F401
+
+    if kind in ("plain", "floor"):
+        result, seconds, rss_imports = _child_inference(kind, model_path, data, samples)
+    elif kind == "qcli":
+        result, seconds, rss_imports = _child_qcli(model_path, data, samples, work)
+    else:
+        result, seconds, rss_imports = _child_ort(kind.removeprefix("ort-"), model_path, data, samples, work, strided)
+    result.update(seconds=seconds, hwm_kb=_status_kb("VmHWM"), imports_kb=rss_imports)
+    return result
+
+
+Timed = tuple[dict, float, int | None]  # (figures, seconds, RSS after the imports in kB)
+
+
+def _child_inference(kind: str, model_path: str, data: str, samples: int) -> Timed:
+    """fp32 inference over the batches; "floor": the model as qcli's pass runs it (prepared, the
+    calibrated tensors as outputs), nothing observed."""
+    from qcli.calibrate.collect import session_with_outputs
+    from qcli.config import load_config
+    from qcli.data import DataFolder, model_inputs
+    from qcli.model import load_model
+    from qcli.plan import make_plan
+    from qcli.prepare import prepare
+    from qcli.runtime import make_session
+
+    rss_imports = _status_kb("VmRSS")
+    start = time.perf_counter()
+    model = load_model(model_path)
+    folder = DataFolder(data, model_inputs(model), samples=samples)
+    names = None
+    if kind == "floor":  # what qcli's pass runs, without observing: its floor
+        model = prepare(model).model
+        names = list(dict.fromkeys(make_plan(model, load_config(None)).calibrated_tensors))
+    session = make_session(model) if names is None else session_with_outputs(model, names)
+    count = batches = 0
+    for batch in folder.batches(BATCH_SIZE):
+        session.run(names, batch.inputs)
+        count += batch.size
+        batches += 1
+    seconds = time.perf_counter() - start
+    return {"samples": count, "batches": batches}, seconds, rss_imports
+
+
+def _child_qcli(model_path: str, data: str, samples: int, work: str) -> Timed:
+    """`qcli.quantize.calibrate` with the default config, then the file written; the time split
+    into its steps by wrapping the functions `calibrate` calls."""
+    import importlib
+
+    from qcli import quantize as engine
+    from qcli.calibrate import table
+    from qcli.config import load_config
+    from qcli.data import DataFolder, model_inputs
+    from qcli.model import load_model
+
+    # Import what is imported lazily, outside the timed region, as every kind's imports are.
+    for lazy in ("qcli.rules", "qcli.scheme"):
+        try:
+            importlib.import_module(lazy)
+        except ImportError:
+            pass
+
+    # One call per step, or per tensor and method for the solves: negligible overhead.
+    parts: dict[str, float] = {}
+
+    def timed(key, fn):
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                parts[key(*args) if callable(key) else key] = (
+                    parts.get(key(*args) if callable(key) else key, 0.0) + time.perf_counter() - t
+                )
+        return wrapper
+
+    for module, name, key in (
+        (engine, "prepare", "prepare"),
+        (engine, "make_plan", "plan"),
+        (engine, "collect", "pass"),
+        (table, "_solve", lambda observer, settings, method: method),
+    ):
+        if hasattr(module, name):  # the engine may change; a missing step is just not split
+            setattr(module, name, timed(key, getattr(module, name)))
+    config = load_config(None).merged(calibration={"samples": samples, "batch_size": BATCH_SIZE})
+    rss_imports = _status_kb("VmRSS")
+    start = time.perf_counter()
+    model = load_model(model_path)
+    folder = DataFolder(data, model_inputs(model), samples=config.calibration.samples)
+    calibration = engine.calibrate(model, folder, config)
+    t_save = time.perf_counter()
+    table.save_table(calibration, Path(work) / "model.calib.json")
+    seconds = time.perf_counter() - start
+    parts["save"] = time.perf_counter() - t_save
+    parts["other"] = seconds - sum(parts.values())  # model load, fingerprint, table...
+    result = {"samples": calibration.samples, "tensors": len(calibration.observers), "parts": parts}
+    return result, seconds, rss_imports
+
+
+def _child_ort(method: str, model_path: str, data: str, samples: int, work: str, strided: bool) -> Timed:
+    """onnxruntime's calibrator for `method`, as `quantize_static` runs it (`strided`: one
+    `collect_data` per batch, as its CalibStridedMinMax option does)."""
     import onnxruntime as ort
+    from onnxruntime.quantization.calibrate import (
+        CalibraterBase,
+        CalibrationDataReader,
+        CalibrationMethod,
+        create_calibrator,
+    )
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
     from qcli.data import DataFolder, model_inputs
     from qcli.model import load_model
     from qcli.runtime import session_options
 
-    result: dict = {}
-    if kind in ("plain", "floor"):
-        from qcli.calibrate.collect import session_with_outputs
-        from qcli.config import load_config
-        from qcli.plan import make_plan
-        from qcli.prepare import prepare
-        from qcli.runtime import make_session
+    def create_inference_session(self):  # onnxruntime's, with qcli's thread settings
+        options = session_options()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        self.infer_session = ort.InferenceSession(
+            self.augmented_model_path, sess_options=options, providers=self.execution_providers
+        )
 
-        rss_imports = _status_kb("VmRSS")
-        start = time.perf_counter()
-        model = load_model(model_path)
-        folder = DataFolder(data, model_inputs(model), samples=samples)
-        names = None
-        if kind == "floor":  # what qcli's pass runs, without observing: its floor
-            model = prepare(model).model
-            names = list(dict.fromkeys(make_plan(model, load_config(None)).calibrated_tensors))
-        session = make_session(model) if names is None else session_with_outputs(model, names)
-        count = batches = 0
-        for batch in folder.batches(BATCH_SIZE):
-            session.run(names, batch.inputs)
-            count += batch.size
-            batches += 1
-        seconds = time.perf_counter() - start
-        result.update(samples=count, batches=batches)
+    CalibraterBase.create_inference_session = create_inference_session
 
-    elif kind == "qcli":
-        import importlib
+    class Reader(CalibrationDataReader):
+        def __init__(self, batches):
+            self.batches = batches
 
-        from qcli import quantize as engine
-        from qcli.calibrate import table
-        from qcli.config import load_config
+        def get_next(self):
+            return next(self.batches, None)
 
-        # Import what is imported lazily, outside the timed region, as every kind's imports are.
-        for module in ("qcli.rules", "qcli.scheme"):
-            try:
-                importlib.import_module(module)
-            except ImportError:
-                pass
-
-        # Split the time into steps by wrapping the functions `calibrate` calls (one call per
-        # step, or per tensor and method for the solves: negligible overhead).
-        parts: dict[str, float] = {}
-
-        def timed(key, fn):
-            def wrapper(*args, **kwargs):
-                t = time.perf_counter()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    parts[key(*args) if callable(key) else key] = (
-                        parts.get(key(*args) if callable(key) else key, 0.0) + time.perf_counter() - t
-                    )
-            return wrapper
-
-        for module, name, key in (
-            (engine, "prepare", "prepare"),
-            (engine, "make_plan", "plan"),
-            (engine, "collect", "pass"),
-            (table, "_solve", lambda observer, settings, method: method),
-        ):
-            if hasattr(module, name):  # the engine may change; a missing step is just not split
-                setattr(module, name, timed(key, getattr(module, name)))
-        config = load_config(None).merged(calibration={"samples": samples, "batch_size": BATCH_SIZE})
-        rss_imports = _status_kb("VmRSS")
-        start = time.perf_counter()
-        model = load_model(model_path)
-        folder = DataFolder(data, model_inputs(model), samples=config.calibration.samples)
-        calibration = engine.calibrate(model, folder, config)
-        t_save = time.perf_counter()
-        table.save_table(calibration, Path(work) / "model.calib.json")
-        seconds = time.perf_counter() - start
-        parts["save"] = time.perf_counter() - t_save
-        parts["other"] = seconds - sum(parts.values())  # model load, fingerprint, table...
-        result.update(samples=calibration.samples, tensors=len(calibration.observers), parts=parts)
-
+    op_types = sorted(set(QLinearOpsRegistry) | set(QDQRegistry))  # quantize_static's default
+    rss_imports = _status_kb("VmRSS")
+    start = time.perf_counter()
+    model = load_model(model_path)
+    folder = DataFolder(data, model_inputs(model), samples=samples)
+    calibrator = create_calibrator(
+        Path(model_path),
+        op_types,
+        augmented_model_path=str(Path(work) / "augmented_model.onnx"),
+        calibrate_method=getattr(CalibrationMethod, method),
+    )
+    batches = folder.batches(BATCH_SIZE)
+    if strided:  # quantize_static's CalibStridedMinMax: one collect_data per stride
+        for batch in batches:
+            calibrator.collect_data(Reader(iter([batch.inputs])))
     else:
-        from onnxruntime.quantization.calibrate import (
-            CalibraterBase,
-            CalibrationDataReader,
-            CalibrationMethod,
-            create_calibrator,
-        )
-        from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
-
-        method = kind.removeprefix("ort-")
-
-        def create_inference_session(self):  # onnxruntime's, with qcli's thread settings
-            options = session_options()
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            self.infer_session = ort.InferenceSession(
-                self.augmented_model_path, sess_options=options, providers=self.execution_providers
-            )
-
-        CalibraterBase.create_inference_session = create_inference_session
-
-        class Reader(CalibrationDataReader):
-            def __init__(self, batches):
-                self.batches = batches
-
-            def get_next(self):
-                return next(self.batches, None)
-
-        op_types = sorted(set(QLinearOpsRegistry) | set(QDQRegistry))  # quantize_static's default
-        rss_imports = _status_kb("VmRSS")
-        start = time.perf_counter()
-        model = load_model(model_path)
-        folder = DataFolder(data, model_inputs(model), samples=samples)
-        calibrator = create_calibrator(
-            Path(model_path),
-            op_types,
-            augmented_model_path=str(Path(work) / "augmented_model.onnx"),
-            calibrate_method=getattr(CalibrationMethod, method),
-        )
-        batches = folder.batches(BATCH_SIZE)
-        if strided:  # quantize_static's CalibStridedMinMax: one collect_data per stride
-            for batch in batches:
-                calibrator.collect_data(Reader(iter([batch.inputs])))
-        else:
-            calibrator.collect_data(Reader(b.inputs for b in batches))
-        ranges = calibrator.compute_data()
-        seconds = time.perf_counter() - start
-        result.update(tensors=len(ranges.data))
-    result.update(seconds=seconds, hwm_kb=_status_kb("VmHWM"), imports_kb=rss_imports)
-    return result
+        calibrator.collect_data(Reader(b.inputs for b in batches))
+    ranges = calibrator.compute_data()
+    seconds = time.perf_counter() - start
+    return {"tensors": len(ranges.data)}, seconds, rss_imports
 
 
 # =========================================================================== parent process
@@ -276,7 +306,8 @@ def make_data(source: Path, target: Path, count: int) -> None:
         rng = np.random.default_rng(0)
         target.mkdir(parents=True)
         for i in range(count):
-            np.savez(target / f"{i:05d}.npz", **{name: rng.uniform(-1, 1, size=shape).astype(np.float32)})
+            arrays: dict[str, Any] = {name: rng.uniform(-1, 1, size=shape).astype(np.float32)}
+            np.savez(target / f"{i:05d}.npz", **arrays)
         return
     files = sorted((source / "calib").glob("*.npz")) + sorted((source / "eval").glob("*.npz"))
     if not files:
@@ -358,12 +389,50 @@ def ok(r: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    args = _parse_args(argv)
+    if args.child:
+        result = _child(args.child, args.model, args.data, args.n, args.work, args.strided)
+        Path(args.result).write_text(json.dumps(result))
+        return 0
+
+    global QCLI_ROOT
+    QCLI_ROOT = args.qcli_root.resolve()
+    if args.quick:
+        args.reps, args.samples = 1, [s for s in args.samples if s <= 128] or [32]
+
+    from rich.console import Console
+
+    console = Console(highlight=False, width=max(shutil.get_terminal_size((120, 24)).columns, 120))
+    models = _find_models(args.models, console)
+    if not models:
+        console.print("no sample models to benchmark")
+        return 0
+
+    import onnxruntime
+
+    console.print(
+        f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs, batch size {BATCH_SIZE}, "
+        f"{args.reps} repetition(s) (median), load average {os.getloadavg()[0]:.1f}"
+    )
+    t_start = time.perf_counter()
+    results = _run_all(models, args, console)
+    elapsed = time.perf_counter() - t_start
+
+    report(console, models, args, results)
+    console.print(f"benchmark took {elapsed:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({f"{m}|{n}|{k}": v for (m, n, k), v in results.items()}, indent=1))
+    return 0
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS),
                    help=f"sample models, or exported ones ({', '.join(REAL_MODELS)}; make real-models)")
     p.add_argument("--samples", nargs="+", type=int, default=list(SAMPLES))
     p.add_argument("--reps", type=int, default=3, help="repetitions of each configuration (median)")
-    p.add_argument("--ort-reps-512", type=int, default=1, help="repetitions of ort Percentile/Entropy at >= 512 samples")
+    p.add_argument("--ort-reps-512", type=int, default=1,
+                   help="repetitions of ort Percentile/Entropy at >= 512 samples")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds before a child is killed")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     p.add_argument("--quick", action="store_true", help="1 repetition at 32 and 128 samples")
@@ -378,23 +447,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--strided", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
-    if args.child:
-        result = _child(args.child, args.model, args.data, args.n, args.work, args.strided)
-        Path(args.result).write_text(json.dumps(result))
-        return 0
 
-    global QCLI_ROOT
-    QCLI_ROOT = args.qcli_root.resolve()
-    if args.quick:
-        args.reps, args.samples = 1, [s for s in args.samples if s <= 128] or [32]
-
-    from rich.console import Console
-
-    console = Console(highlight=False, width=max(shutil.get_terminal_size((120, 24)).columns, 120))
+def _find_models(names: list[str], console) -> list[tuple[str, Path]]:
+    """(name, sample model folder or exported model file) of each model found; the others are
+    reported as skipped."""
     models = []
-    for name in args.models:
+    for name in names:
         if name in REAL_MODELS:
             path = REAL_DIR / REAL_MODELS[name][0]
             if path.is_file():
@@ -407,18 +467,12 @@ def main(argv: list[str] | None = None) -> int:
             models.append((name, folder))
         else:
             console.print(f"[yellow]skipped {name}: {folder / 'model.onnx'} not found[/yellow]")
-    if not models:
-        console.print("no sample models to benchmark")
-        return 0
+    return models
 
-    import onnxruntime
 
-    console.print(
-        f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs, batch size {BATCH_SIZE}, "
-        f"{args.reps} repetition(s) (median), load average {os.getloadavg()[0]:.1f}"
-    )
+def _run_all(models: list[tuple[str, Path]], args, console) -> dict[tuple[str, int, str], dict]:
+    """Every configuration of every model, repetitions interleaved; printed as they finish."""
     results: dict[tuple[str, int, str], dict] = {}
-    t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qcli-bench-") as tmp:
         for name, folder in models:
             data = Path(tmp) / name
@@ -435,21 +489,17 @@ def main(argv: list[str] | None = None) -> int:
                         runs[kind].append(run_child(kind, model_file(folder), data, n, args.timeout))
                 for kind in args.kinds:
                     r = results[(name, n, kind)] = summarize(runs[kind])
-                    console.print(f"  {name:12} {n:4d} samples  {LABELS[kind]:32} {fmt_time(r):>10} {fmt_mb(r):>9}"
-                                  + (f"  {r['error'][:70]}" if "error" in r else ""), markup=False)
+                    _print_run(console, name, n, LABELS[kind], r)
                     if kind.startswith("ort-") and "error" in r:
                         strided = run_child(kind, model_file(folder), data, n, args.timeout, strided=True)
                         results[(name, n, kind + " strided")] = strided
-                        console.print(f"  {name:12} {n:4d} samples  {LABELS[kind] + ' strided':32} "
-                                      f"{fmt_time(strided):>10} {fmt_mb(strided):>9}"
-                                      + (f"  {strided['error'][:70]}" if "error" in strided else ""), markup=False)
-    elapsed = time.perf_counter() - t_start
+                        _print_run(console, name, n, LABELS[kind] + " strided", strided)
+    return results
 
-    report(console, models, args, results)
-    console.print(f"benchmark took {elapsed:.0f} s")
-    if args.json:
-        args.json.write_text(json.dumps({f"{m}|{n}|{k}": v for (m, n, k), v in results.items()}, indent=1))
-    return 0
+
+def _print_run(console, name: str, n: int, label: str, r: dict) -> None:
+    console.print(f"  {name:12} {n:4d} samples  {label:32} {fmt_time(r):>10} {fmt_mb(r):>9}"
+                  + (f"  {r['error'][:70]}" if "error" in r else ""), markup=False)
 
 
 def derived_method(qcli: dict, method: str) -> dict:
@@ -460,51 +510,67 @@ def derived_method(qcli: dict, method: str) -> dict:
 
 
 def report(console, models, args, results) -> None:
-    from rich.table import Table
-
     for name, _ in models:
-        table = Table(title=f"{name}: wall time (median) and peak RSS", title_justify="left")
-        for col, justify in (("samples", "right"), ("run", "left"), ("wall", "right"), ("peak RSS", "right"),
-                             ("time / fp32", "right"), ("time / qcli", "right"), ("RSS / qcli", "right")):
-            table.add_column(col, justify=justify)
-        notes = []
-        for n in args.samples:
-            plain, qcli = results.get((name, n, "plain")), results.get((name, n, "qcli"))
-            rows: list[tuple[str, dict]] = []
-            for (m, s, kind), r in results.items():
-                if m != name or s != n:
-                    continue
-                base = kind.split(" ")[0]
-                rows.append((LABELS[base] + (" strided" if kind.endswith("strided") else ""), r))
-                if kind == "qcli" and ok(r):
-                    for method in QCLI_METHODS:
-                        rows.append((f"  qcli, {method} solved only*", derived_method(r, method)))
-                    p = r["parts"]
-                    notes.append(
-                        f"{name} {n} samples, qcli: {r['tensors']} tensors; "
-                        + ", ".join(f"{k} {v:.2f} s" for k, v in p.items())
-                        + (f"; fp32 inference: {plain['batches']} batches" if plain and ok(plain) else "")
-                    )
-            for i, (label, r) in enumerate(rows):
-                vs_plain = vs_qcli = rss_qcli = ""
-                more = "> " if "timeout" in r else ""
-                if plain and ok(plain) and (ok(r) or "timeout" in r):
-                    vs_plain = f"{more}{_secs(r) / plain['seconds']:.2f}x"
-                is_qcli = label.lstrip().startswith("qcli")
-                if not is_qcli and label != LABELS["plain"] and qcli and ok(qcli) and (ok(r) or "timeout" in r):
-                    vs_qcli = f"{more}{_secs(r) / qcli['seconds']:.1f}x"
-                    if r.get("hwm_kb"):
-                        rss_qcli = f"{more}{r['hwm_kb'] / qcli['hwm_kb']:.1f}x"
-                wall = fmt_time(r)
-                if "error" in r:
-                    notes.append(f"{name} {n} samples, {label.strip()} failed: {r['error']}")
-                table.add_row(str(n) if i == 0 else "", label, wall, fmt_mb(r), vs_plain, vs_qcli, rss_qcli,
-                              end_section=i == len(rows) - 1)
+        table, notes = _model_table(name, args.samples, results)
         console.print(table)
         console.print("* derived: qcli's measured total less the other three methods' solve time "
                       "(qcli solves all four in one run; these rows show what each method alone costs).")
         for line in notes:
             console.print("  " + line, markup=False)
+    console.print(_targets_table(models, args.samples, results))
+
+
+def _model_table(name: str, samples: list[int], results: dict) -> tuple[Any, list[str]]:
+    """One model's table (every run, against fp32 and against qcli) and the notes under it."""
+    from rich.table import Table
+
+    table = Table(title=f"{name}: wall time (median) and peak RSS", title_justify="left")
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("samples", "right"), ("run", "left"), ("wall", "right"), ("peak RSS", "right"),
+        ("time / fp32", "right"), ("time / qcli", "right"), ("RSS / qcli", "right"),
+    )
+    for col, justify in columns:
+        table.add_column(col, justify=justify)
+    notes = []
+    for n in samples:
+        plain, qcli = results.get((name, n, "plain")), results.get((name, n, "qcli"))
+        rows: list[tuple[str, dict]] = []
+        for (m, s, kind), r in results.items():
+            if m != name or s != n:
+                continue
+            base = kind.split(" ")[0]
+            rows.append((LABELS[base] + (" strided" if kind.endswith("strided") else ""), r))
+            if kind == "qcli" and ok(r):
+                for method in QCLI_METHODS:
+                    rows.append((f"  qcli, {method} solved only*", derived_method(r, method)))
+                p = r["parts"]
+                notes.append(
+                    f"{name} {n} samples, qcli: {r['tensors']} tensors; "
+                    + ", ".join(f"{k} {v:.2f} s" for k, v in p.items())
+                    + (f"; fp32 inference: {plain['batches']} batches" if plain and ok(plain) else "")
+                )
+        for i, (label, r) in enumerate(rows):
+            vs_plain = vs_qcli = rss_qcli = ""
+            more = "> " if "timeout" in r else ""
+            if plain and ok(plain) and (ok(r) or "timeout" in r):
+                vs_plain = f"{more}{_secs(r) / plain['seconds']:.2f}x"
+            is_qcli = label.lstrip().startswith("qcli")
+            if not is_qcli and label != LABELS["plain"] and qcli and ok(qcli) and (ok(r) or "timeout" in r):
+                vs_qcli = f"{more}{_secs(r) / qcli['seconds']:.1f}x"
+                if r.get("hwm_kb"):
+                    rss_qcli = f"{more}{r['hwm_kb'] / qcli['hwm_kb']:.1f}x"
+            wall = fmt_time(r)
+            if "error" in r:
+                notes.append(f"{name} {n} samples, {label.strip()} failed: {r['error']}")
+            table.add_row(str(n) if i == 0 else "", label, wall, fmt_mb(r), vs_plain, vs_qcli, rss_qcli,
+                          end_section=i == len(rows) - 1)
+    return table, notes
+
+
+def _targets_table(models, samples: list[int], results: dict) -> Any:
+    """The issue's targets, measured: flat memory, time against fp32, speed and memory against
+    onnxruntime's histogram calibrators."""
+    from rich.table import Table
 
     targets = Table(title="Targets (reported, not asserted)", title_justify="left")
     targets.add_column("model")
@@ -512,51 +578,58 @@ def report(console, models, args, results) -> None:
     targets.add_column("measured", justify="right")
     targets.add_column("")
     for name, _ in models:
-        lo, hi = min(args.samples), max(args.samples)
+        lo, hi = min(samples), max(samples)
         a, b = results.get((name, lo, "qcli")), results.get((name, hi, "qcli"))
         if a and b and ok(a) and ok(b) and lo != hi:
             ratio = b["hwm_kb"] / a["hwm_kb"]
             targets.add_row(name, f"qcli peak RSS, {hi} / {lo} samples  <= {RSS_FLAT}", f"{ratio:.2f}",
                             _mark(ratio <= RSS_FLAT))
-        for n in args.samples:
-            plain, qcli = results.get((name, n, "plain")), results.get((name, n, "qcli"))
-            if not (plain and qcli and ok(plain) and ok(qcli)):
+        for n in samples:
+            _time_targets(targets, name, n, results)
+        _ort_targets(targets, name, max(samples), results)
+    return targets
+
+
+def _time_targets(targets, name: str, n: int, results: dict) -> None:
+    plain, qcli = results.get((name, n, "plain")), results.get((name, n, "qcli"))
+    if not (plain and qcli and ok(plain) and ok(qcli)):
+        return
+    ratio = qcli["seconds"] / plain["seconds"]
+    targets.add_row(name, f"qcli (all 4 methods) time / fp32, {n} samples  <= {TIME_VS_PLAIN}",
+                    f"{ratio:.2f}", _mark(ratio <= TIME_VS_PLAIN))
+    ratio = qcli["parts"]["pass"] / plain["seconds"]
+    targets.add_row(name, f"(not a target) qcli pass alone / fp32, {n} samples", f"{ratio:.2f}", "info")
+    floor = results.get((name, n, "floor"))
+    if floor and ok(floor):
+        solves = sum(qcli["parts"].get(k, 0.0) for k in (*QCLI_METHODS, "save"))
+        ratio = (floor["seconds"] + solves) / plain["seconds"]
+        targets.add_row(name, f"(not a target) floor: fp32 + observed outputs + qcli's solves / fp32, {n} samples",
+                        f"{ratio:.2f}", "info")
+    worst = max(QCLI_METHODS, key=lambda m: derived_method(qcli, m)["seconds"])
+    ratio = derived_method(qcli, worst)["seconds"] / plain["seconds"]
+    targets.add_row(name, f"qcli one method* time / fp32, {n} samples, worst ({worst})  <= {TIME_VS_PLAIN}",
+                    f"{ratio:.2f}", _mark(ratio <= TIME_VS_PLAIN))
+
+
+def _ort_targets(targets, name: str, n: int, results: dict) -> None:
+    qcli = results.get((name, n, "qcli"))
+    for method in ("Percentile", "Entropy"):
+        for kind in (f"ort-{method}", f"ort-{method} strided"):
+            r = results.get((name, n, kind))
+            if r is None or not (qcli and ok(qcli)):
                 continue
-            ratio = qcli["seconds"] / plain["seconds"]
-            targets.add_row(name, f"qcli (all 4 methods) time / fp32, {n} samples  <= {TIME_VS_PLAIN}",
-                            f"{ratio:.2f}", _mark(ratio <= TIME_VS_PLAIN))
-            ratio = qcli["parts"]["pass"] / plain["seconds"]
-            targets.add_row(name, f"(not a target) qcli pass alone / fp32, {n} samples", f"{ratio:.2f}", "info")
-            floor = results.get((name, n, "floor"))
-            if floor and ok(floor):
-                solves = sum(qcli["parts"].get(k, 0.0) for k in (*QCLI_METHODS, "save"))
-                ratio = (floor["seconds"] + solves) / plain["seconds"]
-                targets.add_row(name, f"(not a target) floor: fp32 + observed outputs + qcli's solves / fp32, {n} samples",
-                                f"{ratio:.2f}", "info")
-            worst = max(QCLI_METHODS, key=lambda m: derived_method(qcli, m)["seconds"])
-            ratio = derived_method(qcli, worst)["seconds"] / plain["seconds"]
-            targets.add_row(name, f"qcli one method* time / fp32, {n} samples, worst ({worst})  <= {TIME_VS_PLAIN}",
-                            f"{ratio:.2f}", _mark(ratio <= TIME_VS_PLAIN))
-        n = max(args.samples)
-        qcli = results.get((name, n, "qcli"))
-        for method in ("Percentile", "Entropy"):
-            for kind in (f"ort-{method}", f"ort-{method} strided"):
-                r = results.get((name, n, kind))
-                if r is None or not (qcli and ok(qcli)):
-                    continue
-                label = LABELS[f"ort-{method}"] + (" strided" if kind.endswith("strided") else "")
-                if "error" in r:
-                    targets.add_row(name, f"{label}, {n} samples", "failed", "n/a")
-                    continue
-                more = "> " if "timeout" in r else ""
-                speed = _secs(r) / qcli["seconds"]
-                targets.add_row(name, f"{label} time / qcli, {n} samples  >= {VS_ORT:g}", f"{more}{speed:.1f}",
-                                _mark(speed >= VS_ORT))
-                if r.get("hwm_kb"):
-                    mem = r["hwm_kb"] / qcli["hwm_kb"]
-                    targets.add_row(name, f"{label} peak RSS / qcli, {n} samples  >= {VS_ORT:g}",
-                                    f"{more}{mem:.1f}", _mark(mem >= VS_ORT))
-    console.print(targets)
+            label = LABELS[f"ort-{method}"] + (" strided" if kind.endswith("strided") else "")
+            if "error" in r:
+                targets.add_row(name, f"{label}, {n} samples", "failed", "n/a")
+                continue
+            more = "> " if "timeout" in r else ""
+            speed = _secs(r) / qcli["seconds"]
+            targets.add_row(name, f"{label} time / qcli, {n} samples  >= {VS_ORT:g}", f"{more}{speed:.1f}",
+                            _mark(speed >= VS_ORT))
+            if r.get("hwm_kb"):
+                mem = r["hwm_kb"] / qcli["hwm_kb"]
+                targets.add_row(name, f"{label} peak RSS / qcli, {n} samples  >= {VS_ORT:g}",
+                                f"{more}{mem:.1f}", _mark(mem >= VS_ORT))
 
 
 def _secs(r: dict) -> float:

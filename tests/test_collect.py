@@ -12,10 +12,10 @@ import pytest
 
 from conftest import parse_model, write_npz
 from qcli.calibrate.collect import collect, session_with_outputs, value_aliases
-from qcli.calibrate.observers import SAMPLE_VALUES, TensorObserver
+from qcli.calibrate.observers import TensorObserver
+from qcli.calibrate.sampling import SAMPLE_VALUES
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import DataError
-from qcli.runtime import make_session
 
 # q -> Reshape -> Transpose (values of q, rearranged), as in attention heads; s is not a
 # rearrangement (Slice keeps part of the values) and must be observed on its own.
@@ -108,7 +108,7 @@ def test_sampled_histograms_do_not_depend_on_batching(
 ) -> None:
     # 48 values a sample, at least 8 binned: stride 5 (the largest prime <= 6 not dividing 48),
     # after the first 4 samples (binned whole).
-    from qcli.calibrate import observers
+    from qcli.calibrate import sampling as observers
 
     monkeypatch.setattr(observers, "WHOLE_SAMPLES", 4)
     folder = make_data(tmp_path / "data", 17)

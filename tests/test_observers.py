@@ -9,17 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from qcli.calibrate.observers import (
-    GridHistogram,
-    WHOLE_SAMPLES,
-    TensorObserver,
-    bin_counts,
-    grid_exponent,
-    grid_index,
-    sample_stride,
-    sample_walk,
-    sample_subset,
-)
+from qcli.calibrate.grid import GridHistogram, bin_counts, grid_exponent, grid_index
+from qcli.calibrate.observers import TensorObserver
+from qcli.calibrate.sampling import WHOLE_SAMPLES, sample_stride, sample_subset, sample_walk
 from qcli.errors import CalibrationError
 
 
@@ -393,7 +385,7 @@ def test_float32_binning_is_exact_at_positive_exponents():
 def test_large_samples_are_binned_whole_up_to_a_value_budget(monkeypatch) -> None:
     # With a 100-value budget, samples of 48 values are binned whole for the first 3 samples,
     # not 32; later ones contribute their 16-value walk. Batching still does not matter.
-    from qcli.calibrate import observers
+    from qcli.calibrate import sampling as observers
 
     monkeypatch.setattr(observers, "WHOLE_VALUES", 100)
     assert observers.whole_samples(48) == 3 and observers.whole_samples(1) == WHOLE_SAMPLES

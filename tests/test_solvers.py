@@ -8,17 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from qcli.calibrate.observers import GridHistogram, TensorObserver
-from qcli.calibrate.solvers import (
-    SOLVERS,
-    QuantizationError,
-    clipped_fraction,
-    kl_divergences,
-    kl_range,
-    mse_range,
-    percentile_range,
-    solve_range,
-)
+from qcli.calibrate.grid import GridHistogram
+from qcli.calibrate.kl import kl_divergences, kl_range
+from qcli.calibrate.mse import QuantizationError, mse_range
+from qcli.calibrate.observers import TensorObserver
+from qcli.calibrate.solvers import SOLVERS, clipped_fraction, percentile_range, solve_range
 from qcli.errors import CalibrationError, ConfigError
 from qcli.scheme import QUANT_DTYPES, quant_dtype
 

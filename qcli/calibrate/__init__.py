@@ -3,7 +3,8 @@ them into quantization ranges (minmax, percentile, kl, mse)."""
 
 from __future__ import annotations
 
-from qcli.calibrate.observers import GridHistogram, TensorObserver
+from qcli.calibrate.grid import GridHistogram
+from qcli.calibrate.observers import TensorObserver
 from qcli.calibrate.solvers import SOLVERS, clipped_fraction, solve_range
 
 __all__ = ["SOLVERS", "GridHistogram", "TensorObserver", "clipped_fraction", "solve_range"]

@@ -7,23 +7,13 @@ choice: `calibrate` passes the plan's (`Plan.calibrated_tensors`), so exactly wh
 quantization needs is observed. Tensors inside If/Loop bodies cannot be graph outputs; the
 quantizer leaves those subgraphs float unless they are inlined first.
 
-Speed (measured with benchmarks/calibration.py): the pass is a pipeline (reading, inference,
-observing in three threads); a tensor that only rearranges another observed tensor's values
-(Reshape, Transpose...) takes that tensor's statistics instead of being binned again; small
-outputs are pooled per tensor before they reach the observer. None of this changes a
-statistic: the histograms do not depend on how values are grouped or ordered. The histograms
-bin at least `sample_values` values of each sample (default `SAMPLE_VALUES`, 2048; None: every
-value), a subset fixed by the sample alone (observers.py); count, min, max stay exact.
-
-What limits the sample Transformer (512 samples, variable lengths: 395 runs of ~1.3 samples,
-64 observed tensors, 415k values a sample): observing costs ~0.43 s of one thread against
-~0.22 s of inference, and the observer thread holds the GIL that the reading thread and the
-calls into onnxruntime also need, so the three stages barely overlap (the pass without
-observing: as fast as plain inference). Measured and dropped (2026-11-23, figures in
-README "Benchmarks"): a C binning loop that releases the GIL (1.34 vs 1.83 ns a value in
-numpy) took the pass from 0.84 to 0.76 s, not worth a compiled extension; pooling whole runs
-and noting each run layout once left the observer's 0.43 s unchanged; a shorter GIL switch
-interval (0.2 ms) and one onnxruntime thread made the pass slower or no faster.
+The pass is a pipeline (reading, inference, observing in three threads); a tensor that only
+rearranges another observed tensor's values (Reshape, Transpose...) takes that tensor's
+statistics instead of being binned again; small outputs are pooled per tensor before they reach
+the observer. None of this changes a statistic: the histograms do not depend on how values are
+grouped or ordered (observers.py), and the values binned of each sample are fixed by the sample
+alone (sampling.py; default `SAMPLE_VALUES`, None: every value); count, min, max stay exact.
+`benchmarks/calibration.py` measures the pass.
 """
 
 from __future__ import annotations
@@ -37,16 +27,19 @@ from typing import TypeVar
 import numpy as np
 import onnx
 
-from qcli.calibrate.observers import DEFAULT_MAX_BINS, SAMPLE_VALUES, TensorObserver
+from qcli.calibrate.grid import DEFAULT_MAX_BINS
+from qcli.calibrate.observers import TensorObserver
+from qcli.calibrate.sampling import SAMPLE_VALUES
 from qcli.data import Batch, DataFolder
 from qcli.errors import DataError
 from qcli.runtime import make_session
 
+
 def session_with_outputs(model: onnx.ModelProto, names: list[str], threads: int | None = None):
     """An onnxruntime session of `model` whose graph also outputs `names` (types left to
     onnxruntime). The outputs are added to `model` itself while the session is built, then
-    removed: a copy of the model would hold its weights twice (a 416 MB BERT-base calibrated at
-    a 2.6 GB peak with the copy). Not for a model other threads read meanwhile."""
+    removed: a copy of the model would hold its weights twice, which for a large model dominates
+    the pass's peak memory. Not for a model other threads read meanwhile."""
     existing = {o.name for o in model.graph.output}
     kept = len(model.graph.output)
     model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(names) if n not in existing)
@@ -69,9 +62,7 @@ _AHEAD = 1
 #: the largest per-sample figure seen so far (the first batch's first sample is run alone to
 #: measure it); at most three runs' outputs are alive in the pipeline (one being computed, one
 #: queued, one observed), and when a single sample's outputs exceed this, each run is observed
-#: before the next starts, so one is. Measured on the PaddleOCR recognizer (271 observed
-#: tensors, 130 MB a sample), 512 samples: batches of 8 peaked at 4.4 GB; runs of one sample
-#: at 728 MB (39 s; with a 96 MB bound, observed one run at a time: 571 MB but 53 s).
+#: before the next starts, so one is (README, "Decision (calibration memory)").
 RUN_OUTPUT_BYTES = 160 << 20
 
 
@@ -148,7 +139,7 @@ def collect(
     Tensors named twice are observed once. Requested tensors that turn out not to be float
     are left out (`Collected.skipped`). `threads`: onnxruntime intra-op threads (default: one
     per core; a worker sharing the machine with others takes its share). `sample_values`:
-    at least this many values of each sample are binned (None: all; observers.py);
+    at least this many values of each sample are binned (None: all; sampling.py);
     `first_sample`: the index of the folder's first sample in the whole stream (a shard's).
     `reference`: the model as the user gave it (before preparation): when a run fails, it is
     run on the same inputs to tell the user's model failing from qcli's changes failing.
@@ -166,14 +157,7 @@ def collect(
     try:
         for batch in stream:
             for part in parts(batch, run_size):
-                try:
-                    values = session.run(names, part.inputs)
-                except Exception as exc:  # onnxruntime's Fail / InvalidArgument / RuntimeException
-                    where = batch.sources[0] if len(batch.sources) == 1 else f"{batch.sources[0]} .. {batch.sources[-1]}"
-                    raise DataError(
-                        f"onnxruntime failed on {folder.path / where}: {str(exc).strip()}",
-                        hint=_failure_hint(reference, part.inputs),
-                    ) from exc
+                values = _run(session, names, part, batch, folder, reference)
                 run_size.note(values, part.size)
                 sink.put(values, part.size, wait=run_size.per_sample > RUN_OUTPUT_BYTES)
                 samples += part.size
@@ -194,6 +178,21 @@ def collect(
             observers[name].adopt_values(observers[source])
             aliases[name] = source
     return Collected(observers, samples, batches, sink.skipped, aliases)
+
+
+def _run(session, names: list[str], part: Batch, batch: Batch, folder: DataFolder,
+         reference: onnx.ModelProto | None) -> list:
+    """The outputs `names` of one run on `part` (of `batch`); DataError naming the batch's files
+    when onnxruntime fails."""
+    try:
+        return session.run(names, part.inputs)
+    except Exception as exc:  # onnxruntime's Fail / InvalidArgument / RuntimeException
+        first, last = batch.sources[0], batch.sources[-1]
+        where = first if len(batch.sources) == 1 else f"{first} .. {last}"
+        raise DataError(
+            f"onnxruntime failed on {folder.path / where}: {str(exc).strip()}",
+            hint=_failure_hint(reference, part.inputs),
+        ) from exc
 
 
 def _failure_hint(reference: onnx.ModelProto | None, inputs: dict[str, np.ndarray]) -> str:
@@ -320,7 +319,8 @@ class _ObserverSink:
 
     def _update(self, values: list, samples: int) -> None:
         first, self.next_sample = self.next_sample, self.next_sample + samples
-        for name, value in zip(self.names, values):
+        # strict=False: a run for no names returns every model output (onnxruntime's None).
+        for name, value in zip(self.names, values, strict=False):
             observer = self.observers.get(name)
             if observer is None:
                 continue

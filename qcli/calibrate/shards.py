@@ -11,13 +11,14 @@ they do not, only the recorded batch shape can differ, never a statistic.
 A worker gets the model as bytes and the folder restricted to its files (paths, not arrays):
 it reads its samples itself, on its machine. It is also told the index of its shard's first
 sample in the whole folder: which values of a sample the histograms bin depends on that index
-(the first 32 samples are binned whole, see observers.py), so the merge stays exact.
+(the first samples are binned whole, see sampling.py), so the merge stays exact.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import onnx
 
@@ -56,7 +57,7 @@ def plan_shards(folder: DataFolder, count: int, batch_size: int) -> list[Shard]:
             break
         cuts.append(min(candidates, key=lambda i: abs(before[i] - target)))
     cuts.append(len(sizes))
-    return [Shard(a, b, before[a], before[b] - before[a]) for a, b in zip(cuts, cuts[1:])]
+    return [Shard(a, b, before[a], before[b] - before[a]) for a, b in pairwise(cuts)]
 
 
 def _batch_starts(sizes: list[int], batch_size: int, stackable: bool) -> list[bool]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qcli.calibrate.observers import TensorObserver
+from qcli.calibrate.ranges import Range
 from qcli.calibrate.solvers import clipped_fraction, solve_range
 from qcli.errors import CalibrationError, QcliError
 from qcli.files import write_text_atomic
@@ -24,8 +25,6 @@ from qcli.scheme import quant_dtype
 
 FORMAT = "qcli-calibration/1"
 METHODS = ("minmax", "percentile", "kl", "mse")
-
-Range = tuple[float, float]
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ class CalibrationTable:
         return clipped_fraction(observer, lo, hi) if observer.count else 0.0
 
     def to_json(self) -> str:
-        doc = {
+        doc: dict[str, Any] = {
             "format": FORMAT,
             "fingerprint": self.fingerprint,
             "samples": self.samples,
