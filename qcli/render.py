@@ -189,9 +189,8 @@ def calibration(console: Console, doc: dict, rows: int = 30) -> None:
         console.print(f"... {len(doc['ranges']) - rows} more tensors in {doc['calibration_file']} (all with --json)")
     for warning in doc["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {warning}")
-    console.print(
-        f"wrote {doc['calibration_file']} ({doc['seconds']:.1f} s, {doc['samples'] / max(doc['seconds'], 1e-9):.0f} samples/s)"
-    )
+    rate = doc["samples"] / max(doc["seconds"], 1e-9)
+    console.print(f"wrote {doc['calibration_file']} ({doc['seconds']:.1f} s, {rate:.0f} samples/s)")
 
 
 def quantization(console: Console, doc: dict) -> None:

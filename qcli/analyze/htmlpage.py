@@ -140,7 +140,7 @@ def to_html(report: Report) -> str:
     if report.gates:
         parts.append("<section><h2>Gates</h2>")
         rows = []
-        for row, g in zip(s.gate_rows(report), report.gates):
+        for row, g in zip(s.gate_rows(report), report.gates, strict=True):
             result = f'<span class="{"pass" if g.passed else "fail"}">{"✓ pass" if g.passed else "✗ FAIL"}</span>'
             rows.append((*map(escape, row[:4]), result, escape(g.message)))
         parts.append(_table((*s.GATE_HEADER, "detail"), rows, {2, 3}, raw={0, 1, 2, 3, 4, 5}))

@@ -125,9 +125,9 @@ class Probe:
         session = make_session(candidate, self.threads)
         accs = [FidelityAccumulator() for _ in self.names]
         topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
-        for batch, reference in zip(self.batches, self.reference):
+        for batch, reference in zip(self.batches, self.reference, strict=True):
             values = [as_array(v) for v in session.run(self.names, batch.inputs)]
-            for acc, ref, value in zip(accs, reference, values):
+            for acc, ref, value in zip(accs, reference, values, strict=True):
                 acc.update(ref, value, batch.size)
             if batch.label is not None:
                 k = next((j for j, ref in enumerate(reference) if is_class_scores(np.asarray(ref))), None)
@@ -140,7 +140,7 @@ class Probe:
         outputs = tuple(
             OutputFidelity(name, bool(acc.class_scores), acc.top1_agreement, acc.cosine, acc.sqnr.db,
                            acc.element_agreement)
-            for name, acc in zip(self.names, accs)
+            for name, acc in zip(self.names, accs, strict=True)
         )
         noise = sum(acc.sqnr.noise / max(acc.sqnr.signal, 1e-30) for acc in accs if acc.floating)
         return Fidelity(
