@@ -202,7 +202,7 @@ class Probe:
             feeds = self.feeds()
             for _ in range(3):
                 self._float_session.run(None, feeds)
-            fastest = None
+            fastest = float("inf")
             for round_ in range(3):
                 if round_:
                     time.sleep(0.02)
@@ -211,7 +211,7 @@ class Probe:
                     start = time.perf_counter_ns()
                     self._float_session.run(None, feeds)
                     took = time.perf_counter_ns() - start
-                    fastest = took if fastest is None else min(fastest, took)
+                    fastest = min(fastest, took)
                 if time.perf_counter_ns() - begin >= 200_000_000:
                     break
             self._float_ms = fastest / 1e6

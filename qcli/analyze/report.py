@@ -25,6 +25,12 @@ from qcli.errors import QcliError
 FORMAT = "qcli-analysis/1"
 
 
+@typing.overload
+def rounded(x: float, digits: int = 6) -> float: ...
+@typing.overload
+def rounded(x: None, digits: int = 6) -> None: ...
+@typing.overload
+def rounded(x: float | None, digits: int = 6) -> float | None: ...
 def rounded(x: float | None, digits: int = 6) -> float | None:
     """`x` to `digits` significant digits (None stays None)."""
     if x is None:

@@ -67,9 +67,9 @@ def headline(report: Report) -> str:
     return "; ".join(parts) if parts else f"{report.data.samples} samples compared"
 
 
-def summary_rows(report: Report) -> list[tuple[str, str, str, str]]:
+def summary_rows(report: Report) -> list[tuple[str, ...]]:
     """(measure, float, quantized, change) rows: accuracy, latency, throughput, size."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     acc = report.accuracy
     if acc is not None:
         rows.append((f"top-1 accuracy ({acc.samples} labelled)", pct(acc.float.top1), pct(acc.quantized.top1),
@@ -114,7 +114,7 @@ GATE_HEADER = ("gate", "measure", "value", "threshold", "result")
 
 
 def gate_rows(report: Report) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for g in report.gates:
         in_points = g.name == "max_accuracy_drop" and "cosine" not in g.metric
         if g.value is None:
