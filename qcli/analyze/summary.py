@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from qcli.analyze.report import Fidelity, LayerError, Report
-from qcli.render import human_bytes, num
+from qcli.render import human_bytes, num, size_change
 
 
 def pct(x: float | None) -> str:
@@ -93,9 +93,9 @@ def summary_rows(report: Report) -> list[tuple[str, ...]]:
         rows.append(("throughput (samples/s)", rate(sp.float.throughput), rate(sp.quantized.throughput), ""))
     sz = report.size
     rows.append(("file size", human_bytes(sz.float.file_bytes), human_bytes(sz.quantized.file_bytes),
-                 f"{ratio(sz.compression)} smaller" if sz.compression >= 1 else f"{ratio(1 / sz.compression)} larger"))
+                 size_change(sz.compression)))
     rows.append(("weights", human_bytes(sz.float.weight_bytes), human_bytes(sz.quantized.weight_bytes),
-                 f"{ratio(sz.float.weight_bytes / max(sz.quantized.weight_bytes, 1))} smaller"))
+                 size_change(sz.float.weight_bytes / max(sz.quantized.weight_bytes, 1))))
     return rows
 
 
