@@ -24,7 +24,11 @@ demo: $(STAMP)
 	$(BIN)/qcli analyze sample_models/cnn/model.onnx out/cnn.int8.onnx --data sample_models/cnn/eval \
 		--report out/cnn.report.html --max-accuracy-drop 0.005 --min-compression 3
 
+# Lint and import order (ruff), types (mypy on qcli/), then the suite and qcli's docstring
+# examples (pytest); each tool is configured in pyproject.toml.
 test: $(STAMP)
+	$(BIN)/ruff check qcli tests benchmarks
+	$(BIN)/mypy qcli
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -54,4 +58,4 @@ real-models: $(STAMP)
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e piper_tts-1.8.0-*.whl .
 
 clean:
-	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache
+	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -100,7 +100,9 @@ def auto_precision_case(tmp: Path, name: str, budget: float, config_text: str) -
         bdoc, _, _ = qcli("quantize", model / "model.onnx", "-o", base_line_out, "--data", model / "calib",
                           "--config", baseline_config, "--no-verify")
         line = analyze(name, base_line_out)
-        excluded = next((r["count"] for r in bdoc["float"] if r["op_type"] == op and r["reason"] == "excluded by config"), 0)
+        excluded = next(
+            (r["count"] for r in bdoc["float"] if r["op_type"] == op and r["reason"] == "excluded by config"), 0
+        )
         print(f"  baseline 'exclude every {op}': {excluded} nodes float, top-1 drop "
               f"{line['accuracy']['top1_drop'] * 100:.2f} points, speedup {line['speed']['speedup']:.2f}x")
 
@@ -109,8 +111,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="qcli-bench-") as tmp:
         tmp = Path(tmp)
         verification_cost(tmp)
-        auto_precision_case(tmp, "cnn", 0.005, "calibration: {method: kl}\nactivations: {dtype: int8, symmetric: true}\n"
-                            "verify: {max_latency_ratio: null}\n")
+        auto_precision_case(tmp, "cnn", 0.005, "calibration: {method: kl}\n"
+                            "activations: {dtype: int8, symmetric: true}\nverify: {max_latency_ratio: null}\n")
         auto_precision_case(tmp, "transformer", 0.0, "verify: {max_latency_ratio: null}\n")
 
 

@@ -67,9 +67,9 @@ import tempfile
 import time
 import warnings
 from collections import Counter
-from functools import partial
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np

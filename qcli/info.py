@@ -107,7 +107,7 @@ def _type_text(tp: onnx.TypeProto) -> str:
 
 def _value_info(value: onnx.ValueInfoProto) -> dict:
     t = value.type.tensor_type
-    dims = []
+    dims: list[int | str | None] = []  # a size, a symbolic name, or unknown
     for d in t.shape.dim:
         if d.HasField("dim_value"):
             dims.append(int(d.dim_value))

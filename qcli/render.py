@@ -34,6 +34,18 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def size_change(compression: float) -> str:
+    """A size change from `compression` (bytes before / bytes after), in words: a file that grew
+    is "larger", never "0.87x smaller".
+
+    >>> size_change(3.2), size_change(0.87)
+    ('3.20x smaller', '1.15x larger')
+    """
+    if 0 < compression < 1:
+        return f"{1 / compression:.2f}x larger"
+    return f"{compression:.2f}x smaller"
+
+
 def _shape(dims: list) -> str:
     """A shape for a rich cell, e.g. [batch, 3]: the opening bracket escaped (the dims come
     escaped from `plain`)."""
@@ -189,9 +201,8 @@ def calibration(console: Console, doc: dict, rows: int = 30) -> None:
         console.print(f"... {len(doc['ranges']) - rows} more tensors in {doc['calibration_file']} (all with --json)")
     for warning in doc["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {warning}")
-    console.print(
-        f"wrote {doc['calibration_file']} ({doc['seconds']:.1f} s, {doc['samples'] / max(doc['seconds'], 1e-9):.0f} samples/s)"
-    )
+    rate = doc["samples"] / max(doc["seconds"], 1e-9)
+    console.print(f"wrote {doc['calibration_file']} ({doc['seconds']:.1f} s, {rate:.0f} samples/s)")
 
 
 def quantization(console: Console, doc: dict) -> None:
@@ -218,7 +229,7 @@ def quantization(console: Console, doc: dict) -> None:
     )
     console.print(
         f"wrote {doc['output']}: {human_bytes(doc['bytes_before'])} -> {human_bytes(doc['bytes_after'])} "
-        f"({doc['compression']:.2f}x smaller)"
+        f"({size_change(doc['compression'])})"
     )
 
 

@@ -46,7 +46,8 @@ dddd = pytest.mark.skipif(not DDDD.exists(), reason="no ddddocr models: run `mak
 
 def text_line(rng: np.random.Generator, width: int, height: int, flip: bool = False) -> Image.Image:
     img = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(180, 256, 3)))
-    text = "".join(rng.choice(list(string.ascii_letters + string.digits + "  ")) for _ in range(int(rng.integers(5, 25))))
+    alphabet = list(string.ascii_letters + string.digits + "  ")
+    text = "".join(rng.choice(alphabet) for _ in range(int(rng.integers(5, 25))))
     font = ImageFont.load_default(size=int(rng.integers(height // 3, height * 2 // 3)))
     ImageDraw.Draw(img).text((int(rng.integers(0, width // 8)), int(rng.integers(0, height // 4))), text,
                              fill=tuple(int(v) for v in rng.integers(0, 90, 3)), font=font)

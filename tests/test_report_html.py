@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from test_analyze import EVAL, FLOAT, quantize_cnn
+
 from qcli.analyze import Gates, analyze, write_report
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import SAMPLE_MODELS, write_npz
+from conftest import SAMPLE_MODELS
 from qcli.calibrate.shards import _batch_starts, plan_shards
 from qcli.config import load_config
 from qcli.data import DataFolder, InputSpec, model_inputs

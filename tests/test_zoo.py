@@ -35,11 +35,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from qcli.quantize import calibrate
 from qcli.config import Config
 from qcli.data import DataFolder, model_inputs
 from qcli.model import check_model, load_model, save_model
-from qcli.quantize import quantize
+from qcli.quantize import calibrate, quantize
 from qcli.runtime import make_session
 
 LIGHT_MODELS = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
@@ -133,8 +132,8 @@ def test_zoo_model_quantizes(name: str, tmp_path: Path) -> None:
     float_session, quantized_session = make_session(model), make_session(path)
     names = [o.name for o in float_session.get_outputs()]
     assert [o.name for o in quantized_session.get_outputs()] == names
-    expected = dict(zip(names, float_session.run(names, {spec.name: x})))
-    actual = dict(zip(names, quantized_session.run(names, {spec.name: x})))
+    expected = dict(zip(names, float_session.run(names, {spec.name: x}), strict=True))
+    actual = dict(zip(names, quantized_session.run(names, {spec.name: x}), strict=True))
     for output in names:
         assert actual[output].shape == expected[output].shape, output
         assert np.isfinite(actual[output]).all(), output

@@ -3,11 +3,12 @@ no external fonts (the system's sans-serif and monospace)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from html import escape
 
 from qcli.analyze import summary as s
 from qcli.analyze import svg
-from qcli.analyze.report import Report
+from qcli.analyze.report import Fidelity, Report
 from qcli.render import human_bytes
 
 CSS = """
@@ -51,8 +52,8 @@ footer { color: #9ca3af; font-size: 12px; text-align: center; margin-top: 26px; 
 """
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], right: set[int], names: set[int] = frozenset(),
-           raw: set[int] = frozenset()) -> str:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right: Collection[int],
+           names: Collection[int] = frozenset(), raw: Collection[int] = frozenset()) -> str:
     out = ["<table><thead><tr>"]
     out += [f'<th class="{"num" if i in right else ""}">{escape(h)}</th>' for i, h in enumerate(header)]
     out.append("</tr></thead><tbody>")
@@ -66,23 +67,29 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], right: set[int]
     return "".join(out)
 
 
+Card = tuple[str, str, str, bool | None]  # label, value, detail, good (None: neither good nor bad)
+
+
+def _fidelity_card(fidelity: list[Fidelity]) -> Card | None:
+    """Without labels: top-1 agreement with the float model, else cosine similarity."""
+    for f in fidelity:
+        if f.top1_agreement is not None:
+            return ("Top-1 agreement", s.pct(f.top1_agreement), f"with the float model on {f.output}",
+                    f.top1_agreement >= 0.99)
+    for f in fidelity:
+        if f.cosine is not None:
+            return ("Cosine similarity", f"{f.cosine:.4f}", f"to the float model on {f.output}", f.cosine >= 0.99)
+    return None
+
+
 def _cards(report: Report) -> str:
-    cards = []
+    cards: list[Card] = []
     acc = report.accuracy
     if acc is not None:
-        good = acc.top1_drop <= 0.01
         cards.append(("Top-1 accuracy", s.pct(acc.quantized.top1),
-                      f"float {s.pct(acc.float.top1)} · {s.points(acc.top1_drop)}", good))
-    else:
-        fid = next((f for f in report.fidelity if f.top1_agreement is not None), None)
-        if fid is not None:
-            cards.append(("Top-1 agreement", s.pct(fid.top1_agreement), f"with the float model on {fid.output}",
-                          fid.top1_agreement >= 0.99))
-        else:
-            fid = next((f for f in report.fidelity if f.cosine is not None), None)
-            if fid is not None:
-                cards.append(("Cosine similarity", f"{fid.cosine:.4f}", f"to the float model on {fid.output}",
-                              fid.cosine >= 0.99))
+                      f"float {s.pct(acc.float.top1)} · {s.points(acc.top1_drop)}", acc.top1_drop <= 0.01))
+    elif (card := _fidelity_card(report.fidelity)) is not None:
+        cards.append(card)
     if report.speed is not None:
         sp = report.speed
         cards.append(("Speedup", s.ratio(sp.speedup),
@@ -109,12 +116,12 @@ def _cards(report: Report) -> str:
     return "".join(out)
 
 
-def to_html(report: Report) -> str:
+def _header(report: Report) -> list[str]:
     f_name, q_name = s.name(report.float_model.path), s.name(report.quantized_model.path)
     d = report.data
     verdict = s.verdict(report)
     klass = "none" if not report.gates else "pass" if report.passed else "fail"
-    parts = [
+    return [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -130,24 +137,26 @@ def to_html(report: Report) -> str:
         _cards(report),
     ]
 
-    # Summary
-    parts.append("<section><h2>Summary</h2>")
+
+def _summary(report: Report) -> list[str]:
     rows = [tuple(c.replace("`", "") for c in r) for r in s.summary_rows(report)]
-    parts.append(_table(("", "float", "quantized", "change"), rows, {1, 2, 3}))
-    parts.append("</section>")
+    return ["<section><h2>Summary</h2>", _table(("", "float", "quantized", "change"), rows, {1, 2, 3}), "</section>"]
 
-    # Gates
-    if report.gates:
-        parts.append("<section><h2>Gates</h2>")
-        rows = []
-        for row, g in zip(s.gate_rows(report), report.gates):
-            result = f'<span class="{"pass" if g.passed else "fail"}">{"✓ pass" if g.passed else "✗ FAIL"}</span>'
-            rows.append((*map(escape, row[:4]), result, escape(g.message)))
-        parts.append(_table((*s.GATE_HEADER, "detail"), rows, {2, 3}, raw={0, 1, 2, 3, 4, 5}))
-        parts.append("</section>")
 
-    # Accuracy and fidelity
-    parts.append("<section><h2>Fidelity to the float model</h2>")
+def _gates(report: Report) -> list[str]:
+    if not report.gates:
+        return []
+    rows = []
+    for row, g in zip(s.gate_rows(report), report.gates, strict=True):
+        result = f'<span class="{"pass" if g.passed else "fail"}">{"✓ pass" if g.passed else "✗ FAIL"}</span>'
+        rows.append((*map(escape, row[:4]), result, escape(g.message)))
+    return ["<section><h2>Gates</h2>", _table((*s.GATE_HEADER, "detail"), rows, {2, 3}, raw={0, 1, 2, 3, 4, 5}),
+            "</section>"]
+
+
+def _fidelity(report: Report) -> list[str]:
+    """Accuracy against the float model and, when the data hold them, against reference outputs."""
+    parts = ["<section><h2>Fidelity to the float model</h2>"]
     parts.append(_table(s.FIDELITY_HEADER, [s.fidelity_row(f) for f in report.fidelity], {1, 2, 3, 4, 5}, names={0}))
     parts.append('<p class="muted">Top-1 agreement: share of samples whose highest-scoring class is the same in '
                  "both models. Cosine: per-sample cosine similarity of the outputs. SQNR: float output power over "
@@ -161,55 +170,68 @@ def to_html(report: Report) -> str:
                 rows.append((r[0], model, *r[1:]))
         parts.append(_table(("output", "model", *s.FIDELITY_HEADER[1:]), rows, {2, 3, 4, 5, 6}, names={0}))
     parts.append("</section>")
+    return parts
 
-    # Layers
+
+def _layers(report: Report) -> list[str]:
     layers = report.layers
-    if layers is not None and layers.tensors:
-        worst = report.worst_layers()
-        parts.append(f"<section><h2>Per-layer error ({len(layers.tensors)} quantized activations)</h2>")
-        parts.append('<p class="muted">SQNR between the float model\'s activation and the quantized model\'s '
-                     "dequantized one, over all samples. Hover a bar for details.</p>")
-        parts.append(f'<div class="chart">{svg.sqnr_chart(layers.tensors, [t.tensor for t in worst])}</div>')
-        parts.append(f"<h3>Worst {len(worst)} layers</h3>")
-        parts.append(_table(s.LAYER_HEADER, s.layer_rows(worst), {0, 5, 6}, names={1, 2}))
-        if layers.skipped:
-            items = "".join(f"<li>not measured: {escape(x)}</li>" for x in layers.skipped)
-            parts.append(f'<ul class="notes">{items}</ul>')
-        parts.append("</section>")
+    if layers is None or not layers.tensors:
+        return []
+    worst = report.worst_layers()
+    parts = [f"<section><h2>Per-layer error ({len(layers.tensors)} quantized activations)</h2>"]
+    parts.append('<p class="muted">SQNR between the float model\'s activation and the quantized model\'s '
+                 "dequantized one, over all samples. Hover a bar for details.</p>")
+    parts.append(f'<div class="chart">{svg.sqnr_chart(layers.tensors, [t.tensor for t in worst])}</div>')
+    parts.append(f"<h3>Worst {len(worst)} layers</h3>")
+    parts.append(_table(s.LAYER_HEADER, s.layer_rows(worst), {0, 5, 6}, names={1, 2}))
+    if layers.skipped:
+        items = "".join(f"<li>not measured: {escape(x)}</li>" for x in layers.skipped)
+        parts.append(f'<ul class="notes">{items}</ul>')
+    parts.append("</section>")
+    return parts
 
-    # Speed
-    if report.speed is not None:
-        sp = report.speed
-        parts.append("<section><h2>Speed</h2>")
-        threads = "onnxruntime's default threads"
-        if sp.threads:
-            threads = f"{sp.threads} intra-op thread{'s' if sp.threads > 1 else ''}"
-        parts.append(f'<p class="muted">onnxruntime CPU, {threads}, idle spinning off; {sp.warmup} warm-up then '
-                     f"{sp.runs} timed runs per model on the same input (batch {sp.batch}), {escape(sp.order)}. "
-                     f"Speedup = float median / quantized median = <b>{s.ratio(sp.speedup)}</b>.</p>")
-        parts.append(f'<div class="chart">{svg.latency_chart(sp)}</div>')
-        parts.append(f'<div class="chart">{svg.run_sequence_chart(sp)}</div>')
-        rows = [(label, s.ms(lat.median_ms), s.ms(lat.p90_ms), s.ms(lat.mean_ms), s.ms(lat.min_ms), s.ms(lat.max_ms),
-                 s.rate(lat.throughput)) for label, lat in (("float", sp.float), ("quantized", sp.quantized))]
-        parts.append(_table(("model", "median", "p90", "mean", "min", "max", "samples/s"), rows, {1, 2, 3, 4, 5, 6}))
-        parts.append("</section>")
 
-    # Size
+def _speed(report: Report) -> list[str]:
+    sp = report.speed
+    if sp is None:
+        return []
+    threads = "onnxruntime's default threads"
+    if sp.threads:
+        threads = f"{sp.threads} intra-op thread{'s' if sp.threads > 1 else ''}"
+    rows = [(label, s.ms(lat.median_ms), s.ms(lat.p90_ms), s.ms(lat.mean_ms), s.ms(lat.min_ms), s.ms(lat.max_ms),
+             s.rate(lat.throughput)) for label, lat in (("float", sp.float), ("quantized", sp.quantized))]
+    return [
+        "<section><h2>Speed</h2>",
+        f'<p class="muted">onnxruntime CPU, {threads}, idle spinning off; {sp.warmup} warm-up then '
+        f"{sp.runs} timed runs per model on the same input (batch {sp.batch}), {escape(sp.order)}. "
+        f"Speedup = float median / quantized median = <b>{s.ratio(sp.speedup)}</b>.</p>",
+        f'<div class="chart">{svg.latency_chart(sp)}</div>',
+        f'<div class="chart">{svg.run_sequence_chart(sp)}</div>',
+        _table(("model", "median", "p90", "mean", "min", "max", "samples/s"), rows, {1, 2, 3, 4, 5, 6}),
+        "</section>",
+    ]
+
+
+def _size(report: Report) -> list[str]:
     sz = report.size
-    parts.append("<section><h2>Size</h2>")
-    parts.append(f'<div class="chart">{svg.size_chart(sz.float, sz.quantized)}</div>')
     rows = []
     for label, m in (("float", sz.float), ("quantized", sz.quantized)):
         by_type = ", ".join(f"{k} {human_bytes(v.bytes)}" for k, v in m.weights.items()) or "none"
         rows.append((label, f"{m.file_bytes:,}", human_bytes(m.file_bytes), human_bytes(m.weight_bytes), by_type))
-    parts.append(_table(("model", "file bytes", "file", "weights", "weights by type"), rows, {1, 2, 3}))
-    parts.append('<p class="muted">Compression = float file bytes / quantized file bytes = '
-                 f"<b>{s.ratio(sz.compression)}</b>"
-                 " (external data files included).</p>")
-    parts.append("</section>")
+    return [
+        "<section><h2>Size</h2>",
+        f'<div class="chart">{svg.size_chart(sz.float, sz.quantized)}</div>',
+        _table(("model", "file bytes", "file", "weights", "weights by type"), rows, {1, 2, 3}),
+        '<p class="muted">Compression = float file bytes / quantized file bytes = '
+        f"<b>{s.ratio(sz.compression)}</b>"
+        " (external data files included).</p>",
+        "</section>",
+    ]
 
-    # Settings and notes
-    parts.append("<section><h2>Settings</h2>")
+
+def _settings(report: Report) -> list[str]:
+    """Settings and notes, then the page's end."""
+    d = report.data
     items = [
         *(f'{label} model <code>{escape(m.path)}</code> <span class="muted mono">{escape(m.fingerprint)}</span>'
           for label, m in (("float", report.float_model), ("quantized", report.quantized_model))),
@@ -217,8 +239,19 @@ def to_html(report: Report) -> str:
         + (f", labels from <code>{escape(d.labels_file)}</code>" if d.labels_file else ""),
         escape(s.settings_text(report)),
     ] + [f"note: {escape(n)}" for n in report.notes]
-    parts.append('<ul class="notes">' + "".join(f"<li>{i}</li>" for i in items) + "</ul>")
-    parts.append("</section>")
-    parts.append(f"<footer>qcli {escape(report.qcli_version)} · {escape(report.format)}</footer>")
-    parts.append("</main></body></html>")
-    return "\n".join(parts) + "\n"
+    return [
+        "<section><h2>Settings</h2>",
+        '<ul class="notes">' + "".join(f"<li>{i}</li>" for i in items) + "</ul>",
+        "</section>",
+        f"<footer>qcli {escape(report.qcli_version)} · {escape(report.format)}</footer>",
+        "</main></body></html>",
+    ]
+
+
+# The page from top to bottom; each part is a list of lines (empty when the report has no such data).
+SECTIONS = (_header, _summary, _gates, _fidelity, _layers, _speed, _size, _settings)
+
+
+def to_html(report: Report) -> str:
+    """The page: the lines of every part in order, joined by newlines."""
+    return "\n".join(line for section in SECTIONS for line in section(report)) + "\n"

@@ -125,9 +125,9 @@ class Probe:
         session = make_session(candidate, self.threads)
         accs = [FidelityAccumulator() for _ in self.names]
         topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
-        for batch, reference in zip(self.batches, self.reference):
+        for batch, reference in zip(self.batches, self.reference, strict=True):
             values = [as_array(v) for v in session.run(self.names, batch.inputs)]
-            for acc, ref, value in zip(accs, reference, values):
+            for acc, ref, value in zip(accs, reference, values, strict=True):
                 acc.update(ref, value, batch.size)
             if batch.label is not None:
                 k = next((j for j, ref in enumerate(reference) if is_class_scores(np.asarray(ref))), None)
@@ -140,7 +140,7 @@ class Probe:
         outputs = tuple(
             OutputFidelity(name, bool(acc.class_scores), acc.top1_agreement, acc.cosine, acc.sqnr.db,
                            acc.element_agreement)
-            for name, acc in zip(self.names, accs)
+            for name, acc in zip(self.names, accs, strict=True)
         )
         noise = sum(acc.sqnr.noise / max(acc.sqnr.signal, 1e-30) for acc in accs if acc.floating)
         return Fidelity(
@@ -202,7 +202,7 @@ class Probe:
             feeds = self.feeds()
             for _ in range(3):
                 self._float_session.run(None, feeds)
-            fastest = None
+            fastest = float("inf")
             for round_ in range(3):
                 if round_:
                     time.sleep(0.02)
@@ -211,7 +211,7 @@ class Probe:
                     start = time.perf_counter_ns()
                     self._float_session.run(None, feeds)
                     took = time.perf_counter_ns() - start
-                    fastest = took if fastest is None else min(fastest, took)
+                    fastest = min(fastest, took)
                 if time.perf_counter_ns() - begin >= 200_000_000:
                     break
             self._float_ms = fastest / 1e6

@@ -12,6 +12,7 @@ when the quantized tensor equals the float one exactly); latencies in millisecon
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import json
 import types
@@ -24,6 +25,12 @@ from qcli.errors import QcliError
 FORMAT = "qcli-analysis/1"
 
 
+@typing.overload
+def rounded(x: float, digits: int = 6) -> float: ...
+@typing.overload
+def rounded(x: None, digits: int = 6) -> None: ...
+@typing.overload
+def rounded(x: float | None, digits: int = 6) -> float | None: ...
 def rounded(x: float | None, digits: int = 6) -> float | None:
     """`x` to `digits` significant digits (None stays None)."""
     if x is None:
@@ -66,8 +73,9 @@ class Accuracy:
     samples: int  # labelled samples counted
     float: ClassAccuracy
     quantized: ClassAccuracy
-    top1_drop: float  # float top-1 - quantized top-1
-    top5_drop: float | None
+    # builtins.float: within the class body, `float` names the field above.
+    top1_drop: builtins.float  # float top-1 - quantized top-1
+    top5_drop: builtins.float | None
 
 
 @dataclass
@@ -149,7 +157,7 @@ class Speed:
     order: str  # how the runs of the two models were interleaved
     float: Latency
     quantized: Latency
-    speedup: float  # float median / quantized median
+    speedup: builtins.float  # float median / quantized median (builtins: `float` is the field above)
 
 
 @dataclass
@@ -170,7 +178,7 @@ class ModelSize:
 class Size:
     float: ModelSize
     quantized: ModelSize
-    compression: float  # float file bytes / quantized file bytes
+    compression: builtins.float  # float file bytes / quantized file bytes (builtins: as in Speed)
 
 
 @dataclass
@@ -290,7 +298,7 @@ def _build(tp, value):
     if origin is dict:
         _, item = typing.get_args(tp)
         return {k: _build(item, v) for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp)
         known = {f.name for f in dataclasses.fields(tp)}
         unknown = set(value) - known

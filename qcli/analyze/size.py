@@ -10,6 +10,7 @@ from qcli.analyze.report import DtypeBytes, ModelSize, Size, rounded
 from qcli.info import file_bytes, weight_census
 from qcli.model import external_data_files
 
+
 def model_size(path: Path, stored: onnx.ModelProto) -> ModelSize:
     """Size of the model at `path`; `stored` is that file loaded without its external data."""
     return ModelSize(file_bytes(path, stored), external_data_files(stored), *weight_bytes(stored))

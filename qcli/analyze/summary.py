@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from qcli.analyze.report import Fidelity, LayerError, Report
-from qcli.render import human_bytes, num
+from qcli.render import human_bytes, num, size_change
 
 
 def pct(x: float | None) -> str:
@@ -67,9 +67,9 @@ def headline(report: Report) -> str:
     return "; ".join(parts) if parts else f"{report.data.samples} samples compared"
 
 
-def summary_rows(report: Report) -> list[tuple[str, str, str, str]]:
+def summary_rows(report: Report) -> list[tuple[str, ...]]:
     """(measure, float, quantized, change) rows: accuracy, latency, throughput, size."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     acc = report.accuracy
     if acc is not None:
         rows.append((f"top-1 accuracy ({acc.samples} labelled)", pct(acc.float.top1), pct(acc.quantized.top1),
@@ -93,9 +93,9 @@ def summary_rows(report: Report) -> list[tuple[str, str, str, str]]:
         rows.append(("throughput (samples/s)", rate(sp.float.throughput), rate(sp.quantized.throughput), ""))
     sz = report.size
     rows.append(("file size", human_bytes(sz.float.file_bytes), human_bytes(sz.quantized.file_bytes),
-                 f"{ratio(sz.compression)} smaller" if sz.compression >= 1 else f"{ratio(1 / sz.compression)} larger"))
+                 size_change(sz.compression)))
     rows.append(("weights", human_bytes(sz.float.weight_bytes), human_bytes(sz.quantized.weight_bytes),
-                 f"{ratio(sz.float.weight_bytes / max(sz.quantized.weight_bytes, 1))} smaller"))
+                 size_change(sz.float.weight_bytes / max(sz.quantized.weight_bytes, 1))))
     return rows
 
 
@@ -114,7 +114,7 @@ GATE_HEADER = ("gate", "measure", "value", "threshold", "result")
 
 
 def gate_rows(report: Report) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for g in report.gates:
         in_points = g.name == "max_accuracy_drop" and "cosine" not in g.metric
         if g.value is None:

@@ -244,8 +244,8 @@ def size_chart(float_size: ModelSize, quantized_size: ModelSize) -> str:
     bottom = top + 2 * row
     hi = max(float_size.file_bytes, quantized_size.file_bytes, 1)
     dtypes = sorted(set(float_size.weights) | set(quantized_size.weights), key=lambda d: -max(
-        float_size.weights.get(d).bytes if d in float_size.weights else 0,
-        quantized_size.weights.get(d).bytes if d in quantized_size.weights else 0))
+        float_size.weights[d].bytes if d in float_size.weights else 0,
+        quantized_size.weights[d].bytes if d in quantized_size.weights else 0))
     colors = {d: DTYPE_COLORS.get(d) or OTHER_COLORS[i % len(OTHER_COLORS)] for i, d in enumerate(dtypes)}
 
     def scale(v: float) -> float:
@@ -256,7 +256,7 @@ def size_chart(float_size: ModelSize, quantized_size: ModelSize) -> str:
     for k, (label, size) in enumerate((("float", float_size), ("quantized", quantized_size))):
         y = top + k * row
         body.append(_text(left - 10, y + 22, label, anchor="end", size=13, weight="600"))
-        x = left
+        x: float = left
         for d in dtypes:
             if d not in size.weights or not size.weights[d].bytes:
                 continue

@@ -51,7 +51,7 @@ def render(console: Console, report: Report) -> None:
         table = _table(f"Worst layers ({len(worst)} of {len(layers.tensors)}, by SQNR)", header,
                        {0, len(header) - 2, len(header) - 1})
         table.columns[1].min_width = 26
-        for t, row in zip(worst, s.layer_rows(worst)):
+        for t, row in zip(worst, s.layer_rows(worst), strict=True):
             name = escape(t.tensor)
             if t.node and not t.tensor.startswith(t.node):
                 name += f"\n[dim]node {escape(t.node)}[/dim]"
@@ -62,7 +62,7 @@ def render(console: Console, report: Report) -> None:
 
     if report.gates:
         gates = _table("Gates", s.GATE_HEADER, {2, 3})
-        for row, g in zip(s.gate_rows(report), report.gates):
+        for row, g in zip(s.gate_rows(report), report.gates, strict=True):
             gates.add_row(*map(escape, row[:4]), "[green]pass[/green]" if g.passed else "[bold red]FAIL[/bold red]")
         console.print(gates)
         for g in report.gates:

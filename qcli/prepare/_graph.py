@@ -222,10 +222,10 @@ def transplant(converted: onnx.ModelProto, model: onnx.ModelProto, light: LightC
             del initializers[index]
     initializers.extend(converted.graph.initializer)
     added = set(light.added_inputs)
-    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
-        target = getattr(model.graph, field)
+    for part in ("node", "input", "output", "value_info", "sparse_initializer"):
+        target = getattr(model.graph, part)
         del target[:]
-        target.extend(v for v in getattr(converted.graph, field) if getattr(v, "name", None) not in added)
+        target.extend(v for v in getattr(converted.graph, part) if getattr(v, "name", None) not in added)
     del model.opset_import[:]
     model.opset_import.extend(converted.opset_import)
     del model.functions[:]

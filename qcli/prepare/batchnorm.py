@@ -61,12 +61,13 @@ def fold_batchnorm(model: onnx.ModelProto, options: Options = Options()) -> Pass
         producer = producers.get(bn.input[0])
         reason = why_not_folded(bn, producer, initializers, uses)
         if reason is None:
+            assert producer is not None  # why_not_folded gives a reason when there is none
             reason = _fold(bn, producer, initializers, uses, names, graph)
-        if reason is not None:
-            kept.append(f"{label(bn)} not folded: {reason}")
-            continue
-        folded[producer.op_type] += 1
-        doomed.append(index)
+            if reason is None:
+                folded[producer.op_type] += 1
+                doomed.append(index)
+                continue
+        kept.append(f"{label(bn)} not folded: {reason}")
     remove_nodes(graph, doomed)
     notes = []
     if folded:

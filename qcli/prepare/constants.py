@@ -35,9 +35,9 @@ from qcli.prepare._graph import (
     is_default_domain,
     label,
     plural,
+    prune_value_info,
     remove_nodes,
     remove_unused_initializers,
-    prune_value_info,
 )
 
 NOT_FOLDED = frozenset({
@@ -256,10 +256,10 @@ def _run_onnxruntime(tiny: onnx.ModelProto, outputs: list[str]) -> dict[str, np.
 
     # One thread: folded weights must come out bit-identical on every run.
     session = make_session(tiny, threads=1)
-    return dict(zip(outputs, session.run(outputs, {})))
+    return dict(zip(outputs, session.run(outputs, {}), strict=True))
 
 
 def _run_reference(tiny: onnx.ModelProto, outputs: list[str]) -> dict[str, np.ndarray]:
     from onnx.reference import ReferenceEvaluator
 
-    return dict(zip(outputs, ReferenceEvaluator(tiny).run(outputs, {})))
+    return dict(zip(outputs, ReferenceEvaluator(tiny).run(outputs, {}), strict=True))

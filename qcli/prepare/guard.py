@@ -37,16 +37,13 @@ def is_quantized_op(node: onnx.NodeProto) -> bool:
 
 def refuse_quantized(model: onnx.ModelProto, options: Options = Options()) -> PassResult:
     """Raise ModelError if the model holds quantized ops, unless `options.force`."""
-    counts: Counter[str] = Counter()
-    first = None
     graphs = [g for _, g in iter_graphs(model.graph)]
     nodes = [n for g in graphs for n in g.node] + [n for f in model.functions for n in f.node]
-    for node in nodes:
-        if is_quantized_op(node):
-            counts[node.op_type] += 1
-            first = first or node
-    if not counts:
+    quantized = [node for node in nodes if is_quantized_op(node)]
+    if not quantized:
         return PassResult(model)
+    counts = Counter(node.op_type for node in quantized)
+    first = quantized[0]
     total = sum(counts.values())
     parts = [f"{n} {op}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
     listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]

@@ -34,11 +34,11 @@ from qcli.prepare._graph import (
     is_default_domain,
     label,
     light_copy,
-    transplant,
     node_names,
     plural,
     tensor_names,
     tensor_nbytes,
+    transplant,
 )
 
 TARGET_OPSET = 13

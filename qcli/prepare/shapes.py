@@ -32,10 +32,10 @@ def infer_shapes(model: onnx.ModelProto, options: Options = Options()) -> PassRe
                 f"shape inference failed ({reason[:200]}): later stages see fewer tensor types"
             ])
     added = set(light.added_inputs)
-    for (_, target), (_, source) in zip(iter_graphs(model.graph), iter_graphs(inferred.graph)):
+    for (_, target), (_, source) in zip(iter_graphs(model.graph), iter_graphs(inferred.graph), strict=True):
         del target.value_info[:]
         target.value_info.extend(v for v in source.value_info if v.name not in added)
-        for mine, theirs in zip(target.output, source.output):
+        for mine, theirs in zip(target.output, source.output, strict=True):
             if mine.name == theirs.name:
                 mine.type.CopyFrom(theirs.type)
     after = _typed(model)

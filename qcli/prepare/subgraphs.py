@@ -98,7 +98,8 @@ def _inline(model: onnx.ModelProto, index: int, branch_name: str) -> None:
     # defines them (once), else copied through an Identity.
     identities = []
     claimed: set[str] = set()
-    for position, (inner, outer) in enumerate(zip(branch.output, node.output)):
+    # A valid If has as many outputs as its branches; a malformed one is the checker's to report.
+    for position, (inner, outer) in enumerate(zip(branch.output, node.output, strict=False)):
         if not outer:
             continue
         if inner.name in defined and inner.name not in claimed:
