@@ -239,8 +239,9 @@ def _key_lines(node: yaml.Node | None, prefix: tuple = ()) -> dict[tuple, int]:
             lines.update(_key_lines(value, path))
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            lines[(*prefix, i)] = item.start_mark.line + 1
-            lines.update(_key_lines(item, (*prefix, i)))
+            path = (*prefix, i)
+            lines[path] = item.start_mark.line + 1
+            lines.update(_key_lines(item, path))
     return lines
 
 

@@ -22,14 +22,14 @@ from qcli.errors import DataError
 MODEL = """
 <ir_version: 8, opset_import: ["" : 17]>
 net (float[N, 6, 8] x) => (float[N, 2, 6, 4] t, float[N, 6, 4] s)
-    <float[8, 8] w = {%s}, int64[4] heads = {0, 6, 2, 4}, int64[1] zero = {0}, int64[1] four = {4},
+    <float[8, 8] w = {WEIGHTS}, int64[4] heads = {0, 6, 2, 4}, int64[1] zero = {0}, int64[1] four = {4},
      int64[1] last = {2}> {
     q = MatMul (x, w)
     r = Reshape (q, heads)
     t = Transpose <perm = [0, 2, 1, 3]> (r)
     s = Slice (q, zero, four, last)
 }
-""" % ", ".join(f"{v:.3f}" for v in np.linspace(-1.5, 2.0, 64))
+""".replace("WEIGHTS", ", ".join(f"{v:.3f}" for v in np.linspace(-1.5, 2.0, 64)))
 
 NAMES = ["x", "q", "r", "t", "s"]
 
@@ -55,7 +55,7 @@ def reference(
     session = session_with_outputs(model, NAMES)
     observers = {name: TensorObserver(max_bins=max_bins, name=name, sample_values=sample_values) for name in NAMES}
     for batch in DataFolder(folder, model_inputs(model)).batches(batch_size):
-        for name, value in zip(NAMES, session.run(NAMES, batch.inputs)):
+        for name, value in zip(NAMES, session.run(NAMES, batch.inputs), strict=True):
             observers[name].update(value, samples=batch.size)
     return {name: obs.to_dict() for name, obs in observers.items()}
 

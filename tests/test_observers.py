@@ -3,6 +3,7 @@ the data is batched, ordered or sharded; and they survive a JSON round trip."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -95,7 +96,7 @@ def test_sampled_histogram_is_a_fixed_subset_of_each_sample_and_merges_exactly()
 
     def run(groups, cuts=()):
         parts, edges = [], [0, *cuts, len(groups)]
-        for a, b in zip(edges, edges[1:]):
+        for a, b in itertools.pairwise(edges):
             obs = TensorObserver(max_bins=256, sample_values=16)
             first = sum(len(g) for g in groups[:a])  # a shard starts at this sample
             for g in groups[a:b]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from conftest import parse_model
 from onnx import helper
 
+from conftest import parse_model
 from qcli.config import Config
 from qcli.errors import InternalError, QcliError
 from qcli.plan import make_plan

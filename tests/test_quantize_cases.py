@@ -11,11 +11,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import SAMPLE_MODELS
-from qcli.quantize import calibrate
 from qcli.config import Config
 from qcli.data import DataFolder, model_inputs
 from qcli.model import check_model, clamp_ir_version, load_model, save_model
-from qcli.quantize import quantize
+from qcli.quantize import calibrate, quantize
 from qcli.runtime import make_session
 
 RNG = np.random.default_rng(0)
@@ -46,7 +45,7 @@ def quantize_and_compare(model: onnx.ModelProto, tmp_path: Path, batches: list[d
     float_session, quant_session = make_session(model), make_session(path)
     for test in batches[:4]:
         ref, got = float_session.run(None, test), quant_session.run(None, test)
-        for r, g in zip(ref, got):
+        for r, g in zip(ref, got, strict=True):
             cosine = float((r * g).sum() / (np.linalg.norm(r) * np.linalg.norm(g) + 1e-12))
             assert cosine >= min_cosine, cosine
     return result, path
