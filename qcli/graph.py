@@ -28,7 +28,7 @@ class GraphIndex:
     >>> index = GraphIndex.of(model)
     >>> index.producer("s"), index.consumers("x"), index.consumers("w")
     (0, [0, 0], [1])
-    >>> index.readers["s"], index.writer["y"]
+    >>> index.read_at["s"], index.written_at["y"]
     (((1, 0),), (1, 0))
     >>> sorted(index.initializers), index.inputs, sorted(index.outputs)
     (['w'], ('x',), ['y'])
@@ -37,8 +37,8 @@ class GraphIndex:
     """
 
     graph: onnx.GraphProto
-    writer: Mapping[str, tuple[int, int]]  # tensor -> (node index, output position)
-    readers: Mapping[str, tuple[tuple[int, int], ...]]  # tensor -> (node index, input position), graph order
+    written_at: Mapping[str, tuple[int, int]]  # tensor -> (node index, output position)
+    read_at: Mapping[str, tuple[tuple[int, int], ...]]  # tensor -> (node index, input position), graph order
     types: Mapping[str, int]  # element type (onnx.TensorProto.*) of every typed tensor
     initializers: Mapping[str, onnx.TensorProto]
     inputs: tuple[str, ...]  # graph inputs, in order (initializers declared as inputs included)
@@ -48,19 +48,19 @@ class GraphIndex:
     def of(cls, source: onnx.ModelProto | onnx.GraphProto) -> GraphIndex:
         """Index the main graph of a model (or a graph): one pass over its nodes."""
         graph = source.graph if isinstance(source, onnx.ModelProto) else source
-        writer: dict[str, tuple[int, int]] = {}
-        readers: dict[str, list[tuple[int, int]]] = {}
+        written_at: dict[str, tuple[int, int]] = {}
+        read_at: dict[str, list[tuple[int, int]]] = {}
         for i, node in enumerate(graph.node):
             for k, name in enumerate(node.input):
                 if name:
-                    readers.setdefault(name, []).append((i, k))
+                    read_at.setdefault(name, []).append((i, k))
             for k, name in enumerate(node.output):
                 if name:
-                    writer[name] = (i, k)
+                    written_at[name] = (i, k)
         return cls(
             graph=graph,
-            writer=writer,
-            readers={name: tuple(reads) for name, reads in readers.items()},
+            written_at=written_at,
+            read_at={name: tuple(reads) for name, reads in read_at.items()},
             types=element_types(graph),
             initializers={t.name: t for t in graph.initializer},
             inputs=tuple(v.name for v in graph.input),
@@ -69,12 +69,12 @@ class GraphIndex:
 
     def producer(self, name: str) -> int | None:
         """Index of the node writing `name`; None for graph inputs, initializers and unknown names."""
-        found = self.writer.get(name)
+        found = self.written_at.get(name)
         return None if found is None else found[0]
 
     def consumers(self, name: str) -> list[int]:
         """Indices of the nodes reading `name`, once per read (`Mul(x, x)` reads `x` twice)."""
-        return [i for i, _ in self.readers.get(name, ())]
+        return [i for i, _ in self.read_at.get(name, ())]
 
     def is_float(self, name: str) -> bool:
         """Whether `name` is known to be float32 (int8 kernels take and give float32 around Q/DQ)."""
@@ -83,7 +83,7 @@ class GraphIndex:
     @property
     def tensors(self) -> set[str]:
         """Every tensor name that is typed, produced, or a graph input."""
-        return set(self.types) | set(self.writer) | set(self.inputs)
+        return set(self.types) | set(self.written_at) | set(self.inputs)
 
 
 def element_types(graph: onnx.GraphProto) -> dict[str, int]:

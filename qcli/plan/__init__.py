@@ -54,13 +54,13 @@ def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | Non
     the model's `GraphIndex` when the caller has it already."""
     ctx = Context.of(model, config, index)
     screened = screen(ctx)
-    nodes = screened.candidates
-    nodes = nodes.without(weights_read_in_float(ctx, nodes.nodes))
-    nodes = nodes.without(without_anchor(ctx, nodes.nodes))
-    nodes = nodes.without(feeding_excluded(ctx, nodes.nodes, screened.keep_float))
-    shared = share_scales(ctx, nodes.nodes, quantize_tensors(ctx, nodes.nodes))
-    nodes = nodes.without(shared.rejected)
-    weighted = plan_weights(ctx, nodes.nodes)
+    candidates = screened.candidates
+    candidates = candidates.without(weights_read_in_float(ctx, candidates.nodes))
+    candidates = candidates.without(without_anchor(ctx, candidates.nodes))
+    candidates = candidates.without(feeding_excluded(ctx, candidates.nodes, screened.keep_float))
+    shared = share_scales(ctx, candidates.nodes, quantize_tensors(ctx, candidates.nodes))
+    candidates = candidates.without(shared.rejected)
+    weighted = plan_weights(ctx, candidates.nodes)
     groups, notes = groups_of(ctx, shared, requests_of(ctx, shared))
     constants = {g.constant for g in groups}  # quantized with their group's params instead
     weights = {name: w for name, w in overridden_weights(ctx, weighted).items() if name not in constants}
@@ -68,14 +68,14 @@ def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | Non
         groups=groups,
         weights=weights,
         biases=weighted.biases,
-        nodes=decisions(ctx, nodes, shared.quantized.folded),
+        nodes=decisions(ctx, candidates, shared.quantized.folded),
         unmatched=ctx.selections.unmatched(config, ctx.names, ctx.index),
         keep_float=set(screened.keep_float),
         notes=notes,
     )
 
 
-def decisions(ctx: Context, nodes: Candidates, folded: Mapping[int, int]) -> list[NodeDecision]:
+def decisions(ctx: Context, candidates: Candidates, folded: Mapping[int, int]) -> list[NodeDecision]:
     """One decision per node, in graph order: quantized, folded into its producer, or float and why."""
     out = []
     for i, node in enumerate(ctx.index.graph.node):
@@ -83,10 +83,10 @@ def decisions(ctx: Context, nodes: Candidates, folded: Mapping[int, int]) -> lis
         if i in folded:
             into = ctx.names[folded[i]]
             out.append(NodeDecision(i, name, node.op_type, True, f"folded into {into}", folded_into=into))
-        elif i in nodes.nodes:
+        elif i in candidates.nodes:
             out.append(NodeDecision(i, name, node.op_type, True))
         else:
-            out.append(NodeDecision(i, name, node.op_type, False, nodes.reasons.get(i, "")))
+            out.append(NodeDecision(i, name, node.op_type, False, candidates.reasons.get(i, "")))
     return out
 
 

@@ -12,7 +12,7 @@ from qcli.config import Config
 from qcli.errors import InternalError
 from qcli.graph import GraphIndex
 from qcli.plan.match import Selections
-from qcli.rules import OpRule, activation_inputs, rule_for
+from qcli.rules import Kind, OpRule, activation_inputs, rule_for
 
 
 def node_names(model: onnx.ModelProto) -> list[str]:
@@ -47,7 +47,7 @@ class Context:
             raise InternalError(f"node {self.names[i]!r} has no op rule")
         return rule
 
-    def is_kind(self, i: int, kind: str) -> bool:
+    def is_kind(self, i: int, kind: Kind) -> bool:
         rule = self.rules[i]
         return rule is not None and rule.kind == kind
 

@@ -133,7 +133,7 @@ def feeding_excluded(ctx: Context, candidates: frozenset[int], keep_float: froze
 
 def _only_read_by(ctx: Context, name: str, nodes: frozenset[int]) -> bool:
     """Whether `name` is read, and only by `nodes` (looking through Relu/Clip)."""
-    users = readers(ctx, name)
+    users = readers_past_folds(ctx, name)
     return bool(users) and all(u in nodes for u in users)
 
 
@@ -152,11 +152,11 @@ def writes_float(ctx: Context, i: int) -> bool:
     return True
 
 
-def readers(ctx: Context, name: str) -> list[int]:
+def readers_past_folds(ctx: Context, name: str) -> list[int]:
     """Consumers of `name`, looking through the Relu/Clip that would fold into its producer."""
     out = []
     for u in ctx.index.consumers(name):
-        out += readers(ctx, ctx.node(u).output[0]) if ctx.is_kind(u, "fold") else [u]
+        out += readers_past_folds(ctx, ctx.node(u).output[0]) if ctx.is_kind(u, "fold") else [u]
     return out
 
 
