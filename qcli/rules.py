@@ -18,7 +18,9 @@ Kinds:
 ConvTranspose, MatMul, Gemm): a connected group of quantizable nodes without one stays float.
 `constant_weight`: the int8 kernel needs the weight as a constant (QLinearConv); MatMul and
 Gemm also multiply two activations. `rearranges`: the output holds exactly the first input's
-values, reordered (Reshape, Transpose...), so its statistics are the input's.
+values, reordered (Reshape, Transpose...), so its statistics are the input's. `output_range`:
+the output's range is known without calibration (Sigmoid, Softmax: [0, 1]). `clip_range`: what
+a `fold` op clips its input to (Relu: [0, inf)) before its constant `bounds` narrow it (Clip).
 
 `float_output` marks compute ops whose int8 kernel can also write float directly (QGemm without
 an output scale, MatMulIntegerToFloat): their output gets a Q/DQ pair only when a quantized node
@@ -32,6 +34,7 @@ override can quantize them) but whose 8-bit form hurts accuracy or speed by defa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Container
 from dataclasses import dataclass
 from typing import Literal
@@ -55,6 +58,8 @@ class OpRule:
     constant_weight: bool = False  # quantized only when its weight is a constant
     bounds: tuple[int, ...] = ()  # `fold`: input indices that must be constants (Clip's min, max)
     rearranges: bool = False  # the output is the first input's values, reordered
+    output_range: tuple[float, float] | None = None  # known without calibration (see the Softmax rule)
+    clip_range: tuple[float, float] | None = None  # `fold`: what it clips to, before its `bounds` narrow it
 
 
 ALL_INPUTS = (-1,)
@@ -73,7 +78,7 @@ RULES: dict[str, OpRule] = {
     "Mul": OpRule("compute", (0, 1)),
     "AveragePool": OpRule("compute"),
     "GlobalAveragePool": OpRule("compute"),
-    "Sigmoid": OpRule("compute"),
+    "Sigmoid": OpRule("compute", output_range=(0.0, 1.0)),
     "LeakyRelu": OpRule("compute"),
     "Gather": OpRule("shares", (0,), weights=(0,), channel_axis=None),  # embedding tables
     # shares: pure data movement, one scale for input and output
@@ -94,14 +99,18 @@ RULES: dict[str, OpRule] = {
     "SpaceToDepth": OpRule("shares", rearranges=True),
     "Identity": OpRule("shares", rearranges=True),
     # fold: clipping activations absorbed into the producer's output range
-    "Relu": OpRule("fold"),
-    "Clip": OpRule("fold", bounds=(1, 2)),
+    "Relu": OpRule("fold", clip_range=(0.0, math.inf)),
+    "Clip": OpRule("fold", bounds=(1, 2), clip_range=(-math.inf, math.inf)),
     # shape: reads only the shape
     "Shape": OpRule("shape", activations=()),
     "Size": OpRule("shape", activations=()),
     # quantizable on request, float by default
+    # Softmax's known output range also must not be narrower: when onnxruntime fuses
+    # DequantizeLinear -> Softmax -> QuantizeLinear into QLinearSoftmax, an output scale below
+    # 1/256 makes the int8 kernel wrap large probabilities around to 0 (seen with onnxruntime
+    # 1.31), so Softmax outputs always use the full [0, 1].
     "Softmax": OpRule(
-        "compute", default_float=True,
+        "compute", default_float=True, output_range=(0.0, 1.0),
         reason="8-bit Softmax inputs (attention logits) lose the large-logit range",
     ),
     "LayerNormalization": OpRule(
@@ -129,13 +138,9 @@ SQUARE = OpRule(
 )
 
 
-# Outputs whose range is known without calibration. Softmax's also must not be narrower: when
-# onnxruntime fuses DequantizeLinear -> Softmax -> QuantizeLinear into QLinearSoftmax, an output
-# scale below 1/256 makes the int8 kernel wrap large probabilities around to 0 (measured with
-# onnxruntime 1.31), so Softmax outputs always use the full [0, 1].
+#: Outputs whose range is known without calibration, by op type (the rules' `output_range`).
 OUTPUT_RANGES: dict[str, tuple[float, float]] = {
-    "Softmax": (0.0, 1.0),
-    "Sigmoid": (0.0, 1.0),
+    op: rule.output_range for op, rule in RULES.items() if rule.output_range is not None
 }
 
 

@@ -4,6 +4,8 @@ overrides change. Each model has the nodes the rule needs and nothing else."""
 
 from __future__ import annotations
 
+import math
+
 import onnx
 import pytest
 from conftest import parse_model
@@ -268,13 +270,16 @@ def test_a_rule_that_matches_nothing_is_reported_with_close_names() -> None:
 # --------------------------------------------------------------------------- rules and index
 
 
-@pytest.mark.parametrize("op, kind, rearranging", [
-    ("Reshape", "shares", True), ("MaxPool", "shares", False), ("Shape", "shape", False), ("Relu", "fold", False),
+@pytest.mark.parametrize("op, kind, rearranging, clip_range", [
+    ("Reshape", "shares", True, None), ("MaxPool", "shares", False, None), ("Shape", "shape", False, None),
+    ("Relu", "fold", False, (0.0, math.inf)), ("Clip", "fold", False, (-math.inf, math.inf)),
 ])
-def test_rule_fields(op: str, kind: str, rearranging: bool) -> None:
+def test_rule_fields(op: str, kind: str, rearranging: bool, clip_range: tuple[float, float] | None) -> None:
+    """What the Q/DQ writer and the calibration pass ask of the rules."""
     node = onnx.helper.make_node(op, ["x"], ["y"])
     assert is_kind(node, kind)
     assert rearranges(node) is rearranging
+    assert RULES[op].clip_range == clip_range
     assert not is_kind(onnx.helper.make_node(op, ["x"], ["y"], domain="com.example"), kind)
 
 

@@ -14,7 +14,7 @@ from qcli.plan.context import Context
 from qcli.plan.result import Group, Plan
 from qcli.plan.tensors import Shared
 from qcli.plan.weights import activation_scheme
-from qcli.rules import OUTPUT_RANGES
+from qcli.rules import rule_for
 from qcli.scheme import QuantScheme, choose_qparams
 
 
@@ -105,10 +105,10 @@ def known_range(tensors: list[str], index: GraphIndex, moving: frozenset[int]) -
         j = index.producer(t)
         if j in moving:
             continue
-        op = index.graph.node[j].op_type if j is not None else None
-        if op not in OUTPUT_RANGES:
+        rule = rule_for(index.graph.node[j]) if j is not None else None
+        if rule is None or rule.output_range is None:
             return None
-        ranges.append(OUTPUT_RANGES[op])
+        ranges.append(rule.output_range)
     if not ranges:
         return None
     return min(r[0] for r in ranges), max(r[1] for r in ranges)
