@@ -27,6 +27,14 @@ def plan_of(text: str, **config) -> Plan:
     return make_plan(model, Config.model_validate(config))
 
 
+def conv_then(line: str, **config) -> Plan:
+    """The plan of `c = Conv(x)` followed by `line`, which writes the graph's output `y`."""
+    return plan_of(f"""g (float[1,2,4,4] x) => (float[1,2,4,4] y) <{CONV_WEIGHTS}> {{
+        [conv] c = Conv(x, w, b)
+        {line}
+    }}""", **config)
+
+
 def decided(plan: Plan, name: str) -> tuple[bool, str]:
     """(quantized, reason) of the node called `name`."""
     d = next(d for d in plan.nodes if d.name == name)
@@ -51,10 +59,7 @@ def test_conv_is_quantized_with_its_weight_per_channel_and_its_bias_int32() -> N
 
 
 def test_an_op_without_a_rule_stays_float_and_says_so() -> None:
-    plan = plan_of(f"""g (float[1,2,4,4] x) => (float[1,2,4,4] y) <{CONV_WEIGHTS}> {{
-        [conv] c = Conv(x, w, b)
-        [neg] y = Neg(c)
-    }}""")
+    plan = conv_then("[neg] y = Neg(c)")
     assert decided(plan, "neg") == (False, "no int8 kernel for this op")
 
 
@@ -115,10 +120,7 @@ def test_an_add_with_no_conv_or_matmul_next_to_it_stays_float() -> None:
 
 
 def test_relu_after_a_conv_folds_into_it() -> None:
-    plan = plan_of(f"""g (float[1,2,4,4] x) => (float[1,2,4,4] y) <{CONV_WEIGHTS}> {{
-        [conv] c = Conv(x, w, b)
-        [relu] y = Relu(c)
-    }}""")
+    plan = conv_then("[relu] y = Relu(c)")
     assert decided(plan, "relu") == (True, "folded into conv")
     assert next(d for d in plan.nodes if d.name == "relu").folded_into == "conv"
     assert plan.activations == ["x", "y"]  # the Conv's own output gets no Q/DQ
@@ -137,10 +139,7 @@ def test_a_clip_folds_only_when_its_bounds_are_constants() -> None:
 
 
 def test_a_relu_the_config_excludes_does_not_fold() -> None:
-    plan = plan_of(f"""g (float[1,2,4,4] x) => (float[1,2,4,4] y) <{CONV_WEIGHTS}> {{
-        [conv] c = Conv(x, w, b)
-        [relu] y = Relu(c)
-    }}""", exclude={"nodes": ["relu"]})
+    plan = conv_then("[relu] y = Relu(c)", exclude={"nodes": ["relu"]})
     assert decided(plan, "relu") == (False, "excluded by config")
     assert plan.activations == ["x", "c"]
 

@@ -15,8 +15,9 @@ from qcli.plan.context import Context, UnionFind
 #: The reason of a node a config rule keeps float by naming one of its tensors.
 TENSOR_EXCLUDED = "a tensor of it is excluded by config"
 
-_OTHER_FLOATS: dict[int, str] = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.DOUBLE: "float64",
-                 onnx.TensorProto.BFLOAT16: "bfloat16"}
+_OTHER_FLOATS: dict[int, str] = {
+    onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.BFLOAT16: "bfloat16",
+}
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class Screened:
 
 
 def screen(ctx: Context) -> Screened:
-    """Every node judged on its own (`why_not_candidate`)."""
+    """Every node judged on its own (`why_not_candidate`). The nodes the config excludes, and
+    those it keeps float by excluding a tensor of theirs, read their inputs unquantized."""
     nodes: set[int] = set()
     reasons: dict[int, str] = {}
     keep_float = set(ctx.selections.off_nodes)
