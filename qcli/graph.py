@@ -26,8 +26,8 @@ class GraphIndex:
     ...     y = Add(s, w)
     ... }''')
     >>> index = GraphIndex.of(model)
-    >>> index.producer("s"), index.consumers("x"), index.consumers("w")
-    (0, [0, 0], [1])
+    >>> index.producer("s"), index.consumers("x"), index.consumers("w"), index.producer_node("y").op_type
+    (0, [0, 0], [1], 'Add')
     >>> index.read_at["s"], index.written_at["y"]
     (((1, 0),), (1, 0))
     >>> sorted(index.initializers), index.inputs, sorted(index.outputs)
@@ -71,6 +71,11 @@ class GraphIndex:
         """Index of the node writing `name`; None for graph inputs, initializers and unknown names."""
         found = self.written_at.get(name)
         return None if found is None else found[0]
+
+    def producer_node(self, name: str) -> onnx.NodeProto | None:
+        """The node writing `name`, or None."""
+        found = self.written_at.get(name)
+        return None if found is None else self.graph.node[found[0]]
 
     def consumers(self, name: str) -> list[int]:
         """Indices of the nodes reading `name`, once per read (`Mul(x, x)` reads `x` twice)."""
