@@ -10,6 +10,17 @@ Kinds:
   onnxruntime drop the Q/DQ pair or run the op on int8 directly.
 - `fold`: Relu/Clip right after a quantized producer: no Q/DQ of its own; the producer's output
   range is the clipped one (onnxruntime folds the pair into the producer's requantization).
+  A Clip folds only when its `bounds` are constants.
+- `shape`: reads only its input's shape (Shape, Size): never quantized; where it reads a
+  quantized tensor, it reads the integer copy (same shape), which spares a DequantizeLinear.
+
+`anchor` marks the ops whose int8 kernel pays for the Q/DQ pairs around it (Conv,
+ConvTranspose, MatMul, Gemm): a connected group of quantizable nodes without one stays float.
+`constant_weight`: the int8 kernel needs the weight as a constant (QLinearConv); MatMul and
+Gemm also multiply two activations. `rearranges`: the output holds exactly the first input's
+values, reordered (Reshape, Transpose...), so its statistics are the input's. `output_range`:
+the output's range is known without calibration (Sigmoid, Softmax: [0, 1]). `clip_range`: what
+a `fold` op clips its input to (Relu: [0, inf)) before its constant `bounds` narrow it (Clip).
 
 `float_output` marks compute ops whose int8 kernel can also write float directly (QGemm without
 an output scale, MatMulIntegerToFloat): their output gets a Q/DQ pair only when a quantized node
@@ -23,14 +34,19 @@ override can quantize them) but whose 8-bit form hurts accuracy or speed by defa
 
 from __future__ import annotations
 
+import math
+from collections.abc import Container
 from dataclasses import dataclass
+from typing import Literal
 
 import onnx
+
+Kind = Literal["compute", "shares", "fold", "shape"]
 
 
 @dataclass(frozen=True)
 class OpRule:
-    kind: str  # compute | shares | fold
+    kind: Kind
     activations: tuple[int, ...] = (0,)  # input indices quantized as activations (-1: all)
     weights: tuple[int, ...] = ()  # input indices quantized as weights when they are constant
     bias: int | None = None  # input index of an int32 bias (scale = s_input * s_weight)
@@ -38,30 +54,40 @@ class OpRule:
     default_float: bool = False
     reason: str = ""  # why default_float
     float_output: bool = False  # the fused int8 kernel can write float (see the module docstring)
+    anchor: bool = False  # an int8 kernel worth its Q/DQ pairs (see the module docstring)
+    constant_weight: bool = False  # quantized only when its weight is a constant
+    bounds: tuple[int, ...] = ()  # `fold`: input indices that must be constants (Clip's min, max)
+    rearranges: bool = False  # the output is the first input's values, reordered
+    output_range: tuple[float, float] | None = None  # known without calibration (see the Softmax rule)
+    clip_range: tuple[float, float] | None = None  # `fold`: what it clips to, before its `bounds` narrow it
 
 
 ALL_INPUTS = (-1,)
 
 RULES: dict[str, OpRule] = {
     # compute: onnxruntime has an int8 kernel for the fused Q/DQ pattern
-    "Conv": OpRule("compute", (0,), weights=(1,), bias=2, channel_axis=0),
-    "ConvTranspose": OpRule("compute", (0,), weights=(1,), bias=2, channel_axis=1),
-    "MatMul": OpRule("compute", (0, 1), weights=(1,), channel_axis=-1, float_output=True),
-    "Gemm": OpRule("compute", (0, 1), weights=(1,), bias=2, channel_axis=0, float_output=True),  # axis: transB
+    "Conv": OpRule("compute", (0,), weights=(1,), bias=2, channel_axis=0, anchor=True, constant_weight=True),
+    "ConvTranspose": OpRule(
+        "compute", (0,), weights=(1,), bias=2, channel_axis=1, anchor=True, constant_weight=True
+    ),
+    "MatMul": OpRule("compute", (0, 1), weights=(1,), channel_axis=-1, float_output=True, anchor=True),
+    "Gemm": OpRule(  # channel_axis: see weight_axis (transB)
+        "compute", (0, 1), weights=(1,), bias=2, channel_axis=0, float_output=True, anchor=True
+    ),
     "Add": OpRule("compute", (0, 1)),
     "Mul": OpRule("compute", (0, 1)),
     "AveragePool": OpRule("compute"),
     "GlobalAveragePool": OpRule("compute"),
-    "Sigmoid": OpRule("compute"),
+    "Sigmoid": OpRule("compute", output_range=(0.0, 1.0)),
     "LeakyRelu": OpRule("compute"),
     "Gather": OpRule("shares", (0,), weights=(0,), channel_axis=None),  # embedding tables
     # shares: pure data movement, one scale for input and output
     "Concat": OpRule("shares", ALL_INPUTS),
-    "Reshape": OpRule("shares"),
-    "Transpose": OpRule("shares"),
-    "Flatten": OpRule("shares"),
-    "Squeeze": OpRule("shares"),
-    "Unsqueeze": OpRule("shares"),
+    "Reshape": OpRule("shares", rearranges=True),
+    "Transpose": OpRule("shares", rearranges=True),
+    "Flatten": OpRule("shares", rearranges=True),
+    "Squeeze": OpRule("shares", rearranges=True),
+    "Unsqueeze": OpRule("shares", rearranges=True),
     "MaxPool": OpRule("shares"),
     "GlobalMaxPool": OpRule("shares"),
     "Slice": OpRule("shares"),
@@ -69,15 +95,22 @@ RULES: dict[str, OpRule] = {
     "Resize": OpRule("shares"),
     "Expand": OpRule("shares"),
     "Tile": OpRule("shares"),
-    "DepthToSpace": OpRule("shares"),
-    "SpaceToDepth": OpRule("shares"),
-    "Identity": OpRule("shares"),
+    "DepthToSpace": OpRule("shares", rearranges=True),
+    "SpaceToDepth": OpRule("shares", rearranges=True),
+    "Identity": OpRule("shares", rearranges=True),
     # fold: clipping activations absorbed into the producer's output range
-    "Relu": OpRule("fold"),
-    "Clip": OpRule("fold"),
+    "Relu": OpRule("fold", clip_range=(0.0, math.inf)),
+    "Clip": OpRule("fold", bounds=(1, 2), clip_range=(-math.inf, math.inf)),
+    # shape: reads only the shape
+    "Shape": OpRule("shape", activations=()),
+    "Size": OpRule("shape", activations=()),
     # quantizable on request, float by default
+    # Softmax's known output range also must not be narrower: when onnxruntime fuses
+    # DequantizeLinear -> Softmax -> QuantizeLinear into QLinearSoftmax, an output scale below
+    # 1/256 makes the int8 kernel wrap large probabilities around to 0 (seen with onnxruntime
+    # 1.31), so Softmax outputs always use the full [0, 1].
     "Softmax": OpRule(
-        "compute", default_float=True,
+        "compute", default_float=True, output_range=(0.0, 1.0),
         reason="8-bit Softmax inputs (attention logits) lose the large-logit range",
     ),
     "LayerNormalization": OpRule(
@@ -100,26 +133,47 @@ RULES: dict[str, OpRule] = {
 #: LayerNorm that computes the variance as E[x**2] - E[x]**2, where 8 bits on the square cancel
 #: away the variance; GELU's x**3). Pow's rule, not Mul's. Measured on magika's jax2tf model:
 #: all-int8 top-1 agreement 92% with the squares quantized.
-SQUARE = OpRule("compute", (0, 1), default_float=True, reason="a square (Mul of x by x): variance chains need more than 8 bits")
+SQUARE = OpRule(
+    "compute", (0, 1), default_float=True, reason="a square (Mul of x by x): variance chains need more than 8 bits"
+)
 
 
-# Outputs whose range is known without calibration. Softmax's also must not be narrower: when
-# onnxruntime fuses DequantizeLinear -> Softmax -> QuantizeLinear into QLinearSoftmax, an output
-# scale below 1/256 makes the int8 kernel wrap large probabilities around to 0 (measured with
-# onnxruntime 1.31), so Softmax outputs always use the full [0, 1].
+#: Outputs whose range is known without calibration, by op type (the rules' `output_range`).
 OUTPUT_RANGES: dict[str, tuple[float, float]] = {
-    "Softmax": (0.0, 1.0),
-    "Sigmoid": (0.0, 1.0),
+    op: rule.output_range for op, rule in RULES.items() if rule.output_range is not None
 }
 
 
 def rule_for(node: onnx.NodeProto) -> OpRule | None:
-    """The rule of a node of the default ONNX domain, or None (the node stays float)."""
+    """The rule of a node of the default ONNX domain, or None (the node stays float, as does
+    a `shape` node)."""
     if node.domain not in ("", "ai.onnx"):
         return None
     if node.op_type == "Mul" and len(node.input) == 2 and node.input[0] == node.input[1]:
         return SQUARE
     return RULES.get(node.op_type)
+
+
+def is_kind(node: onnx.NodeProto, kind: Kind) -> bool:
+    """Whether the node has a rule of this kind (`fold`: a Relu or Clip; `shape`: Shape, Size)."""
+    rule = rule_for(node)
+    return rule is not None and rule.kind == kind
+
+
+def rearranges(node: onnx.NodeProto) -> bool:
+    """Whether the node's output holds exactly its first input's values, reordered."""
+    rule = rule_for(node)
+    return rule is not None and rule.rearranges
+
+
+def folds_statically(node: onnx.NodeProto, constants: Container[str]) -> bool:
+    """Whether a `fold` node's `bounds` are constants or absent (Relu has none; a Clip whose
+    min or max is computed cannot fold into its producer's range)."""
+    rule = rule_for(node)
+    if rule is None:
+        return False
+    present = [node.input[k] for k in rule.bounds if k < len(node.input) and node.input[k]]
+    return all(name in constants for name in present)
 
 
 def activation_inputs(node: onnx.NodeProto, rule: OpRule) -> list[int]:

@@ -1,0 +1,79 @@
+"""What every planning phase reads (`Context`: the graph index, node names and rules, the
+config and its selections), and the union-find two phases group with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import onnx
+
+from qcli.config import Config
+from qcli.errors import InternalError
+from qcli.graph import GraphIndex
+from qcli.plan.match import Selections
+from qcli.rules import Kind, OpRule, activation_inputs, rule_for
+
+
+def node_names(model: onnx.ModelProto) -> list[str]:
+    """Display names of the graph's nodes: their own, or `<op_type>_<index>` when unnamed."""
+    return [n.name or f"{n.op_type}_{i}" for i, n in enumerate(model.graph.node)]
+
+
+@dataclass(frozen=True)
+class Context:
+    """The model and config one plan is made for, indexed once."""
+
+    index: GraphIndex
+    names: list[str]  # display names (`node_names`)
+    rules: list[OpRule | None]  # each node's rule (`rule_for`)
+    config: Config
+    selections: Selections
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto, config: Config, index: GraphIndex | None = None) -> Context:
+        index = index if index is not None else GraphIndex.of(model)
+        names = node_names(model)
+        rules = [rule_for(node) for node in model.graph.node]
+        return cls(index, names, rules, config, Selections.of(config, names, index))
+
+    def node(self, i: int) -> onnx.NodeProto:
+        return self.index.graph.node[i]
+
+    def rule(self, i: int) -> OpRule:
+        """The rule of a node that has one (a candidate)."""
+        rule = self.rules[i]
+        if rule is None:
+            raise InternalError(f"node {self.names[i]!r} has no op rule")
+        return rule
+
+    def is_kind(self, i: int, kind: Kind) -> bool:
+        rule = self.rules[i]
+        return rule is not None and rule.kind == kind
+
+    def activations(self, i: int) -> list[str]:
+        """The names node `i` reads as activations (by its rule; initializers included)."""
+        node = self.node(i)
+        return [node.input[k] for k in activation_inputs(node, self.rule(i))]
+
+
+T = TypeVar("T", int, str)
+
+
+class UnionFind(Generic[T]):
+    """Disjoint sets; the smallest member is the root (deterministic, whatever the union order)."""
+
+    def __init__(self) -> None:
+        self.parent: dict[T, T] = {}
+
+    def find(self, x: T) -> T:
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a: T, b: T) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)

@@ -1,0 +1,113 @@
+"""What the config's `exclude:` and `overrides[].match` select in a graph, made once per plan."""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import onnx
+
+from qcli.config import Config, Match, Override
+from qcli.graph import GraphIndex
+
+
+def pattern(text: str) -> Callable[[str], bool]:
+    """A name test: `re:<regex>` (full match) or a glob (`*`, `?`, `[...]`).
+
+    >>> pattern("/enc*/Add")("/encoder/Add"), pattern("re:/dec.*")("/encoder/Add")
+    (True, False)
+    """
+    if text.startswith("re:"):
+        regex = re.compile(text[3:])  # compiled once already by the config schema
+        return lambda name: regex.fullmatch(name) is not None
+    return lambda name: fnmatch.fnmatchcase(name, text)
+
+
+@dataclass
+class Selection:
+    """What one `match:` selects in a graph: node indices and tensor names."""
+
+    where: str
+    nodes: set[int]
+    tensors: set[str]
+
+    @property
+    def empty(self) -> bool:
+        return not self.nodes and not self.tensors
+
+
+def select(match: Match, where: str, names: list[str], graph: onnx.GraphProto, tensors: set[str]) -> Selection:
+    node_tests = [pattern(p) for p in match.nodes]
+    tensor_tests = [pattern(p) for p in match.tensors]
+    nodes: set[int] = set()
+    if match.nodes or match.op_types:
+        for i, node in enumerate(graph.node):
+            if (not node_tests or any(t(names[i]) for t in node_tests)) and (
+                not match.op_types or node.op_type in match.op_types
+            ):
+                nodes.add(i)
+    chosen = {t for t in tensors if any(test(t) for test in tensor_tests)}
+    return Selection(where, nodes, chosen)
+
+
+@dataclass(frozen=True)
+class Selections:
+    """Every config rule's selection, and what they add up to."""
+
+    exclude: Selection
+    overrides: list[tuple[int, Override, Selection]]  # (position in the config, rule, selection)
+    off_nodes: frozenset[int]  # excluded, or `precision: float`
+    off_tensors: frozenset[str]
+    asked_nodes: frozenset[int]  # selected by an override with a quantized precision
+    asked_tensors: frozenset[str]  # named by an override that does not keep them float
+
+    @classmethod
+    def of(cls, config: Config, names: list[str], index: GraphIndex) -> Selections:
+        graph, tensors = index.graph, index.tensors
+        exclude = select(config.exclude, "exclude", names, graph, tensors)
+        overrides = [
+            (k, o, select(o.match, f"overrides[{k}].match", names, graph, tensors))
+            for k, o in enumerate(config.overrides)
+        ]
+        off = [exclude] + [sel for _, o, sel in overrides if o.precision == "float"]
+        return cls(
+            exclude=exclude,
+            overrides=overrides,
+            off_nodes=frozenset().union(*(s.nodes for s in off)),
+            off_tensors=frozenset().union(*(s.tensors for s in off)),
+            asked_nodes=frozenset().union(
+                *(sel.nodes for _, o, sel in overrides if o.precision not in (None, "float"))
+            ),
+            asked_tensors=frozenset().union(*(sel.tensors for _, o, sel in overrides if o.precision != "float")),
+        )
+
+    def asked_for(self, i: int) -> bool:
+        """Whether an override selects node `i` with a quantized precision."""
+        return i in self.asked_nodes
+
+    def unmatched(self, config: Config, names: list[str], index: GraphIndex) -> list[str]:
+        """'<where> matched nothing' for each rule that selects nothing in this graph."""
+        rules = [(config.exclude, self.exclude)] + [(o.match, sel) for _, o, sel in self.overrides]
+        return [
+            _unmatched(match, sel.where, names, index.graph, index.tensors)
+            for match, sel in rules
+            if sel.empty and (match.nodes or match.op_types or match.tensors)
+        ]
+
+
+def _unmatched(match: Match, where: str, names: list[str], graph: onnx.GraphProto, tensors: set[str]) -> str:
+    """'<where> matched nothing', with the closest names the model does have."""
+
+    def close(patterns: list[str], pool: list[str]) -> list[str]:
+        found: list[str] = []
+        for p in patterns:
+            bare = p[3:] if p.startswith("re:") else p.replace("*", "").replace("?", "")
+            found += difflib.get_close_matches(bare, pool, n=3, cutoff=0.5)
+        return sorted(set(found))[:5]
+
+    hints = close(match.nodes, names) + close(match.op_types, sorted({n.op_type for n in graph.node}))
+    hints += close(match.tensors, sorted(tensors))
+    return f"{where} matched nothing" + (f" (close: {', '.join(hints)})" if hints else "")

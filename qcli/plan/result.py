@@ -1,0 +1,69 @@
+"""What a plan is made of: groups of activations sharing one scale, weights, biases, and one
+decision per node with its reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from qcli.scheme import QuantScheme
+
+
+@dataclass
+class Group:
+    """Activations that share one scale and zero point."""
+
+    tensors: list[str]
+    scheme: QuantScheme
+    constant: str | None = None  # an initializer member (embedding table) fixes the params
+    fixed_range: tuple[float, float] | None = None  # known without calibration, or set by YAML
+    settings: dict | None = None  # per-group calibration override fields (method, percentile)
+    range: tuple[float, float] | None = None
+    scale: np.ndarray | None = None
+    zero_point: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    name: str  # initializer
+    scheme: QuantScheme
+    axis: int | None  # per-channel (or per-block) axis, None for per-tensor
+
+
+@dataclass(frozen=True)
+class BiasPlan:
+    name: str  # initializer
+    input: str  # the activation whose scale multiplies the weight's
+    weight: str
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    index: int
+    name: str
+    op_type: str
+    quantized: bool
+    reason: str = ""  # why it stays float (or "folded into <producer>")
+    folded_into: str | None = None  # a folded Relu/Clip: its producer's display name
+
+
+@dataclass
+class Plan:
+    groups: list[Group] = field(default_factory=list)
+    weights: dict[str, WeightPlan] = field(default_factory=dict)
+    biases: dict[str, BiasPlan] = field(default_factory=dict)
+    nodes: list[NodeDecision] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)  # config rules that matched nothing
+    keep_float: set[int] = field(default_factory=set)  # nodes excluded by config: read float inputs
+    notes: list[str] = field(default_factory=list)  # conflicts resolved, and the like
+
+    @property
+    def activations(self) -> list[str]:
+        """Every tensor that gets a Q/DQ pair, in group order."""
+        return [t for g in self.groups for t in g.tensors if t != g.constant]
+
+    @property
+    def calibrated_tensors(self) -> list[str]:
+        """Tensors whose range must come from calibration."""
+        return [t for g in self.groups if g.constant is None and g.fixed_range is None for t in g.tensors]
