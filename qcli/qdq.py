@@ -18,6 +18,7 @@ first), so the output is deterministic.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,12 +26,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qcli.errors import InternalError
+from qcli.graph import GraphIndex
 from qcli.info import names_used_inside
 from qcli.plan import Group, Plan, WeightPlan
+from qcli.rules import is_kind, rule_for
 from qcli.scheme import PerBlock, choose_qparams, quantize
 
 CONTRIB = "com.microsoft"
-SHAPE_READERS = ("Shape", "Size")  # read only the shape, which the integer tensor has too
 
 Use = tuple[int, int]  # (node index, input or output index)
 
@@ -41,8 +43,9 @@ def qdq_domain(bits: int, opset: int) -> str:
     return "" if bits == 8 or opset >= 21 else CONTRIB
 
 
-def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
-    """A new model with the plan's Q/DQ nodes, quantized weights and biases.
+def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = None) -> onnx.ModelProto:
+    """A new model with the plan's Q/DQ nodes, quantized weights and biases. `index`: the
+    model's GraphIndex when the caller has it (its positions hold in the copy edited here).
 
     The steps: what each weight, group and bias adds (initializers, nodes, rewired inputs),
     read off the float graph; the rewiring applied; redundant Relu/Clips dropped; float
@@ -50,7 +53,7 @@ def materialize(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
-    source = _Source.of(out, plan)
+    source = _Source.of(out, plan, index if index is not None else GraphIndex.of(model))
     weights, weight_scales = _weight_edits(source, plan)
     groups, group_scales = _group_edits(source, plan)
     edits = _Edits.joined(weights, groups, _bias_edits(source, plan, group_scales, weight_scales))
@@ -70,41 +73,41 @@ class _Source:
     """The float graph as the edits read it, before any of them is applied: its initializers,
     where each tensor is read and written, and which nodes are quantized or kept float."""
 
-    inits: dict[str, onnx.TensorProto]
-    reads: dict[str, list[Use]]  # name -> (node, input index), in graph order
-    producer: dict[str, Use]  # name -> (node, output index)
-    op_types: list[str]
-    outputs: set[str]  # graph outputs
+    index: GraphIndex
     quantized: set[int]
     keep_float: set[int]
     opset: int
 
     @classmethod
-    def of(cls, model: onnx.ModelProto, plan: Plan) -> _Source:
-        graph = model.graph
-        reads: dict[str, list[Use]] = {}
-        for i, node in enumerate(graph.node):
-            for k, name in enumerate(node.input):
-                reads.setdefault(name, []).append((i, k))
+    def of(cls, model: onnx.ModelProto, plan: Plan, index: GraphIndex) -> _Source:
         return cls(
-            inits={t.name: t for t in graph.initializer},
-            reads=reads,
-            producer={o: (i, k) for i, n in enumerate(graph.node) for k, o in enumerate(n.output)},
-            op_types=[n.op_type for n in graph.node],
-            outputs={o.name for o in graph.output},
+            index=index,
             quantized={d.index for d in plan.nodes if d.quantized},
             keep_float=plan.keep_float,
             opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13),
         )
 
+    @property
+    def inits(self) -> Mapping[str, onnx.TensorProto]:
+        return self.index.initializers
+
+    @property
+    def producer(self) -> Mapping[str, Use]:  # name -> (node, output index)
+        return self.index.written_at
+
+    @property
+    def outputs(self) -> frozenset[str]:  # graph outputs
+        return self.index.outputs
+
     def uses(self, name: str, only_quantized: bool) -> list[Use]:
         """Where `name` is read: by quantized nodes only, or by every node the config did not
         exclude (excluded nodes read the unquantized tensor)."""
-        return [(i, k) for i, k in self.reads.get(name, ())
+        return [(i, k) for i, k in self.index.read_at.get(name, ())
                 if (i in self.quantized if only_quantized else i not in self.keep_float)]
 
     def reads_shape_only(self, use: Use) -> bool:
-        return self.op_types[use[0]] in SHAPE_READERS
+        """Shape and Size read only the shape, which the integer tensor has too."""
+        return is_kind(self.index.graph.node[use[0]], "shape")
 
     def values(self, name: str) -> np.ndarray:
         return numpy_helper.to_array(self.inits[name])
@@ -329,7 +332,7 @@ def _rewire(graph: onnx.GraphProto, edits: _Edits) -> None:
 
 
 def _drop_redundant_clips(
-    graph: onnx.GraphProto, plan: Plan, producer: dict[str, Use], inits: dict[str, onnx.TensorProto]
+    graph: onnx.GraphProto, plan: Plan, producer: Mapping[str, Use], inits: Mapping[str, onnx.TensorProto]
 ) -> set[int]:
     """Indices of the folded Relu/Clip nodes that change nothing before their QuantizeLinear,
     rewired so that their input's producer writes their output directly.
@@ -342,7 +345,7 @@ def _drop_redundant_clips(
     `graph` is the rewired one (its readers are counted as they are now), `producer` the float
     graph's.
     """
-    folded = {d.index for d in plan.nodes if d.quantized and d.op_type in ("Relu", "Clip")}
+    folded = {d.index for d in plan.nodes if d.folded_into is not None}
     graph_outputs = {o.name for o in graph.output}
     reads: dict[str, int] = {}
     for node in graph.node:
@@ -359,7 +362,7 @@ def _drop_redundant_clips(
             source = node.input[0]
             if source in graph_outputs or source not in producer or reads.get(source) != 1:
                 continue
-            lo, hi = (0.0, np.inf) if node.op_type == "Relu" else _clip_bounds(node, inits)
+            lo, hi = _clip_bounds(node, inits)
             q = np.rint(np.array([lo, hi], dtype=np.float64) / np.float64(group.scale)) + np.float64(group.zero_point)
             if q[0] > group.scheme.dtype.qmin or q[1] < group.scheme.dtype.qmax:
                 continue
@@ -372,17 +375,21 @@ def _drop_redundant_clips(
     return dropped
 
 
-def _clip_bounds(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> tuple[float, float]:
-    """Clip's (min, max) from its constant inputs; a missing one is unbounded (opset >= 11)."""
-    bounds = [-np.inf, np.inf]
-    for k in (1, 2):
+def _clip_bounds(node: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto]) -> tuple[float, float]:
+    """What a folded Relu/Clip clips to: its rule's `clip_range`, narrowed by its constant
+    `bounds` inputs (Clip's min and max; a missing one is unbounded, opset >= 11)."""
+    rule = rule_for(node)
+    if rule is None or rule.clip_range is None:
+        raise InternalError(f"node {node.name!r} ({node.op_type}) was folded but clips to nothing")
+    bounds = list(rule.clip_range)
+    for j, k in enumerate(rule.bounds):
         if k < len(node.input) and node.input[k]:
-            bounds[k - 1] = float(numpy_helper.to_array(inits[node.input[k]]))
+            bounds[j] = float(numpy_helper.to_array(inits[node.input[k]]))
     return bounds[0], bounds[1]
 
 
 def _drop_unread_initializers(
-    graph: onnx.GraphProto, inits: dict[str, onnx.TensorProto], old_nodes: list[onnx.NodeProto], edits: _Edits
+    graph: onnx.GraphProto, inits: Mapping[str, onnx.TensorProto], old_nodes: list[onnx.NodeProto], edits: _Edits
 ) -> None:
     """The float initializers nothing reads any more dropped (and their graph inputs, in old
     models that list initializers as inputs), the new ones appended."""

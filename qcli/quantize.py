@@ -24,6 +24,7 @@ from qcli.config import Config, config_document
 from qcli.data import DataFolder
 from qcli.errors import ConfigError, ModelError
 from qcli.executor import Executor, SerialExecutor
+from qcli.graph import GraphIndex
 from qcli.model import fingerprint, max_ir_version, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import PrepareResult, prepare
@@ -96,15 +97,17 @@ def quantize(
     `prepared`: the result of `prepare(model)` when the caller has it already (not changed)."""
     prepared = prepared or prepare(model, force=force)
     work, notes = prepared.model, list(prepared.notes)
-    plan = make_plan(work, config)
+    index = GraphIndex.of(work)
+    plan = make_plan(work, config, index=index)
     check_unmatched(plan, strict)
     if any(isinstance(w.scheme.granularity, PerBlock) for w in plan.weights.values()):
         if opset_version(work) < BLOCK_OPSET:
             work = _upgrade(work, BLOCK_OPSET, notes)
-            plan = make_plan(work, config)
+            index = GraphIndex.of(work)
+            plan = make_plan(work, config, index=index)
     settings = RangeSettings.of(config)
     assign_ranges(plan, work, table, settings)
-    out = materialize(work, plan)
+    out = materialize(work, plan, index)
     _keep_own_value_info(out, model)
     calibration = {"method": settings.method, "samples": table.samples, "fingerprint": table.fingerprint}
     for key, value in (

@@ -32,6 +32,8 @@ from qcli.calibrate.observers import TensorObserver
 from qcli.calibrate.sampling import SAMPLE_VALUES
 from qcli.data import Batch, DataFolder
 from qcli.errors import DataError
+from qcli.graph import GraphIndex
+from qcli.rules import rearranges
 from qcli.runtime import make_session
 
 
@@ -47,11 +49,6 @@ def session_with_outputs(model: onnx.ModelProto, names: list[str], threads: int 
         return make_session(model, threads=threads)
     finally:
         del model.graph.output[kept:]
-
-
-# Ops whose output holds exactly their first input's values, rearranged: same count, min, max,
-# histogram and NaN/Inf counts.
-_REARRANGING = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "DepthToSpace", "SpaceToDepth"}
 
 
 #: Batches a pipeline stage may run ahead of the next (memory: this many batches per stage).
@@ -74,21 +71,21 @@ def value_aliases(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
     Transformer, the q/k/v projections' Reshape and Transpose outputs would otherwise triple
     the histogram work for those tensors.
     """
-    producer = {out: node for node in model.graph.node for out in node.output if out}
+    index = GraphIndex.of(model)
     wanted = set(names)
 
     def source_of(name: str) -> str | None:
         """The furthest tensor of `names` up a chain of rearranging ops ending at `name`."""
         found, seen = None, {name}
-        node = producer.get(name)
-        while node is not None and node.op_type in _REARRANGING and node.domain in ("", "ai.onnx"):
+        node = index.producer_node(name)
+        while node is not None and rearranges(node):
             source = node.input[0] if node.input else ""
             if not source or source in seen:
                 break
             seen.add(source)
             if source in wanted:
                 found = source
-            node = producer.get(source)
+            node = index.producer_node(source)
         return found
 
     aliases = {}
