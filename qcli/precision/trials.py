@@ -11,7 +11,7 @@ Q/DQ nodes of its tensors; cost = time promoted - time int8 (negative: faster un
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from qcli.analyze.probe import Fidelity, Probe
 from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
 from qcli.errors import CalibrationError
-from qcli.precision.units import PROMOTIONS, Unit, find_units, promoted_config
+from qcli.precision.units import PROMOTIONS, Choices, Costs, Unit, find_units, promoted_config
 from qcli.prepare import PrepareResult
 
 SPEED_TIE = 2.0  # µs: a unit whose int8 form is slower by less than this is a tie (stays int8)
@@ -62,7 +62,7 @@ class Trials:
             self.stopped = f"time budget ({self.time_budget:g} s) spent"
         return self.stopped is not None
 
-    def build(self, choices: dict[str, str]):
+    def build(self, choices: Choices):
         """The candidate quantized (a QuantizeResult). The last two are kept: a candidate's
         fidelity, latency and profile are asked for one after another."""
         from qcli.quantize import quantize
@@ -79,7 +79,7 @@ class Trials:
         """The all-int8 candidate (choices {}) when the caller built it already."""
         self._built[frozenset()] = int8
 
-    def fidelity(self, choices: dict[str, str], quick: bool = False) -> Fidelity | None:
+    def fidelity(self, choices: Choices, quick: bool = False) -> Fidelity | None:
         """The candidate's fidelity (on the quick probe's few samples with `quick`: enough to
         rank, not to check a floor); None when it cannot be built from the calibration."""
         key = (frozenset(choices.items()), quick)
@@ -97,12 +97,12 @@ class Trials:
                 self.progress(1)
         return self._fidelity[key]
 
-    def fidelity_many(self, candidates: list[dict[str, str]], quick: bool = False) -> list[Fidelity | None]:
+    def fidelity_many(self, candidates: list[Choices], quick: bool = False) -> list[Fidelity | None]:
         """`fidelity` of independent candidates, on the executor's workers when there are
         several: each worker gets one contiguous chunk and sets up its own copy of the trials
         once (prepared model, probe, float outputs); results land in this cache in order, so
         what follows does not depend on the number of workers."""
-        todo: list[dict[str, str]] = []
+        todo: list[Choices] = []
         for c in candidates:
             if (frozenset(c.items()), quick) not in self._fidelity and c not in todo:
                 todo.append(c)
@@ -111,9 +111,10 @@ class Trials:
             context = self._context()
             size = -(-len(todo) // workers)
             chunks = [todo[i: i + size] for i in range(0, len(todo), size)]
-            tasks = [(context, [tuple(sorted(c.items())) for c in chunk], quick, self.executor.threads) for chunk in chunks]
-            for chunk, results in zip(chunks, self.executor.map(_run_trials, tasks)):
-                for c, (f, demoted) in zip(chunk, results):
+            tasks = [(context, [tuple(sorted(c.items())) for c in chunk], quick, self.executor.threads)
+                     for chunk in chunks]
+            for chunk, results in zip(chunks, self.executor.map(_run_trials, tasks), strict=True):
+                for c, (f, demoted) in zip(chunk, results, strict=True):
                     self._fidelity[(frozenset(c.items()), quick)] = f
                     self._demoted[frozenset(c.items())] = demoted
             self.count += len(todo)
@@ -139,12 +140,12 @@ class Trials:
         per_trial = spent / max(self.count, 1)
         return n * per_trial <= (self.time_budget - spent) / 2
 
-    def demoted(self, choices: dict[str, str]) -> int:
+    def demoted(self, choices: Choices) -> int:
         """How many units the candidate leaves unquantized: promoting one node can take its
         neighbours along (a node whose output only feeds float nodes stays float too)."""
         return self._demoted.get(frozenset(choices.items()), len(choices))
 
-    def latency(self, choices: dict[str, str]) -> float:
+    def latency(self, choices: Choices) -> float:
         """Latency ratio to the float model. A ratio above `ceiling` is measured twice more and
         the median kept: one timing on a busy machine can be off by several percent."""
         key = frozenset(choices.items())
@@ -156,13 +157,13 @@ class Trials:
             self._latency[key] = sorted(ratios)[len(ratios) // 2]
         return self._latency[key]
 
-    def costs(self, candidates: list[str], base: dict[str, str] | None = None) -> dict[str, tuple[str, float]]:
+    def costs(self, candidates: Collection[str], base: Choices | None = None) -> Costs:
         """Per unit: the promotion among `candidates` with the least measured cost, and that
         cost in µs per run (time promoted - time int8; negative: faster promoted). `base`: the
         choices the int8 times are measured in (default: all int8); a unit's int8 time depends
         on its neighbours (whether its Q/DQ pairs fuse)."""
         int8 = attribute(self.probe.node_times(self.build(base or {}).model), self.units)
-        best: dict[str, tuple[str, float]] = {}
+        best: Costs = {}
         # float first: another candidate replaces it only when clearly cheaper (ties go to float,
         # the more accurate one, so timing noise does not flip the choice)
         for precision in sorted((p for p in PROMOTIONS if p in candidates), key=lambda p: p != "float"):

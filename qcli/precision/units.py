@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 import onnx
 
-from qcli.config import Activations, Config, Match, Override, Weights
-from qcli.plan import Plan
+from qcli.config import ActivationDtype, Activations, Config, Match, Override, Weights
+from qcli.plan import NodeDecision, Plan
 from qcli.rules import rule_for
 
-PROMOTIONS = ("int16", "float")
+Promotion = Literal["int16", "float"]  # 16-bit activations around the node (int8 weights), or float
+Choice = Literal["int16", "float", "int4"]  # a unit's precision other than int8: a promotion, or int4 weights
+PROMOTIONS: tuple[Promotion, ...] = ("int16", "float")
+CHOICES: tuple[Choice, ...] = ("int4", *PROMOTIONS)  # the order of their overrides
+Choices = dict[str, Choice]  # unit (node name) -> its precision; a unit not in it stays int8
+Costs = dict[str, tuple[Promotion, float]]  # unit -> its cheapest promotion, and its cost in µs per run
 
 
 @dataclass(frozen=True)
@@ -34,10 +40,11 @@ class Unit:
 def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
     """The plan's quantized compute nodes, in graph order."""
     graph = model.graph
-    folded_into: dict[str, list[int]] = {}
+    inits = {t.name for t in graph.initializer}
+    folded: dict[str, list[int]] = {}  # node -> the nodes folded into it (their outputs are its own)
     for d in plan.nodes:
-        if d.quantized and d.reason.startswith("folded into "):
-            folded_into.setdefault(d.reason[len("folded into "):], []).append(d.index)
+        if (into := _folded_into(d)) is not None:
+            folded.setdefault(into, []).append(d.index)
     units = []
     for d in plan.nodes:
         node = graph.node[d.index]
@@ -45,12 +52,18 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
         if not d.quantized or d.reason or rule is None or rule.kind != "compute":
             continue
         tensors = set(node.input) | set(node.output)
-        for j in folded_into.get(d.name, []):
+        for j in folded.get(d.name, []):
             tensors |= set(graph.node[j].output)
-        inits = {t.name for t in graph.initializer}
         weighted = any(k < len(node.input) and node.input[k] in inits for k in rule.weights)
         units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in tensors if t), weighted))
     return units
+
+
+def _folded_into(d: NodeDecision) -> str | None:
+    """The node `d` is folded into (an activation fused with its producer), None when not folded.
+    Read from the reason the plan writes until NodeDecision carries it as a field."""
+    prefix = "folded into "
+    return d.reason[len(prefix):] if d.quantized and d.reason.startswith(prefix) else None
 
 
 def _exact(name: str) -> str:
@@ -58,24 +71,25 @@ def _exact(name: str) -> str:
     return f"re:{re.escape(name)}" if any(c in name for c in "*?[") else name
 
 
-def promoted_config(config: Config, choices: dict[str, str], units: list[Unit]) -> Config:
-    """`config` plus one override per promoted precision (nodes in graph order), search off."""
+def promoted_config(config: Config, choices: Choices, units: list[Unit]) -> Config:
+    """`config` plus one override per chosen precision (nodes in graph order), search off."""
     order = {u.node: u.index for u in units}
     overrides = list(config.overrides)
-    wide = "uint16" if config.activations.dtype in ("uint8", "uint16") else "int16"
-    for precision in ("int4", *PROMOTIONS):
+    for precision in CHOICES:
         nodes = sorted((n for n, p in choices.items() if p == precision), key=lambda n: order.get(n, 0))
-        if not nodes:
-            continue
-        match = Match(nodes=[_exact(n) for n in nodes])
-        if precision == "int4":
-            overrides.append(Override(match=match, weights=Weights(dtype="int4", symmetric=True, granularity="per_channel")))
-        elif precision == "float":
-            overrides.append(Override(match=match, precision="float"))
-        else:
-            overrides.append(Override(match=match, activations=Activations(dtype=wide, symmetric=config.activations.symmetric)))
+        if nodes:
+            overrides.append(_override(config, precision, Match(nodes=[_exact(n) for n in nodes])))
     return config.model_copy(update={
         "overrides": overrides,
         "auto_precision": config.auto_precision.model_copy(update={"enabled": False}),
     })
 
+
+def _override(config: Config, precision: Choice, match: Match) -> Override:
+    """The override giving the matched nodes `precision`."""
+    if precision == "int4":
+        return Override(match=match, weights=Weights(dtype="int4", symmetric=True, granularity="per_channel"))
+    if precision == "float":
+        return Override(match=match, precision="float")
+    wide: ActivationDtype = "uint16" if config.activations.dtype in ("uint8", "uint16") else "int16"
+    return Override(match=match, activations=Activations(dtype=wide, symmetric=config.activations.symmetric))
