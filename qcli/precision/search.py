@@ -12,45 +12,15 @@ on timings, and the steps record them. README "Automatic mixed precision" descri
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Literal, Protocol
+from typing import Protocol
 
 from qcli.analyze.probe import Fidelity
-from qcli.config import Config
-from qcli.errors import ConfigError
+from qcli.precision.goal import Goal
 from qcli.precision.trials import SPEED_TIE
 from qcli.precision.units import Choice, Choices, Costs, Unit
-
-Criterion = Literal["performance", "balanced", "accuracy", "custom"]
-
-
-@dataclass(frozen=True)
-class Goal:
-    """What the result must satisfy: an accuracy budget and/or floors, and a latency ceiling."""
-
-    criterion: Criterion = "performance"
-    max_drop: float | None = None  # Fidelity.drop at most this
-    min_top1_agreement: float | None = None  # floors (verification)
-    min_cosine: float | None = None
-    max_latency_ratio: float | None = None  # quantized / float latency at most this
-
-    def accurate(self, f: Fidelity | None, scale: float = 1.0) -> bool:
-        """Whether `f` meets the floors and `scale` times the accuracy budget."""
-        if f is None:
-            return False
-        if self.max_drop is not None and f.drop > self.max_drop * scale + 1e-12:
-            return False
-        if (self.min_top1_agreement is not None and f.top1_agreement is not None
-                and f.top1_agreement < self.min_top1_agreement):
-            return False
-        if self.min_cosine is not None and f.cosine is not None and f.cosine < self.min_cosine:
-            return False
-        return True
-
-    def fast(self, ratio: float | None) -> bool:
-        return self.max_latency_ratio is None or ratio is None or ratio <= self.max_latency_ratio
 
 
 class StepKind(Enum):
@@ -181,7 +151,7 @@ class _Search:
 
 
 def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, shrink: bool = False,
-           candidates: list[str] | None = None) -> SearchResult:
+           candidates: Collection[str] | None = None) -> SearchResult:
     """Find the choices meeting `goal` (README "Automatic mixed precision"): all int8 when that
     meets it; else units slower in int8 promoted (a missed latency ceiling), then the accuracy
     search; then, with `shrink`, int4 weights where they keep the goal. `candidates`: the
@@ -490,17 +460,3 @@ def _most_within_speed(s: _Search, ranking: _Candidates, here: _Point) -> _Point
         else:
             hi = mid - 1
     return best
-
-
-def goal_of(config: Config) -> Goal:
-    """The auto-precision goal the config's `auto_precision` section describes."""
-    ap = config.auto_precision
-    if ap.criteria == "custom" and ap.min_speedup is None:
-        raise ConfigError("auto_precision.criteria custom needs auto_precision.min_speedup",
-                          hint="or pick performance, balanced or accuracy")
-    min_speedup = ap.min_speedup if ap.min_speedup is not None else (1.0 if ap.criteria == "accuracy" else None)
-    return Goal(
-        criterion=ap.criteria,
-        max_drop=None if ap.criteria == "accuracy" else ap.max_accuracy_drop,
-        max_latency_ratio=1.0 / min_speedup if min_speedup else None,
-    )
