@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -23,6 +23,9 @@ from qcli.config import Config
 from qcli.errors import CalibrationError
 from qcli.precision.units import PROMOTIONS, Choices, Costs, Unit, find_units, promoted_config
 from qcli.prepare import PrepareResult
+
+if TYPE_CHECKING:
+    from qcli.quantize import QuantizeResult
 
 SPEED_TIE = 2.0  # µs: a unit whose int8 form is slower by less than this is a tie (stays int8)
 
@@ -49,8 +52,8 @@ class Trials:
     _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict)
     _latency: dict[frozenset, float] = field(default_factory=dict)
     _demoted: dict[frozenset, int] = field(default_factory=dict)
-    _shared: Any = None  # the _Context workers set up from
-    _built: dict[frozenset, Any] = field(default_factory=dict)  # recent candidates, by choices
+    _shared: _Context | None = None  # what workers set up from
+    _built: dict[frozenset, QuantizeResult] = field(default_factory=dict)  # recent candidates, by choices
 
     def __post_init__(self) -> None:
         self.started = time.monotonic()
@@ -62,7 +65,7 @@ class Trials:
             self.stopped = f"time budget ({self.time_budget:g} s) spent"
         return self.stopped is not None
 
-    def build(self, choices: Choices):
+    def build(self, choices: Choices) -> QuantizeResult:
         """The candidate quantized (a QuantizeResult). The last two are kept: a candidate's
         fidelity, latency and profile are asked for one after another."""
         from qcli.quantize import quantize
@@ -75,7 +78,7 @@ class Trials:
                                         prepared=self.prepared)
         return self._built[key]
 
-    def seed(self, int8) -> None:
+    def seed(self, int8: QuantizeResult) -> None:
         """The all-int8 candidate (choices {}) when the caller built it already."""
         self._built[frozenset()] = int8
 
@@ -221,7 +224,12 @@ def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
 
 def attribute(times: dict[str, float], units: list[Unit]) -> dict[str, float]:
     """Kernel times by node name -> time per unit: the unit's own node (or an onnxruntime fusion
-    named `<node>/...`), plus an even share of the Q/DQ nodes of each tensor it touches."""
+    named `<node>/...`), plus an even share of the Q/DQ nodes of each tensor it touches.
+
+    >>> units = [Unit("/conv", "Conv", 0, frozenset({"x", "y"})), Unit("/fc", "Gemm", 1, frozenset({"y", "z"}))]
+    >>> attribute({"/conv": 10.0, "/fc/MatMulNBits": 4.0, "y_Q": 2.0, "x_DQ": 1.0}, units)
+    {'/conv': 12.0, '/fc': 5.0}
+    """
     names = {u.node for u in units}
     owners: dict[str, list[str]] = {}
     for u in units:
