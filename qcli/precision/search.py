@@ -127,10 +127,21 @@ class _Search:
 
     trials: SearchTrials
     goal: Goal
+    costs: Costs
+    units: list[Unit]  # the promotable ones (a candidate precision exists), in graph order
     index: dict[str, int]  # unit -> graph position (steps list units in graph order)
     scale: float = 1.0
     steps: list[Step] = field(default_factory=list)
     sensitivity: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cheapest(self) -> dict[str, Choice]:
+        """Each unit's cheapest promotion (measured)."""
+        return {u.node: self.costs[u.node][0] for u in self.units}
+
+    def all_float(self, choices: Choices) -> bool:
+        """Whether `choices` promote every unit to float (computing like the float model)."""
+        return len(choices) == len(self.units) and all(p == "float" for p in choices.values())
 
     def scaled(self, scale: float) -> _Search:
         """The same search aiming at `scale` times the budget (the steps and sensitivities shared)."""
@@ -144,9 +155,9 @@ class _Search:
         self.steps.append(Step(action, sorted(changed, key=lambda n: self.index[n]), len(chosen),
                                f.drop if f else None, f.noise if f else None, ratio, kept, quick, kind))
 
-    def result(self, at: _Point, met: bool, costs: Costs) -> SearchResult:
+    def result(self, at: _Point, met: bool) -> SearchResult:
         choices = dict(sorted(at.choices.items(), key=lambda kv: self.index[kv[0]]))
-        return SearchResult(choices, at.fidelity, at.ratio, met, self.steps, self.sensitivity, costs,
+        return SearchResult(choices, at.fidelity, at.ratio, met, self.steps, self.sensitivity, self.costs,
                             self.trials.count, self.trials.stopped)
 
 
@@ -158,38 +169,33 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     promotions allowed; the accuracy search ranks and promotes with the most accurate of them
     (float), then tries each promoted unit in its cheaper one (default: the cheaper one from
     `costs` throughout)."""
-    s = _Search(trials, goal, {u.node: u.index for u in units})
-    units = [u for u in units if u.node in costs]  # promotable: a candidate precision exists
-    cheapest: dict[str, Choice] = {u.node: costs[u.node][0] for u in units}  # measured
+    promotable = [u for u in units if u.node in costs]
+    s = _Search(trials, goal, costs, promotable, {u.node: u.index for u in units})
     best: Choice | None = "float" if candidates is not None and "float" in candidates else None
-    accurate: dict[str, Choice] = {n: best or p for n, p in cheapest.items()}  # what the accuracy search promotes to
+    accurate = {n: best or p for n, p in s.cheapest.items()}  # what the accuracy search promotes to
     timed = goal.max_latency_ratio is not None
     here = _Point({}, trials.fidelity({}), trials.latency({}) if timed else None)
     s.log(StepKind.ALL_INT8, "all int8", [], here.choices, here.fidelity, here.ratio)
     if goal.accurate(here.fidelity) and goal.fast(here.ratio) and goal.criterion != "accuracy":
-        return s.result(_shrink(s, units, here) if shrink else here, True, costs)
+        return s.result(_shrink(s, here) if shrink else here, True)
     if timed and not goal.fast(here.ratio):
-        here = _speed_up(s, units, here, cheapest, costs)
+        here = _speed_up(s, here)
     if not goal.accurate(here.fidelity) or goal.criterion == "accuracy":
-        here = _accuracy(s, units, here, _Candidates(dict(here.choices), accurate), cheapest)
+        here = _accuracy(s, here, _Candidates(dict(here.choices), accurate))
         if timed:
             here = replace(here, ratio=trials.latency(here.choices))
     if shrink and goal.accurate(here.fidelity) and goal.fast(here.ratio) and not trials.exhausted():
-        here = _shrink(s, units, here)
+        here = _shrink(s, here)
     # all float computes like the float model: as fast as it by construction
-    return s.result(here, goal.accurate(here.fidelity) and (goal.fast(here.ratio) or _all_float(here.choices, units)),
-                    costs)
+    return s.result(here, goal.accurate(here.fidelity) and (goal.fast(here.ratio) or s.all_float(here.choices)))
 
 
-def _all_float(choices: Choices, units: list[Unit]) -> bool:
-    return len(choices) == len(units) and all(p == "float" for p in choices.values())
-
-
-def _speed_up(s: _Search, units: list[Unit], here: _Point, cheapest: dict[str, Choice], costs: Costs) -> _Point:
+def _speed_up(s: _Search, here: _Point) -> _Point:
     """A missed latency ceiling: the units measurably faster unquantized (by more than SPEED_TIE
     µs) promoted; if that is not enough, every unit. Each kept when it is faster."""
-    slow = {u.node: cheapest[u.node] for u in units if costs[u.node][1] < -SPEED_TIE}
-    everything = {u.node: cheapest[u.node] for u in units}
+    cheapest = s.cheapest
+    slow = {u.node: cheapest[u.node] for u in s.units if s.costs[u.node][1] < -SPEED_TIE}
+    everything = {u.node: cheapest[u.node] for u in s.units}
     # All float computes like the float model: under a ceiling of at least 1 it is as fast as
     # needed by construction, whatever one noisy timing says (the current choices miss the
     # ceiling anyway). Under a lower ceiling only timings decide.
@@ -199,7 +205,7 @@ def _speed_up(s: _Search, units: list[Unit], here: _Point, cheapest: dict[str, C
         if here.ratio is None or s.goal.fast(here.ratio) or not trial or trial == here.choices:
             continue
         f, r = s.trials.fidelity(trial), s.trials.latency(trial)
-        kept = f is not None and (r < here.ratio or (_all_float(trial, units) and float_is_fast))
+        kept = f is not None and (r < here.ratio or (s.all_float(trial) and float_is_fast))
         s.log(StepKind.SPEED, action, [n for n in trial if n not in here.choices], trial if kept else here.choices,
               f, r, kept)
         if kept:
@@ -207,18 +213,18 @@ def _speed_up(s: _Search, units: list[Unit], here: _Point, cheapest: dict[str, C
     return here
 
 
-def _accuracy(s: _Search, units: list[Unit], here: _Point, promote: _Candidates, cheapest: dict[str, Choice]) -> _Point:
+def _accuracy(s: _Search, here: _Point, promote: _Candidates) -> _Point:
     """The accuracy search: rank the int8 units by measured sensitivity, find the shortest
     prefix of the ranking meeting the goal, then prune. Units whose error hides behind a worse
     one rank low (their gain is measured with the worse one still int8), so the prefix may take
     extra units along; the prune drops every one the goal does not need. `balanced` aims at
     half the budget first; out of reach, the best measured candidate (everything promoted)."""
-    ranking = replace(promote, ranked=_rank(s, units, promote))
+    ranking = replace(promote, ranked=_rank(s, promote))
     if s.goal.criterion == "accuracy":
         return _most_within_speed(s, ranking, here)
     scales = [0.5, 1.0] if s.goal.criterion == "balanced" and s.goal.max_drop is not None else [1.0]
     for scale in scales:
-        chosen = _settle(s.scaled(scale), ranking, cheapest)
+        chosen = _settle(s.scaled(scale), ranking, s.cheapest)
         if chosen is not None:
             return _Point(chosen, s.trials.fidelity(chosen), here.ratio)
     everything = ranking.prefix(len(ranking.ranked))
@@ -229,13 +235,13 @@ def _accuracy(s: _Search, units: list[Unit], here: _Point, promote: _Candidates,
     return here
 
 
-def _rank(s: _Search, units: list[Unit], promote: _Candidates) -> list[str]:
+def _rank(s: _Search, promote: _Candidates) -> list[str]:
     """The int8 units, most sensitive first (sensitivity measured on the quick probe, recorded
     in `s.sensitivity`). By sensitivity, not by cost: costs are timings, and ranking by them
     would make the promotions depend on a busy machine. Units the budget left unmeasured (or
     below the noise floor) come last, in graph order."""
     choices = promote.fixed
-    left = [u.node for u in units if u.node not in choices]
+    left = [u.node for u in s.units if u.node not in choices]
     here = s.trials.fidelity(choices, quick=True)
     base_noise = here.noise if here else float("inf")
     floor = 1e-3 * max(base_noise, 1e-12)  # gains below this are measurement noise
@@ -265,13 +271,13 @@ def _rank(s: _Search, units: list[Unit], promote: _Candidates) -> list[str]:
     return ranked + [n for n in left if n not in ranked]
 
 
-def _shrink(s: _Search, units: list[Unit], here: _Point) -> _Point:
+def _shrink(s: _Search, here: _Point) -> _Point:
     """int4 weights (`int4` among the candidates): with the goal met, the nodes whose int4
     weights add the least output noise (one quick trial each) go to int4, as many as keep the
     goal (bisection on the quick probe, confirmed on all samples, halving until it holds) and
     the latency ceiling. Smaller files within the same budget."""
     choices = here.choices
-    pool = [u.node for u in units if u.weighted and u.node not in choices]
+    pool = [u.node for u in s.units if u.weighted and u.node not in choices]
     if not pool:
         return here
     base = s.trials.fidelity(choices, quick=True)
