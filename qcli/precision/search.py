@@ -105,12 +105,13 @@ class _Point:
 
 
 @dataclass(frozen=True)
-class _Candidates:
-    """Candidates made of fixed choices plus some units, each promoted to its own precision."""
+class _Promotions:
+    """Candidates made of fixed choices plus some units, each promoted to its own precision;
+    `ranked`: the units in the order they are added (most useful first)."""
 
     fixed: Choices
     to: dict[str, Choice]
-    ranked: list[str] = field(default_factory=list)  # the units, most useful to promote first
+    ranked: list[str] = field(default_factory=list)
 
     def promoting(self, nodes: list[str]) -> Choices:
         return {**self.fixed, **{n: self.to[n] for n in nodes}}
@@ -181,13 +182,14 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     if timed and not goal.fast(here.ratio):
         here = _speed_up(s, here)
     if not goal.accurate(here.fidelity) or goal.criterion == "accuracy":
-        here = _accuracy(s, here, _Candidates(dict(here.choices), accurate))
+        here = _accuracy(s, here, _Promotions(dict(here.choices), accurate))
         if timed:
             here = replace(here, ratio=trials.latency(here.choices))
     if shrink and goal.accurate(here.fidelity) and goal.fast(here.ratio) and not trials.exhausted():
         here = _shrink(s, here)
     # all float computes like the float model: as fast as it by construction
-    return s.result(here, goal.accurate(here.fidelity) and (goal.fast(here.ratio) or s.all_float(here.choices)))
+    met = goal.accurate(here.fidelity) and (goal.fast(here.ratio) or s.all_float(here.choices))
+    return s.result(here, met)
 
 
 def _speed_up(s: _Search, here: _Point) -> _Point:
@@ -213,7 +215,7 @@ def _speed_up(s: _Search, here: _Point) -> _Point:
     return here
 
 
-def _accuracy(s: _Search, here: _Point, promote: _Candidates) -> _Point:
+def _accuracy(s: _Search, here: _Point, promote: _Promotions) -> _Point:
     """The accuracy search: rank the int8 units by measured sensitivity, find the shortest
     prefix of the ranking meeting the goal, then prune. Units whose error hides behind a worse
     one rank low (their gain is measured with the worse one still int8), so the prefix may take
@@ -235,7 +237,7 @@ def _accuracy(s: _Search, here: _Point, promote: _Candidates) -> _Point:
     return here
 
 
-def _rank(s: _Search, promote: _Candidates) -> list[str]:
+def _rank(s: _Search, promote: _Promotions) -> list[str]:
     """The int8 units, most sensitive first (sensitivity measured on the quick probe, recorded
     in `s.sensitivity`). By sensitivity, not by cost: costs are timings, and ranking by them
     would make the promotions depend on a busy machine. Units the budget left unmeasured (or
@@ -285,7 +287,7 @@ def _shrink(s: _Search, here: _Point) -> _Point:
     added = {n: (f.noise - base.noise) if f is not None and base is not None else float("inf")
              for n, f in zip(pool, found, strict=True)}
     to: dict[str, Choice] = dict.fromkeys(pool, "int4")
-    int4 = _Candidates(choices, to, sorted(pool, key=lambda n: (added[n], s.index[n])))
+    int4 = _Promotions(choices, to, sorted(pool, key=lambda n: (added[n], s.index[n])))
     s.log(StepKind.INT4, "int4 weights: noise each adds", [], choices, base, quick=True)
     lo, hi = 0, len(int4.ranked)
     while lo < hi and not s.trials.exhausted():
@@ -312,7 +314,7 @@ BLOCKS = 8  # the first split of the units into contiguous blocks; later splits:
 
 
 def _block_sensitivity(s: _Search, left: list[str], gain: Callable[[list[str]], float | None], floor: float,
-                       promote: _Candidates) -> dict[str, float]:
+                       promote: _Promotions) -> dict[str, float]:
     """Sensitivity by bisection over contiguous blocks of units (graph order): promote each
     block, keep splitting the blocks whose gain is at least a tenth of the best one's (at most
     3 per level). About 8 + 12 log4(N) trials instead of N. A unit's score is its finest
@@ -346,7 +348,7 @@ def _block_sensitivity(s: _Search, left: list[str], gain: Callable[[list[str]], 
     return scores
 
 
-def _shortest_prefix(s: _Search, ranking: _Candidates, quick: bool = False) -> int | None:
+def _shortest_prefix(s: _Search, ranking: _Promotions, quick: bool = False) -> int | None:
     """Smallest k whose first-k promotion meets the accuracy goal: doubling, then bisection."""
     ranked = ranking.ranked
     lo, k = 0, 1
@@ -366,7 +368,7 @@ def _shortest_prefix(s: _Search, ranking: _Candidates, quick: bool = False) -> i
     return hi
 
 
-def _try_prefix(s: _Search, ranking: _Candidates, k: int, quick: bool) -> bool:
+def _try_prefix(s: _Search, ranking: _Promotions, k: int, quick: bool) -> bool:
     """Whether the first `k` promoted meet the goal (one step)."""
     f = s.trials.fidelity(ranking.prefix(k), quick=quick)
     ok = s.accurate(f)
@@ -377,7 +379,7 @@ def _try_prefix(s: _Search, ranking: _Candidates, k: int, quick: bool) -> bool:
 PRUNE_ONE_BY_ONE = 8  # promoted units up to which the prune tries them one at a time
 
 
-def _prune(s: _Search, ranking: _Candidates, chosen: Choices, order: list[str], quick: bool = False,
+def _prune(s: _Search, ranking: _Promotions, chosen: Choices, order: list[str], quick: bool = False,
            cheaper: dict[str, Choice] | None = None) -> Choices:
     """Try the promoted units back at int8 (least useful first), or with `cheaper` each in its
     cheaper promotion; keep the changes that still meet the goal.
@@ -419,7 +421,7 @@ def _prune(s: _Search, ranking: _Candidates, chosen: Choices, order: list[str], 
     return chosen
 
 
-def _settle(s: _Search, ranking: _Candidates, cheaper: dict[str, Choice] | None = None) -> Choices | None:
+def _settle(s: _Search, ranking: _Promotions, cheaper: dict[str, Choice] | None = None) -> Choices | None:
     """The accuracy search: the shortest prefix, the prune and (with `cheaper`) each promoted
     unit tried in its cheaper promotion, on the quick probe (a few samples: cheap), each result
     confirmed on all samples (a few samples can flatter a candidate: the prefix then doubles
@@ -449,7 +451,7 @@ def _settle(s: _Search, ranking: _Candidates, cheaper: dict[str, Choice] | None 
     return chosen
 
 
-def _most_within_speed(s: _Search, ranking: _Candidates, here: _Point) -> _Point:
+def _most_within_speed(s: _Search, ranking: _Promotions, here: _Point) -> _Point:
     """`accuracy` criterion: the longest prefix of the ranking whose latency stays within the
     speed floor (bisection on measured latency)."""
     lo, hi = 0, len(ranking.ranked)
