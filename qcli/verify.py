@@ -23,8 +23,8 @@ Which samples are compared (decided once by `plan_data`, stated in the summary):
 The latency floor applies when the float model takes at least `verify.min_float_ms` per run
 (its fastest run at batch 1, `Probe.float_ms`: noise only adds time):
 below that, onnxruntime's fixed cost per node, not arithmetic, decides the ratio. A ratio within
-LATENCY_TOLERANCE of its floor counts as met: that is the spread measured between two runs of
-the same model with the alternating timing (0.97-1.03 on a 2-core machine).
+LATENCY_TOLERANCE of its floor counts as met: the spread between two runs of the same model
+(README "Verification").
 """
 
 from __future__ import annotations
