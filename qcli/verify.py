@@ -23,15 +23,16 @@ Which samples are compared (decided once by `plan_data`, stated in the summary):
 The latency floor applies when the float model takes at least `verify.min_float_ms` per run
 (its fastest run at batch 1, `Probe.float_ms`: noise only adds time):
 below that, onnxruntime's fixed cost per node, not arithmetic, decides the ratio. A ratio within
-LATENCY_TOLERANCE of its floor counts as met: that is the spread measured between two runs of
-the same model with the alternating timing (0.97-1.03 on a 2-core machine).
+LATENCY_TOLERANCE of its floor counts as met: the spread between two runs of the same model
+(README "Verification").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 
 import onnx
@@ -39,9 +40,21 @@ import onnx
 from qcli.analyze.probe import Fidelity, Probe
 from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
-from qcli.data import DataFolder, model_inputs
-from qcli.precision import Goal, SearchResult, Trials, find_units, goal_of, promoted_config, search
-from qcli.prepare import PrepareResult, prepare
+from qcli.data import DataFolder, InputSpec, model_inputs
+from qcli.errors import InternalError, QcliError
+from qcli.precision import (
+    Choices,
+    Goal,
+    SearchResult,
+    Step,
+    StepKind,
+    Trials,
+    find_units,
+    goal_of,
+    promoted_config,
+    search,
+)
+from qcli.prepare import prepare
 from qcli.quantize import QuantizeResult, calibrate, quantize
 
 MIN_SAMPLES = 16
@@ -153,7 +166,7 @@ class Outcome:
     data: DataPlan
     verification: Verification | None = None
     search: SearchResult | None = None
-    promoted: dict[str, str] = field(default_factory=dict)  # node -> int16 | float
+    promoted: Choices = field(default_factory=dict)  # node -> int16 | float | int4
     reasons: dict[str, str] = field(default_factory=dict)  # node -> why it was promoted
     goal_met: bool = True
     searched_for_goal: bool = False  # auto-precision ran (its goal, not only the floors)
@@ -181,13 +194,11 @@ def quantize_checked(
     if (data is None) == (table is None):
         raise ValueError("give exactly one of data or table")
     ap, vf = config.auto_precision, config.verify
-    checking = ap.enabled or vf.enabled
-    count = ap.samples if ap.enabled else vf.samples
     inputs = model_inputs(model)
-    total = len(DataFolder(data, inputs, preprocess=config.data.preprocess)) if data is not None and checking else None
-    plan = plan_data(data, total, eval_data, config, count) if checking else DataPlan(config.calibration.samples, None)
+    plan = _samples(data, eval_data, config, inputs)
     prepared = prepare(model, force=force)
     if table is None:
+        assert data is not None  # exactly one of the two
         folder = DataFolder(data, inputs, preprocess=config.data.preprocess, samples=plan.calibration_samples)
         with progress("calibrating", len(folder)) as advance:
             table = calibrate(model, folder, config, progress=advance, force=force, strict=strict,
@@ -195,64 +206,105 @@ def quantize_checked(
                               executor=executor)
     result = quantize(model, config, table, force=force, strict=strict, prepared=prepared)
     outcome = Outcome(result, config, table, plan, searched_for_goal=ap.enabled)
-    if not checking:
+    if not (ap.enabled or vf.enabled):
         return outcome
     if plan.verify_path is None:
         outcome.notes.append(f"verification skipped: {plan.description}")
         if ap.enabled:
-            from qcli.errors import QcliError
-
             raise QcliError("auto-precision needs data to measure on", hint="give --eval-data DIR (or --data DIR)")
         return outcome
-
-    folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=plan.verify_count,
-                        start=plan.verify_start, labels=labels if eval_data is not None else None)
-    probe = Probe(model, list(folder.batches(PROBE_BATCH)), inputs, source=plan.description)
+    probe = _probe(model, inputs, config, plan, labels if eval_data is not None else None)
     units = find_units(prepared.model, result.plan)
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
     with progress("verifying" if not ap.enabled else "searching precisions", None, unit="trials") as advance:
         trials = Trials(model, prepared, config, table, probe, units, *budget, progress=advance,
                         quick_probe=probe.head(QUICK_SAMPLES), executor=executor, force=force)
         trials.seed(result)  # the all-int8 candidate is the model just made
-        base = trials.fidelity({})
-        floors = _floors(config, probe) if vf.enabled else Goal()
-        goal = floors
-        if ap.enabled:
-            wanted = goal_of(config)
-            ceiling = min((r for r in (wanted.max_latency_ratio, floors.max_latency_ratio) if r is not None), default=None)
-            goal = Goal(wanted.criterion, wanted.max_drop, floors.min_top1_agreement, floors.min_cosine, ceiling)
-        goal = _tolerant(goal)
-        trials.ceiling = goal.max_latency_ratio
-        ratio = trials.latency({}) if floors.max_latency_ratio is not None else None
-        needed = ap.enabled or (vf.rescue and not (floors.accurate(base) and _fast(floors, ratio)))
-        if needed and units:
-            candidates = ap.candidates if ap.enabled else ["float"]
-            found = search(units, trials, goal, trials.costs(candidates), shrink="int4" in candidates,
-                           candidates=candidates)
-            outcome.search, outcome.goal_met = found, found.met
-            outcome.promoted = found.choices
-            outcome.reasons = _reasons(found)
-            outcome.config = promoted_config(config, found.choices, units)  # search off: reproduces it
-            if found.choices:
-                outcome.result = trials.build(found.choices)  # quantized with outcome.config
-                _explain(outcome)
-                base = found.fidelity
-                ratio = found.latency_ratio if floors.max_latency_ratio is not None else None
-                if ratio is None and floors.max_latency_ratio is not None:
-                    ratio = trials.latency(found.choices)
-            if found.stopped:
-                knobs = "--max-trials/--time-budget" if ap.enabled else "verify.max_trials/verify.time_budget"
-                outcome.notes.append(f"search stopped early: {found.stopped}; the result is safe but coarse "
-                                     f"(more promoted than needed): raise {knobs} for a finer one")
+        base, ratio, floors = _measure_and_rescue(outcome, trials)
     if vf.enabled:
-        all_float = None
-        if not result.plan.groups and not result.plan.weights:
-            all_float = ("nothing to quantize: no node of this model has an int8 form here (the node table says why "
-                         "each stays float); the model written computes like the original")
-        elif not outcome.result.plan.groups and not outcome.result.plan.weights:
-            all_float = "nothing is left quantized: the model computes in float like the original (int8 did not pay off here)"
-        outcome.verification = _verification(plan, probe, base, ratio, floors, config, all_float)
+        outcome.verification = _verification(plan, probe, base, ratio, floors, config, _all_float(result, outcome))
     return outcome
+
+
+def _samples(data: Path | None, eval_data: Path | None, config: Config, inputs: list[InputSpec]) -> DataPlan:
+    """`plan_data` for this run: what calibration reads, and what the checks compare (when on)."""
+    ap, vf = config.auto_precision, config.verify
+    if not (ap.enabled or vf.enabled):
+        return DataPlan(config.calibration.samples, None)
+    total = len(DataFolder(data, inputs, preprocess=config.data.preprocess)) if data is not None else None
+    return plan_data(data, total, eval_data, config, ap.samples if ap.enabled else vf.samples)
+
+
+def _probe(model: onnx.ModelProto, inputs: list[InputSpec], config: Config, plan: DataPlan,
+           labels: Path | None) -> Probe:
+    """The probe comparing candidates with the float model on the samples `plan` holds back."""
+    assert plan.verify_path is not None  # checked by the caller
+    folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=plan.verify_count,
+                        start=plan.verify_start, labels=labels)
+    return Probe(model, list(folder.batches(PROBE_BATCH)), inputs, source=plan.description)
+
+
+def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, float | None, Goal]:
+    """The int8 model measured against the floors; the search when auto-precision is on or a
+    floor is missed (and `verify.rescue`). Returns the final fidelity, latency ratio (when the
+    latency floor applies) and the floors."""
+    config = outcome.config
+    ap, vf = config.auto_precision, config.verify
+    base = trials.fidelity({})
+    if base is None:
+        raise InternalError("the int8 model just built could not be measured")
+    floors = _floors(config, trials.probe) if vf.enabled else Goal()
+    goal = floors
+    if ap.enabled:
+        wanted = goal_of(config)
+        ceiling = min((r for r in (wanted.max_latency_ratio, floors.max_latency_ratio) if r is not None), default=None)
+        goal = Goal(wanted.criterion, wanted.max_drop, floors.min_top1_agreement, floors.min_cosine, ceiling)
+    goal = _tolerant(goal)
+    trials.ceiling = goal.max_latency_ratio
+    ratio = trials.latency({}) if floors.max_latency_ratio is not None else None
+    needed = ap.enabled or (vf.rescue and not (floors.accurate(base) and _fast(floors, ratio)))
+    if not (needed and trials.units):
+        return base, ratio, floors
+    found = _rescue(outcome, trials, goal)
+    if found.choices:
+        if found.fidelity is None:
+            raise InternalError("the search chose a candidate it could not measure")
+        base = found.fidelity
+        ratio = found.latency_ratio if floors.max_latency_ratio is not None else None
+        if ratio is None and floors.max_latency_ratio is not None:
+            ratio = trials.latency(found.choices)
+    return base, ratio, floors
+
+
+def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
+    """The search for `goal`, and the outcome made of what it found."""
+    config, ap = outcome.config, outcome.config.auto_precision
+    candidates = ap.candidates if ap.enabled else ["float"]
+    found = search(trials.units, trials, goal, trials.costs(candidates), shrink="int4" in candidates,
+                   candidates=candidates)
+    outcome.search, outcome.goal_met = found, found.met
+    outcome.promoted = found.choices
+    outcome.reasons = _reasons(found)
+    outcome.config = promoted_config(config, found.choices, trials.units)  # search off: reproduces it
+    if found.choices:
+        outcome.result = trials.build(found.choices)  # quantized with outcome.config
+        _explain(outcome, _whys(found))
+    if found.stopped:
+        knobs = "--max-trials/--time-budget" if ap.enabled else "verify.max_trials/verify.time_budget"
+        outcome.notes.append(f"search stopped early: {found.stopped}; the result is safe but coarse "
+                             f"(more promoted than needed): raise {knobs} for a finer one")
+    return found
+
+
+def _all_float(int8: QuantizeResult, outcome: Outcome) -> str | None:
+    """Why the model written has no quantized node left, if so."""
+    if not int8.plan.groups and not int8.plan.weights:
+        return ("nothing to quantize: no node of this model has an int8 form here (the node table says why "
+                "each stays float); the model written computes like the original")
+    if not outcome.result.plan.groups and not outcome.result.plan.weights:
+        return ("nothing is left quantized: the model computes in float like the original (int8 did not pay off "
+                "here)")
+    return None
 
 
 def _fast(goal: Goal, ratio: float | None) -> bool:
@@ -263,8 +315,6 @@ def _tolerant(goal: Goal) -> Goal:
     """The goal with the latency ceiling widened by the measurement's resolution."""
     if goal.max_latency_ratio is None:
         return goal
-    from dataclasses import replace
-
     return replace(goal, max_latency_ratio=goal.max_latency_ratio + LATENCY_TOLERANCE)
 
 
@@ -291,7 +341,8 @@ def _verification(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | None
         notes.append(all_float)
     if ratio is not None and floors.max_latency_ratio is not None:
         by_construction = all_float is not None and floors.max_latency_ratio >= 1.0
-        checks.append(Check("latency ratio", ratio, floors.max_latency_ratio, False, by_construction or _fast(floors, ratio)))
+        checks.append(Check("latency ratio", ratio, floors.max_latency_ratio, False,
+                            by_construction or _fast(floors, ratio)))
     elif vf.max_latency_ratio is not None:
         notes.append(
             f"latency floor not applied: the float model runs in {probe.float_ms():.3f} ms "
@@ -300,39 +351,53 @@ def _verification(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | None
     return Verification(plan.description, probe.samples, f, ratio, probe.float_ms(), checks, notes)
 
 
-def _reasons(found: SearchResult) -> dict[str, str]:
-    """Why each promoted unit was promoted: the first kept step that promoted it."""
-    reasons: dict[str, str] = {}
+class Why(Enum):
+    """Why the search promoted a unit (its reason says it in words)."""
+
+    INT4 = "int4"  # int4 weights: among those adding the least noise
+    FASTER = "faster"  # int8 ran slower
+    SENSITIVE = "sensitive"  # promoting it alone cuts the output noise
+    WITH_RANKED = "with ranked"  # promoted with the units ranked above it, not sensitive alone
+    UNMEASURED = "unmeasured"  # the budget ran out before it was measured: promoted by rank
+
+
+_IN_PLAN = {Why.FASTER: "faster in float", Why.SENSITIVE: "sensitive to 8 bits"}  # else "promoted"
+
+
+def _whys(found: SearchResult) -> dict[str, tuple[Why, str]]:
+    """Why each unit the search chose was promoted, from the first kept step that promoted it."""
+    whys: dict[str, tuple[Why, str]] = {}
     for step in found.steps:
-        if not step.kept:
-            continue
-        for n in step.changed:
-            if n in found.choices and n not in reasons:
-                if found.choices[n] == "int4":
-                    reasons[n] = "int4 weights: among the nodes whose 4-bit weights add the least output noise"
-                elif step.action.startswith(("slower", "int8 slower")):
-                    precision, cost = found.costs.get(n, ("float", 0.0))
-                    reasons[n] = f"faster in {precision} ({-cost:.1f} µs less per run)"
-                else:
-                    gain = found.sensitivity.get(n)
-                    if gain is None:
-                        reasons[n] = "not measured (budget spent): promoted by rank"
-                    elif gain <= 0:  # ranked last; the goal still needed it (or everything)
-                        reasons[n] = (f"promoted with the units ranked above it (alone it changes output "
-                                      f"noise by {-gain:+.3g}: not sensitive by itself)")
-                    else:
-                        reasons[n] = f"sensitive: promoting it alone cuts output noise by {gain:.3g}"
-    return reasons
+        if step.kept:
+            for n in step.changed:
+                if n in found.choices and n not in whys:
+                    whys[n] = _why(found, step, n)
+    return whys
 
 
+def _why(found: SearchResult, step: Step, n: str) -> tuple[Why, str]:
+    if found.choices[n] == "int4":
+        return Why.INT4, "int4 weights: among the nodes whose 4-bit weights add the least output noise"
+    if step.kind is StepKind.SPEED:
+        precision, cost = found.costs.get(n, ("float", 0.0))
+        return Why.FASTER, f"faster in {precision} ({-cost:.1f} µs less per run)"
+    gain = found.sensitivity.get(n)
+    if gain is None:
+        return Why.UNMEASURED, "not measured (budget spent): promoted by rank"
+    if gain <= 0:  # ranked last; the goal still needed it (or everything)
+        return Why.WITH_RANKED, (f"promoted with the units ranked above it (alone it changes output "
+                                 f"noise by {-gain:+.3g}: not sensitive by itself)")
+    return Why.SENSITIVE, f"sensitive: promoting it alone cuts output noise by {gain:.3g}"
 
-def _explain(outcome: Outcome) -> None:
-    """Nodes the search promoted say why in the plan (not "excluded by config")."""
-    from dataclasses import replace
 
+def _reasons(found: SearchResult) -> dict[str, str]:
+    """Why each promoted unit was promoted, in words."""
+    return {n: text for n, (_, text) in _whys(found).items()}
+
+
+def _explain(outcome: Outcome, whys: dict[str, tuple[Why, str]]) -> None:
+    """Nodes the search promoted to float say why in the plan (not "excluded by config")."""
     for k, d in enumerate(outcome.result.plan.nodes):
-        if d.name in outcome.promoted and outcome.promoted[d.name] == "float":
-            why = outcome.reasons.get(d.name, "")
-            why = ("faster in float" if why.startswith("faster") else
-                   "sensitive to 8 bits" if why.startswith("sensitive") else "promoted")
+        if outcome.promoted.get(d.name) == "float":
+            why = _IN_PLAN.get(whys[d.name][0], "promoted") if d.name in whys else "promoted"
             outcome.result.plan.nodes[k] = replace(d, reason=f"{why} (precision search)")

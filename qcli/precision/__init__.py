@@ -1,0 +1,38 @@
+"""Automatic mixed precision: measured sensitivity, measured speed cost, then a cheap search.
+
+units.py   the compute nodes decided on, and the config that writes the choices as overrides
+trials.py  candidates built and measured once each (fidelity, latency, kernel times), on workers
+goal.py    what the result must satisfy (accuracy budget, floors, latency ceiling)
+search.py  the search for the fewest promotions that meet the goal
+"""
+
+from __future__ import annotations
+
+from qcli.precision.goal import Criterion, Goal, goal_of
+from qcli.precision.search import (
+    BLOCKS,
+    PRUNE_ONE_BY_ONE,
+    SearchResult,
+    SearchTrials,
+    Step,
+    StepKind,
+    search,
+)
+from qcli.precision.trials import SPEED_TIE, Trials, attribute
+from qcli.precision.units import (
+    CHOICES,
+    PROMOTIONS,
+    Choice,
+    Choices,
+    Costs,
+    Promotion,
+    Unit,
+    find_units,
+    promoted_config,
+)
+
+__all__ = [
+    "BLOCKS", "CHOICES", "PROMOTIONS", "PRUNE_ONE_BY_ONE", "SPEED_TIE", "Choice", "Choices", "Costs", "Criterion",
+    "Goal", "Promotion", "SearchResult", "SearchTrials", "Step", "StepKind", "Trials", "Unit", "attribute",
+    "find_units", "goal_of", "promoted_config", "search",
+]

@@ -1,0 +1,58 @@
+"""The goal: what a search's result must satisfy, read from the config's criterion and floors.
+
+An accuracy budget (the drop of the fidelity metric at most `max_drop`, or a share of it) and
+the verification floors, and a ceiling on the latency ratio to the float model. A Goal only
+judges measurements; it never measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from qcli.analyze.probe import Fidelity
+from qcli.config import Config
+from qcli.errors import ConfigError
+
+Criterion = Literal["performance", "balanced", "accuracy", "custom"]
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What the result must satisfy: an accuracy budget and/or floors, and a latency ceiling."""
+
+    criterion: Criterion = "performance"
+    max_drop: float | None = None  # Fidelity.drop at most this
+    min_top1_agreement: float | None = None  # floors (verification)
+    min_cosine: float | None = None
+    max_latency_ratio: float | None = None  # quantized / float latency at most this
+
+    def accurate(self, f: Fidelity | None, scale: float = 1.0) -> bool:
+        """Whether `f` meets the floors and `scale` times the accuracy budget."""
+        if f is None:
+            return False
+        if self.max_drop is not None and f.drop > self.max_drop * scale + 1e-12:
+            return False
+        if (self.min_top1_agreement is not None and f.top1_agreement is not None
+                and f.top1_agreement < self.min_top1_agreement):
+            return False
+        if self.min_cosine is not None and f.cosine is not None and f.cosine < self.min_cosine:
+            return False
+        return True
+
+    def fast(self, ratio: float | None) -> bool:
+        return self.max_latency_ratio is None or ratio is None or ratio <= self.max_latency_ratio
+
+
+def goal_of(config: Config) -> Goal:
+    """The auto-precision goal the config's `auto_precision` section describes."""
+    ap = config.auto_precision
+    if ap.criteria == "custom" and ap.min_speedup is None:
+        raise ConfigError("auto_precision.criteria custom needs auto_precision.min_speedup",
+                          hint="or pick performance, balanced or accuracy")
+    min_speedup = ap.min_speedup if ap.min_speedup is not None else (1.0 if ap.criteria == "accuracy" else None)
+    return Goal(
+        criterion=ap.criteria,
+        max_drop=None if ap.criteria == "accuracy" else ap.max_accuracy_drop,
+        max_latency_ratio=1.0 / min_speedup if min_speedup else None,
+    )

@@ -1,0 +1,470 @@
+"""The search: the fewest promotions that meet the goal, found on measurements.
+
+Sensitivity of a unit is the output noise (noise power / signal power against the float model)
+it removes when promoted alone, everything else as deployed: measured at the outputs, so it
+includes how the unit's error propagates, and continuous, so units do not tie. The accuracy
+steps rank by sensitivity and promote to the most accurate candidate (float), never by timings,
+so which units are promoted does not depend on how busy the machine was: the same model, data
+and config give the same trials and choices. Only the steps that compare latencies (units
+slower in int8, the `accuracy` criterion's speed floor, a cheaper candidate than float) depend
+on timings, and the steps record them. README "Automatic mixed precision" describes the steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Protocol
+
+from qcli.analyze.probe import Fidelity
+from qcli.precision.goal import Goal
+from qcli.precision.trials import SPEED_TIE
+from qcli.precision.units import Choice, Choices, Costs, Unit
+
+
+class StepKind(Enum):
+    """What a search step did; its `action` says it in words (for the report)."""
+
+    ALL_INT8 = "all int8"  # the starting point
+    SPEED = "speed"  # units promoted because int8 runs slower
+    SENSITIVITY = "sensitivity"  # the int8 units measured and ranked
+    PREFIX = "prefix"  # the first units of the ranking promoted
+    CONFIRM = "confirm"  # a result on the quick probe checked on all samples
+    PRUNE = "prune"  # promoted units tried back at int8
+    CHEAPER = "cheaper"  # promoted units tried in their cheaper promotion
+    BEST_REACHABLE = "best reachable"  # the goal out of reach: everything promoted
+    INT4 = "int4"  # weights tried at int4
+
+
+# The actions the search writes word for word, and their kinds (a Step built without a kind
+# takes it from here).
+ACTIONS = {
+    "all int8": StepKind.ALL_INT8,
+    "slower in int8: promoted": StepKind.SPEED,
+    "int8 slower overall: all promoted": StepKind.SPEED,
+    "sensitivity": StepKind.SENSITIVITY,
+    "sensitivity by blocks (one trial per unit does not fit the budget)": StepKind.SENSITIVITY,
+    "back to int8": StepKind.PRUNE,
+    "best reachable: all promoted": StepKind.BEST_REACHABLE,
+    "int4 weights: noise each adds": StepKind.INT4,
+}
+
+
+@dataclass
+class Step:
+    action: str
+    changed: list[str]  # units whose precision this step changed
+    promoted: int  # units promoted after the step
+    drop: float | None
+    noise: float | None
+    latency_ratio: float | None = None
+    kept: bool = True
+    quick: bool = False  # measured on the quick probe's few samples
+    kind: StepKind | None = None  # None: ACTIONS[action] when the action is one of those
+
+    def __post_init__(self) -> None:
+        if self.kind is None:
+            self.kind = ACTIONS.get(self.action)
+
+
+@dataclass
+class SearchResult:
+    choices: Choices
+    fidelity: Fidelity | None
+    latency_ratio: float | None
+    met: bool
+    steps: list[Step]
+    sensitivity: dict[str, float]
+    costs: Costs
+    trials: int
+    stopped: str | None = None
+
+
+class SearchTrials(Protocol):
+    """What the search measures with: `Trials`, or a stand-in (the tests' synthetic models)."""
+
+    count: int  # trials run so far
+    stopped: str | None  # why the budget ran out, once it has
+
+    def fidelity(self, choices: Choices, quick: bool = False) -> Fidelity | None: ...
+    def fidelity_many(self, candidates: list[Choices], quick: bool = False) -> list[Fidelity | None]: ...
+    def latency(self, choices: Choices) -> float: ...
+    def demoted(self, choices: Choices) -> int: ...
+    def exhausted(self) -> bool: ...
+    def affordable(self, n: int) -> bool: ...
+
+
+@dataclass(frozen=True)
+class _Point:
+    """A candidate and what was measured of it."""
+
+    choices: Choices
+    fidelity: Fidelity | None
+    ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class _Promotions:
+    """Candidates made of fixed choices plus some units, each promoted to its own precision;
+    `ranked`: the units in the order they are added (most useful first)."""
+
+    fixed: Choices
+    to: dict[str, Choice]
+    ranked: list[str] = field(default_factory=list)
+
+    def promoting(self, nodes: list[str]) -> Choices:
+        return {**self.fixed, **{n: self.to[n] for n in nodes}}
+
+    def prefix(self, k: int) -> Choices:
+        """The first `k` ranked units promoted."""
+        return self.promoting(self.ranked[:k])
+
+
+@dataclass
+class _Search:
+    """One search's state, shared by its phases: what it measures with and against, and what it
+    has found (the steps, the sensitivities). `scale`: the share of the accuracy budget aimed at."""
+
+    trials: SearchTrials
+    goal: Goal
+    costs: Costs
+    units: list[Unit]  # the promotable ones (a candidate precision exists), in graph order
+    index: dict[str, int]  # unit -> graph position (steps list units in graph order)
+    scale: float = 1.0
+    steps: list[Step] = field(default_factory=list)
+    sensitivity: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cheapest(self) -> dict[str, Choice]:
+        """Each unit's cheapest promotion (measured)."""
+        return {u.node: self.costs[u.node][0] for u in self.units}
+
+    def all_float(self, choices: Choices) -> bool:
+        """Whether `choices` promote every unit to float (computing like the float model)."""
+        return len(choices) == len(self.units) and all(p == "float" for p in choices.values())
+
+    def scaled(self, scale: float) -> _Search:
+        """The same search aiming at `scale` times the budget (the steps and sensitivities shared)."""
+        return replace(self, scale=scale)
+
+    def accurate(self, f: Fidelity | None) -> bool:
+        return self.goal.accurate(f, self.scale)
+
+    def log(self, kind: StepKind, action: str, changed: list[str], chosen: Choices, f: Fidelity | None,
+            ratio: float | None = None, kept: bool = True, quick: bool = False) -> None:
+        self.steps.append(Step(action, sorted(changed, key=lambda n: self.index[n]), len(chosen),
+                               f.drop if f else None, f.noise if f else None, ratio, kept, quick, kind))
+
+    def result(self, at: _Point, met: bool) -> SearchResult:
+        choices = dict(sorted(at.choices.items(), key=lambda kv: self.index[kv[0]]))
+        return SearchResult(choices, at.fidelity, at.ratio, met, self.steps, self.sensitivity, self.costs,
+                            self.trials.count, self.trials.stopped)
+
+
+def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, shrink: bool = False,
+           candidates: Collection[str] | None = None) -> SearchResult:
+    """Find the choices meeting `goal` (README "Automatic mixed precision"): all int8 when that
+    meets it; else units slower in int8 promoted (a missed latency ceiling), then the accuracy
+    search; then, with `shrink`, int4 weights where they keep the goal. `candidates`: the
+    promotions allowed; the accuracy search ranks and promotes with the most accurate of them
+    (float), then tries each promoted unit in its cheaper one (default: the cheaper one from
+    `costs` throughout)."""
+    promotable = [u for u in units if u.node in costs]
+    s = _Search(trials, goal, costs, promotable, {u.node: u.index for u in units})
+    best: Choice | None = "float" if candidates is not None and "float" in candidates else None
+    accurate = {n: best or p for n, p in s.cheapest.items()}  # what the accuracy search promotes to
+    timed = goal.max_latency_ratio is not None
+    here = _Point({}, trials.fidelity({}), trials.latency({}) if timed else None)
+    s.log(StepKind.ALL_INT8, "all int8", [], here.choices, here.fidelity, here.ratio)
+    if goal.accurate(here.fidelity) and goal.fast(here.ratio) and goal.criterion != "accuracy":
+        return s.result(_shrink(s, here) if shrink else here, True)
+    if timed and not goal.fast(here.ratio):
+        here = _speed_up(s, here)
+    if not goal.accurate(here.fidelity) or goal.criterion == "accuracy":
+        here = _accuracy(s, here, _Promotions(dict(here.choices), accurate))
+        if timed:
+            here = replace(here, ratio=trials.latency(here.choices))
+    if shrink and goal.accurate(here.fidelity) and goal.fast(here.ratio) and not trials.exhausted():
+        here = _shrink(s, here)
+    # all float computes like the float model: as fast as it by construction
+    met = goal.accurate(here.fidelity) and (goal.fast(here.ratio) or s.all_float(here.choices))
+    return s.result(here, met)
+
+
+def _speed_up(s: _Search, here: _Point) -> _Point:
+    """A missed latency ceiling: the units measurably faster unquantized (by more than SPEED_TIE
+    µs) promoted; if that is not enough, every unit. Each kept when it is faster."""
+    cheapest = s.cheapest
+    slow = {u.node: cheapest[u.node] for u in s.units if s.costs[u.node][1] < -SPEED_TIE}
+    everything = {u.node: cheapest[u.node] for u in s.units}
+    # All float computes like the float model: under a ceiling of at least 1 it is as fast as
+    # needed by construction, whatever one noisy timing says (the current choices miss the
+    # ceiling anyway). Under a lower ceiling only timings decide.
+    ceiling = s.goal.max_latency_ratio
+    float_is_fast = ceiling is not None and ceiling >= 1.0
+    for action, trial in (("slower in int8: promoted", slow), ("int8 slower overall: all promoted", everything)):
+        if here.ratio is None or s.goal.fast(here.ratio) or not trial or trial == here.choices:
+            continue
+        f, r = s.trials.fidelity(trial), s.trials.latency(trial)
+        kept = f is not None and (r < here.ratio or (s.all_float(trial) and float_is_fast))
+        s.log(StepKind.SPEED, action, [n for n in trial if n not in here.choices], trial if kept else here.choices,
+              f, r, kept)
+        if kept:
+            here = _Point(dict(trial), f, r)
+    return here
+
+
+def _accuracy(s: _Search, here: _Point, promote: _Promotions) -> _Point:
+    """The accuracy search: rank the int8 units by measured sensitivity, find the shortest
+    prefix of the ranking meeting the goal, then prune. Units whose error hides behind a worse
+    one rank low (their gain is measured with the worse one still int8), so the prefix may take
+    extra units along; the prune drops every one the goal does not need. `balanced` aims at
+    half the budget first; out of reach, the best measured candidate (everything promoted)."""
+    ranking = replace(promote, ranked=_rank(s, promote))
+    if s.goal.criterion == "accuracy":
+        return _most_within_speed(s, ranking, here)
+    scales = [0.5, 1.0] if s.goal.criterion == "balanced" and s.goal.max_drop is not None else [1.0]
+    for scale in scales:
+        chosen = _settle(s.scaled(scale), ranking, s.cheapest)
+        if chosen is not None:
+            return _Point(chosen, s.trials.fidelity(chosen), here.ratio)
+    everything = ranking.prefix(len(ranking.ranked))
+    f = s.trials.fidelity(everything)
+    if f is not None and (here.fidelity is None or f.noise < here.fidelity.noise):
+        s.log(StepKind.BEST_REACHABLE, "best reachable: all promoted", ranking.ranked, everything, f)
+        return _Point(everything, f, here.ratio)
+    return here
+
+
+def _rank(s: _Search, promote: _Promotions) -> list[str]:
+    """The int8 units, most sensitive first (sensitivity measured on the quick probe, recorded
+    in `s.sensitivity`). By sensitivity, not by cost: costs are timings, and ranking by them
+    would make the promotions depend on a busy machine. Units the budget left unmeasured (or
+    below the noise floor) come last, in graph order."""
+    choices = promote.fixed
+    left = [u.node for u in s.units if u.node not in choices]
+    here = s.trials.fidelity(choices, quick=True)
+    base_noise = here.noise if here else float("inf")
+    floor = 1e-3 * max(base_noise, 1e-12)  # gains below this are measurement noise
+    spread: dict[str, int] = {}
+
+    def gain(nodes: list[str]) -> float | None:
+        trial = promote.promoting(nodes)
+        f = s.trials.fidelity(trial, quick=True)
+        if f is None:
+            return None
+        spread[nodes[0]] = max(s.trials.demoted(trial) - s.trials.demoted(choices), 1)
+        return base_noise - f.noise
+
+    if s.trials.affordable(len(left)):
+        action = "sensitivity"
+        s.trials.fidelity_many([promote.promoting([n]) for n in left], quick=True)  # in parallel
+        for n in left:
+            g = gain([n])
+            if g is not None:
+                s.sensitivity[n] = g / spread[n]  # per unit actually left unquantized
+    else:
+        action = "sensitivity by blocks (one trial per unit does not fit the budget)"
+        s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote))
+    s.log(StepKind.SENSITIVITY, action, [], choices, here, quick=True)
+    measured = [n for n in left if s.sensitivity.get(n, 0.0) > floor / len(left)]
+    ranked = sorted(measured, key=lambda n: (-s.sensitivity[n], s.index[n]))
+    return ranked + [n for n in left if n not in ranked]
+
+
+def _shrink(s: _Search, here: _Point) -> _Point:
+    """int4 weights (`int4` among the candidates): with the goal met, the nodes whose int4
+    weights add the least output noise (one quick trial each) go to int4, as many as keep the
+    goal (bisection on the quick probe, confirmed on all samples, halving until it holds) and
+    the latency ceiling. Smaller files within the same budget."""
+    choices = here.choices
+    pool = [u.node for u in s.units if u.weighted and u.node not in choices]
+    if not pool:
+        return here
+    base = s.trials.fidelity(choices, quick=True)
+    found = s.trials.fidelity_many([{**choices, n: "int4"} for n in pool], quick=True)
+    added = {n: (f.noise - base.noise) if f is not None and base is not None else float("inf")
+             for n, f in zip(pool, found, strict=True)}
+    to: dict[str, Choice] = dict.fromkeys(pool, "int4")
+    int4 = _Promotions(choices, to, sorted(pool, key=lambda n: (added[n], s.index[n])))
+    s.log(StepKind.INT4, "int4 weights: noise each adds", [], choices, base, quick=True)
+    lo, hi = 0, len(int4.ranked)
+    while lo < hi and not s.trials.exhausted():
+        mid = (lo + hi + 1) // 2
+        f = s.trials.fidelity(int4.prefix(mid), quick=True)
+        ok = s.accurate(f)
+        s.log(StepKind.INT4, f"int4 weights on {mid}", int4.ranked[:mid], int4.prefix(mid) if ok else int4.prefix(lo),
+              f, kept=ok, quick=True)
+        lo, hi = (mid, hi) if ok else (lo, mid - 1)
+    k = lo
+    while k:
+        f = s.trials.fidelity(int4.prefix(k))
+        r = s.trials.latency(int4.prefix(k)) if s.goal.max_latency_ratio is not None else None
+        ok = s.accurate(f) and s.goal.fast(r)
+        s.log(StepKind.INT4, f"confirm int4 weights on {k} on all samples", [], int4.prefix(k) if ok else choices,
+              f, r, kept=ok)
+        if ok:
+            return _Point(int4.prefix(k), f, r if r is not None else here.ratio)
+        k //= 2
+    return here
+
+
+BLOCKS = 8  # the first split of the units into contiguous blocks; later splits: 4
+
+
+def _block_sensitivity(s: _Search, left: list[str], gain: Callable[[list[str]], float | None], floor: float,
+                       promote: _Promotions) -> dict[str, float]:
+    """Sensitivity by bisection over contiguous blocks of units (graph order): promote each
+    block, keep splitting the blocks whose gain is at least a tenth of the best one's (at most
+    3 per level). About 8 + 12 log4(N) trials instead of N. A unit's score is its finest
+    measured block's gain shared among the block's units. A level after the first runs only
+    when it fits in half of what is left of the budget (`trials.affordable`): the prefix
+    search and the prune need the rest."""
+    def split(nodes: list[str], parts: int) -> list[list[str]]:
+        size = -(-len(nodes) // parts)
+        return [nodes[i: i + size] for i in range(0, len(nodes), size)]
+
+    scores: dict[str, float] = {}
+    frontier = split(left, BLOCKS)
+    while frontier and not s.trials.exhausted():
+        s.trials.fidelity_many([promote.promoting(block) for block in frontier], quick=True)
+        measured = []
+        for block in frontier:
+            if s.trials.exhausted():
+                break
+            g = gain(block)
+            if g is None:
+                continue
+            measured.append((g, block))
+            for n in block:
+                scores[n] = g / len(block)
+        measured.sort(key=lambda gb: -gb[0])
+        best = measured[0][0] if measured else 0.0
+        frontier = [part for g, block in measured[:3] if g > max(floor, best / 10) and len(block) > 1
+                    for part in split(block, 4)]
+        if not s.trials.affordable(len(frontier)):
+            break
+    return scores
+
+
+def _shortest_prefix(s: _Search, ranking: _Promotions, quick: bool = False) -> int | None:
+    """Smallest k whose first-k promotion meets the accuracy goal: doubling, then bisection."""
+    ranked = ranking.ranked
+    lo, k = 0, 1
+    while True:
+        if s.trials.exhausted():
+            return None
+        k = min(k, len(ranked))
+        if _try_prefix(s, ranking, k, quick):
+            break
+        if k == len(ranked):
+            return None
+        lo, k = k, k * 2
+    hi = k  # meets the goal; lo does not
+    while hi - lo > 1 and not s.trials.exhausted():
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _try_prefix(s, ranking, mid, quick) else (mid, hi)
+    return hi
+
+
+def _try_prefix(s: _Search, ranking: _Promotions, k: int, quick: bool) -> bool:
+    """Whether the first `k` promoted meet the goal (one step)."""
+    f = s.trials.fidelity(ranking.prefix(k), quick=quick)
+    ok = s.accurate(f)
+    s.log(StepKind.PREFIX, f"promote top {k}", ranking.ranked[:k], ranking.prefix(k), f, kept=ok, quick=quick)
+    return ok
+
+
+PRUNE_ONE_BY_ONE = 8  # promoted units up to which the prune tries them one at a time
+
+
+def _prune(s: _Search, ranking: _Promotions, chosen: Choices, order: list[str], quick: bool = False,
+           cheaper: dict[str, Choice] | None = None) -> Choices:
+    """Try the promoted units back at int8 (least useful first), or with `cheaper` each in its
+    cheaper promotion; keep the changes that still meet the goal.
+
+    Back to int8, more than PRUNE_ONE_BY_ONE units go in chunks: the least useful half first,
+    a chunk that cannot go back whole is split in two (both tried, in order), and once a unit
+    alone cannot go back, all the units still to try are tried at once first. A ranking that
+    missed a unit (its error hidden behind a worse one's: it ranks last, so the prefix takes
+    nearly everything along) then costs about 2 log2(n) trials per needed unit instead of n."""
+    pending = [n for n in order if n not in ranking.fixed and n in chosen]
+    if cheaper is not None:
+        pending = [n for n in pending if cheaper[n] != chosen[n]]
+    chunked = cheaper is None and len(pending) > PRUNE_ONE_BY_ONE
+    if chunked:
+        half = len(pending) // 2
+        chunks = [pending[:half], pending[half:]]
+    else:
+        chunks = [[n] for n in pending]
+    while chunks and not s.trials.exhausted():
+        chunk = chunks.pop(0)
+        if cheaper is None:
+            trial = {k: v for k, v in chosen.items() if k not in chunk}
+        else:
+            trial = {**chosen, **{n: cheaper[n] for n in chunk}}
+        f = s.trials.fidelity(trial, quick=quick)
+        ok = s.accurate(f)
+        if cheaper is None:
+            s.log(StepKind.PRUNE, "back to int8", chunk, trial if ok else chosen, f, kept=ok, quick=quick)
+        else:
+            s.log(StepKind.CHEAPER, f"to {cheaper[chunk[0]]} (cheaper)", chunk, trial if ok else chosen, f, kept=ok,
+                  quick=quick)
+        if ok:
+            chosen = trial
+        elif len(chunk) > 1:
+            half = len(chunk) // 2
+            chunks[:0] = [chunk[:half], chunk[half:]]
+        elif chunked and len(chunks) > 1:  # a needed unit found: the rest, at once first
+            chunks = [[n for c in chunks for n in c]]
+    return chosen
+
+
+def _settle(s: _Search, ranking: _Promotions, cheaper: dict[str, Choice] | None = None) -> Choices | None:
+    """The accuracy search: the shortest prefix, the prune and (with `cheaper`) each promoted
+    unit tried in its cheaper promotion, on the quick probe (a few samples: cheap), each result
+    confirmed on all samples (a few samples can flatter a candidate: the prefix then doubles
+    until it holds; a prune that does not hold is redone on all samples)."""
+    k = _shortest_prefix(s, ranking, quick=True)
+    if k is None:
+        return None
+    while True:
+        f = s.trials.fidelity(ranking.prefix(k))
+        ok = s.accurate(f)
+        s.log(StepKind.CONFIRM, f"confirm top {k} on all samples", [], ranking.prefix(k), f, kept=ok)
+        if ok:
+            break
+        if k >= len(ranking.ranked) or s.trials.exhausted():
+            return None
+        k = min(2 * k, len(ranking.ranked))
+    chosen = ranking.prefix(k)
+    for what, change in [("the prune", None)] + ([("the cheaper promotions", cheaper)] if cheaper else []):
+        order = [n for n in ranking.ranked[:k][::-1] if n in chosen]
+        changed = _prune(s, ranking, chosen, order, quick=True, cheaper=change)
+        if changed != chosen:
+            f = s.trials.fidelity(changed)
+            ok = s.accurate(f)
+            s.log(StepKind.CONFIRM, f"confirm {what} on all samples", [], changed if ok else chosen, f, kept=ok)
+            # a change that does not hold on all samples is redone on all samples
+            chosen = changed if ok else _prune(s, ranking, chosen, order, cheaper=change)
+    return chosen
+
+
+def _most_within_speed(s: _Search, ranking: _Promotions, here: _Point) -> _Point:
+    """`accuracy` criterion: the longest prefix of the ranking whose latency stays within the
+    speed floor (bisection on measured latency)."""
+    lo, hi = 0, len(ranking.ranked)
+    best = here
+    while lo < hi and not s.trials.exhausted():
+        mid = (lo + hi + 1) // 2
+        candidate = ranking.prefix(mid)
+        r = s.trials.latency(candidate)
+        f = s.trials.fidelity(candidate)
+        ok = s.goal.fast(r) and f is not None
+        s.log(StepKind.PREFIX, f"promote top {mid}", ranking.ranked[:mid], candidate, f, r, kept=ok)
+        if ok:
+            lo, best = mid, _Point(candidate, f, r)
+        else:
+            hi = mid - 1
+    return best

@@ -1,0 +1,250 @@
+"""Trials: build a candidate (the model with some units promoted) and measure it, once.
+
+Every measurement (fidelity, latency, kernel times) is cached by the candidate's choices, so a
+search never pays twice for one candidate; independent candidates run on the executor's workers
+and land in the cache in order, so nothing downstream depends on the number of workers.
+A unit's speed cost is measured, not assumed: onnxruntime's profiler gives each node's kernel
+time, and a unit's time is its own node's (or a fusion named after it) plus its share of the
+Q/DQ nodes of its tensors; cost = time promoted - time int8 (negative: faster unquantized).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import onnx
+
+from qcli.analyze.probe import Fidelity, Probe
+from qcli.calibrate.table import CalibrationTable
+from qcli.config import Config
+from qcli.errors import CalibrationError
+from qcli.precision.units import PROMOTIONS, Choices, Costs, Unit, find_units, promoted_config
+from qcli.prepare import PrepareResult
+
+if TYPE_CHECKING:
+    from qcli.quantize import QuantizeResult
+
+SPEED_TIE = 2.0  # µs: a unit whose int8 form is slower by less than this is a tie (stays int8)
+
+
+@dataclass
+class Trials:
+    """Builds and measures candidate models; every measurement is cached by its choices."""
+
+    model: onnx.ModelProto  # as the user gave it
+    prepared: PrepareResult
+    config: Config
+    table: CalibrationTable
+    probe: Probe
+    units: list[Unit]
+    max_trials: int = 200
+    time_budget: float = 300.0  # seconds
+    progress: Callable[[int], None] | None = None
+    ceiling: float | None = None  # latency ratio worth confirming above
+    count: int = 0
+    stopped: str | None = None
+    quick_probe: Probe | None = None  # a few of the probe's samples, for ranking
+    executor: Any = None  # qcli.executor: independent trials run on its workers
+    force: bool = False  # prepare's --force, for workers that prepare the model again
+    _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict)
+    _latency: dict[frozenset, float] = field(default_factory=dict)
+    _demoted: dict[frozenset, int] = field(default_factory=dict)
+    _shared: _Context | None = None  # what workers set up from
+    _built: dict[frozenset, QuantizeResult] = field(default_factory=dict)  # recent candidates, by choices
+
+    def __post_init__(self) -> None:
+        self.started = time.monotonic()
+
+    def exhausted(self) -> bool:
+        if self.count >= self.max_trials:
+            self.stopped = f"max trials ({self.max_trials}) reached"
+        elif time.monotonic() - self.started > self.time_budget:
+            self.stopped = f"time budget ({self.time_budget:g} s) spent"
+        return self.stopped is not None
+
+    def build(self, choices: Choices) -> QuantizeResult:
+        """The candidate quantized (a QuantizeResult). The last two are kept: a candidate's
+        fidelity, latency and profile are asked for one after another."""
+        from qcli.quantize import quantize
+
+        key = frozenset(choices.items())
+        if key not in self._built:
+            if len(self._built) >= 2:
+                del self._built[next(iter(self._built))]
+            self._built[key] = quantize(self.model, promoted_config(self.config, choices, self.units), self.table,
+                                        prepared=self.prepared)
+        return self._built[key]
+
+    def seed(self, int8: QuantizeResult) -> None:
+        """The all-int8 candidate (choices {}) when the caller built it already."""
+        self._built[frozenset()] = int8
+
+    def fidelity(self, choices: Choices, quick: bool = False) -> Fidelity | None:
+        """The candidate's fidelity (on the quick probe's few samples with `quick`: enough to
+        rank, not to check a floor); None when it cannot be built from the calibration."""
+        key = (frozenset(choices.items()), quick)
+        if key not in self._fidelity:
+            self.count += 1
+            try:
+                built = self.build(choices)
+                probe = self.quick_probe if quick and self.quick_probe is not None else self.probe
+                self._fidelity[key] = probe.measure(built.model)
+                kept = {d.name for d in built.plan.nodes if d.quantized and not d.reason}
+                self._demoted[key[0]] = sum(1 for u in self.units if u.node not in kept)
+            except CalibrationError:
+                self._fidelity[key] = None
+            if self.progress is not None:
+                self.progress(1)
+        return self._fidelity[key]
+
+    def fidelity_many(self, candidates: list[Choices], quick: bool = False) -> list[Fidelity | None]:
+        """`fidelity` of independent candidates, on the executor's workers when there are
+        several: each worker gets one contiguous chunk and sets up its own copy of the trials
+        once (prepared model, probe, float outputs); results land in this cache in order, so
+        what follows does not depend on the number of workers."""
+        todo: list[Choices] = []
+        for c in candidates:
+            if (frozenset(c.items()), quick) not in self._fidelity and c not in todo:
+                todo.append(c)
+        workers = getattr(self.executor, "workers", 1)
+        if workers > 1 and len(todo) > 1:
+            context = self._context()
+            size = -(-len(todo) // workers)
+            chunks = [todo[i: i + size] for i in range(0, len(todo), size)]
+            tasks = [(context, [tuple(sorted(c.items())) for c in chunk], quick, self.executor.threads)
+                     for chunk in chunks]
+            for chunk, results in zip(chunks, self.executor.map(_run_trials, tasks), strict=True):
+                for c, (f, demoted) in zip(chunk, results, strict=True):
+                    self._fidelity[(frozenset(c.items()), quick)] = f
+                    self._demoted[frozenset(c.items())] = demoted
+            self.count += len(todo)
+            if self.progress is not None:
+                self.progress(len(todo))
+        return [self.fidelity(c, quick) for c in candidates]
+
+    def _context(self) -> _Context:
+        if self._shared is None:
+            import uuid
+
+            quick = self.quick_probe.samples if self.quick_probe is not None else self.probe.samples
+            self._shared = _Context(uuid.uuid4().hex, self.model.SerializeToString(), self.config, self.table,
+                                    self.probe.batches, self.probe.inputs, quick, self.force)
+        return self._shared
+
+    def affordable(self, n: int) -> bool:
+        """Whether `n` more trials fit in half of what is left of the budget (trials and time,
+        at the mean time per trial so far)."""
+        if n > (self.max_trials - self.count) / 2:
+            return False
+        spent = time.monotonic() - self.started
+        per_trial = spent / max(self.count, 1)
+        return n * per_trial <= (self.time_budget - spent) / 2
+
+    def demoted(self, choices: Choices) -> int:
+        """How many units the candidate leaves unquantized: promoting one node can take its
+        neighbours along (a node whose output only feeds float nodes stays float too)."""
+        return self._demoted.get(frozenset(choices.items()), len(choices))
+
+    def latency(self, choices: Choices) -> float:
+        """Latency ratio to the float model. A ratio above `ceiling` is measured twice more and
+        the median kept: one timing on a busy machine can be off by several percent."""
+        key = frozenset(choices.items())
+        if key not in self._latency:
+            model = self.build(choices).model
+            ratios = [self.probe.latency_ratio(model)]
+            if self.ceiling is not None and ratios[0] > self.ceiling:
+                ratios += [self.probe.latency_ratio(model) for _ in range(2)]
+            self._latency[key] = sorted(ratios)[len(ratios) // 2]
+        return self._latency[key]
+
+    def costs(self, candidates: Collection[str], base: Choices | None = None) -> Costs:
+        """Per unit: the promotion among `candidates` with the least measured cost, and that
+        cost in µs per run (time promoted - time int8; negative: faster promoted). `base`: the
+        choices the int8 times are measured in (default: all int8); a unit's int8 time depends
+        on its neighbours (whether its Q/DQ pairs fuse)."""
+        int8 = attribute(self.probe.node_times(self.build(base or {}).model), self.units)
+        best: Costs = {}
+        # float first: another candidate replaces it only when clearly cheaper (ties go to float,
+        # the more accurate one, so timing noise does not flip the choice)
+        for precision in sorted((p for p in PROMOTIONS if p in candidates), key=lambda p: p != "float"):
+            if precision == "float":
+                promoted = self.prepared.model
+            else:
+                promoted = self.build({u.node: precision for u in self.units}).model
+            times = attribute(self.probe.node_times(promoted), self.units)
+            for u in self.units:
+                cost = times.get(u.node, 0.0) - int8.get(u.node, 0.0)
+                if u.node not in best or cost < best[u.node][1] - max(SPEED_TIE, 0.1 * abs(best[u.node][1])):
+                    best[u.node] = (precision, cost)
+        return best
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What a worker needs to run trials itself (sent once per chunk of trials)."""
+
+    key: str  # one search: a worker keeps its setup for this key
+    model: bytes
+    config: Config
+    table: CalibrationTable
+    batches: list
+    inputs: list
+    quick: int
+    force: bool
+
+
+_WORKER_TRIALS: dict[str, Trials] = {}
+
+
+def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
+    """Worker side of `Trials.fidelity_many`: set up once per search, then measure a chunk."""
+    from qcli.plan import make_plan
+    from qcli.prepare import prepare
+
+    context, chunk, quick, threads = task
+    trials = _WORKER_TRIALS.get(context.key)
+    if trials is None:
+        _WORKER_TRIALS.clear()
+        model = onnx.load_from_string(context.model)
+        prepared = prepare(model, force=context.force)
+        probe = Probe(model, context.batches, context.inputs, threads)
+        units = find_units(prepared.model, make_plan(prepared.model, context.config))
+        trials = Trials(model, prepared, context.config, context.table, probe, units,
+                        max_trials=1 << 30, time_budget=float("inf"), quick_probe=probe.head(context.quick))
+        _WORKER_TRIALS[context.key] = trials
+    results = []
+    for items in chunk:
+        choices = dict(items)
+        results.append((trials.fidelity(choices, quick), trials.demoted(choices)))
+    return results
+
+
+def attribute(times: dict[str, float], units: list[Unit]) -> dict[str, float]:
+    """Kernel times by node name -> time per unit: the unit's own node (or an onnxruntime fusion
+    named `<node>/...`), plus an even share of the Q/DQ nodes of each tensor it touches.
+
+    >>> units = [Unit("/conv", "Conv", 0, frozenset({"x", "y"})), Unit("/fc", "Gemm", 1, frozenset({"y", "z"}))]
+    >>> attribute({"/conv": 10.0, "/fc/MatMulNBits": 4.0, "y_Q": 2.0, "x_DQ": 1.0}, units)
+    {'/conv': 12.0, '/fc': 5.0}
+    """
+    names = {u.node for u in units}
+    owners: dict[str, list[str]] = {}
+    for u in units:
+        for t in u.tensors:
+            owners.setdefault(t, []).append(u.node)
+    out: dict[str, float] = {}
+    for name, us in times.items():
+        if name in names:
+            targets = [name]
+        elif fused := [n for n in names if name.startswith(n + "/")]:
+            targets = [max(fused, key=len)]
+        else:
+            tensor = next((name[: -len(s)] for s in ("_dequantized_DQ", "_Q", "_DQ") if name.endswith(s)), None)
+            targets = owners.get(tensor, []) if tensor is not None else []
+        for n in targets:
+            out[n] = out.get(n, 0.0) + us / len(targets)
+    return out
+
