@@ -302,12 +302,12 @@ def test_all_float_is_taken_when_int8_misses_a_ceiling_of_one() -> None:
 def test_reasons_say_why_each_unit_was_promoted() -> None:
     """A unit promoted with the ones ranked above it, whose own promotion did not cut the noise
     (seen on an exported classifier), is not called sensitive."""
-    from qcli.precision import SearchResult, Step
+    from qcli.precision import SearchResult, Step, StepKind
     from qcli.verify import _reasons
 
-    steps = [Step("all int8", [], 0, 0.4, 1.0),
-             Step("slower in int8: promoted", ["c"], 1, 0.4, 1.0),
-             Step("promote top 3", ["a", "b", "d"], 4, 0.0, 0.01)]
+    steps = [Step(StepKind.ALL_INT8, "all int8", [], 0, 0.4, 1.0),
+             Step(StepKind.SPEED, "slower in int8: promoted", ["c"], 1, 0.4, 1.0),
+             Step(StepKind.PREFIX, "promote top 3", ["a", "b", "d"], 4, 0.0, 0.01)]
     found = SearchResult({"a": "float", "b": "float", "c": "float"}, None, None, True, steps,
                          {"a": 0.5, "b": -0.002}, {"c": ("float", -12.5)}, 3)
     assert _reasons(found) == {

@@ -37,23 +37,10 @@ class StepKind(Enum):
     INT4 = "int4"  # weights tried at int4
 
 
-# The actions the search writes word for word, and their kinds (a Step built without a kind
-# takes it from here).
-ACTIONS = {
-    "all int8": StepKind.ALL_INT8,
-    "slower in int8: promoted": StepKind.SPEED,
-    "int8 slower overall: all promoted": StepKind.SPEED,
-    "sensitivity": StepKind.SENSITIVITY,
-    "sensitivity by blocks (one trial per unit does not fit the budget)": StepKind.SENSITIVITY,
-    "back to int8": StepKind.PRUNE,
-    "best reachable: all promoted": StepKind.BEST_REACHABLE,
-    "int4 weights: noise each adds": StepKind.INT4,
-}
-
-
 @dataclass
 class Step:
-    action: str
+    kind: StepKind
+    action: str  # what the step did, in words (for the report)
     changed: list[str]  # units whose precision this step changed
     promoted: int  # units promoted after the step
     drop: float | None
@@ -61,11 +48,6 @@ class Step:
     latency_ratio: float | None = None
     kept: bool = True
     quick: bool = False  # measured on the quick probe's few samples
-    kind: StepKind | None = None  # None: ACTIONS[action] when the action is one of those
-
-    def __post_init__(self) -> None:
-        if self.kind is None:
-            self.kind = ACTIONS.get(self.action)
 
 
 @dataclass
@@ -153,8 +135,8 @@ class _Search:
 
     def log(self, kind: StepKind, action: str, changed: list[str], chosen: Choices, f: Fidelity | None,
             ratio: float | None = None, kept: bool = True, quick: bool = False) -> None:
-        self.steps.append(Step(action, sorted(changed, key=lambda n: self.index[n]), len(chosen),
-                               f.drop if f else None, f.noise if f else None, ratio, kept, quick, kind))
+        self.steps.append(Step(kind, action, sorted(changed, key=lambda n: self.index[n]), len(chosen),
+                               f.drop if f else None, f.noise if f else None, ratio, kept, quick))
 
     def result(self, at: _Point, met: bool) -> SearchResult:
         choices = dict(sorted(at.choices.items(), key=lambda kv: self.index[kv[0]]))

@@ -17,7 +17,7 @@ from typing import Literal
 import onnx
 
 from qcli.config import ActivationDtype, Activations, Config, Match, Override, Weights
-from qcli.plan import NodeDecision, Plan
+from qcli.plan import Plan
 from qcli.rules import rule_for
 
 Promotion = Literal["int16", "float"]  # 16-bit activations around the node (int8 weights), or float
@@ -43,8 +43,8 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
     inits = {t.name for t in graph.initializer}
     folded: dict[str, list[int]] = {}  # node -> the nodes folded into it (their outputs are its own)
     for d in plan.nodes:
-        if (into := _folded_into(d)) is not None:
-            folded.setdefault(into, []).append(d.index)
+        if d.folded_into is not None:
+            folded.setdefault(d.folded_into, []).append(d.index)
     units = []
     for d in plan.nodes:
         node = graph.node[d.index]
@@ -57,13 +57,6 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
         weighted = any(k < len(node.input) and node.input[k] in inits for k in rule.weights)
         units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in tensors if t), weighted))
     return units
-
-
-def _folded_into(d: NodeDecision) -> str | None:
-    """The node `d` is folded into (an activation fused with its producer), None when not folded.
-    Read from the reason the plan writes until NodeDecision carries it as a field."""
-    prefix = "folded into "
-    return d.reason[len(prefix):] if d.quantized and d.reason.startswith(prefix) else None
 
 
 def _exact(name: str) -> str:
