@@ -15,14 +15,60 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from qcli import __version__, render
 from qcli.errors import QcliError
 
-app = typer.Typer(
+def _click_style(params: list) -> list:
+    """Name parameters in help as click does: a flag takes no value (typer's help prints `--json
+    <bool>`; an empty metavar prints nothing), an argument is named in capitals (MODEL)."""
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+        elif isinstance(param, TyperArgument) and param.metavar is None and param.name:
+            param.metavar = param.name.upper()
+    return params
+
+
+class _Command(TyperCommand):
+    """A command whose help shows flags without a value and arguments by name (`_click_style`)."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        return _click_style(super().get_params(ctx))  # includes the --help option typer adds
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        """The usage line as click writes it: `MODEL` for a required argument (typer: `{model}`)."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = param.metavar if param.required else f"[{param.metavar}]"
+                pieces.append(f"{name}..." if param.nargs != 1 else str(name))
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        return _click_style(super().get_params(ctx))
+
+
+class _Typer(typer.Typer):
+    """typer.Typer whose commands and groups write click-style help (`_Command`, `_Group`)."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(cls=_Group, **kwargs)
+
+    def command(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+        return super().command(*args, cls=_Command, **kwargs)
+
+
+app = _Typer(
     name="qcli",
     help="Quantize float ONNX models into fast, small, accurate QDQ models, and prove it.",
     no_args_is_help=True,
@@ -566,7 +612,7 @@ def run_command(
     _guard(debug, work)
 
 
-config_app = typer.Typer(help="Show, check and create YAML configs.", no_args_is_help=True)
+config_app = _Typer(help="Show, check and create YAML configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 
