@@ -535,16 +535,18 @@ def analyze(
     def work() -> None:
         from qcli.analyze import Gates, render as show, sample_count, write_report
         from qcli.analyze import analyze as run_analysis
-        from qcli.config import load_preprocess
+        from qcli.config import AnalyzeOptions, load_preprocess
 
         pre = load_preprocess(config)
         gates = Gates(max_accuracy_drop, min_speedup, min_compression)
         total = sample_count(model, data, samples=samples, preprocess=pre)
+        options = AnalyzeOptions.of(
+            samples=samples, batch_size=batch_size, runs=runs, warmup=warmup, threads=threads,
+            latency_batch=latency_batch, worst=worst,
+        )
         with render.progress_bar("analyzing", total=total, quiet=quiet or json_out) as advance:
             result = run_analysis(
-                model, quantized, data, labels=labels, samples=samples, batch_size=batch_size, runs=runs,
-                warmup=warmup, threads=threads, latency_batch=latency_batch, worst=worst, gates=gates,
-                preprocess=pre, progress=advance,
+                model, quantized, data, options, labels=labels, gates=gates, preprocess=pre, progress=advance
             )
         if report is not None:
             write_report(result, report)

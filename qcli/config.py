@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from qcli.data import Preprocess
-from qcli.errors import ConfigError, DataError
+from qcli.errors import ConfigError, DataError, QcliError
 
 Method = Literal["minmax", "percentile", "kl", "mse"]
 ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float"]  # float: weight-only
@@ -336,22 +336,46 @@ def config_yaml(config: Config) -> str:
     return yaml.safe_dump(config_document(config), sort_keys=False)
 
 
-# --------------------------------------------------------------------------- pipelines
+# --------------------------------------------------------------------------- analysis and pipelines
 
 
-class PipelineGates(_Section):
-    max_accuracy_drop: float | None = Field(None, ge=0, le=1)
-    min_speedup: float | None = Field(None, gt=0)
-    min_compression: float | None = Field(None, gt=0)
+class AnalyzeOptions(_Section):
+    """What `qcli.analyze.analyze` measures and how long: the `analyze:` section of a pipeline
+    file and the `qcli analyze` flags both build it. `samples`: the first N (None: all); `runs`
+    timed runs per model (0: no latency) after `warmup` untimed ones, on `latency_batch` samples
+    with `threads` intra-op threads (None: onnxruntime's default); `worst` layers listed in the
+    reports; `layers=False` skips the per-layer pass."""
 
-
-class PipelineAnalyze(_Section):
     samples: int | None = Field(None, ge=1)
     batch_size: int = Field(32, ge=1)
     runs: int = Field(50, ge=0)
     warmup: int = Field(5, ge=0)
     threads: int | None = Field(None, ge=1)
     latency_batch: int = Field(1, ge=1)
+    worst: int = Field(10, ge=0)
+    layers: bool = True
+
+    @classmethod
+    def of(cls, base: AnalyzeOptions | None = None, /, **values: Any) -> AnalyzeOptions:
+        """`base` (None: the defaults) with `values` laid over it, validated; a bad value is a
+        QcliError for Python callers and flags ("batch_size must be at least 1, got 0")."""
+        unknown = sorted(set(values) - set(cls.model_fields))
+        if unknown:
+            raise TypeError(f"unknown analyze option(s): {', '.join(unknown)}")
+        try:
+            return cls.model_validate({**(base.model_dump() if base else {}), **values})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            key = _key_path(first["loc"])
+            if first["type"] == "greater_than_equal":
+                raise QcliError(f"{key} must be at least {first['ctx']['ge']}, got {first['input']}") from None
+            raise QcliError(f"{key}: {first['msg']}") from None
+
+
+class PipelineGates(_Section):
+    max_accuracy_drop: float | None = Field(None, ge=0, le=1)
+    min_speedup: float | None = Field(None, gt=0)
+    min_compression: float | None = Field(None, gt=0)
 
 
 class Pipeline(_Section):
@@ -367,7 +391,7 @@ class Pipeline(_Section):
     calibration_file: str | None = None
     reports: list[str] = []
     gates: PipelineGates = PipelineGates()
-    analyze: PipelineAnalyze = PipelineAnalyze()
+    analyze: AnalyzeOptions = AnalyzeOptions()
 
     @field_validator("reports")
     @classmethod
