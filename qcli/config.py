@@ -346,7 +346,7 @@ class AnalyzeOptions(_Section):
     with `threads` intra-op threads (None: onnxruntime's default); `worst` layers listed in the
     reports; `layers=False` skips the per-layer pass."""
 
-    samples: int | None = Field(None, ge=1)
+    samples: int | None = Field(None, ge=1, title="the number of samples")  # the title names it in errors
     batch_size: int = Field(32, ge=1)
     runs: int = Field(50, ge=0)
     warmup: int = Field(5, ge=0)
@@ -368,7 +368,8 @@ class AnalyzeOptions(_Section):
             first = exc.errors()[0]
             key = _key_path(first["loc"])
             if first["type"] == "greater_than_equal":
-                raise QcliError(f"{key} must be at least {first['ctx']['ge']}, got {first['input']}") from None
+                name = cls.model_fields[key].title or key
+                raise QcliError(f"{name} must be at least {first['ctx']['ge']}, got {first['input']}") from None
             raise QcliError(f"{key}: {first['msg']}") from None
 
 

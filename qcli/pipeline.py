@@ -22,11 +22,11 @@ from qcli.verify import Outcome, ProgressFactory, no_progress, quantize_checked
 class PipelineResult:
     output: Path
     quantized: QuantizeResult
+    outcome: Outcome  # verification and precision search
+    config: Config  # reproduces the model: the pipeline's config plus the promotions
     calibration_file: Path | None = None
     report: Report | None = None
     reports: list[Path] = field(default_factory=list)
-    config: Config | None = None
-    outcome: Outcome | None = None  # verification and precision search
 
 
 def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -> PipelineResult:
@@ -49,7 +49,7 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -
         calibration_file = save_table(outcome.table, local(pipeline.calibration_file))
     quantized = outcome.result
     output = save_model(quantized.model, local(pipeline.output), check=True)
-    result = PipelineResult(output, quantized, calibration_file, config=outcome.config, outcome=outcome)
+    result = PipelineResult(output, quantized, outcome, outcome.config, calibration_file)
     if pipeline.eval_data is not None:
         eval_folder, options = local(pipeline.eval_data), pipeline.analyze
         total = sample_count(model_path, eval_folder, samples=options.samples, preprocess=config.data.preprocess)

@@ -17,10 +17,15 @@ def test_values_are_laid_over_a_base_and_checked() -> None:
     opts = AnalyzeOptions.of(base, worst=2, layers=False)
     assert (opts.runs, opts.samples, opts.worst, opts.layers, opts.batch_size) == (3, 10, 2, False, 32)
     assert AnalyzeOptions.of() == AnalyzeOptions()
-    for name, value, least in (("batch_size", 0, 1), ("runs", -1, 0), ("warmup", -1, 0), ("threads", 0, 1),
-                               ("latency_batch", 0, 1), ("worst", -1, 0)):
-        with pytest.raises(QcliError, match=f"^{name} must be at least {least}, got {value}$"):
-            AnalyzeOptions.of(**{name: value})
+    for field, value, message in (
+        ("samples", 0, "the number of samples must be at least 1, got 0"),  # as the data folder says it
+        ("batch_size", 0, "batch_size must be at least 1, got 0"), ("runs", -1, "runs must be at least 0, got -1"),
+        ("warmup", -1, "warmup must be at least 0, got -1"), ("threads", 0, "threads must be at least 1, got 0"),
+        ("latency_batch", 0, "latency_batch must be at least 1, got 0"),
+        ("worst", -1, "worst must be at least 0, got -1"),
+    ):
+        with pytest.raises(QcliError, match=f"^{message}$"):
+            AnalyzeOptions.of(**{field: value})
     with pytest.raises(TypeError, match="batchsize"):
         AnalyzeOptions.of(batchsize=8)
 
