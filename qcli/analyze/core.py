@@ -367,12 +367,8 @@ class _Measures:
 
 
 def open_data(
-    data: str | Path,
-    inputs: list[InputSpec],
-    *,
-    labels: str | Path | None = None,
-    preprocess: Preprocess | None = None,
-    samples: int | None = None,
+    data: str | Path, inputs: list[InputSpec], *, labels: str | Path | None = None,
+    preprocess: Preprocess | None = None, samples: int | None = None,
 ) -> DataFolder:
     """The data folder, with labels from `labels` (a labels.csv kept elsewhere) when given."""
     return DataFolder(data, inputs, preprocess=preprocess, samples=samples, labels=labels)
