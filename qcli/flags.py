@@ -56,6 +56,8 @@ class ScaleFlags:
 
 @dataclass(frozen=True)
 class CalibrateFlags:
+    """`qcli calibrate MODEL --data DIR`."""
+
     model: Path
     data: Path
     output: Path | None = None  # None: ./<model>.calib.json
@@ -70,6 +72,8 @@ class CalibrateFlags:
 
 @dataclass(frozen=True)
 class QuantizeFlags:
+    """`qcli quantize MODEL -o OUTPUT`: `check()` the flags, then take the `config()` they make."""
+
     model: Path
     output: Path
     data: Path | None = None  # calibrate on this folder, or
@@ -126,8 +130,8 @@ class QuantizeFlags:
 
     def with_table(self, config: Config, table: CalibrationTable) -> Config:
         """`config` with the calibration file's own method, unless the flags or the config chose one."""
-        chosen = load_config(self.calibration.config).calibration.model_fields_set if self.calibration.config else set()
         flags = self.calibration
+        chosen = load_config(flags.config).calibration.model_fields_set if flags.config else set()  # keys it sets
         return config.merged(calibration={
             "method": None if flags.method or "method" in chosen else table.settings.method,
             "percentile": None if flags.percentile or "percentile" in chosen else table.settings.percentile,
