@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -21,6 +21,9 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from qcli import __version__, render
 from qcli.errors import QcliError
+
+if TYPE_CHECKING:
+    from qcli.commands import QuantizeRun
 
 
 def _click_style(params: list) -> list:
@@ -155,20 +158,9 @@ def inspect(
     """Show a model's opsets, inputs/outputs, op types, weights and subgraphs."""
 
     def work() -> None:
-        from qcli.config import load_preprocess
-        from qcli.data import DataFolder, model_inputs
-        from qcli.info import describe_data, describe_model
-        from qcli.model import load_model
+        from qcli import commands
 
-        info = describe_model(model)
-        if data is not None:
-            folder = DataFolder(
-                data,
-                model_inputs(load_model(model)),
-                preprocess=load_preprocess(config),
-                samples=samples,
-            )
-            info["data"] = describe_data(folder)
+        info = commands.inspect_command(model, data, config=config, samples=samples)
         if json_out:
             _print_json(info)
             return
@@ -321,17 +313,21 @@ def quantize(
         if json_out:
             _print_json(run.doc)
         else:
-            console = _console(quiet)
-            render.quantization(console, run.doc)
-            render.verification(console, run.doc)
-            if run.evaluation is not None:
-                console.print(run.doc["evaluation"]["summary"], markup=False)
-                for gate in run.evaluation.gates:
-                    console.print(gate.message, markup=False)
+            _show_quantization(_console(quiet), run)
         if (error := run.gate_error()) is not None:
             raise error
 
     _guard(debug, work)
+
+
+def _show_quantization(console: Console, run: QuantizeRun) -> None:
+    """What `qcli quantize` did, its verification, and the accuracy on --eval-data."""
+    render.quantization(console, run.doc)
+    render.verification(console, run.doc)
+    if run.evaluation is not None:
+        console.print(run.doc["evaluation"]["summary"], markup=False)
+        for gate in run.evaluation.gates:
+            console.print(gate.message, markup=False)
 
 
 @app.command()
@@ -453,9 +449,7 @@ def config_show(
 @config_app.command("validate")
 def config_validate(
     file: Annotated[str, typer.Argument(help="YAML config file or preset name.")],
-    json_out: JsonOpt = False,
-    quiet: QuietOpt = False,
-    debug: DebugOpt = False,
+    json_out: JsonOpt = False, quiet: QuietOpt = False, debug: DebugOpt = False,
 ) -> None:
     """Check a config file against the schema; exit 2 with file:line and key on error."""
 
@@ -483,7 +477,6 @@ def config_init(
 
     def work() -> None:
         from qcli.config import PRESETS
-        from qcli.errors import QcliError
 
         if output.exists() and not force:
             raise QcliError(f"{output} exists", hint="choose another path with -o, or --force to overwrite")

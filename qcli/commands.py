@@ -1,6 +1,7 @@
-"""The `calibrate`, `quantize`, `analyze` and `run` commands as library calls: each reads its
-inputs, runs, writes its files and returns the result with the document the CLI prints (`--json`)
-and the error it exits with (`gate_error()`: a missed floor or gate, exit 1). Nothing is printed.
+"""The `inspect`, `calibrate`, `quantize`, `analyze` and `run` commands as library calls: each
+reads its inputs, runs, writes its files and returns the result with the document the CLI prints
+(`--json`) and the error it exits with (`gate_error()`: a missed floor or gate, exit 1). Nothing
+is printed.
 
     run = quantize_command(QuantizeFlags(Path("model.onnx"), Path("model.int8.onnx"), data=Path("calib")))
     print(run.doc["compression"]); error = run.gate_error()
@@ -22,13 +23,25 @@ from qcli.data import DataFolder, model_inputs
 from qcli.errors import GateFailed, QcliError
 from qcli.files import write_text_atomic
 from qcli.flags import CalibrateFlags, QuantizeFlags
-from qcli.info import file_bytes
+from qcli.info import describe_data, describe_model, file_bytes
 from qcli.model import fingerprint, load_model, save_model
 from qcli.pipeline import PipelineResult, run_pipeline
 from qcli.quantize import calibrate, summary
 from qcli.verify import Check, Outcome, ProgressFactory, no_progress, quantize_checked
 
-# --------------------------------------------------------------------------- calibrate
+# --------------------------------------------------------------------------- inspect and calibrate
+
+
+def inspect_command(model: Path, data: Path | None = None, *, config: str | None = None,
+                    samples: int | None = None) -> dict:
+    """A model's description, and its data folder's when `data` is given (checked against the
+    model's inputs with the preprocessing of `config`)."""
+    info = describe_model(model)
+    if data is not None:
+        inputs = model_inputs(load_model(model))
+        folder = DataFolder(data, inputs, preprocess=load_preprocess(config), samples=samples)
+        info["data"] = describe_data(folder)
+    return info
 
 
 def calibrate_command(flags: CalibrateFlags, *, progress: ProgressFactory = no_progress) -> dict:
