@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from qcli.data import Preprocess
-from qcli.errors import ConfigError, DataError, QcliError
+from qcli.errors import ConfigError, DataError
 
 Method = Literal["minmax", "percentile", "kl", "mse"]
 ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float"]  # float: weight-only
@@ -358,7 +358,7 @@ class AnalyzeOptions(_Section):
     @classmethod
     def of(cls, base: AnalyzeOptions | None = None, /, **values: Any) -> AnalyzeOptions:
         """`base` (None: the defaults) with `values` laid over it, validated; a bad value is a
-        QcliError for Python callers and flags ("batch_size must be at least 1, got 0")."""
+        ConfigError for Python callers and flags ("batch_size must be at least 1, got 0")."""
         unknown = sorted(set(values) - set(cls.model_fields))
         if unknown:
             raise TypeError(f"unknown analyze option(s): {', '.join(unknown)}")
@@ -369,8 +369,8 @@ class AnalyzeOptions(_Section):
             key = _key_path(first["loc"])
             if first["type"] == "greater_than_equal":
                 name = cls.model_fields[key].title or key
-                raise QcliError(f"{name} must be at least {first['ctx']['ge']}, got {first['input']}") from None
-            raise QcliError(f"{key}: {first['msg']}") from None
+                raise ConfigError(f"{name} must be at least {first['ctx']['ge']}, got {first['input']}") from None
+            raise ConfigError(f"{key}: {first['msg']}") from None
 
 
 class PipelineGates(_Section):
