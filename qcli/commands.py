@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qcli import __version__
-from qcli.analyze import AnalyzeOptions, Gates, Report, analyze, evaluate, headline, sample_count, write_report
-from qcli.analyze.core import NO_GATES
+from qcli.analyze import AnalyzeOptions, Report, analyze, evaluate, headline, sample_count, write_report
+from qcli.analyze.gates import Gates
 from qcli.calibrate.table import METHODS, CalibrationTable, load_table, save_table
 from qcli.config import config_yaml, load_preprocess
 from qcli.data import DataFolder, model_inputs
@@ -220,7 +220,7 @@ def analyze_command(
     options: AnalyzeOptions,
     *,
     labels: Path | None = None,
-    gates: Gates = NO_GATES,
+    gates: Gates = Gates(),
     config: str | None = None,
     report: Path | None = None,
     progress: ProgressFactory = no_progress,

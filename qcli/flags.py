@@ -7,6 +7,7 @@ without the CLI; `qcli.commands` runs the commands with them.
 from __future__ import annotations
 
 import os
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,10 +49,10 @@ class ScaleFlags:
     def given(self) -> bool:
         return self.workers is not None or self.executor != "local" or self.ray_address is not None
 
-    def make(self) -> Executor:
-        """The executor these flags ask for (local defaults to one worker: README)."""
+    def make(self) -> closing[Executor]:
+        """The executor these flags ask for (local defaults to one worker: README), closed after use."""
         workers = 1 if self.workers is None and self.executor == "local" else self.workers
-        return make_executor(self.executor, workers, self.ray_address)
+        return closing(make_executor(self.executor, workers, self.ray_address))
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,6 @@ from qcli.model import external_data_files, fingerprint, load_model
 from qcli.runtime import make_session
 
 ModelArg = str | Path | onnx.ModelProto
-NO_GATES = Gates()
 
 
 @dataclass
@@ -87,7 +86,7 @@ def analyze(
     options: AnalyzeOptions | None = None,
     *,
     labels: str | Path | None = None,
-    gates: Gates = NO_GATES,
+    gates: Gates = Gates(),
     preprocess: Preprocess | None = None,
     progress: Callable[[int], None] | None = None,
     **settings: Any,
@@ -242,7 +241,7 @@ def _report(
 ) -> Report:
     """The measures summed up, sizes compared and gates checked."""
     m, fm, qm = sessions.measures, sessions.fm, sessions.qm
-    accuracy = _accuracy(m.class_output, m.topk) if m.topk and m.labelled else None
+    accuracy = _accuracy(m.class_output, m.topk)
     fidelity = [_fidelity(n, acc) for n, acc in m.fidelity.items()]
     reference = [ReferenceFidelity(n, _fidelity(n, a), _fidelity(n, b)) for n, (a, b) in m.reference.items()]
     layers = Layers([_layer(p, m.layers[p.tensor]) for p in m.pairs], sessions.skipped) if opts.layers else None
@@ -453,17 +452,22 @@ def _quantization_metadata(model: onnx.ModelProto) -> dict | None:
 # --------------------------------------------------------------------------- results
 
 
-def _accuracy(output: str | None, topk: tuple[TopKAccumulator, TopKAccumulator]) -> Accuracy:
+def _accuracy(output: str | None, topk: tuple[TopKAccumulator, TopKAccumulator] | None) -> Accuracy | None:
+    """Top-1 (and top-5) of both models against the labels; None without a labelled sample."""
+    if topk is None:
+        return None
     f, q = topk
-    top5_drop = f.top5_rate - q.top5_rate if f.top5_rate is not None else None
+    f1, q1, f5, q5 = f.top1_rate, q.top1_rate, f.top5_rate, q.top5_rate
+    if f1 is None or q1 is None:
+        return None
     return Accuracy(
         output=output or "",
         classes=f.classes,
         samples=f.samples,
-        float=ClassAccuracy(rounded(f.top1_rate), rounded(f.top5_rate)),
-        quantized=ClassAccuracy(rounded(q.top1_rate), rounded(q.top5_rate)),
-        top1_drop=rounded(f.top1_rate - q.top1_rate),
-        top5_drop=rounded(top5_drop),
+        float=ClassAccuracy(rounded(f1), rounded(f5)),
+        quantized=ClassAccuracy(rounded(q1), rounded(q5)),
+        top1_drop=rounded(f1 - q1),
+        top5_drop=rounded(f5 - q5) if f5 is not None and q5 is not None else None,
     )
 
 
