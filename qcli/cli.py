@@ -9,20 +9,68 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import nullcontext
-from functools import partial
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from qcli import __version__, render
 from qcli.errors import QcliError
 
-app = typer.Typer(
+if TYPE_CHECKING:
+    from qcli.commands import QuantizeRun
+
+
+def _click_style(params: list) -> list:
+    """Name parameters in help as click does: a flag takes no value (typer's help prints `--json
+    <bool>`; an empty metavar prints nothing), an argument is named in capitals (MODEL)."""
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+        elif isinstance(param, TyperArgument) and param.metavar is None and param.name:
+            param.metavar = param.name.upper()
+    return params
+
+
+class _Command(TyperCommand):
+    """A command whose help shows flags without a value and arguments by name (`_click_style`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:  # typer's own (vendored) click types
+        return _click_style(super().get_params(ctx))  # includes the --help option typer adds
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """The usage line as click writes it: `MODEL` for a required argument (typer: `{model}`)."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = param.metavar if param.required else f"[{param.metavar}]"
+                pieces.append(f"{name}..." if param.nargs != 1 else str(name))
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:  # typer's own (vendored) click types
+        return _click_style(super().get_params(ctx))
+
+
+class _Typer(typer.Typer):
+    """typer.Typer whose commands and groups write click-style help (`_Command`, `_Group`)."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(cls=_Group, **kwargs)
+
+    def command(self, *args: Any, **kwargs: Any):
+        return super().command(*args, cls=_Command, **kwargs)
+
+
+app = _Typer(
     name="qcli",
     help="Quantize float ONNX models into fast, small, accurate QDQ models, and prove it.",
     no_args_is_help=True,
@@ -110,20 +158,9 @@ def inspect(
     """Show a model's opsets, inputs/outputs, op types, weights and subgraphs."""
 
     def work() -> None:
-        from qcli.config import load_preprocess
-        from qcli.data import DataFolder, model_inputs
-        from qcli.info import describe_data, describe_model
-        from qcli.model import load_model
+        from qcli import commands
 
-        info = describe_model(model)
-        if data is not None:
-            folder = DataFolder(
-                data,
-                model_inputs(load_model(model)),
-                preprocess=load_preprocess(config),
-                samples=samples,
-            )
-            info["data"] = describe_data(folder)
+        info = commands.inspect_command(model, data, config=config, samples=samples)
         if json_out:
             _print_json(info)
             return
@@ -160,19 +197,9 @@ RayAddressOpt = Annotated[
 ]
 
 
-def _executor(kind: str, workers: int | None, address: str | None):
-    """The executor the scale-out flags ask for (local defaults to one worker: README)."""
-    from qcli.executor import make_executor
-
-    return make_executor(kind, 1 if workers is None and kind == "local" else workers, address)
-
-
-def _calibration_config(config: str | None, method, percentile, samples, batch_size):
-    from qcli.config import load_config
-
-    return load_config(config).merged(
-        calibration={"method": method, "percentile": percentile, "samples": samples, "batch_size": batch_size}
-    )
+def _progress(quiet: bool) -> Callable[..., Any]:
+    """Progress bars on stderr: (description, total, unit=...) -> a context giving advance(n)."""
+    return partial(render.progress_bar, quiet=quiet)
 
 
 @app.command()
@@ -198,44 +225,14 @@ def calibrate(
     """Run the model over a data folder once and compute every range method's ranges."""
 
     def work() -> None:
-        import time
+        from qcli import commands
+        from qcli.flags import CalibrateFlags, CalibrationFlags, ScaleFlags
 
-        from qcli.quantize import calibrate as run_calibration
-        from qcli.calibrate.table import METHODS, save_table
-        from qcli.data import DataFolder, model_inputs
-        from qcli.model import load_model
-
-        cfg = _calibration_config(config, method, percentile, samples, batch_size)
-        onnx_model = load_model(model)
-        folder = DataFolder(
-            data, model_inputs(onnx_model), preprocess=cfg.data.preprocess, samples=cfg.calibration.samples
+        flags = CalibrateFlags(
+            model, data, output, CalibrationFlags(config, method, percentile, samples, batch_size), strict,
+            ScaleFlags(executor, workers, ray_address),
         )
-        out = output or Path.cwd() / f"{model.name.removesuffix('.onnx')}.calib.json"
-        start = time.perf_counter()
-        with _executor(executor, workers, ray_address) as pool, render.progress_bar(
-            "calibrating", total=len(folder), quiet=quiet or json_out
-        ) as advance:
-            table = run_calibration(onnx_model, folder, cfg, progress=advance, strict=strict, executor=pool)
-        save_table(table, out)
-        seconds = time.perf_counter() - start
-        doc = {
-            "calibration_file": str(out),
-            "samples": table.samples,
-            "tensors": len(table.observers),
-            "method": table.settings.method,
-            "activations": f"{table.settings.dtype}{' symmetric' if table.settings.symmetric else ''}",
-            "seconds": round(seconds, 3),
-            "warnings": table.warnings,
-            "ranges": {
-                name: {
-                    "min": obs.min if obs.count else None,
-                    "max": obs.max if obs.count else None,
-                    **{m: list(table.ranges[m][name]) for m in METHODS},
-                    "clipped": table.clipped(name),
-                }
-                for name, obs in table.observers.items()
-            },
-        }
+        doc = commands.calibrate_command(flags, progress=_progress(quiet or json_out))
         if json_out:
             _print_json(doc)
         else:
@@ -256,7 +253,9 @@ def quantize(
     batch_size: BatchOpt = None,
     config: ConfigOpt = None,
     strict: StrictOpt = False,
-    force: Annotated[bool, typer.Option("--force", help="Quantize a model that already has Q/DQ or integer ops.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Quantize a model that already has Q/DQ or integer ops.")
+    ] = False,
     eval_data: Annotated[
         Path | None,
         typer.Option("--eval-data", help="Verify (and search precisions) on this data; report accuracy with labels."),
@@ -283,7 +282,9 @@ def quantize(
     min_top1_agreement: Annotated[
         float | None, typer.Option("--min-top1-agreement", help="Verification floor for class-score outputs.")
     ] = None,
-    min_cosine: Annotated[float | None, typer.Option("--min-cosine", help="Verification floor for other outputs.")] = None,
+    min_cosine: Annotated[
+        float | None, typer.Option("--min-cosine", help="Verification floor for other outputs.")
+    ] = None,
     max_latency_ratio: Annotated[
         float | None, typer.Option("--max-latency-ratio", help="Verification ceiling: quantized / float latency.")
     ] = None,
@@ -297,169 +298,36 @@ def quantize(
     """Rewrite a float model into a QDQ model onnxruntime runs with int8 kernels, then verify it."""
 
     def work() -> None:
-        import os
+        from qcli import commands
+        from qcli.flags import CalibrationFlags, QuantizeFlags, ScaleFlags
 
-        from qcli.calibrate.table import load_table
-        from qcli.errors import GateFailed, QcliError
-        from qcli.info import file_bytes
-        from qcli.model import fingerprint, load_model, save_model
-        from qcli.quantize import summary
-        from qcli.verify import quantize_checked
-
-        if (data is None) == (calib is None):
-            raise QcliError("give exactly one of --data DIR (calibrate now) or --calib FILE")
-        if calib is not None and not auto_precision and (workers is not None or executor != "local" or ray_address is not None):
-            raise QcliError("--executor, --workers and --ray-address apply to calibration and the precision "
-                            "search: use them with --data or --auto-precision")
-        if max_accuracy_drop is not None and eval_data is None and not auto_precision:
-            raise QcliError("--max-accuracy-drop needs --eval-data DIR to measure the drop on")
-        if output.exists() and model.exists() and os.path.samefile(output, model):
-            raise QcliError(f"-o {output} is the input model; qcli never overwrites its input",
-                            hint="write the quantized model to another file")
-        onnx_model = load_model(model)
-        cfg = _calibration_config(config, method, percentile, samples, batch_size).merged(
-            verify={
-                "enabled": False if no_verify else None, "rescue": False if no_rescue else None,
-                "min_top1_agreement": min_top1_agreement, "min_cosine": min_cosine,
-                "max_latency_ratio": max_latency_ratio,
-            },
-            auto_precision={
-                "enabled": True if auto_precision else None, "criteria": criteria,
-                "max_accuracy_drop": max_accuracy_drop if auto_precision else None,
-                "min_speedup": min_speedup, "max_trials": max_trials, "time_budget": time_budget,
-            },
+        flags = QuantizeFlags(
+            model, output, data, calib, CalibrationFlags(config, method, percentile, samples, batch_size),
+            strict=strict, force=force, eval_data=eval_data, max_accuracy_drop=max_accuracy_drop,
+            auto_precision=auto_precision, criteria=criteria, min_speedup=min_speedup, max_trials=max_trials,
+            time_budget=time_budget, precision_out=precision_out, no_verify=no_verify, no_rescue=no_rescue,
+            min_top1_agreement=min_top1_agreement, min_cosine=min_cosine, max_latency_ratio=max_latency_ratio,
+            scale=ScaleFlags(executor, workers, ray_address),
         )
-        if not cfg.auto_precision.enabled and (criteria or min_speedup or precision_out):
-            raise QcliError("--criteria, --min-speedup and --precision-out go with --auto-precision")
-        table = None
-        if calib is not None:
-            table = load_table(calib, fingerprint(onnx_model))
-            # The file's own method applies unless the command line or the config chose one.
-            chosen = load_config_fields(config)
-            cfg = cfg.merged(calibration={
-                "method": None if method or "method" in chosen else table.settings.method,
-                "percentile": None if percentile or "percentile" in chosen else table.settings.percentile,
-            })
-
-        bar = partial(render.progress_bar, quiet=quiet or json_out)  # (description, total, unit=...)
-
-        with _executor(executor, workers, ray_address) if data is not None or auto_precision else nullcontext() as pool:
-            outcome = quantize_checked(
-                onnx_model, cfg, data=data, table=table, eval_data=eval_data, force=force, strict=strict,
-                progress=bar, executor=pool,
-            )
-        result = outcome.result
-        save_model(result.model, output, check=True)
-        doc = {
-            "output": str(output),
-            "method": cfg.calibration.method,
-            "activations": cfg.activations.dtype,
-            "weights": f"{cfg.weights.dtype} {cfg.weights.granularity}",
-            "bytes_before": file_bytes(model),
-            "bytes_after": file_bytes(output),
-            **summary(result),
-        }
-        doc["compression"] = round(doc["bytes_before"] / max(doc["bytes_after"], 1), 3)
-        doc["notes"] = doc["notes"] + outcome.notes
-        doc["verification"] = outcome.verification.to_dict() if outcome.verification else None
-        doc["precision"] = _precision_doc(outcome, output, precision_out)
-        evaluation = None
-        if eval_data is not None:
-            from qcli.analyze import evaluate, headline
-
-            evaluation = evaluate(
-                onnx_model, output, eval_data, max_accuracy_drop=max_accuracy_drop, preprocess=cfg.data.preprocess
-            )
-            doc["evaluation"] = {"summary": headline(evaluation), **evaluation.to_dict()}
+        run = commands.quantize_command(flags, progress=_progress(quiet or json_out))
         if json_out:
-            _print_json(doc)
+            _print_json(run.doc)
         else:
-            console = _console(quiet)
-            render.quantization(console, doc)
-            render.verification(console, doc)
-            if evaluation is not None:
-                console.print(doc["evaluation"]["summary"], markup=False)
-                for gate in evaluation.gates:
-                    console.print(gate.message, markup=False)
-        _check_outcome(outcome, output)
-        if evaluation is not None and (error := evaluation.gate_error()) is not None:
+            _show_quantization(_console(quiet), run)
+        if (error := run.gate_error()) is not None:
             raise error
 
     _guard(debug, work)
 
 
-def _check_outcome(outcome, output: Path) -> None:
-    """GateFailed (exit 1) when verification missed a floor or auto-precision its goal."""
-    from qcli.errors import GateFailed
-
-    cfg = outcome.config
-    if outcome.verification is not None and not outcome.verification.passed:
-        missed = [c for c in outcome.verification.checks if not c.passed]
-        raise GateFailed(
-            "verification failed: " + "; ".join(
-                f"{c.name} {c.value:.4f} misses its floor {c.floor:g} by {abs(c.value - c.floor):.4f}" for c in missed
-            ) + f" (wrote the best model found: {output})",
-            hint=_what_to_try(outcome, missed),
-        )
-    if outcome.search is not None and outcome.searched_for_goal and not outcome.goal_met:
-        raise GateFailed(
-            f"auto-precision could not meet its goal ({cfg.auto_precision.criteria}, max accuracy drop "
-            f"{cfg.auto_precision.max_accuracy_drop:g}); wrote the best model found: {output}",
-            hint="raise --max-accuracy-drop, add candidates (int16, float), or raise --max-trials/--time-budget",
-        )
-
-
-def _precision_doc(outcome, output: Path, precision_out: Path | None) -> dict | None:
-    """Write the precision config (when a search ran and promoted, or auto-precision ran) and
-    describe the search for the summary."""
-    from qcli.config import config_yaml
-    from qcli.files import write_text_atomic
-
-    found = outcome.search
-    if found is None:
-        return None
-    path = None
-    if outcome.promoted or outcome.searched_for_goal or precision_out is not None:
-        path = precision_out or output.with_name(f"{output.name.removesuffix('.onnx')}.precision.yaml")
-        header = (
-            f"# qcli {__version__}: the precisions chosen for {output.name}.\n"
-            f"# `qcli quantize MODEL --config {path.name} ...` (same data and calibration) reproduces it without searching.\n"
-        )
-        write_text_atomic(path, header + config_yaml(outcome.config))
-    return {
-        "file": str(path) if path else None,
-        "goal_met": found.met,
-        "trials": found.trials,
-        "stopped": found.stopped,
-        "promoted": {n: {"precision": p, "reason": outcome.reasons.get(n, "")} for n, p in outcome.promoted.items()},
-        "steps": [
-            {"action": s.action, "changed": s.changed, "promoted": s.promoted, "drop": s.drop, "noise": s.noise,
-             "latency_ratio": s.latency_ratio, "kept": s.kept, "quick": s.quick}
-            for s in found.steps
-        ],
-    }
-
-
-def _what_to_try(outcome, missed) -> str:
-    names = {c.name for c in missed}
-    tips = []
-    if names & {"top-1 agreement", "cosine"}:
-        tips.append("exclude or promote the sensitive layers in a --config (see the layer table of qcli analyze)")
-        if not outcome.config.verify.rescue:
-            tips.append("drop --no-rescue to let qcli search")
-        elif outcome.search is not None and outcome.search.stopped:
-            tips.append("give the rescue more room (verify.max_trials, verify.time_budget)")
-    if "latency ratio" in names:
-        tips.append("raise --max-latency-ratio, or keep the model float if int8 does not pay off here")
-    tips.append("--no-verify skips the check")
-    return "; ".join(tips)
-
-
-def load_config_fields(config: str | None) -> set[str]:
-    """Keys the config file sets explicitly in its calibration section."""
-    from qcli.config import load_config
-
-    return set(load_config(config).calibration.model_fields_set) if config else set()
+def _show_quantization(console: Console, run: QuantizeRun) -> None:
+    """What `qcli quantize` did, its verification, and the accuracy on --eval-data."""
+    render.quantization(console, run.doc)
+    render.verification(console, run.doc)
+    if run.evaluation is not None:
+        console.print(run.doc["evaluation"]["summary"], markup=False)
+        for gate in run.evaluation.gates:
+            console.print(gate.message, markup=False)
 
 
 @app.command()
@@ -470,13 +338,19 @@ def analyze(
     labels: Annotated[Path | None, typer.Option("--labels", help="labels.csv (file,label) kept outside DIR.")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write FILE.json, FILE.md or FILE.html.")] = None,
     max_accuracy_drop: DropOpt = None,
-    min_speedup: Annotated[float | None, typer.Option("--min-speedup", help="Gate: float / quantized median latency.")] = None,
-    min_compression: Annotated[float | None, typer.Option("--min-compression", help="Gate: float / quantized file size.")] = None,
+    min_speedup: Annotated[
+        float | None, typer.Option("--min-speedup", help="Gate: float / quantized median latency.")
+    ] = None,
+    min_compression: Annotated[
+        float | None, typer.Option("--min-compression", help="Gate: float / quantized file size.")
+    ] = None,
     samples: Annotated[int | None, typer.Option("--samples", help="Use the first N samples (default all).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Samples per batch for accuracy.")] = 32,
     runs: Annotated[int, typer.Option("--runs", help="Timed runs per model (0: no latency).")] = 50,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs first.")] = 5,
-    threads: Annotated[int | None, typer.Option("--threads", help="onnxruntime intra-op threads (default: all cores).")] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="onnxruntime intra-op threads (default: all cores).")
+    ] = None,
     latency_batch: Annotated[int, typer.Option("--latency-batch", help="Batch size of the timed runs.")] = 1,
     worst: Annotated[int, typer.Option("--worst", help="Layers listed in the worst-layers table.")] = 10,
     config: ConfigOpt = None,
@@ -487,36 +361,33 @@ def analyze(
     """Accuracy, per-layer error, speedup and compression of a quantized model; gates exit 1."""
 
     def work() -> None:
-        from qcli.analyze import Gates, render as show, sample_count, write_report
-        from qcli.analyze import analyze as run_analysis
-        from qcli.config import load_preprocess
+        from qcli import commands
+        from qcli.analyze import AnalyzeOptions, Gates
+        from qcli.analyze import render as show
 
-        pre = load_preprocess(config)
+        options = AnalyzeOptions.of(
+            samples=samples, batch_size=batch_size, runs=runs, warmup=warmup, threads=threads,
+            latency_batch=latency_batch, worst=worst,
+        )
         gates = Gates(max_accuracy_drop, min_speedup, min_compression)
-        total = sample_count(model, data, samples=samples, preprocess=pre)
-        with render.progress_bar("analyzing", total=total, quiet=quiet or json_out) as advance:
-            result = run_analysis(
-                model, quantized, data, labels=labels, samples=samples, batch_size=batch_size, runs=runs,
-                warmup=warmup, threads=threads, latency_batch=latency_batch, worst=worst, gates=gates,
-                preprocess=pre, progress=advance,
-            )
-        if report is not None:
-            write_report(result, report)
+        result = commands.analyze_command(
+            model, quantized, data, options, labels=labels, gates=gates, config=config, report=report,
+            progress=_progress(quiet or json_out),
+        )
         if json_out:
             _print_json(result.to_dict())
         else:
             show(_console(quiet), result)
             if report is not None:
                 _console(quiet).print(f"wrote {report}", markup=False)
-        error = result.gate_error()
-        if error is not None:
+        if (error := result.gate_error()) is not None:
             raise error
 
     _guard(debug, work)
 
 
 @app.command("run")
-def run_command(
+def run_pipeline(
     pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML: model, output, data, config, gates, reports.")],
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -525,48 +396,35 @@ def run_command(
     """Calibrate, quantize and analyze in one go, as a pipeline file says (for CI)."""
 
     def work() -> None:
+        from qcli import commands
         from qcli.analyze import render as show
-        from qcli.pipeline import run_pipeline
-        from qcli.quantize import summary
 
-        bar = partial(render.progress_bar, quiet=quiet or json_out)  # (description, total, unit=...)
-
-        result = run_pipeline(pipeline, progress=bar)
-        outcome = result.outcome
-        doc = {
-            "output": str(result.output),
-            "calibration_file": str(result.calibration_file) if result.calibration_file else None,
-            "quantization": summary(result.quantized),
-            "verification": outcome.verification.to_dict() if outcome.verification else None,
-            "precision": _precision_doc(outcome, result.output, None),
-            "reports": [str(p) for p in result.reports],
-            "analysis": result.report.to_dict() if result.report else None,
-        }
+        run = commands.run_command(pipeline, progress=_progress(quiet or json_out))
+        result, doc = run.result, run.doc
         if json_out:
             _print_json(doc)
         else:
             console = _console(quiet)
-            q = doc["quantization"]
+            quantized = doc["quantization"]["quantized"]
             console.print(
-                f"quantized {sum(q['quantized'].values())} nodes "
-                f"({', '.join(f'{k} {v}' for k, v in q['quantized'].items())}); wrote {result.output}",
+                f"quantized {sum(quantized.values())} nodes "
+                f"({', '.join(f'{k} {v}' for k, v in quantized.items())}); wrote {result.output}",
                 markup=False,
             )
-            for note in outcome.notes:
+            for note in result.outcome.notes:
                 console.print(note, markup=False)
             render.verification(console, doc)
             if result.report is not None:
                 show(console, result.report)
             for p in result.reports:
                 console.print(f"wrote {p}", markup=False)
-        _check_outcome(outcome, result.output)
-        if result.report is not None and (error := result.report.gate_error()) is not None:
+        if (error := run.gate_error()) is not None:
             raise error
 
     _guard(debug, work)
 
 
-config_app = typer.Typer(help="Show, check and create YAML configs.", no_args_is_help=True)
+config_app = _Typer(help="Show, check and create YAML configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 
@@ -591,9 +449,7 @@ def config_show(
 @config_app.command("validate")
 def config_validate(
     file: Annotated[str, typer.Argument(help="YAML config file or preset name.")],
-    json_out: JsonOpt = False,
-    quiet: QuietOpt = False,
-    debug: DebugOpt = False,
+    json_out: JsonOpt = False, quiet: QuietOpt = False, debug: DebugOpt = False,
 ) -> None:
     """Check a config file against the schema; exit 2 with file:line and key on error."""
 
@@ -621,7 +477,6 @@ def config_init(
 
     def work() -> None:
         from qcli.config import PRESETS
-        from qcli.errors import QcliError
 
         if output.exists() and not force:
             raise QcliError(f"{output} exists", hint="choose another path with -o, or --force to overwrite")

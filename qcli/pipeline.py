@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qcli.analyze import Gates, Report, analyze, write_report
+from qcli.analyze import Gates, Report, analyze, sample_count, write_report
 from qcli.calibrate.table import METHODS, save_table
 from qcli.config import Config, load_pipeline
 from qcli.model import load_model, save_model
@@ -22,26 +22,26 @@ from qcli.verify import Outcome, ProgressFactory, no_progress, quantize_checked
 class PipelineResult:
     output: Path
     quantized: QuantizeResult
+    outcome: Outcome  # verification and precision search
+    config: Config  # reproduces the model: the pipeline's config plus the promotions
     calibration_file: Path | None = None
     report: Report | None = None
     reports: list[Path] = field(default_factory=list)
-    config: Config | None = None
-    outcome: Outcome | None = None  # verification and precision search
 
 
 def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -> PipelineResult:
     """Run the pipeline file at `path`; the caller checks `result.report.gate_error()`."""
     path = Path(path)
     pipeline, config = load_pipeline(path)
-    base = path.parent
+    local = path.parent.joinpath
 
-    def local(p: str | None) -> Path | None:
-        return None if p is None else base / p
+    def optional(p: str | None) -> Path | None:
+        return None if p is None else local(p)
 
-    model = load_model(local(pipeline.model))
+    model_path = local(pipeline.model)
     outcome = quantize_checked(
-        model, config, data=local(pipeline.calibration_data), eval_data=local(pipeline.eval_data),
-        labels=local(pipeline.labels), progress=progress,
+        load_model(model_path), config, data=local(pipeline.calibration_data), eval_data=optional(pipeline.eval_data),
+        labels=optional(pipeline.labels), progress=progress,
         methods=METHODS if pipeline.calibration_file else None,  # the file keeps every method
     )
     calibration_file = None
@@ -49,19 +49,14 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -
         calibration_file = save_table(outcome.table, local(pipeline.calibration_file))
     quantized = outcome.result
     output = save_model(quantized.model, local(pipeline.output), check=True)
-    result = PipelineResult(output, quantized, calibration_file, config=outcome.config, outcome=outcome)
+    result = PipelineResult(output, quantized, outcome, outcome.config, calibration_file)
     if pipeline.eval_data is not None:
-        a = pipeline.analyze
-        eval_folder = local(pipeline.eval_data)
-        from qcli.analyze import sample_count
-
-        total = sample_count(local(pipeline.model), eval_folder, samples=a.samples, preprocess=config.data.preprocess)
+        eval_folder, options = local(pipeline.eval_data), pipeline.analyze
+        total = sample_count(model_path, eval_folder, samples=options.samples, preprocess=config.data.preprocess)
         with progress("analyzing", total) as advance:
             result.report = analyze(
-                local(pipeline.model), output, eval_folder, labels=local(pipeline.labels), samples=a.samples,
-                batch_size=a.batch_size, runs=a.runs, warmup=a.warmup, threads=a.threads,
-                latency_batch=a.latency_batch, gates=Gates(**pipeline.gates.model_dump()),
-                preprocess=config.data.preprocess, progress=advance,
+                model_path, output, eval_folder, options, labels=optional(pipeline.labels),
+                gates=Gates(**pipeline.gates.model_dump()), preprocess=config.data.preprocess, progress=advance,
             )
         for report_path in pipeline.reports:
             result.reports.append(write_report(result.report, local(report_path)))

@@ -38,11 +38,10 @@ BROKEN_TENSOR = "/stem/stem.2/Relu_output_0"  # everything downstream reads it
 
 def quantize_cnn(out: Path) -> Path:
     """The sample CNN quantized with qcli's defaults (calibrated on its calib/ folder)."""
-    from qcli.quantize import calibrate
     from qcli.config import load_config
     from qcli.data import DataFolder, model_inputs
     from qcli.model import load_model, save_model
-    from qcli.quantize import quantize
+    from qcli.quantize import calibrate, quantize
 
     model = load_model(FLOAT)
     config = load_config(None)

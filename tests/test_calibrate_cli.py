@@ -10,13 +10,12 @@ import pytest
 
 from conftest import parse_model, save, write_npz
 from qcli.calibrate.collect import session_with_outputs
-from qcli.config import Config
-from qcli.plan import make_plan
-from qcli.prepare import prepare
 from qcli.calibrate.table import load_table
+from qcli.config import Config
 from qcli.errors import CalibrationError
 from qcli.model import fingerprint, load_model
-from qcli.runtime import make_session
+from qcli.plan import make_plan
+from qcli.prepare import prepare
 
 _W = ", ".join(f"{v:.2f}" for v in np.linspace(-0.9, 0.9, 72) * np.tile([1, -1, 1], 24))
 CONV_MODEL = f"""

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from test_calibrate_cli import CONV_MODEL
 
 from conftest import SAMPLE_MODELS, fused_op_counts, op_counts, parse_model, save
-from test_calibrate_cli import CONV_MODEL
 from qcli.runtime import make_session
 
 
@@ -124,7 +124,8 @@ def test_quantize_rounds_half_to_even_and_clips_like_quantizelinear() -> None:
     import onnxruntime as ort
     from onnx import helper, numpy_helper
 
-    from qcli.scheme import quant_dtype, quantize as q
+    from qcli.scheme import quant_dtype
+    from qcli.scheme import quantize as q
 
     x = np.array([[-3.0, -0.25, 0.25, 0.75, 1e30], [2.5, -1e9, 0.0, 1.5, -0.35]], np.float32)
     scale, zero = np.array([0.5, 0.1], np.float32), np.array([3, 250], np.uint8)

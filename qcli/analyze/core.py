@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -34,13 +35,16 @@ from qcli.analyze.report import (
     LayerError,
     Layers,
     ModelInfo,
+    ModelSize,
     ReferenceFidelity,
     Report,
     Settings,
+    Speed,
     rounded,
 )
 from qcli.analyze.size import compare_sizes, model_size, proto_size
 from qcli.calibrate.collect import RUN_OUTPUT_BYTES, RunSize, parts, prefetch, session_with_outputs
+from qcli.config import AnalyzeOptions
 from qcli.data import Batch, DataFolder, InputSpec, Preprocess, model_inputs
 from qcli.errors import DataError, ModelError, QcliError
 from qcli.model import external_data_files, fingerprint, load_model
@@ -62,6 +66,9 @@ class _Model:
     def session(self, threads: int | None):
         return make_session(self.path if self.path else self.proto, threads)
 
+    def size(self) -> ModelSize:
+        return model_size(self.path, self.stored) if self.path else proto_size(self.proto)
+
 
 def _load(model: ModelArg) -> _Model:
     if isinstance(model, onnx.ModelProto):
@@ -76,127 +83,35 @@ def analyze(
     float_model: ModelArg,
     quantized_model: ModelArg,
     data: str | Path,
+    options: AnalyzeOptions | None = None,
     *,
     labels: str | Path | None = None,
-    samples: int | None = None,
-    batch_size: int = 32,
-    runs: int = 50,
-    warmup: int = 5,
-    threads: int | None = None,
-    latency_batch: int = 1,
-    worst: int = 10,
     gates: Gates = Gates(),
     preprocess: Preprocess | None = None,
-    layers: bool = True,
     progress: Callable[[int], None] | None = None,
+    **settings: Any,
 ) -> Report:
     """Compare `quantized_model` with `float_model` over the data folder `data`.
 
-    `labels` is a labels.csv (`file,label`) kept outside the data folder; `samples` keeps the
-    first N samples; `runs` timed runs per model (0 skips latency), after `warmup` untimed ones,
-    on `latency_batch` samples with `threads` intra-op threads (None: onnxruntime's default);
-    `worst` is how many layers the reports list; `layers=False` skips the per-layer pass;
-    `progress(n)` is called after each batch with its number of samples.
-    Models may be paths or in-memory ModelProtos (sizes are then the serialized sizes).
+    `options` says what to measure and how long (`AnalyzeOptions`: samples, batch size, latency
+    runs, per-layer pass...); its fields may also be given as keywords (`runs=0`), laid over it.
+    `labels` is a labels.csv (`file,label`) kept outside the data folder; `progress(n)` is called
+    after each batch with its number of samples. Models may be paths or in-memory ModelProtos
+    (sizes are then the serialized sizes).
     """
-    for name, value, least in (("batch_size", batch_size, 1), ("runs", runs, 0), ("warmup", warmup, 0),
-                               ("latency_batch", latency_batch, 1), ("worst", worst, 0)):
-        if value < least:
-            raise QcliError(f"{name} must be at least {least}, got {value}")
-    if threads is not None and threads < 1:
-        raise QcliError(f"threads must be at least 1, got {threads}")
-    if gates.min_speedup is not None and runs == 0:
+    opts = AnalyzeOptions.of(options, **settings)
+    if gates.min_speedup is not None and opts.runs == 0:
         raise QcliError("the min_speedup gate needs latency runs", hint="set runs to at least 1 (default 50)")
-
     fm, qm = _load(float_model), _load(quantized_model)
     inputs = _check_compatible(fm, qm)
-    folder = open_data(data, inputs, labels=labels, preprocess=preprocess, samples=samples)
-
-    plain_f, plain_q = fm.session(threads), qm.session(threads)
-    pairs, skipped = quantized_tensors(fm.proto, qm.proto) if layers else ([], [])
-    measures = _Measures([o.name for o in fm.proto.graph.output], pairs, {s.name for s in inputs}, qm.label)
-    aug_f = aug_q = None
-    if measures.from_graph:
-        aug_f = session_with_outputs(fm.proto, measures.from_graph, threads)
-    if pairs:
-        aug_q = session_with_outputs(qm.proto, [p.quantized_tensor for p in pairs], threads)
-
-    first: Batch | None = None
-    # The per-layer pass returns every quantized activation of both models: a batch's worth
-    # is run in parts of at most RUN_OUTPUT_BYTES (`RunSize`, as calibration does). A
-    # BERT-base's 483 activations at batch 32 took analyze to a 9.5 GB peak in whole batches.
-    layer_size = RunSize(RUN_OUTPUT_BYTES)
-    # A background thread reads and batches the next samples while onnxruntime runs.
-    stream = prefetch(folder.batches(batch_size))
-    try:
-        for batch in stream:
-            where = _where(folder, batch)
-            names = measures.outputs
-            measures.add_outputs(
-                batch, where,
-                dict(zip(names, _run(plain_f, names, batch.inputs, where, fm))),
-                dict(zip(names, _run(plain_q, names, batch.inputs, where, qm))),
-            )
-            for part in parts(batch, layer_size) if pairs else ():
-                f_values = _run(aug_f, measures.from_graph, part.inputs, where, fm) if aug_f else []
-                q_values = _run(aug_q, [p.quantized_tensor for p in pairs], part.inputs, where, qm)
-                layer_size.note([*f_values, *q_values], part.size)
-                measures.add_layers(part, where, f_values, q_values)
-            if first is None:
-                first = batch
-            if progress is not None:
-                progress(batch.size)
-    finally:
-        stream.close()
-    del aug_f, aug_q
-    if first is None:
-        raise DataError(f"no samples in {folder.path}")
-
-    notes = measures.notes()
-    if layers and not pairs:
+    folder = open_data(data, inputs, labels=labels, preprocess=preprocess, samples=opts.samples)
+    sessions = _Sessions.open(fm, qm, inputs, opts)
+    first = _one_pass(sessions, folder, opts.batch_size, progress)
+    notes = sessions.measures.notes()
+    if opts.layers and not sessions.measures.pairs:
         notes.append(f"{qm.label} has no quantized activations (QuantizeLinear -> DequantizeLinear pairs)")
-    total, labelled = measures.samples, measures.labelled
-    speed = None
-    if runs:
-        feeds, lat_batch = timed_inputs(_head(first, latency_batch), inputs, latency_batch)
-        if lat_batch != latency_batch:
-            notes.append(f"latency timed at batch {lat_batch}: the model's inputs have a fixed batch dimension")
-        speed = measure(
-            lambda: plain_f.run(None, feeds), lambda: plain_q.run(None, feeds),
-            runs=runs, warmup=warmup, batch=lat_batch, threads=threads,
-        )
-
-    accuracy = _accuracy(measures.class_output, measures.topk) if labelled else None
-    fidelity_list = [_fidelity(n, acc) for n, acc in measures.fidelity.items()]
-    reference = [ReferenceFidelity(n, _fidelity(n, a), _fidelity(n, b)) for n, (a, b) in measures.reference.items()]
-    layer_report = Layers([_layer(p, measures.layers[p.tensor]) for p in pairs], skipped) if layers else None
-    notes += [f"output {f.output!r}: {f.nonfinite} NaN/Inf values left out of SQNR and cosine"
-              for f in fidelity_list if f.nonfinite]
-    notes += [f"tensor {t.tensor!r}: {t.nonfinite} NaN/Inf values left out of its SQNR"
-              for t in (layer_report.tensors if layer_report else []) if t.nonfinite]
-    size = compare_sizes(
-        model_size(fm.path, fm.stored) if fm.path else proto_size(fm.proto),
-        model_size(qm.path, qm.stored) if qm.path else proto_size(qm.proto),
-    )
-    return Report(
-        float_model=ModelInfo(fm.label, fingerprint(fm.proto)),
-        quantized_model=ModelInfo(qm.label, fingerprint(qm.proto), _quantization_metadata(qm.proto)),
-        data=DataInfo(
-            path=str(folder.path), layout=folder.layout, samples=total, labelled=labelled,
-            labels_file=str(labels) if labels is not None else None, batch_size=batch_size,
-            reference_outputs=bool(measures.reference),
-        ),
-        settings=Settings(samples, batch_size, runs, warmup, threads, latency_batch, worst, layers),
-        accuracy=accuracy,
-        fidelity=fidelity_list,
-        reference=reference,
-        layers=layer_report,
-        speed=speed,
-        size=size,
-        gates=check_gates(gates, accuracy, fidelity_list, speed, size),
-        notes=notes,
-        qcli_version=__version__,
-    )
+    speed, latency_notes = _latency(sessions, first, inputs, opts)
+    return _report(sessions, folder, labels, opts, gates, speed, notes + latency_notes)
 
 
 def evaluate(
@@ -216,10 +131,10 @@ def evaluate(
 
     Accepts the models in memory, so `quantize` can check its result before writing it.
     """
+    options = AnalyzeOptions.of(samples=samples, batch_size=batch_size, runs=0, warmup=0, threads=threads, layers=False)
     return analyze(
-        float_model, quantized_model, data, labels=labels, samples=samples, batch_size=batch_size,
-        runs=0, warmup=0, threads=threads, gates=Gates(max_accuracy_drop=max_accuracy_drop),
-        preprocess=preprocess, layers=False, progress=progress,
+        float_model, quantized_model, data, options, labels=labels, gates=Gates(max_accuracy_drop=max_accuracy_drop),
+        preprocess=preprocess, progress=progress,
     )
 
 
@@ -234,6 +149,128 @@ def sample_count(
 # --------------------------------------------------------------------------- the pass
 
 
+@dataclass
+class _Sessions:
+    """The sessions of one analysis and the running sums they feed. `plain_*` run the models as
+    deployed (fused int8 kernels: the accuracy); `layers_*` return every quantized activation
+    too (the per-layer SQNR), None when there is none to return."""
+
+    fm: _Model
+    qm: _Model
+    plain_f: Any
+    plain_q: Any
+    layers_f: Any
+    layers_q: Any
+    measures: _Measures
+    skipped: list
+
+    @classmethod
+    def open(cls, fm: _Model, qm: _Model, inputs: list[InputSpec], opts: AnalyzeOptions) -> _Sessions:
+        plain_f, plain_q = fm.session(opts.threads), qm.session(opts.threads)
+        pairs, skipped = quantized_tensors(fm.proto, qm.proto) if opts.layers else ([], [])
+        measures = _Measures([o.name for o in fm.proto.graph.output], pairs, {s.name for s in inputs}, qm.label)
+        layers_f = session_with_outputs(fm.proto, measures.from_graph, opts.threads) if measures.from_graph else None
+        layers_q = session_with_outputs(qm.proto, measures.quantized_names, opts.threads) if pairs else None
+        return cls(fm, qm, plain_f, plain_q, layers_f, layers_q, measures, skipped)
+
+    def add_outputs(self, batch: Batch, where: str) -> None:
+        names = self.measures.outputs
+        self.measures.add_outputs(
+            batch, where,
+            dict(zip(names, _run(self.plain_f, names, batch.inputs, where, self.fm), strict=True)),
+            dict(zip(names, _run(self.plain_q, names, batch.inputs, where, self.qm), strict=True)),
+        )
+
+    def add_layers(self, part: Batch, where: str, size: RunSize) -> None:
+        m = self.measures
+        f_values = _run(self.layers_f, m.from_graph, part.inputs, where, self.fm) if self.layers_f else []
+        q_values = _run(self.layers_q, m.quantized_names, part.inputs, where, self.qm)
+        size.note([*f_values, *q_values], part.size)
+        m.add_layers(part, where, f_values, q_values)
+
+
+def _one_pass(
+    sessions: _Sessions, folder: DataFolder, batch_size: int, progress: Callable[[int], None] | None
+) -> Batch:
+    """Feed every batch to both models and the measures; the first batch (for latency)."""
+    first: Batch | None = None
+    # The per-layer pass returns every quantized activation of both models: a batch's worth
+    # is run in parts of at most RUN_OUTPUT_BYTES (`RunSize`, as calibration does). A
+    # BERT-base's 483 activations at batch 32 took analyze to a 9.5 GB peak in whole batches.
+    layer_size = RunSize(RUN_OUTPUT_BYTES)
+    # A background thread reads and batches the next samples while onnxruntime runs.
+    stream = prefetch(folder.batches(batch_size))
+    try:
+        for batch in stream:
+            where = _where(folder, batch)
+            sessions.add_outputs(batch, where)
+            for part in parts(batch, layer_size) if sessions.measures.pairs else ():
+                sessions.add_layers(part, where, layer_size)
+            if first is None:
+                first = batch
+            if progress is not None:
+                progress(batch.size)
+    finally:
+        stream.close()
+    sessions.layers_f = sessions.layers_q = None  # their memory is not needed for the timed runs
+    if first is None:
+        raise DataError(f"no samples in {folder.path}")
+    return first
+
+
+def _latency(
+    sessions: _Sessions, first: Batch, inputs: list[InputSpec], opts: AnalyzeOptions
+) -> tuple[Speed | None, list[str]]:
+    """Alternating timed runs of both models on the first `latency_batch` samples; notes."""
+    if not opts.runs:
+        return None, []
+    feeds, batch = timed_inputs(_head(first, opts.latency_batch), inputs, opts.latency_batch)
+    notes = []
+    if batch != opts.latency_batch:
+        notes.append(f"latency timed at batch {batch}: the model's inputs have a fixed batch dimension")
+    speed = measure(
+        lambda: sessions.plain_f.run(None, feeds), lambda: sessions.plain_q.run(None, feeds),
+        runs=opts.runs, warmup=opts.warmup, batch=batch, threads=opts.threads,
+    )
+    return speed, notes
+
+
+def _report(
+    sessions: _Sessions, folder: DataFolder, labels: str | Path | None, opts: AnalyzeOptions, gates: Gates,
+    speed: Speed | None, notes: list[str],
+) -> Report:
+    """The measures summed up, sizes compared and gates checked."""
+    m, fm, qm = sessions.measures, sessions.fm, sessions.qm
+    accuracy = _accuracy(m.class_output, m.topk)
+    fidelity = [_fidelity(n, acc) for n, acc in m.fidelity.items()]
+    reference = [ReferenceFidelity(n, _fidelity(n, a), _fidelity(n, b)) for n, (a, b) in m.reference.items()]
+    layers = Layers([_layer(p, m.layers[p.tensor]) for p in m.pairs], sessions.skipped) if opts.layers else None
+    notes = notes + [f"output {f.output!r}: {f.nonfinite} NaN/Inf values left out of SQNR and cosine"
+                     for f in fidelity if f.nonfinite]
+    notes += [f"tensor {t.tensor!r}: {t.nonfinite} NaN/Inf values left out of its SQNR"
+              for t in (layers.tensors if layers else []) if t.nonfinite]
+    size = compare_sizes(fm.size(), qm.size())
+    return Report(
+        float_model=ModelInfo(fm.label, fingerprint(fm.proto)),
+        quantized_model=ModelInfo(qm.label, fingerprint(qm.proto), _quantization_metadata(qm.proto)),
+        data=DataInfo(
+            path=str(folder.path), layout=folder.layout, samples=m.samples, labelled=m.labelled,
+            labels_file=str(labels) if labels is not None else None, batch_size=opts.batch_size,
+            reference_outputs=bool(m.reference),
+        ),
+        settings=Settings(**opts.model_dump()),
+        accuracy=accuracy,
+        fidelity=fidelity,
+        reference=reference,
+        layers=layers,
+        speed=speed,
+        size=size,
+        gates=check_gates(gates, accuracy, fidelity, speed, size),
+        notes=notes,
+        qcli_version=__version__,
+    )
+
+
 class _Measures:
     """The running sums of one pass: fidelity per output, top-k against labels, agreement with
     reference outputs, SQNR per quantized activation. Fed one batch at a time."""
@@ -242,6 +279,7 @@ class _Measures:
         self.outputs = outputs
         self.pairs = pairs
         self.from_graph = [p.tensor for p in pairs if p.tensor not in float_inputs]  # not fed
+        self.quantized_names = [p.quantized_tensor for p in pairs]
         self.quantized = quantized
         self.fidelity = {n: FidelityAccumulator() for n in outputs}
         self.reference: dict[str, tuple[FidelityAccumulator, FidelityAccumulator]] = {}
@@ -276,7 +314,7 @@ class _Measures:
             self.had_reference = True
             for name, ref in _reference_outputs(batch.outputs, self.outputs).items():
                 pair = self.reference.setdefault(name, (FidelityAccumulator(), FidelityAccumulator()))
-                for acc, out in zip(pair, (f_out[name], q_out[name])):
+                for acc, out in zip(pair, (f_out[name], q_out[name]), strict=True):
                     try:
                         acc.update(ref, out, batch.size)
                     except ValueError as exc:
@@ -300,9 +338,9 @@ class _Measures:
         self.topk[1].update(np.asarray(q_out[name]), labels)
 
     def add_layers(self, batch: Batch, where: str, float_values: list, quantized_values: list) -> None:
-        values = dict(zip(self.from_graph, float_values))
+        values = dict(zip(self.from_graph, float_values, strict=True))
         values.update({k: v for k, v in batch.inputs.items() if k in self.layers})
-        for p, q in zip(self.pairs, quantized_values):
+        for p, q in zip(self.pairs, quantized_values, strict=True):
             try:
                 self.layers[p.tensor].update(values[p.tensor], q)
             except ValueError as exc:
@@ -328,12 +366,8 @@ class _Measures:
 
 
 def open_data(
-    data: str | Path,
-    inputs: list[InputSpec],
-    *,
-    labels: str | Path | None = None,
-    preprocess: Preprocess | None = None,
-    samples: int | None = None,
+    data: str | Path, inputs: list[InputSpec], *, labels: str | Path | None = None,
+    preprocess: Preprocess | None = None, samples: int | None = None,
 ) -> DataFolder:
     """The data folder, with labels from `labels` (a labels.csv kept elsewhere) when given."""
     return DataFolder(data, inputs, preprocess=preprocess, samples=samples, labels=labels)
@@ -418,17 +452,22 @@ def _quantization_metadata(model: onnx.ModelProto) -> dict | None:
 # --------------------------------------------------------------------------- results
 
 
-def _accuracy(output: str | None, topk: tuple[TopKAccumulator, TopKAccumulator]) -> Accuracy:
+def _accuracy(output: str | None, topk: tuple[TopKAccumulator, TopKAccumulator] | None) -> Accuracy | None:
+    """Top-1 (and top-5) of both models against the labels; None without a labelled sample."""
+    if topk is None:
+        return None
     f, q = topk
-    top5_drop = f.top5_rate - q.top5_rate if f.top5_rate is not None else None
+    f1, q1, f5, q5 = f.top1_rate, q.top1_rate, f.top5_rate, q.top5_rate
+    if f1 is None or q1 is None:
+        return None
     return Accuracy(
         output=output or "",
         classes=f.classes,
         samples=f.samples,
-        float=ClassAccuracy(rounded(f.top1_rate), rounded(f.top5_rate)),
-        quantized=ClassAccuracy(rounded(q.top1_rate), rounded(q.top5_rate)),
-        top1_drop=rounded(f.top1_rate - q.top1_rate),
-        top5_drop=rounded(top5_drop),
+        float=ClassAccuracy(rounded(f1), rounded(f5)),
+        quantized=ClassAccuracy(rounded(q1), rounded(q5)),
+        top1_drop=rounded(f1 - q1),
+        top5_drop=rounded(f5 - q5) if f5 is not None and q5 is not None else None,
     )
 
 

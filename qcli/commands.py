@@ -1,0 +1,272 @@
+"""The `inspect`, `calibrate`, `quantize`, `analyze` and `run` commands as library calls: each
+reads its inputs, runs, writes its files and returns the result with the document the CLI prints
+(`--json`) and the error it exits with (`gate_error()`: a missed floor or gate, exit 1). Nothing
+is printed.
+
+    run = quantize_command(QuantizeFlags(Path("model.onnx"), Path("model.int8.onnx"), data=Path("calib")))
+    print(run.doc["compression"]); error = run.gate_error()
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from qcli import __version__
+from qcli.analyze import AnalyzeOptions, Report, analyze, evaluate, headline, sample_count, write_report
+from qcli.analyze.gates import Gates
+from qcli.calibrate.table import METHODS, CalibrationTable, load_table, save_table
+from qcli.config import config_yaml, load_preprocess
+from qcli.data import DataFolder, model_inputs
+from qcli.errors import GateFailed, QcliError
+from qcli.files import write_text_atomic
+from qcli.flags import CalibrateFlags, QuantizeFlags
+from qcli.info import describe_data, describe_model, file_bytes
+from qcli.model import fingerprint, load_model, save_model
+from qcli.pipeline import PipelineResult, run_pipeline
+from qcli.quantize import calibrate, summary
+from qcli.verify import Check, Outcome, ProgressFactory, no_progress, quantize_checked
+
+# --------------------------------------------------------------------------- inspect and calibrate
+
+
+def inspect_command(model: Path, data: Path | None = None, *, config: str | None = None,
+                    samples: int | None = None) -> dict:
+    """A model's description, and its data folder's when `data` is given (checked against the
+    model's inputs with the preprocessing of `config`)."""
+    info = describe_model(model)
+    if data is not None:
+        inputs = model_inputs(load_model(model))
+        folder = DataFolder(data, inputs, preprocess=load_preprocess(config), samples=samples)
+        info["data"] = describe_data(folder)
+    return info
+
+
+def calibrate_command(flags: CalibrateFlags, *, progress: ProgressFactory = no_progress) -> dict:
+    """Calibrate every range method on `flags.data`, write the calibration file; its document."""
+    config = flags.calibration.load()
+    model = load_model(flags.model)
+    folder = DataFolder(
+        flags.data, model_inputs(model), preprocess=config.data.preprocess, samples=config.calibration.samples
+    )
+    out = flags.calibration_file
+    start = time.perf_counter()
+    with flags.scale.make() as pool, progress("calibrating", len(folder)) as advance:
+        table = calibrate(model, folder, config, progress=advance, strict=flags.strict, executor=pool)
+    save_table(table, out)
+    return calibration_document(table, out, time.perf_counter() - start)
+
+
+def calibration_document(table: CalibrationTable, path: Path, seconds: float) -> dict:
+    return {
+        "calibration_file": str(path),
+        "samples": table.samples,
+        "tensors": len(table.observers),
+        "method": table.settings.method,
+        "activations": f"{table.settings.dtype}{' symmetric' if table.settings.symmetric else ''}",
+        "seconds": round(seconds, 3),
+        "warnings": table.warnings,
+        "ranges": {
+            name: {
+                "min": obs.min if obs.count else None,
+                "max": obs.max if obs.count else None,
+                **{m: list(table.ranges[m][name]) for m in METHODS},
+                "clipped": table.clipped(name),
+            }
+            for name, obs in table.observers.items()
+        },
+    }
+
+
+# --------------------------------------------------------------------------- quantize
+
+
+@dataclass
+class QuantizeRun:
+    """What `qcli quantize` did: the document it prints, the verification and precision search
+    (`outcome`), and the accuracy on `--eval-data` (`evaluation`)."""
+
+    doc: dict
+    outcome: Outcome
+    output: Path
+    evaluation: Report | None = None
+
+    def gate_error(self) -> QcliError | None:
+        """A missed verification floor or auto-precision goal, else a failed --eval-data gate."""
+        error = outcome_error(self.outcome, self.output)
+        if error is None and self.evaluation is not None:
+            return self.evaluation.gate_error()
+        return error
+
+
+def quantize_command(flags: QuantizeFlags, *, progress: ProgressFactory = no_progress) -> QuantizeRun:
+    """Calibrate (or read the calibration file), quantize, verify, write the model (and the
+    precision config a search chose), and measure accuracy on `--eval-data`."""
+    flags.check()
+    model = load_model(flags.model)
+    config = flags.config()
+    table = None
+    if flags.calib is not None:
+        table = load_table(flags.calib, fingerprint(model))
+        config = flags.with_table(config, table)
+    with flags.scale.make() if flags.needs_executor else nullcontext() as pool:
+        outcome = quantize_checked(
+            model, config, data=flags.data, table=table, eval_data=flags.eval_data, force=flags.force,
+            strict=flags.strict, progress=progress, executor=pool,
+        )
+    result = outcome.result
+    save_model(result.model, flags.output, check=True)
+    doc = {
+        "output": str(flags.output),
+        "method": config.calibration.method,
+        "activations": config.activations.dtype,
+        "weights": f"{config.weights.dtype} {config.weights.granularity}",
+        "bytes_before": file_bytes(flags.model),
+        "bytes_after": file_bytes(flags.output),
+        **summary(result),
+    }
+    doc["compression"] = round(doc["bytes_before"] / max(doc["bytes_after"], 1), 3)
+    doc["notes"] = doc["notes"] + outcome.notes
+    doc["verification"] = outcome.verification.to_dict() if outcome.verification else None
+    doc["precision"] = precision_document(outcome, write_precision_config(outcome, flags.output, flags.precision_out))
+    run = QuantizeRun(doc, outcome, flags.output)
+    if flags.eval_data is not None:
+        run.evaluation = evaluate(
+            model, flags.output, flags.eval_data, max_accuracy_drop=flags.max_accuracy_drop,
+            preprocess=config.data.preprocess,
+        )
+        doc["evaluation"] = {"summary": headline(run.evaluation), **run.evaluation.to_dict()}
+    return run
+
+
+def write_precision_config(outcome: Outcome, output: Path, precision_out: Path | None = None) -> Path | None:
+    """Write the config that reproduces the model without searching, when a search ran and
+    promoted units, auto-precision ran, or `precision_out` asks for it; its path."""
+    if outcome.search is None or not (outcome.promoted or outcome.searched_for_goal or precision_out is not None):
+        return None
+    path = precision_out or output.with_name(f"{output.name.removesuffix('.onnx')}.precision.yaml")
+    header = (
+        f"# qcli {__version__}: the precisions chosen for {output.name}.\n"
+        f"# `qcli quantize MODEL --config {path.name} ...` (same data and calibration) reproduces it "
+        "without searching.\n"
+    )
+    write_text_atomic(path, header + config_yaml(outcome.config))
+    return path
+
+
+def precision_document(outcome: Outcome, path: Path | None) -> dict | None:
+    """The precision search for the summary (None: no search ran)."""
+    found = outcome.search
+    if found is None:
+        return None
+    return {
+        "file": str(path) if path else None,
+        "goal_met": found.met,
+        "trials": found.trials,
+        "stopped": found.stopped,
+        "promoted": {n: {"precision": p, "reason": outcome.reasons.get(n, "")} for n, p in outcome.promoted.items()},
+        "steps": [
+            {"action": s.action, "changed": s.changed, "promoted": s.promoted, "drop": s.drop, "noise": s.noise,
+             "latency_ratio": s.latency_ratio, "kept": s.kept, "quick": s.quick}
+            for s in found.steps
+        ],
+    }
+
+
+def outcome_error(outcome: Outcome, output: Path) -> GateFailed | None:
+    """GateFailed (exit 1) when verification missed a floor or auto-precision its goal."""
+    cfg = outcome.config
+    if outcome.verification is not None and not outcome.verification.passed:
+        missed = [c for c in outcome.verification.checks if not c.passed]
+        return GateFailed(
+            "verification failed: " + "; ".join(
+                f"{c.name} {c.value:.4f} misses its floor {c.floor:g} by {abs(c.value - c.floor):.4f}" for c in missed
+            ) + f" (wrote the best model found: {output})",
+            hint=_what_to_try(outcome, missed),
+        )
+    if outcome.search is not None and outcome.searched_for_goal and not outcome.goal_met:
+        return GateFailed(
+            f"auto-precision could not meet its goal ({cfg.auto_precision.criteria}, max accuracy drop "
+            f"{cfg.auto_precision.max_accuracy_drop:g}); wrote the best model found: {output}",
+            hint="raise --max-accuracy-drop, add candidates (int16, float), or raise --max-trials/--time-budget",
+        )
+    return None
+
+
+def _what_to_try(outcome: Outcome, missed: list[Check]) -> str:
+    names = {c.name for c in missed}
+    tips = []
+    if names & {"top-1 agreement", "cosine"}:
+        tips.append("exclude or promote the sensitive layers in a --config (see the layer table of qcli analyze)")
+        if not outcome.config.verify.rescue:
+            tips.append("drop --no-rescue to let qcli search")
+        elif outcome.search is not None and outcome.search.stopped:
+            tips.append("give the rescue more room (verify.max_trials, verify.time_budget)")
+    if "latency ratio" in names:
+        tips.append("raise --max-latency-ratio, or keep the model float if int8 does not pay off here")
+    tips.append("--no-verify skips the check")
+    return "; ".join(tips)
+
+
+# --------------------------------------------------------------------------- analyze and run
+
+
+def analyze_command(
+    float_model: Path,
+    quantized_model: Path,
+    data: Path,
+    options: AnalyzeOptions,
+    *,
+    labels: Path | None = None,
+    gates: Gates = Gates(),
+    config: str | None = None,
+    report: Path | None = None,
+    progress: ProgressFactory = no_progress,
+) -> Report:
+    """`analyze` with the preprocessing of `config` (a file or preset), writing `report` when
+    given (.json, .md or .html). The caller checks `gate_error()`."""
+    preprocess = load_preprocess(config)
+    total = sample_count(float_model, data, samples=options.samples, preprocess=preprocess)
+    with progress("analyzing", total) as advance:
+        result = analyze(
+            float_model, quantized_model, data, options, labels=labels, gates=gates, preprocess=preprocess,
+            progress=advance,
+        )
+    if report is not None:
+        write_report(result, report)
+    return result
+
+
+@dataclass
+class PipelineRun:
+    """What `qcli run` did: the pipeline's result and the document it prints."""
+
+    result: PipelineResult
+    doc: dict
+
+    def gate_error(self) -> QcliError | None:
+        """A missed verification floor or auto-precision goal, else a failed gate of the analysis."""
+        result = self.result
+        error = outcome_error(result.outcome, result.output)
+        if error is None and result.report is not None:
+            return result.report.gate_error()
+        return error
+
+
+def run_command(path: Path, *, progress: ProgressFactory = no_progress) -> PipelineRun:
+    """Run the pipeline file at `path` and write the precision config a search chose."""
+    result = run_pipeline(path, progress=progress)
+    outcome = result.outcome
+    precision = precision_document(outcome, write_precision_config(outcome, result.output))
+    doc = {
+        "output": str(result.output),
+        "calibration_file": str(result.calibration_file) if result.calibration_file else None,
+        "quantization": summary(result.quantized),
+        "verification": outcome.verification.to_dict() if outcome.verification else None,
+        "precision": precision,
+        "reports": [str(p) for p in result.reports],
+        "analysis": result.report.to_dict() if result.report else None,
+    }
+    return PipelineRun(result, doc)

@@ -1,0 +1,64 @@
+"""The quantize and calibrate commands from Python, without the CLI: the flag rules
+(`qcli.flags`) and the commands with their documents and gate errors (`qcli.commands`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLE_MODELS
+from qcli.commands import calibrate_command, quantize_command
+from qcli.errors import GateFailed, QcliError
+from qcli.flags import CalibrateFlags, CalibrationFlags, QuantizeFlags, ScaleFlags
+
+MLP = SAMPLE_MODELS / "mlp"
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ({}, "give exactly one of --data DIR"),
+    ({"data": MLP / "calib", "calib": Path("x.calib.json")}, "give exactly one of --data DIR"),
+    ({"calib": Path("x.calib.json"), "scale": ScaleFlags(workers=2)}, "--executor, --workers and --ray-address"),
+    ({"data": MLP / "calib", "max_accuracy_drop": 0.01}, "--max-accuracy-drop needs --eval-data"),
+])
+def test_flags_that_conflict_or_need_another(tmp_path: Path, flags: dict, message: str) -> None:
+    with pytest.raises(QcliError, match=message) as caught:
+        QuantizeFlags(MLP / "model.onnx", tmp_path / "q.onnx", **flags).check()
+    assert caught.value.exit_code == 2
+
+
+def test_the_input_model_is_never_the_output() -> None:
+    with pytest.raises(QcliError, match="is the input model"):
+        QuantizeFlags(MLP / "model.onnx", MLP / "model.onnx", data=MLP / "calib").check()
+
+
+def test_flags_lay_over_the_config(tmp_path: Path) -> None:
+    flags = QuantizeFlags(
+        MLP / "model.onnx", tmp_path / "q.onnx", data=MLP / "calib",
+        calibration=CalibrationFlags("accuracy", method="kl", samples=64), no_verify=True, min_cosine=0.5,
+    )
+    config = flags.config()
+    assert (config.calibration.method, config.calibration.samples) == ("kl", 64)
+    assert not config.verify.enabled and config.verify.min_cosine == 0.5
+    with pytest.raises(QcliError, match="--criteria, --min-speedup and --precision-out go with --auto-precision"):
+        QuantizeFlags(MLP / "model.onnx", tmp_path / "q.onnx", data=MLP / "calib", criteria="accuracy").config()
+    with pytest.raises(QcliError, match="command line: calibration.samples"):
+        QuantizeFlags(MLP / "model.onnx", tmp_path / "q.onnx", calibration=CalibrationFlags(samples=0)).config()
+
+
+def test_calibrate_then_quantize_from_python(tmp_path: Path) -> None:
+    table = tmp_path / "mlp.calib.json"
+    doc = calibrate_command(CalibrateFlags(MLP / "model.onnx", MLP / "calib", table, CalibrationFlags(samples=32)))
+    assert doc["calibration_file"] == str(table) and doc["samples"] == 32 and table.is_file()
+    run = quantize_command(QuantizeFlags(MLP / "model.onnx", tmp_path / "q.onnx", calib=table))
+    assert list(run.doc)[:6] == ["output", "method", "activations", "weights", "bytes_before", "bytes_after"]
+    assert run.doc["method"] == "percentile" and run.doc["verification"] is None  # nothing to verify on
+    assert run.gate_error() is None and (tmp_path / "q.onnx").is_file()
+    cnn = SAMPLE_MODELS / "cnn"  # slow enough for the latency floor to apply
+    missed = quantize_command(QuantizeFlags(
+        cnn / "model.onnx", tmp_path / "q2.onnx", data=cnn / "calib", calibration=CalibrationFlags(samples=32),
+        no_rescue=True, max_latency_ratio=0.01,
+    ))
+    error = missed.gate_error()
+    assert isinstance(error, GateFailed) and error.message.startswith("verification failed: latency ratio")
+    assert missed.doc["verification"]["passed"] is False
