@@ -25,7 +25,8 @@ from qcli.errors import ConfigError
 Method = Literal["minmax", "percentile", "kl", "mse"]
 ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float"]  # float: weight-only
 WeightDtype = Literal["int8", "uint8", "int4", "uint4"]
-Granularity = Literal["per_tensor", "per_channel", "per_block"]
+GranularityName = Literal["per_tensor", "per_channel", "per_block"]  # the core types it: scheme.granularity_of
+Criterion = Literal["performance", "balanced", "accuracy", "custom"]
 Precision = Literal["float", "int8", "uint8", "int16", "uint16"]
 Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4"]  # int4: weights, to shrink
 
@@ -50,7 +51,7 @@ class Activations(_Section):
 class Weights(_Section):
     dtype: WeightDtype = "int8"
     symmetric: bool = True
-    granularity: Granularity = "per_channel"
+    granularity: GranularityName = "per_channel"
     block_size: int = Field(32, ge=8)
 
     @field_validator("block_size")
@@ -117,7 +118,7 @@ class Verify(_Section):
 
 class AutoPrecision(_Section):
     enabled: bool = False
-    criteria: Literal["performance", "balanced", "accuracy", "custom"] = "balanced"
+    criteria: Criterion = "balanced"
     max_accuracy_drop: float = Field(0.01, ge=0)
     min_speedup: float | None = Field(None, gt=0)
     candidates: list[Candidate] = ["int8", "int16", "float"]

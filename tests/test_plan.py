@@ -8,8 +8,8 @@ import math
 
 import onnx
 import pytest
-from conftest import parse_model
 
+from conftest import parse_model
 from qcli.config import Config
 from qcli.graph import GraphIndex
 from qcli.plan import Plan, make_plan

@@ -8,13 +8,10 @@ judges measurements; it never measures.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from qcli.analyze.probe import Fidelity
-from qcli.config import Config
+from qcli.config import Config, Criterion
 from qcli.errors import ConfigError
-
-Criterion = Literal["performance", "balanced", "accuracy", "custom"]
 
 
 @dataclass(frozen=True)
