@@ -331,3 +331,16 @@ def test_block_sensitivity_leaves_budget_for_the_prefix_and_the_prune() -> None:
     assert found.met
     assert {"u20", "u100", "u180"} <= set(found.choices) and len(found.choices) < 30
     assert "best reachable: all promoted" not in [s.action for s in found.steps]
+
+
+def test_accuracy_criterion_with_every_unit_promoted_for_speed_and_no_budget_left() -> None:
+    """`criteria: accuracy` ranks the units left int8 even after the speed step promoted them
+    all; with the budget spent, the ranking went by blocks and split an empty list (a zero
+    step: internal error, seen with `--max-trials 3` on the sample MLP)."""
+    errors = {"a": 0.001, "b": 0.001}
+    us = units(*errors)
+    costs = {"a": ("float", -50.0), "b": ("float", -30.0)}
+    trials = FakeTrials(errors, costs={"a": -0.3, "b": -0.2}, base_ratio=1.2, max_trials=1)
+    found = search(us, trials, Goal("accuracy", max_drop=0.01, max_latency_ratio=1.0), costs)
+    assert found.met and found.choices == {"a": "float", "b": "float"}
+    assert found.steps[1].action == "slower in int8: promoted"

@@ -304,7 +304,7 @@ def _block_sensitivity(s: _Search, left: list[str], gain: Callable[[list[str]], 
     when it fits in half of what is left of the budget (`trials.affordable`): the prefix
     search and the prune need the rest."""
     def split(nodes: list[str], parts: int) -> list[list[str]]:
-        size = -(-len(nodes) // parts)
+        size = max(1, -(-len(nodes) // parts))  # no units left to rank: no blocks
         return [nodes[i: i + size] for i in range(0, len(nodes), size)]
 
     scores: dict[str, float] = {}
