@@ -70,7 +70,9 @@ RULES: dict[str, OpRule] = {
     "ConvTranspose": OpRule(
         "compute", (0,), weights=(1,), bias=2, channel_axis=1, anchor=True, constant_weight=True
     ),
-    "MatMul": OpRule("compute", (0, 1), weights=(1,), channel_axis=-1, float_output=True, anchor=True),
+    "MatMul": OpRule(  # channel_axis: see weight_axis (a matrix only)
+        "compute", (0, 1), weights=(1,), channel_axis=1, float_output=True, anchor=True
+    ),
     "Gemm": OpRule(  # channel_axis: see weight_axis (transB)
         "compute", (0, 1), weights=(1,), bias=2, channel_axis=0, float_output=True, anchor=True
     ),
@@ -184,15 +186,24 @@ def activation_inputs(node: onnx.NodeProto, rule: OpRule) -> list[int]:
 
 
 def weight_axis(node: onnx.NodeProto, rule: OpRule, weight_rank: int) -> int | None:
-    """Per-channel axis of a node's weight: Conv out-channels (0), ConvTranspose (1),
-    MatMul's last axis, Gemm's N axis (0 with transB=1, else 1)."""
+    """Per-channel axis of a node's weight: the axis of its output channels. Conv: 0;
+    ConvTranspose: 1 (its weight is [C_in, C_out / group, k...]); Gemm: N, 0 with transB=1 else
+    1; MatMul: 1, for a matrix only. A MatMul weight of another rank is per tensor: a vector has
+    no output axis, and onnxruntime's int8 kernels (MatMulInteger, MatMulIntegerToFloat) take a
+    batched [..., K, N] weight's per-column params only shaped [..., 1, N], which
+    DequantizeLinear's one 1-D axis cannot express.
+
+    >>> matmul = onnx.helper.make_node("MatMul", ["x", "w"], ["y"])
+    >>> [weight_axis(matmul, RULES["MatMul"], rank) for rank in (1, 2, 3)]
+    [None, 1, None]
+    """
     if rule.channel_axis is None:
         return None
     if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return 0 if trans_b else 1
-    axis = rule.channel_axis
-    return axis % weight_rank if weight_rank else None
+        return 0 if _int_attribute(node, "transB", 0) else 1
+    if node.op_type == "MatMul" and weight_rank != 2:
+        return None
+    return rule.channel_axis if rule.channel_axis < weight_rank else None
 
 
 def block_axis(node: onnx.NodeProto, weight_rank: int) -> int | None:
@@ -201,8 +212,11 @@ def block_axis(node: onnx.NodeProto, weight_rank: int) -> int | None:
     if node.op_type == "MatMul" and weight_rank >= 2:
         return weight_rank - 2
     if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return 1 if trans_b else 0
+        return 1 if _int_attribute(node, "transB", 0) else 0
     if node.op_type in ("Conv", "ConvTranspose") and weight_rank >= 2:
         return 1 if node.op_type == "Conv" else 0
     return None
+
+
+def _int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    return next((a.i for a in node.attribute if a.name == name), default)
