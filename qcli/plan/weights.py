@@ -11,7 +11,7 @@ from qcli.config import Activations, Weights
 from qcli.plan.context import Context
 from qcli.plan.result import BiasPlan, WeightPlan
 from qcli.plan.tensors import operands
-from qcli.rules import block_axis, rule_for, weight_axis
+from qcli.rules import bias_scale_factor, block_axis, channel_repeats, rule_for, weight_axis
 from qcli.scheme import PerBlock, PerChannel, PerTensor, QuantScheme, quant_dtype
 
 
@@ -55,7 +55,6 @@ def plan_weights(ctx: Context, candidates: frozenset[int]) -> Weighted:
     default_weight = weight_scheme(ctx.config.weights)
     default_act = activation_scheme(ctx.config.activations)
     weights: dict[str, WeightPlan] = {}
-    biases: dict[str, BiasPlan] = {}
     users: dict[str, list[int]] = {}
     for i in sorted(candidates):
         if not ctx.is_kind(i, "compute"):
@@ -70,10 +69,37 @@ def plan_weights(ctx: Context, candidates: frozenset[int]) -> Weighted:
                 weights.setdefault(name, weight_plan(name, default_weight, node, len(inits[name].dims)))
             elif default_act is not None:  # a constant operand of Add/Mul: quantized like an activation
                 weights.setdefault(name, WeightPlan(name, default_act, None))
-        bias = node.input[rule.bias] if rule.bias is not None and rule.bias < len(node.input) else ""
-        if bias in inits and node.input[rule.weights[0]] in weights and ctx.index.is_float(bias):
-            biases[bias] = BiasPlan(bias, node.input[0], node.input[rule.weights[0]])
-    return Weighted(weights, biases, users)
+    return Weighted(weights, plan_biases(ctx, candidates, weights), users)
+
+
+def plan_biases(ctx: Context, candidates: frozenset[int], weights: dict[str, WeightPlan]) -> dict[str, BiasPlan]:
+    """The candidates' biases as int32 (`bias_grid`), keyed by the int32 copy's name: the bias's
+    own, then `<bias>_<k>` for each further grid of a bias that nodes of different grids share
+    (each fused kernel adds the integers to its own accumulator as they are)."""
+    grids: dict[str, dict[BiasPlan, list[int]]] = {}  # bias -> each grid's nodes, in order
+    for i in sorted(candidates):
+        grid = bias_grid(ctx, i, weights)
+        if grid is not None:
+            grids.setdefault(grid.name, {}).setdefault(grid, []).append(i)
+    return {
+        f"{name}_{k}" if k else name: replace(grid, nodes=tuple(nodes))
+        for name, plans in grids.items() for k, (grid, nodes) in enumerate(plans.items())
+    }
+
+
+def bias_grid(ctx: Context, i: int, weights: dict[str, WeightPlan]) -> BiasPlan | None:
+    """Compute node `i`'s float32 bias on its accumulator grid (rules.bias_scale_factor,
+    rules.channel_repeats) when its weight is quantized. None: no such bias, or it stays float
+    (its factor is not positive; it is also read as a weight or operand, its one quantized form)."""
+    if not ctx.is_kind(i, "compute"):
+        return None
+    node, rule = ctx.node(i), ctx.rule(i)
+    name = node.input[rule.bias] if rule.bias is not None and rule.bias < len(node.input) else ""
+    factor = bias_scale_factor(node)
+    if name not in ctx.index.initializers or name in weights or not ctx.index.is_float(name) or factor is None:
+        return None
+    weight = node.input[rule.weights[0]]
+    return BiasPlan(name, node.input[0], weight, factor, channel_repeats(node)) if weight in weights else None
 
 
 def overridden_weights(ctx: Context, weighted: Weighted) -> dict[str, WeightPlan]:
