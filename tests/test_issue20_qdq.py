@@ -105,6 +105,9 @@ SIBLINGS = {
         y = Conv <group = 4> (x, W, b) }""",
     "conv-group-2": """g (float[1, 4, 5, 5] x) => (float[1, 6, 3, 3] y) <float[6, 2, 3, 3] W = {R108}, float[6] b = {R6}> {
         y = Conv <group = 2> (x, W, b) }""",
+    "weight-shared-matmul-gemm-transB": """g (float[N, 4] x) => (float[N, 4] y, float[N, 4] z) <float[4, 4] W = {R16}> {
+        y = MatMul (x, W)
+        z = Gemm <transB = 1> (x, W) }""",
     "weight-shared-as-first-operand": """g (float[N, 4, 4] x) => (float[N, 4, 4] y, float[N, 4, 4] z) <float[4, 4] W = {R16}> {
         y = MatMul (x, W)
         z = MatMul (W, x) }""",
@@ -270,7 +273,28 @@ def test_matmul_weight_is_per_channel_only_as_a_matrix(name: str, axis: int | No
     assert (weight.scheme.granularity == PerTensor()) == (axis is None)
 
 
-# --------------------------------------------------------------------------- siblings: shared biases
+# --------------------------------------------------------------------------- siblings: shared initializers
+
+
+@pytest.mark.parametrize("name", [
+    "weight-shared-matmul-gemm-transB", "weight-shared-as-first-operand", "weight-shared-conv-convtranspose",
+])
+def test_weight_read_along_different_axes_is_per_tensor(name: str) -> None:
+    """Each kernel would take the other's per-channel scales for its own channels."""
+    weight = plan_of(SIBLINGS[name]).weights["W"]
+    assert weight.axis is None and weight.scheme.granularity == PerTensor()
+
+
+def test_override_of_a_weight_read_along_different_axes_is_per_tensor(tmp_path: Path) -> None:
+    """As without one: an override's per_channel applies along every reader's axis or none."""
+    config = Config.model_validate({
+        "weights": {"granularity": "per_tensor"},
+        "overrides": [{"match": {"op_types": ["MatMul", "Gemm"]}, "weights": {"granularity": "per_channel"}}],
+    })
+    model = filled(SIBLINGS["weight-shared-matmul-gemm-transB"])
+    assert make_plan(onnx.shape_inference.infer_shapes(model), config).weights["W"].axis is None
+    q, samples = quantized(model, tmp_path, config)
+    assert_runs_like_float(model, q, samples)
 
 
 def test_bias_shared_by_two_accumulator_grids_gets_one_int32_copy_each(tmp_path: Path) -> None:
