@@ -7,7 +7,17 @@
 - Each weight becomes an integer initializer `w_quantized` (+ `w_scale`, `w_zero_point`, with
   `axis` when per-channel) and a DequantizeLinear writing `w_dequantized`; the float initializer is
   dropped when nothing else reads it, which is where the file shrinks.
-- Each bias becomes int32 with scale = input scale x weight scale and zero point 0.
+- Each bias becomes int32 with zero point 0, on its node's accumulator grid: scale = input scale x
+  weight scale (per channel when the weight's is: one per output channel, along the bias's last
+  axis; a grouped ConvTranspose's weight scales repeat once per group). Gemm adds beta x C to
+  alpha x A.B, so its bias's scale is alpha / beta times that: the grid of alpha x A.B, and with
+  beta 1 exactly the int32 C that onnxruntime's fused QGemm adds to A.B before scaling by alpha
+  (input x weight scale would make a fused Gemm with alpha != 1 add alpha x C). Fused or not,
+  the model computes the same. A bias stays float with beta 0 (Gemm ignores it) or a negative
+  alpha / beta (no positive scale fits). A bias that broadcasts along the channels (Gemm's
+  scalar, [1] or [M, 1] C) is spread over them first: DequantizeLinear's axis takes one scale
+  per element of that axis. A bias that nodes of different grids share gets one copy per grid
+  (`<b>_<k>_quantized` after the first): each fused kernel adds the integers as they are.
 - A folded Relu/Clip whose QuantizeLinear clips as much is dropped: its input's producer writes
   its output (`_drop_redundant_clips`).
 - Node names: `<t>_Q` and `<t>_DQ` for the pair of `t` (and `<w>_DQ` for a weight or bias).
@@ -28,7 +38,7 @@ from onnx import helper, numpy_helper
 from qcli.errors import InternalError
 from qcli.graph import GraphIndex
 from qcli.info import names_used_inside
-from qcli.plan import Group, Plan, WeightPlan
+from qcli.plan import BiasPlan, Group, Plan, WeightPlan
 from qcli.rules import is_kind, rule_for
 from qcli.scheme import PerBlock, choose_qparams, quantize
 
@@ -274,36 +284,51 @@ def _activation_member(source: _Source, group: Group, t: str) -> _Edits:
 def _bias_edits(
     source: _Source, plan: Plan, group_scales: dict[str, np.ndarray], weight_scales: dict[str, np.ndarray]
 ) -> _Edits:
-    """Each bias as int32 with scale = input scale x weight scale (per channel when the
-    weight's is) and no zero point. A bias whose input has no scale, or whose weight is per
-    block, stays float."""
+    """Each bias as int32 on its node's accumulator grid and no zero point (see the module
+    docstring). A bias whose input has no scale, or whose weight is per block, stays float."""
     edits = _Edits()
-    for bp in plan.biases.values():
+    for key, bp in plan.biases.items():
         if bp.input not in group_scales or isinstance(plan.weights[bp.weight].scheme.granularity, PerBlock):
             continue
-        q, scale = _quantize_bias(source.values(bp.name), group_scales[bp.input], weight_scales[bp.weight])
+        scale = _bias_scale(bp, group_scales[bp.input], weight_scales[bp.weight])
+        q = _quantize_bias(source.values(bp.name), scale)
         edits.inits += [
-            numpy_helper.from_array(q, f"{bp.name}_quantized"),
-            numpy_helper.from_array(scale, f"{bp.name}_scale"),
+            numpy_helper.from_array(q, f"{key}_quantized"),
+            numpy_helper.from_array(scale, f"{key}_scale"),
         ]
         edits.nodes.append(_dequantize_node(
-            f"{bp.name}_quantized", f"{bp.name}_scale", None, f"{bp.name}_dequantized",
-            axis=0 if scale.ndim else None,
+            f"{key}_quantized", f"{key}_scale", None, f"{key}_dequantized", axis=q.ndim - 1 if scale.ndim else None,
         ))
         for use in source.uses(bp.name, only_quantized=True):
-            edits.inputs[use] = f"{bp.name}_dequantized"
+            if use[0] in bp.nodes:
+                edits.inputs[use] = f"{key}_dequantized"
     return edits
 
 
-def _quantize_bias(
-    values: np.ndarray, input_scale: np.ndarray, weight_scale: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """A bias's int32 values and its scale, input scale x weight scale (zero point 0)."""
+def _bias_scale(bp: BiasPlan, input_scale: np.ndarray, weight_scale: np.ndarray) -> np.ndarray:
+    """The bias's scale: factor x input scale x weight scale; one, or one per output channel
+    (the weight's scales repeated `bp.repeats` times: a grouped ConvTranspose).
+
+    >>> bp = BiasPlan("c", "x", "w", factor=0.5, repeats=2)
+    >>> _bias_scale(bp, np.float32(0.5), np.array([1.0, 2.0], np.float32)).tolist()
+    [0.25, 0.5, 0.25, 0.5]
+    """
+    scale = (np.float64(input_scale) * weight_scale.astype(np.float64) * np.float64(bp.factor)).astype(np.float32)
+    return np.tile(scale, bp.repeats) if scale.ndim else scale
+
+
+def _quantize_bias(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """A bias's int32 values under `scale` (zero point 0). Per-channel scales run along its last
+    axis: a bias that broadcasts there (Gemm's scalar, [1] or [M, 1] C) is spread over the
+    channels first, as the node would (its output is the same).
+
+    >>> _quantize_bias(np.array([1.0], np.float32), np.array([0.5, 0.25], np.float32)).tolist()
+    [2, 4]
+    """
     values = values.astype(np.float64)
-    scale = (np.float64(input_scale) * weight_scale.astype(np.float64)).astype(np.float32)
-    scale = np.broadcast_to(scale, values.shape).copy() if scale.ndim else scale
-    q = np.clip(np.rint(values / scale), -(2**31) + 1, 2**31 - 1).astype(np.int32)
-    return q, scale
+    if scale.ndim:
+        values = np.broadcast_to(values, np.broadcast_shapes(values.shape, scale.shape))
+    return np.clip(np.rint(values / scale), -(2**31) + 1, 2**31 - 1).astype(np.int32)
 
 
 # --------------------------------------------------------------------------- graph edits

@@ -22,6 +22,9 @@ values, reordered (Reshape, Transpose...), so its statistics are the input's. `o
 the output's range is known without calibration (Sigmoid, Softmax: [0, 1]). `clip_range`: what
 a `fold` op clips its input to (Relu: [0, inf)) before its constant `bounds` narrow it (Clip).
 
+Weights are quantized per channel along their output channels (`weight_axis`), biases on their
+node's accumulator grid (`channel_repeats`, `bias_scale_factor`; qdq.py says how).
+
 `float_output` marks compute ops whose int8 kernel can also write float directly (QGemm without
 an output scale, MatMulIntegerToFloat): their output gets a Q/DQ pair only when a quantized node
 reads it. A classifier's logits then come out of the int8 kernel in float: one QuantizeLinear /
@@ -49,7 +52,7 @@ class OpRule:
     kind: Kind
     activations: tuple[int, ...] = (0,)  # input indices quantized as activations (-1: all)
     weights: tuple[int, ...] = ()  # input indices quantized as weights when they are constant
-    bias: int | None = None  # input index of an int32 bias (scale = s_input * s_weight)
+    bias: int | None = None  # input index of an int32 bias (scale: see bias_scale_factor)
     channel_axis: int | None = None  # per-channel axis of the weight (see `weight_axis`)
     default_float: bool = False
     reason: str = ""  # why default_float
@@ -70,7 +73,9 @@ RULES: dict[str, OpRule] = {
     "ConvTranspose": OpRule(
         "compute", (0,), weights=(1,), bias=2, channel_axis=1, anchor=True, constant_weight=True
     ),
-    "MatMul": OpRule("compute", (0, 1), weights=(1,), channel_axis=-1, float_output=True, anchor=True),
+    "MatMul": OpRule(  # channel_axis: see weight_axis (a matrix only)
+        "compute", (0, 1), weights=(1,), channel_axis=1, float_output=True, anchor=True
+    ),
     "Gemm": OpRule(  # channel_axis: see weight_axis (transB)
         "compute", (0, 1), weights=(1,), bias=2, channel_axis=0, float_output=True, anchor=True
     ),
@@ -184,15 +189,47 @@ def activation_inputs(node: onnx.NodeProto, rule: OpRule) -> list[int]:
 
 
 def weight_axis(node: onnx.NodeProto, rule: OpRule, weight_rank: int) -> int | None:
-    """Per-channel axis of a node's weight: Conv out-channels (0), ConvTranspose (1),
-    MatMul's last axis, Gemm's N axis (0 with transB=1, else 1)."""
+    """Per-channel axis of a node's weight: the axis of its output channels. Conv: 0;
+    ConvTranspose: 1 (its weight is [C_in, C_out / group, k...]: see `channel_repeats`); Gemm:
+    N, 0 with transB=1 else 1; MatMul: 1, for a matrix only. A MatMul weight of another rank is
+    per tensor: a vector has no output axis, and onnxruntime's int8 kernels (MatMulInteger,
+    MatMulIntegerToFloat) take a batched [..., K, N] weight's per-column params only shaped
+    [..., 1, N], which DequantizeLinear's one 1-D axis cannot express.
+
+    >>> matmul = onnx.helper.make_node("MatMul", ["x", "w"], ["y"])
+    >>> [weight_axis(matmul, RULES["MatMul"], rank) for rank in (1, 2, 3)]
+    [None, 1, None]
+    """
     if rule.channel_axis is None:
         return None
     if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return 0 if trans_b else 1
-    axis = rule.channel_axis
-    return axis % weight_rank if weight_rank else None
+        return 0 if _int_attribute(node, "transB", 0) else 1
+    if node.op_type == "MatMul" and weight_rank != 2:
+        return None
+    return rule.channel_axis if rule.channel_axis < weight_rank else None
+
+
+def channel_repeats(node: onnx.NodeProto) -> int:
+    """How many times a weight's per-channel scales repeat along the node's output channels:
+    a ConvTranspose's `group` (output channel g x C_out / group + j reads column j of group g's
+    rows, all of scale j), else 1."""
+    return max(_int_attribute(node, "group", 1), 1) if node.op_type == "ConvTranspose" else 1
+
+
+def bias_scale_factor(node: onnx.NodeProto) -> float | None:
+    """The int32 bias's scale over input scale x weight scale: Gemm's alpha / beta, else 1; None
+    when that is not a positive number (the bias stays float; see the module docstring).
+
+    >>> gemm = onnx.helper.make_node("Gemm", ["a", "b", "c"], ["y"], alpha=0.5, beta=2.0)
+    >>> ignored = onnx.helper.make_node("Gemm", ["a", "b", "c"], ["y"], beta=0.0)
+    >>> bias_scale_factor(gemm), bias_scale_factor(ignored)
+    (0.25, None)
+    """
+    if node.op_type != "Gemm":
+        return 1.0
+    alpha, beta = _float_attribute(node, "alpha", 1.0), _float_attribute(node, "beta", 1.0)
+    factor = alpha / beta if beta else math.inf
+    return factor if 0 < factor < math.inf else None
 
 
 def block_axis(node: onnx.NodeProto, weight_rank: int) -> int | None:
@@ -201,8 +238,15 @@ def block_axis(node: onnx.NodeProto, weight_rank: int) -> int | None:
     if node.op_type == "MatMul" and weight_rank >= 2:
         return weight_rank - 2
     if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return 1 if trans_b else 0
+        return 1 if _int_attribute(node, "transB", 0) else 0
     if node.op_type in ("Conv", "ConvTranspose") and weight_rank >= 2:
         return 1 if node.op_type == "Conv" else 0
     return None
+
+
+def _int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    return next((a.i for a in node.attribute if a.name == name), default)
+
+
+def _float_attribute(node: onnx.NodeProto, name: str, default: float) -> float:
+    return next((a.f for a in node.attribute if a.name == name), default)

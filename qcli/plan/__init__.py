@@ -64,10 +64,11 @@ def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | Non
     groups, notes = groups_of(ctx, shared, requests_of(ctx, shared))
     constants = {g.constant for g in groups}  # quantized with their group's params instead
     weights = {name: w for name, w in overridden_weights(ctx, weighted).items() if name not in constants}
+    biases = {key: b for key, b in weighted.biases.items() if b.weight in weights and b.name not in constants}
     return Plan(
         groups=groups,
         weights=weights,
-        biases=weighted.biases,
+        biases=biases,
         nodes=decisions(ctx, candidates, shared.quantized.folded),
         unmatched=ctx.selections.unmatched(config, ctx.names, ctx.index),
         keep_float=set(screened.keep_float),

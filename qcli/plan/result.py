@@ -33,9 +33,17 @@ class WeightPlan:
 
 @dataclass(frozen=True)
 class BiasPlan:
+    """An int32 copy of a bias on its nodes' accumulator grid: scale = factor x input scale x the
+    weight's scales, repeated `repeats` times along the output channels (rules.bias_scale_factor,
+    rules.channel_repeats). A bias that nodes of different grids share has one copy per grid,
+    each read by its `nodes`."""
+
     name: str  # initializer
     input: str  # the activation whose scale multiplies the weight's
     weight: str
+    factor: float = 1.0
+    repeats: int = 1
+    nodes: tuple[int, ...] = ()  # the nodes that read this copy as their bias
 
 
 @dataclass(frozen=True)

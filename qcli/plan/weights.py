@@ -11,7 +11,7 @@ from qcli.config import Activations, Weights
 from qcli.plan.context import Context
 from qcli.plan.result import BiasPlan, WeightPlan
 from qcli.plan.tensors import operands
-from qcli.rules import block_axis, rule_for, weight_axis
+from qcli.rules import bias_scale_factor, block_axis, channel_repeats, rule_for, weight_axis
 from qcli.scheme import PerBlock, PerChannel, PerTensor, QuantScheme, quant_dtype
 
 
@@ -38,53 +38,94 @@ def weight_plan(name: str, scheme: QuantScheme, node: onnx.NodeProto, rank: int)
     return WeightPlan(name, scheme, axis)
 
 
+Reader = tuple[int, int]  # (node, input position)
+
+
 @dataclass(frozen=True)
 class Weighted:
     """The initializers the quantized compute nodes read, with the config's schemes."""
 
     weights: dict[str, WeightPlan]  # weights, and constant operands (of Add, Mul) as activations
     biases: dict[str, BiasPlan]
-    users: dict[str, list[int]]  # initializer -> the compute nodes reading it
+    readers: dict[str, list[Reader]]  # initializer -> where the compute nodes read it
 
 
 def plan_weights(ctx: Context, candidates: frozenset[int]) -> Weighted:
     """Each compute candidate's constant weight (per channel or per block along the op's axis),
     constant operand (an activation's scheme, per tensor) and float32 bias (int32, when its
     weight is quantized)."""
-    inits = ctx.index.initializers
-    default_weight = weight_scheme(ctx.config.weights)
-    default_act = activation_scheme(ctx.config.activations)
-    weights: dict[str, WeightPlan] = {}
-    biases: dict[str, BiasPlan] = {}
-    users: dict[str, list[int]] = {}
+    readers: dict[str, list[Reader]] = {}
     for i in sorted(candidates):
-        if not ctx.is_kind(i, "compute"):
-            continue
-        node, rule = ctx.node(i), ctx.rule(i)
-        for k in operands(ctx, i):
-            name = node.input[k]
-            if name not in inits:
-                continue
-            users.setdefault(name, []).append(i)
-            if k in rule.weights:
-                weights.setdefault(name, weight_plan(name, default_weight, node, len(inits[name].dims)))
-            elif default_act is not None:  # a constant operand of Add/Mul: quantized like an activation
-                weights.setdefault(name, WeightPlan(name, default_act, None))
-        bias = node.input[rule.bias] if rule.bias is not None and rule.bias < len(node.input) else ""
-        if bias in inits and node.input[rule.weights[0]] in weights and ctx.index.is_float(bias):
-            biases[bias] = BiasPlan(bias, node.input[0], node.input[rule.weights[0]])
-    return Weighted(weights, biases, users)
+        if ctx.is_kind(i, "compute"):
+            for k in operands(ctx, i):
+                if (name := ctx.node(i).input[k]) in ctx.index.initializers:
+                    readers.setdefault(name, []).append((i, k))
+    weight, act = weight_scheme(ctx.config.weights), activation_scheme(ctx.config.activations)
+    weights = {name: plan for name, where in readers.items()
+               if (plan := agreed_plan(ctx, name, where, weight, act)) is not None}
+    return Weighted(weights, plan_biases(ctx, candidates, weights), readers)
+
+
+def agreed_plan(
+    ctx: Context, name: str, readers: list[Reader], weight: QuantScheme, operand: QuantScheme | None
+) -> WeightPlan | None:
+    """One plan for an initializer, from where the quantized nodes read it: the first reader's
+    (`weight` along its op's axis at a weight input, else `operand` per tensor; None: not
+    quantized there). Per tensor when two readers would scale it along different axes: one
+    node's output channels are another's reduction axis (a matrix that a MatMul and a transB=1
+    Gemm share, a MatMul's weight that another reads as its first operand), and one node's
+    kernel would take the other's per-channel scales for its own."""
+    rank = len(ctx.index.initializers[name].dims)
+    plans = []
+    for i, k in readers:
+        if k in ctx.rule(i).weights:
+            plans.append(weight_plan(name, weight, ctx.node(i), rank))
+        elif operand is not None:
+            plans.append(WeightPlan(name, replace(operand, granularity=PerTensor()), None))
+    if not plans or all(p.axis == plans[0].axis for p in plans):
+        return plans[0] if plans else None
+    return WeightPlan(name, replace(plans[0].scheme, granularity=PerTensor()), None)
+
+
+def plan_biases(ctx: Context, candidates: frozenset[int], weights: dict[str, WeightPlan]) -> dict[str, BiasPlan]:
+    """The candidates' biases as int32 (`bias_grid`), keyed by the int32 copy's name: the bias's
+    own, then `<bias>_<k>` for each further grid of a bias that nodes of different grids share
+    (each fused kernel adds the integers to its own accumulator as they are)."""
+    grids: dict[str, dict[BiasPlan, list[int]]] = {}  # bias -> each grid's nodes, in order
+    for i in sorted(candidates):
+        grid = bias_grid(ctx, i, weights)
+        if grid is not None:
+            grids.setdefault(grid.name, {}).setdefault(grid, []).append(i)
+    return {
+        f"{name}_{k}" if k else name: replace(grid, nodes=tuple(nodes))
+        for name, plans in grids.items() for k, (grid, nodes) in enumerate(plans.items())
+    }
+
+
+def bias_grid(ctx: Context, i: int, weights: dict[str, WeightPlan]) -> BiasPlan | None:
+    """Compute node `i`'s float32 bias on its accumulator grid (rules.bias_scale_factor,
+    rules.channel_repeats) when its weight is quantized. None: no such bias, or it stays float
+    (its factor is not positive; it is also read as a weight or operand, its one quantized form)."""
+    if not ctx.is_kind(i, "compute"):
+        return None
+    node, rule = ctx.node(i), ctx.rule(i)
+    name = node.input[rule.bias] if rule.bias is not None and rule.bias < len(node.input) else ""
+    factor = bias_scale_factor(node)
+    if name not in ctx.index.initializers or name in weights or not ctx.index.is_float(name) or factor is None:
+        return None
+    weight = node.input[rule.weights[0]]
+    return BiasPlan(name, node.input[0], weight, factor, channel_repeats(node)) if weight in weights else None
 
 
 def overridden_weights(ctx: Context, weighted: Weighted) -> dict[str, WeightPlan]:
     """The weights with each override's `weights:` applied, in order: to the weights it names
-    and to those of the nodes it selects."""
+    and to those of the nodes it selects (operands too, per tensor)."""
     weights = dict(weighted.weights)
     for _, o, sel in ctx.selections.overrides:
         if o.precision == "float" or o.weights is None:
             continue
-        for name, users in weighted.users.items():
-            if name in weights and (name in sel.tensors or any(u in sel.nodes for u in users)):
-                rank = len(ctx.index.initializers[name].dims)
-                weights[name] = weight_plan(name, weight_scheme(o.weights), ctx.node(users[0]), rank)
+        scheme = weight_scheme(o.weights)
+        for name, readers in weighted.readers.items():
+            if name in weights and (name in sel.tensors or any(i in sel.nodes for i, _ in readers)):
+                weights[name] = agreed_plan(ctx, name, readers, scheme, scheme) or weights[name]
     return weights
