@@ -54,8 +54,7 @@ from qcli.precision import (
     promoted_config,
     search,
 )
-from qcli.prepare import prepare
-from qcli.quantize import QuantizeResult, calibrate, quantize
+from qcli.quantize import QuantizeResult, calibrate, prepare_for, quantize
 
 MIN_SAMPLES = 16
 LATENCY_TOLERANCE = 0.03
@@ -196,7 +195,7 @@ def quantize_checked(
     ap, vf = config.auto_precision, config.verify
     inputs = model_inputs(model)
     plan = _samples(data, eval_data, config, inputs)
-    prepared = prepare(model, force=force)
+    prepared = prepare_for(model, config, force=force)
     if table is None:
         assert data is not None  # exactly one of the two
         folder = DataFolder(data, inputs, preprocess=config.data.preprocess, samples=plan.calibration_samples)

@@ -202,14 +202,14 @@ _WORKER_TRIALS: dict[str, Trials] = {}
 def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
     """Worker side of `Trials.fidelity_many`: set up once per search, then measure a chunk."""
     from qcli.plan import make_plan
-    from qcli.prepare import prepare
+    from qcli.quantize import prepare_for
 
     context, chunk, quick, threads = task
     trials = _WORKER_TRIALS.get(context.key)
     if trials is None:
         _WORKER_TRIALS.clear()
         model = onnx.load_from_string(context.model)
-        prepared = prepare(model, force=context.force)
+        prepared = prepare_for(model, context.config, force=context.force)
         probe = Probe(model, context.batches, context.inputs, threads)
         units = find_units(prepared.model, make_plan(prepared.model, context.config))
         trials = Trials(model, prepared, context.config, context.table, probe, units,

@@ -1,0 +1,131 @@
+"""Valid models and configs that ended in an internal error or an untrue message (issue 20):
+each through the CLI, with the exit code and a model that runs or a true message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import parse_model, save, write_npz
+from qcli.prepare import BLOCK_OPSET, prepare
+
+
+def values(array: np.ndarray) -> str:
+    return ", ".join(f"{v:.3g}" for v in array.ravel())
+
+
+# Weights a multiple of 0.1 in -0.7..0.7, every column and every block of 32 holding both extremes:
+# int4 (symmetric, scale max/7) stores them exactly, so the checks pass as in float.
+EXACT = (np.arange(64 * 8) % 15 - 7).reshape(64, 8) / 10
+NOISY = np.random.default_rng(0).normal(0, 0.3, (64, 8))
+
+MATMUL_REDUCEMEAN = f"""
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[N, 64] x) => (float[N, 1] y) <float[64, 8] w = {{{values(EXACT)}}}> {{
+    [fc] h = MatMul (x, w)
+    [mean] y = ReduceMean <axes = [1]> (h)
+}}
+"""
+
+# int4 weights add noise to both MatMuls: the default floors are missed, the search promotes.
+NOISY_TWO_MATMULS = f"""
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[N, 64] x) => (float[N, 1] y) <float[64, 8] w1 = {{{values(NOISY)}}}, float[8, 8] w2 = {{{values(NOISY[:8])}}}> {{
+    [fc1] h = MatMul (x, w1)
+    [relu] r = Relu (h)
+    [fc2] m = MatMul (r, w2)
+    [mean] y = ReduceMean <axes = [1]> (m)
+}}
+"""
+
+# Input channel 0 is ~300 and w ignores it; the channels that matter are ~0.02: one 8-bit scale
+# for x rounds them to zero, so int8 misses any floor and only promoting `fc` helps.
+OUTLIERS = f"""
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[N, 64] x) => (float[N, 8] y) <float[64, 8] w = {{{values(np.vstack([np.zeros((1, 8)), EXACT[1:]]))}}}> {{
+    [fc] y = MatMul (x, w)
+}}
+"""
+
+
+def data(folder: Path, n: int = 40, outliers: bool = False, width: int = 64) -> Path:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, width)).astype(np.float32)
+    if outliers:
+        x *= 0.02
+        x[:, 0] = rng.uniform(250, 350, n)
+    folder.mkdir()
+    write_npz(folder / "x.npz", x=x)
+    return folder
+
+
+def runs(path: Path, **feeds: np.ndarray) -> list[np.ndarray]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def quantize_doc(cli, *args: object) -> tuple[int, dict, str]:
+    """Exit code, the JSON summary (printed before a gate's error) and stderr of `qcli quantize`."""
+    result = cli("quantize", *args, "--json")
+    return result.exit_code, json.loads(result.stdout) if result.stdout.strip() else {}, result.stderr
+
+
+# --------------------------------------------------------------------------- 4: per-block weights
+
+
+def test_per_block_weights_below_opset_21_on_a_graph_with_reducemean(cli, tmp_path: Path) -> None:
+    """The converter to opset 21 turns ReduceMean's `axes` into a Constant input: upgraded after
+    preparation, the plan indexed a graph with one node more than the one verification read
+    (IndexError in find_units). The upgrade is a preparation step now: one graph throughout."""
+    model = save(parse_model(MATMUL_REDUCEMEAN), tmp_path / "m.onnx")
+    out = tmp_path / "q.onnx"
+    code, doc, err = quantize_doc(cli, model, "-o", out, "--data", data(tmp_path / "d"), "--config", "weights-int4")
+    assert code == 0, err
+    assert doc["notes"][0] == "upgraded opset 17 -> 21 for per-block weights"
+    assert doc["quantized"] == {"MatMul": 1} and doc["verification"]["passed"]
+    q = onnx.load(str(out))
+    assert [o.version for o in q.opset_import if o.domain == ""] == [BLOCK_OPSET]
+    assert not any(n.op_type == "Constant" for n in q.graph.node)  # the converter's axes: folded
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(runs(out, x=x)[0], runs(model, x=x)[0], rtol=1e-5)
+
+
+def test_per_block_weights_prepare_the_graph_once_for_the_search(cli, tmp_path: Path) -> None:
+    """Rescue on the same graph: the units, every trial (on two workers, which prepare the model
+    again) and the precision config written read the opset-21 graph; the config reproduces it."""
+    model = save(parse_model(NOISY_TWO_MATMULS), tmp_path / "m.onnx")
+    out = tmp_path / "q.onnx"
+    folder = data(tmp_path / "d", 160)
+    code, doc, err = quantize_doc(cli, model, "-o", out, "--data", folder, "--config", "weights-int4",
+                                  "--workers", "2")
+    assert code == 0, err
+    assert list(doc["precision"]["promoted"]) == ["fc1"]  # the floors needed a promotion: trials ran
+    again = tmp_path / "again.onnx"
+    code, _, err = quantize_doc(cli, model, "-o", again, "--data", folder, "--config", out.with_suffix(".precision.yaml"))
+    assert code == 0, err
+    assert again.read_bytes() == out.read_bytes()
+
+
+@pytest.mark.parametrize(("opset", "target"), [(11, None), (17, BLOCK_OPSET)])
+def test_the_opset_upgrade_keeps_the_initializers_in_order(opset: int, target: int | None) -> None:
+    """The upgrade hands the converter a copy without the big weights and puts them back: in the
+    model's order (they went after the small ones), so a per-block model written is the same
+    whether the upgrade runs first in prepare or, as before, last."""
+    ones, twos, halves = (", ".join([v] * n) for v, n in (("1", 128), ("2", 128), ("0.5", 128 * 128)))
+    model = parse_model(f"""
+    <ir_version: 6, opset_import: ["" : {opset}]>
+    net (float[N, 128] x) => (float[N, 128] y)
+        <float[128] a = {{{ones}}}, float[128, 128] w = {{{halves}}}, float[128] b = {{{twos}}}> {{
+        s = Add (x, a)
+        m = MatMul (s, w)
+        y = Add (m, b)
+    }}
+    """)
+    prepared = (prepare(model, opset=target) if target else prepare(model)).model
+    assert [o.version for o in prepared.opset_import if o.domain == ""] == [target or 13]
+    assert [t.name for t in prepared.graph.initializer] == ["a", "w", "b"]
