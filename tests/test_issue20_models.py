@@ -129,3 +129,70 @@ def test_the_opset_upgrade_keeps_the_initializers_in_order(opset: int, target: i
     prepared = (prepare(model, opset=target) if target else prepare(model)).model
     assert [o.version for o in prepared.opset_import if o.domain == ""] == [target or 13]
     assert [t.name for t in prepared.graph.initializer] == ["a", "w", "b"]
+
+
+# --------------------------------------------------------------------------- 5: auto-precision candidates
+
+
+@pytest.mark.parametrize("candidates", ["[]", "[int8]"])
+def test_candidates_without_a_promotion_miss_the_goal_and_say_why(cli, tmp_path: Path, candidates: str) -> None:
+    """No promotion among the candidates: the search has nothing to try. It stops at the int8
+    model (no ranking of zero units: a zero step once) and says why the goal stays missed."""
+    model = save(parse_model(OUTLIERS), tmp_path / "m.onnx")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"auto_precision: {{enabled: true, candidates: {candidates}, max_trials: 1}}\n")
+    code, doc, err = quantize_doc(cli, model, "-o", tmp_path / "q.onnx", "--data",
+                                  data(tmp_path / "d", 160, outliers=True), "--config", config)
+    assert code == 1
+    assert err.startswith("error: verification failed: ")
+    assert (f"no unit can be promoted with auto_precision.candidates {candidates}: they hold neither int16 nor "
+            "float") in " ".join(doc["notes"])
+    assert [s["action"] for s in doc["precision"]["steps"]] == ["all int8"]
+    assert doc["precision"]["stopped"] is None  # not the budget: "raise --max-trials" would not help
+
+
+def test_uint16_among_the_candidates_is_the_16_bit_promotion(cli, tmp_path: Path) -> None:
+    """The schema takes `uint16` (and `uint8`) as candidates; the search knew only `int16`, so
+    `[uint16]` promoted nothing. A 16-bit promotion takes the activations' signedness anyway."""
+    model = save(parse_model(OUTLIERS), tmp_path / "m.onnx")
+    config = tmp_path / "c.yaml"
+    config.write_text("auto_precision: {enabled: true, candidates: [uint8, uint16]}\n")
+    code, doc, err = quantize_doc(cli, model, "-o", tmp_path / "q.onnx", "--data",
+                                  data(tmp_path / "d", 160, outliers=True), "--config", config)
+    assert code == 1, err  # 16 bits are not enough here: the floors stay missed
+    assert {n: p["precision"] for n, p in doc["precision"]["promoted"].items()} == {"fc": "int16"}
+    q = onnx.load(str(tmp_path / "q.onnx"))
+    zero_points = {t.name: t.data_type for t in q.graph.initializer if t.name.endswith("_zero_point")}
+    assert zero_points["x_zero_point"] == onnx.TensorProto.UINT16
+
+
+def test_weight_only_config_searches_with_float_not_int16(cli, tmp_path: Path) -> None:
+    """With activations float (weights-int4), int16 (wider activations) cannot be built from the
+    calibration, which measured none: the search promotes to float instead of failing with
+    "the calibration has no statistics" (exit 2, though --data was given)."""
+    model = save(parse_model(NOISY_TWO_MATMULS), tmp_path / "m.onnx")
+    folder = data(tmp_path / "d", 160)
+    code, doc, err = quantize_doc(cli, model, "-o", tmp_path / "q.onnx", "--data", folder, "--config", "weights-int4",
+                                  "--auto-precision")
+    assert code == 0, err
+    assert {n: p["precision"] for n, p in doc["precision"]["promoted"].items()} == {"fc1": "float"}
+    config = tmp_path / "c.yaml"
+    config.write_text("activations: {dtype: float}\nweights: {dtype: int4, granularity: per_block}\n"
+                      "auto_precision: {enabled: true, candidates: [int8, int16]}\n")
+    code, doc, err = quantize_doc(cli, model, "-o", tmp_path / "q2.onnx", "--data", folder, "--config", config)
+    assert code == 1, err
+    assert ("no unit can be promoted with auto_precision.candidates [int8, int16]: int16 widens quantized "
+            "activations, and this config keeps activations float") in " ".join(doc["notes"])
+
+
+def test_int4_alone_among_the_candidates_shrinks_the_weights(cli, tmp_path: Path) -> None:
+    """`candidates: [int4]`: no promotion, but int4 weights where they keep the goal. The int4
+    step drew its nodes from the promotable ones only, so it never ran without int16/float."""
+    model = save(parse_model(MATMUL_REDUCEMEAN), tmp_path / "m.onnx")
+    config = tmp_path / "c.yaml"
+    config.write_text("auto_precision: {enabled: true, candidates: [int4]}\n")
+    code, doc, err = quantize_doc(cli, model, "-o", tmp_path / "q.onnx", "--data", data(tmp_path / "d"),
+                                  "--config", config)
+    assert code == 0, err
+    assert doc["precision"]["promoted"] == {"fc": {"precision": "int4", "reason": doc["precision"]["promoted"]["fc"]
+                                                   ["reason"]}}

@@ -164,7 +164,11 @@ class Trials:
         """Per unit: the promotion among `candidates` with the least measured cost, and that
         cost in µs per run (time promoted - time int8; negative: faster promoted). `base`: the
         choices the int8 times are measured in (default: all int8); a unit's int8 time depends
-        on its neighbours (whether its Q/DQ pairs fuse)."""
+        on its neighbours (whether its Q/DQ pairs fuse). A promotion the calibration cannot build
+        (int16 around activations it did not measure: a weight-only config's) is left out, as
+        `fidelity` leaves such candidates unmeasured. No promotion among `candidates`: none."""
+        if not any(p in candidates for p in PROMOTIONS):
+            return {}
         int8 = attribute(self.probe.node_times(self.build(base or {}).model), self.units)
         best: Costs = {}
         # float first: another candidate replaces it only when clearly cheaper (ties go to float,
@@ -173,7 +177,10 @@ class Trials:
             if precision == "float":
                 promoted = self.prepared.model
             else:
-                promoted = self.build({u.node: precision for u in self.units}).model
+                try:
+                    promoted = self.build({u.node: precision for u in self.units}).model
+                except CalibrationError:
+                    continue
             times = attribute(self.probe.node_times(promoted), self.units)
             for u in self.units:
                 cost = times.get(u.node, 0.0) - int8.get(u.node, 0.0)
