@@ -196,3 +196,29 @@ def test_int4_alone_among_the_candidates_shrinks_the_weights(cli, tmp_path: Path
     assert code == 0, err
     assert doc["precision"]["promoted"] == {"fc": {"precision": "int4", "reason": doc["precision"]["promoted"]["fc"]
                                                    ["reason"]}}
+
+
+# --------------------------------------------------------------------------- 8: no inputs
+
+
+NO_INPUTS = """
+<ir_version: 8, opset_import: ["" : 17]>
+net () => (float[2, 2] y) {
+    y = Constant <value = float[2, 2] {1, 2, 3, 4}> ()
+}
+"""
+
+
+@pytest.mark.parametrize("command", ["quantize", "calibrate"])
+def test_a_model_with_no_inputs_is_refused_with_the_reason(cli, tmp_path: Path, command: str) -> None:
+    """A model with no inputs computes the same outputs on every run: there is nothing to feed,
+    calibrate or compare. It was read as samples without a batch ("generator raised
+    StopIteration", exit 3)."""
+    model = save(parse_model(NO_INPUTS), tmp_path / "m.onnx")
+    folder = tmp_path / "d"
+    folder.mkdir()
+    np.savez(folder / "0.npz")
+    result = cli(command, model, "-o", tmp_path / "out", "--data", folder)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: the model has no inputs: every run computes the same outputs")
+    assert "hint: qcli quantizes models that take inputs" in result.stderr
