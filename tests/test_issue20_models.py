@@ -222,3 +222,66 @@ def test_a_model_with_no_inputs_is_refused_with_the_reason(cli, tmp_path: Path, 
     assert result.exit_code == 2
     assert result.stderr.startswith("error: the model has no inputs: every run computes the same outputs")
     assert "hint: qcli quantizes models that take inputs" in result.stderr
+
+
+# --------------------------------------------------------------------------- 9: graph outputs
+
+
+CONSTANT_OUTPUTS = {
+    "a Constant node": """
+        <ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 4] x) => (float[N, 4] y, float[2] c) {
+            y = Relu (x)
+            c = Constant <value = float[2] {1, 2}> ()
+        }
+    """,
+    "an initializer": """
+        <ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 4] x) => (float[N, 4] y, float[2] c) <float[2] c = {1, 2}> {
+            y = Relu (x)
+        }
+    """,
+    "an If with a constant condition": """
+        <ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 4] x) => (float[N, 4] y, float[2] c) {
+            y = Relu (x)
+            k = Constant <value = bool {1}> ()
+            c = If (k) <then_branch = g1 () => (float[2] a) { a = Constant <value = float[2] {1, 2}> () },
+                        else_branch = g2 () => (float[2] b) { b = Constant <value = float[2] {3, 4}> () }>
+        }
+    """,
+}
+
+
+@pytest.mark.xfail(strict=True, reason="needs qcli/qdq.py's _drop_unread_initializers to keep graph outputs")
+@pytest.mark.parametrize("case", CONSTANT_OUTPUTS)
+def test_a_constant_graph_output_beside_an_activation(cli, tmp_path: Path, case: str) -> None:
+    """A graph output holding a constant (prepare makes it an initializer, as the model may have
+    it already): materialize dropped it as read by no node, and onnxruntime refused the model
+    ("Graph output (c) does not exist"), blamed on the user's model (exit 2)."""
+    model = save(parse_model(CONSTANT_OUTPUTS[case]), tmp_path / "m.onnx")
+    out = tmp_path / "q.onnx"
+    code, _, err = quantize_doc(cli, model, "-o", out, "--data", data(tmp_path / "d", width=4))
+    assert code == 0, err
+    x = np.ones((2, 4), np.float32)
+    assert [a.tolist() for a in runs(out, x=x)] == [a.tolist() for a in runs(model, x=x)]
+
+
+def test_a_model_qcli_built_that_onnxruntime_refuses_is_a_qcli_bug(cli, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's model loaded (the probe ran it): a candidate qcli built failing to load is
+    qcli's bug (exit 3), not "check that the model runs in onnxruntime on its own" (exit 2)."""
+    import qcli.quantize
+
+    real = qcli.quantize.materialize
+
+    def broken(*args, **kwargs) -> onnx.ModelProto:
+        out = real(*args, **kwargs)
+        out.graph.node[0].op_type = "NoSuchOp"
+        return out
+
+    monkeypatch.setattr(qcli.quantize, "materialize", broken)
+    model = save(parse_model(MATMUL_REDUCEMEAN), tmp_path / "m.onnx")
+    result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data(tmp_path / "d"))
+    assert result.exit_code == 3
+    assert result.stderr.startswith("internal error: InternalError: onnxruntime refuses a model qcli built: ")

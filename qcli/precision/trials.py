@@ -11,7 +11,8 @@ Q/DQ nodes of its tensors; cost = time promoted - time int8 (negative: faster un
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ import onnx
 from qcli.analyze.probe import Fidelity, Probe
 from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
-from qcli.errors import CalibrationError
+from qcli.errors import CalibrationError, InternalError, ModelError
 from qcli.precision.units import PROMOTIONS, Choices, Costs, Unit, find_units, promoted_config
 from qcli.prepare import PrepareResult
 
@@ -91,7 +92,8 @@ class Trials:
             try:
                 built = self.build(choices)
                 probe = self.quick_probe if quick and self.quick_probe is not None else self.probe
-                self._fidelity[key] = probe.measure(built.model)
+                with built_by_qcli():
+                    self._fidelity[key] = probe.measure(built.model)
                 kept = {d.name for d in built.plan.nodes if d.quantized and not d.reason}
                 self._demoted[key[0]] = sum(1 for u in self.units if u.node not in kept)
             except CalibrationError:
@@ -154,9 +156,10 @@ class Trials:
         key = frozenset(choices.items())
         if key not in self._latency:
             model = self.build(choices).model
-            ratios = [self.probe.latency_ratio(model)]
-            if self.ceiling is not None and ratios[0] > self.ceiling:
-                ratios += [self.probe.latency_ratio(model) for _ in range(2)]
+            with built_by_qcli():
+                ratios = [self.probe.latency_ratio(model)]
+                if self.ceiling is not None and ratios[0] > self.ceiling:
+                    ratios += [self.probe.latency_ratio(model) for _ in range(2)]
             self._latency[key] = sorted(ratios)[len(ratios) // 2]
         return self._latency[key]
 
@@ -169,7 +172,8 @@ class Trials:
         `fidelity` leaves such candidates unmeasured. No promotion among `candidates`: none."""
         if not any(p in candidates for p in PROMOTIONS):
             return {}
-        int8 = attribute(self.probe.node_times(self.build(base or {}).model), self.units)
+        with built_by_qcli():
+            int8 = attribute(self.probe.node_times(self.build(base or {}).model), self.units)
         best: Costs = {}
         # float first: another candidate replaces it only when clearly cheaper (ties go to float,
         # the more accurate one, so timing noise does not flip the choice)
@@ -181,12 +185,23 @@ class Trials:
                     promoted = self.build({u.node: precision for u in self.units}).model
                 except CalibrationError:
                     continue
-            times = attribute(self.probe.node_times(promoted), self.units)
+            with built_by_qcli():
+                times = attribute(self.probe.node_times(promoted), self.units)
             for u in self.units:
                 cost = times.get(u.node, 0.0) - int8.get(u.node, 0.0)
                 if u.node not in best or cost < best[u.node][1] - max(SPEED_TIE, 0.1 * abs(best[u.node][1])):
                     best[u.node] = (precision, cost)
         return best
+
+
+@contextmanager
+def built_by_qcli() -> Iterator[None]:
+    """onnxruntime refusing a model qcli built is a bug in qcli, not a fault of the user's model
+    (which loaded: the probe ran it), whatever the hint of the session's ModelError says."""
+    try:
+        yield
+    except ModelError as exc:
+        raise InternalError(f"onnxruntime refuses a model qcli built: {exc.message}") from exc
 
 
 @dataclass(frozen=True)
