@@ -4,6 +4,10 @@
   of the data -> every method's ranges (a CalibrationTable);
 - `quantize`: prepare -> plan -> ranges from the table -> materialize, with metadata
   (`qcli.version`, `qcli.config`, `qcli.calibration`) saying how the model was made.
+
+Both prepare with `prepare_for(model, config)`: at opset 21 when the config asks for per-block
+weights, so that the graph the plan indexes is the one calibration, verification and the
+precision search read too (a caller passing `prepared` gets it from there).
 """
 
 from __future__ import annotations
@@ -22,12 +26,12 @@ from qcli.calibrate.shards import collect_sharded
 from qcli.calibrate.table import METHODS, CalibrationTable, RangeSettings, build_table
 from qcli.config import Config, config_document
 from qcli.data import DataFolder
-from qcli.errors import ConfigError, ModelError
+from qcli.errors import ConfigError
 from qcli.executor import Executor, SerialExecutor
 from qcli.graph import GraphIndex
-from qcli.model import fingerprint, max_ir_version, opset_version
+from qcli.model import fingerprint, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
-from qcli.prepare import PrepareResult, prepare
+from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
 from qcli.scheme import PerBlock
 
@@ -57,12 +61,12 @@ def calibrate(
     The histograms keep at least `bins` bins across each tensor's range (twice that at most),
     which is what the KL solver works on. The table is keyed to the fingerprint of `model`
     as given (before preparation), which is what `quantize` checks. `prepared`: the result of
-    `prepare(model)` when the caller has it already (it is not changed). `executor`: the pass
-    runs in its workers, split into one shard of the folder per worker, and the shards'
-    statistics are merged, exactly: the table is the same as one process's. None, or a
-    `SerialExecutor`: the pass runs here.
+    `prepare_for(model, config)` when the caller has it already (it is not changed).
+    `executor`: the pass runs in its workers, split into one shard of the folder per worker,
+    and the shards' statistics are merged, exactly: the table is the same as one process's.
+    None, or a `SerialExecutor`: the pass runs here.
     """
-    work = (prepared or prepare(model, force=force)).model
+    work = (prepared or prepare_for(model, config, force=force)).model
     plan = make_plan(work, config)
     check_unmatched(plan, strict)
     options: dict[str, Any] = dict(
@@ -94,17 +98,16 @@ def quantize(
 ) -> QuantizeResult:
     """Quantize `model` with the ranges of `table` (solved for `config`'s method and dtype).
     `strict`: a config rule that matches nothing raises ConfigError instead of a warning.
-    `prepared`: the result of `prepare(model)` when the caller has it already (not changed)."""
-    prepared = prepared or prepare(model, force=force)
+    `prepared`: the result of `prepare_for(model, config)` when the caller has it already (not
+    changed)."""
+    prepared = prepared or prepare_for(model, config, force=force)
     work, notes = prepared.model, list(prepared.notes)
     index = GraphIndex.of(work)
     plan = make_plan(work, config, index=index)
     check_unmatched(plan, strict)
-    if any(isinstance(w.scheme.granularity, PerBlock) for w in plan.weights.values()):
-        if opset_version(work) < BLOCK_OPSET:
-            work = _upgrade(work, BLOCK_OPSET, notes)
-            index = GraphIndex.of(work)
-            plan = make_plan(work, config, index=index)
+    if _per_block(plan) and opset_version(work) < BLOCK_OPSET:
+        raise ValueError(f"per-block weights need the model prepared at opset {BLOCK_OPSET}: "
+                         "pass prepare_for(model, config)")
     settings = RangeSettings.of(config)
     assign_ranges(plan, work, table, settings)
     out = materialize(work, plan, index)
@@ -151,24 +154,23 @@ def check_unmatched(plan: Plan, strict: bool) -> None:
         raise ConfigError(f"config rule {plan.unmatched[0]}", hint="fix the rule, or drop --strict to only warn")
 
 
-BLOCK_OPSET = 21  # DequantizeLinear's block_size attribute
+def prepare_for(model: onnx.ModelProto, config: Config, *, force: bool = False) -> PrepareResult:
+    """`prepare(model)` for quantizing with `config`: at opset BLOCK_OPSET when the config asks
+    for per-block weights anywhere (DequantizeLinear's block_size), else at prepare's default.
+    The opset converter may add nodes (ReduceMean's axes become a Constant input at 18), so the
+    upgrade is a preparation step and every stage gets this one graph. Decided on the config,
+    not its plan: the precision config a search writes (the same weights sections, some nodes
+    promoted) then prepares the same graph and reproduces the model exactly."""
+    return prepare(model, force=force, opset=BLOCK_OPSET if _asks_blocks(config) else TARGET_OPSET)
 
 
-def _upgrade(model: onnx.ModelProto, target: int, notes: list[str]) -> onnx.ModelProto:
-    """Convert a prepared model to a newer opset (per-block weights need 21)."""
-    from onnx import version_converter
+def _asks_blocks(config: Config) -> bool:
+    sections = [config.weights, *(o.weights for o in config.overrides)]
+    return any(w is not None and w.granularity == "per_block" for w in sections)
 
-    old = opset_version(model)
-    try:
-        converted = version_converter.convert_version(model, target)
-    except Exception as exc:  # the converter raises bare RuntimeErrors
-        raise ModelError(
-            f"cannot convert the model from opset {old} to {target} for per-block weights: {exc}",
-            hint="use weights granularity per_channel, or re-export the model at opset 21",
-        ) from exc
-    converted.ir_version = min(max(converted.ir_version, 10), max_ir_version())  # opset 21 needs IR 10
-    notes.append(f"upgraded opset {old} -> {target} for per-block weights")
-    return converted
+
+def _per_block(plan: Plan) -> bool:
+    return any(isinstance(w.scheme.granularity, PerBlock) for w in plan.weights.values())
 
 
 def summary(result: QuantizeResult) -> dict:

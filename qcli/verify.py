@@ -29,7 +29,7 @@ LATENCY_TOLERANCE of its floor counts as met: the spread between two runs of the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -54,8 +54,7 @@ from qcli.precision import (
     promoted_config,
     search,
 )
-from qcli.prepare import prepare
-from qcli.quantize import QuantizeResult, calibrate, quantize
+from qcli.quantize import QuantizeResult, calibrate, prepare_for, quantize
 
 MIN_SAMPLES = 16
 LATENCY_TOLERANCE = 0.03
@@ -196,7 +195,7 @@ def quantize_checked(
     ap, vf = config.auto_precision, config.verify
     inputs = model_inputs(model)
     plan = _samples(data, eval_data, config, inputs)
-    prepared = prepare(model, force=force)
+    prepared = prepare_for(model, config, force=force)
     if table is None:
         assert data is not None  # exactly one of the two
         folder = DataFolder(data, inputs, preprocess=config.data.preprocess, samples=plan.calibration_samples)
@@ -279,7 +278,8 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
 def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
     """The search for `goal`, and the outcome made of what it found."""
     config, ap = outcome.config, outcome.config.auto_precision
-    candidates = ap.candidates if ap.enabled else ["float"]
+    # a 16-bit promotion takes the activations' signedness (`promoted_config`): uint16 names it too
+    candidates = [_SAME_PROMOTION.get(c, c) for c in ap.candidates] if ap.enabled else ["float"]
     found = search(trials.units, trials, goal, trials.costs(candidates), shrink="int4" in candidates,
                    candidates=candidates)
     outcome.search, outcome.goal_met = found, found.met
@@ -289,11 +289,28 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
     if found.choices:
         outcome.result = trials.build(found.choices)  # quantized with outcome.config
         _explain(outcome, _whys(found))
+    if not found.met and not found.costs:  # no unit has a promotion it could take
+        outcome.notes.append(_no_promotion(config, ap.candidates))
     if found.stopped:
         knobs = "--max-trials/--time-budget" if ap.enabled else "verify.max_trials/verify.time_budget"
         outcome.notes.append(f"search stopped early: {found.stopped}; the result is safe but coarse "
                              f"(more promoted than needed): raise {knobs} for a finer one")
     return found
+
+
+_SAME_PROMOTION = {"uint16": "int16", "uint8": "int8"}
+
+
+def _no_promotion(config: Config, candidates: Sequence[str]) -> str:
+    """Why the search could promote no unit (the goal missed): what the candidates allow."""
+    if not {"int16", "uint16"} & set(candidates):
+        why = "they hold neither int16 nor float"
+    elif config.activations.dtype == "float":
+        why = "int16 widens quantized activations, and this config keeps activations float"
+    else:
+        why = "int16 needs activations this calibration did not measure"
+    return (f"no unit can be promoted with auto_precision.candidates [{', '.join(candidates)}]: {why}; the model "
+            "stays as the config made it (add float to the candidates to promote units)")
 
 
 def _all_float(int8: QuantizeResult, outcome: Outcome) -> str | None:

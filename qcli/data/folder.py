@@ -18,7 +18,7 @@ from qcli.data.readers import READERS
 from qcli.data.samples import Batch, Sample, signature, split, stack, take
 from qcli.data.scan import Entry, read_labels, scan
 from qcli.data.validate import validate
-from qcli.errors import DataError
+from qcli.errors import DataError, ModelError
 
 
 class DataFolder:
@@ -46,7 +46,15 @@ class DataFolder:
         start: int = 0,
     ):
         """`labels`: a labels.csv kept outside the folder (default: DIR/labels.csv if present);
-        `start`: skip the first `start` samples (`samples` counts from there)."""
+        `start`: skip the first `start` samples (`samples` counts from there). A model with no
+        inputs is refused (ModelError): it has no samples, every run computes the same outputs."""
+        if not inputs:
+            raise ModelError(
+                "the model has no inputs: every run computes the same outputs, so there is no data to feed "
+                "it and nothing to calibrate or compare",
+                hint="qcli quantizes models that take inputs; export the model with its inputs as graph inputs "
+                "(not folded in as constants)",
+            )
         self.path = Path(path)
         self.labels_file = Path(labels) if labels is not None else None
         self.inputs = inputs
@@ -77,8 +85,6 @@ class DataFolder:
         return max(total - self.start, 0)
 
     def _entry_size(self, entry: Entry) -> int:
-        if not self.inputs:
-            return 1
         count = READERS[entry.kind].count(entry, self.inputs[0])
         return self.read(entry).size if count is None else count
 

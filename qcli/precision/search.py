@@ -113,6 +113,7 @@ class _Search:
     costs: Costs
     units: list[Unit]  # the promotable ones (a candidate precision exists), in graph order
     index: dict[str, int]  # unit -> graph position (steps list units in graph order)
+    weighted: list[str] = field(default_factory=list)  # units with a constant weight (int4 candidates)
     scale: float = 1.0
     steps: list[Step] = field(default_factory=list)
     sensitivity: dict[str, float] = field(default_factory=dict)
@@ -151,16 +152,19 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     search; then, with `shrink`, int4 weights where they keep the goal. `candidates`: the
     promotions allowed; the accuracy search ranks and promotes with the most accurate of them
     (float), then tries each promoted unit in its cheaper one (default: the cheaper one from
-    `costs` throughout)."""
+    `costs` throughout). No unit in `costs` (no promotion among the candidates): the all-int8
+    model is the result (int4 weights aside), met or not."""
     promotable = [u for u in units if u.node in costs]
-    s = _Search(trials, goal, costs, promotable, {u.node: u.index for u in units})
+    s = _Search(trials, goal, costs, promotable, {u.node: u.index for u in units},
+                [u.node for u in units if u.weighted])
     best: Choice | None = "float" if candidates is not None and "float" in candidates else None
     accurate = {n: best or p for n, p in s.cheapest.items()}  # what the accuracy search promotes to
     timed = goal.max_latency_ratio is not None
     here = _Point({}, trials.fidelity({}), trials.latency({}) if timed else None)
     s.log(StepKind.ALL_INT8, "all int8", [], here.choices, here.fidelity, here.ratio)
-    if goal.accurate(here.fidelity) and goal.fast(here.ratio) and goal.criterion != "accuracy":
-        return s.result(_shrink(s, here) if shrink else here, True)
+    met = goal.accurate(here.fidelity) and goal.fast(here.ratio)
+    if (met and goal.criterion != "accuracy") or not promotable:  # not promotable: no candidate promotes a unit
+        return s.result(_shrink(s, here) if shrink and met else here, met)
     if timed and not goal.fast(here.ratio):
         here = _speed_up(s, here)
     if not goal.accurate(here.fidelity) or goal.criterion == "accuracy":
@@ -261,7 +265,7 @@ def _shrink(s: _Search, here: _Point) -> _Point:
     goal (bisection on the quick probe, confirmed on all samples, halving until it holds) and
     the latency ceiling. Smaller files within the same budget."""
     choices = here.choices
-    pool = [u.node for u in s.units if u.weighted and u.node not in choices]
+    pool = [n for n in s.weighted if n not in choices]
     if not pool:
         return here
     base = s.trials.fidelity(choices, quick=True)

@@ -11,7 +11,8 @@ Q/DQ nodes of its tensors; cost = time promoted - time int8 (negative: faster un
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ import onnx
 from qcli.analyze.probe import Fidelity, Probe
 from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
-from qcli.errors import CalibrationError
+from qcli.errors import CalibrationError, InternalError, ModelError
 from qcli.precision.units import PROMOTIONS, Choices, Costs, Unit, find_units, promoted_config
 from qcli.prepare import PrepareResult
 
@@ -91,7 +92,8 @@ class Trials:
             try:
                 built = self.build(choices)
                 probe = self.quick_probe if quick and self.quick_probe is not None else self.probe
-                self._fidelity[key] = probe.measure(built.model)
+                with built_by_qcli():
+                    self._fidelity[key] = probe.measure(built.model)
                 kept = {d.name for d in built.plan.nodes if d.quantized and not d.reason}
                 self._demoted[key[0]] = sum(1 for u in self.units if u.node not in kept)
             except CalibrationError:
@@ -154,9 +156,10 @@ class Trials:
         key = frozenset(choices.items())
         if key not in self._latency:
             model = self.build(choices).model
-            ratios = [self.probe.latency_ratio(model)]
-            if self.ceiling is not None and ratios[0] > self.ceiling:
-                ratios += [self.probe.latency_ratio(model) for _ in range(2)]
+            with built_by_qcli():
+                ratios = [self.probe.latency_ratio(model)]
+                if self.ceiling is not None and ratios[0] > self.ceiling:
+                    ratios += [self.probe.latency_ratio(model) for _ in range(2)]
             self._latency[key] = sorted(ratios)[len(ratios) // 2]
         return self._latency[key]
 
@@ -164,8 +167,13 @@ class Trials:
         """Per unit: the promotion among `candidates` with the least measured cost, and that
         cost in µs per run (time promoted - time int8; negative: faster promoted). `base`: the
         choices the int8 times are measured in (default: all int8); a unit's int8 time depends
-        on its neighbours (whether its Q/DQ pairs fuse)."""
-        int8 = attribute(self.probe.node_times(self.build(base or {}).model), self.units)
+        on its neighbours (whether its Q/DQ pairs fuse). A promotion the calibration cannot build
+        (int16 around activations it did not measure: a weight-only config's) is left out, as
+        `fidelity` leaves such candidates unmeasured. No promotion among `candidates`: none."""
+        if not any(p in candidates for p in PROMOTIONS):
+            return {}
+        with built_by_qcli():
+            int8 = attribute(self.probe.node_times(self.build(base or {}).model), self.units)
         best: Costs = {}
         # float first: another candidate replaces it only when clearly cheaper (ties go to float,
         # the more accurate one, so timing noise does not flip the choice)
@@ -173,13 +181,27 @@ class Trials:
             if precision == "float":
                 promoted = self.prepared.model
             else:
-                promoted = self.build({u.node: precision for u in self.units}).model
-            times = attribute(self.probe.node_times(promoted), self.units)
+                try:
+                    promoted = self.build({u.node: precision for u in self.units}).model
+                except CalibrationError:
+                    continue
+            with built_by_qcli():
+                times = attribute(self.probe.node_times(promoted), self.units)
             for u in self.units:
                 cost = times.get(u.node, 0.0) - int8.get(u.node, 0.0)
                 if u.node not in best or cost < best[u.node][1] - max(SPEED_TIE, 0.1 * abs(best[u.node][1])):
                     best[u.node] = (precision, cost)
         return best
+
+
+@contextmanager
+def built_by_qcli() -> Iterator[None]:
+    """onnxruntime refusing a model qcli built is a bug in qcli, not a fault of the user's model
+    (which loaded: the probe ran it), whatever the hint of the session's ModelError says."""
+    try:
+        yield
+    except ModelError as exc:
+        raise InternalError(f"onnxruntime refuses a model qcli built: {exc.message}") from exc
 
 
 @dataclass(frozen=True)
@@ -202,14 +224,14 @@ _WORKER_TRIALS: dict[str, Trials] = {}
 def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
     """Worker side of `Trials.fidelity_many`: set up once per search, then measure a chunk."""
     from qcli.plan import make_plan
-    from qcli.prepare import prepare
+    from qcli.quantize import prepare_for
 
     context, chunk, quick, threads = task
     trials = _WORKER_TRIALS.get(context.key)
     if trials is None:
         _WORKER_TRIALS.clear()
         model = onnx.load_from_string(context.model)
-        prepared = prepare(model, force=context.force)
+        prepared = prepare_for(model, context.config, force=context.force)
         probe = Probe(model, context.batches, context.inputs, threads)
         units = find_units(prepared.model, make_plan(prepared.model, context.config))
         trials = Trials(model, prepared, context.config, context.table, probe, units,

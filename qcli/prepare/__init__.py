@@ -20,9 +20,12 @@ Decisions (and why):
   are constants: they are folded like any weight and dropped from the graph inputs. Feeding
   them at run time is not supported (the data loader never does; quantized weights are baked).
 - Opset: upgraded to 13 only when below (never above 13: that is enough for per-channel and
-  int8 Q/DQ, and newer is the exporter's call); the IR version is raised to what the new
-  opset needs, never above what the installed onnxruntime loads. onnx's converter gets
-  Resize/Upsample (< 11) and Hardmax (< 13) wrong; those are put right (see `opset`).
+  int8 Q/DQ, and newer is the exporter's call), or to 21 when the caller asks: per-block
+  weights (`qcli.quantize.prepare_for` asks when the config does). Upgrading here,
+  before the other passes, keeps one prepared graph for every later stage. The IR version is
+  raised to what the new opset needs, never above what the installed onnxruntime loads.
+  onnx's converter gets Resize/Upsample (< 11) and Hardmax (< 13) wrong; those are put
+  right (see `opset`).
 - Constant folding evaluates with onnxruntime (one thread, so results are bit-identical run
   to run) and falls back to onnx's ReferenceEvaluator; only main-graph nodes are folded
   (subgraph Constant nodes do become that subgraph's initializers). Shape(activation)
@@ -43,7 +46,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from qcli.prepare._graph import Options, PassResult
+from qcli.prepare._graph import BLOCK_OPSET, TARGET_OPSET, Options, PassResult
 from qcli.prepare.batchnorm import fold_batchnorm
 from qcli.prepare.canonicalize import canonicalize
 from qcli.prepare.constants import fold_constants
@@ -58,7 +61,7 @@ Pass = Callable[[onnx.ModelProto, Options], PassResult]
 PASSES: list[Pass] = [
     refuse_quantized,  # already-quantized models are refused (unless force)
     inline_functions,  # calls of local functions (exported modules) -> their bodies
-    upgrade_opset,  # below 13 -> 13
+    upgrade_opset,  # below 13 -> 13 (or to the opset asked for: 21 for per-block weights)
     fold_constants,  # Constant nodes and constant subgraphs -> initializers
     canonicalize,  # Sum -> Add, Dropout/Identity removed, per-channel Mul/Add -> the Conv before
     fold_batchnorm,  # BatchNormalization -> the Conv/ConvTranspose/Gemm before it
@@ -76,13 +79,14 @@ class PrepareResult:
     notes: list[str] = field(default_factory=list)  # one human sentence per change made
 
 
-def prepare(model: onnx.ModelProto, *, force: bool = False) -> PrepareResult:
-    """Run `PASSES` on a copy of `model` (the caller's ModelProto is never changed).
+def prepare(model: onnx.ModelProto, *, force: bool = False, opset: int = TARGET_OPSET) -> PrepareResult:
+    """Run `PASSES` on a copy of `model` (the caller's ModelProto is never changed), upgrading
+    a model below `opset` to it (BLOCK_OPSET for per-block weights).
 
     Raises ModelError for an already quantized model (unless `force`) and for a model whose
     opset cannot be upgraded.
     """
-    options = Options(force=force)
+    options = Options(force=force, opset=opset)
     work = onnx.ModelProto()
     work.CopyFrom(model)
     notes: list[str] = []
@@ -104,10 +108,12 @@ def _add(notes: list[str], new: list[str]) -> None:
 
 __all__ = [
     "AFTER_INLINING",
+    "BLOCK_OPSET",
     "PASSES",
     "Options",
     "PassResult",
     "PrepareResult",
+    "TARGET_OPSET",
     "canonicalize",
     "fold_batchnorm",
     "fold_constants",

@@ -15,6 +15,8 @@ from onnx import helper, numpy_helper
 from qcli.info import iter_graphs, names_used_inside
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+TARGET_OPSET = 13  # per-channel QuantizeLinear/DequantizeLinear
+BLOCK_OPSET = 21  # DequantizeLinear's block_size: per-block weights
 
 
 @dataclass
@@ -29,9 +31,12 @@ class PassResult:
 
 @dataclass(frozen=True)
 class Options:
-    """Switches a pass may read. `force`: quantize an already quantized model anyway."""
+    """Switches a pass may read. `force`: quantize an already quantized model anyway;
+    `opset`: the least default-domain opset the prepared model has (TARGET_OPSET, or
+    BLOCK_OPSET for per-block weights)."""
 
     force: bool = False
+    opset: int = TARGET_OPSET
 
 
 def is_default_domain(node: onnx.NodeProto) -> bool:
@@ -214,13 +219,16 @@ def _copy_field(target, descriptor, value) -> None:
 def transplant(converted: onnx.ModelProto, model: onnx.ModelProto, light: LightCopy) -> None:
     """Move a graph a C++ tool made from `light` (the version converter, the inliner) into
     `model`, whose big initializers never left it: only the small ones are replaced by the
-    tool's, and the inputs `light` declared for the big ones are dropped again."""
+    tool's (in the model's order; the tool's new ones after), and the inputs `light` declared
+    for the big ones are dropped again."""
     big = set(light.left_out)
     initializers = model.graph.initializer
+    position = {t.name: i for i, t in enumerate(initializers)}
     for index in reversed(range(len(initializers))):
         if initializers[index].name not in big:
             del initializers[index]
     initializers.extend(converted.graph.initializer)
+    initializers.sort(key=lambda t: position.get(t.name, len(position)))  # in place: no weight copied
     added = set(light.added_inputs)
     for part in ("node", "input", "output", "value_info", "sparse_initializer"):
         target = getattr(model.graph, part)

@@ -1,8 +1,12 @@
 """Upgrade the default-domain opset to 13 (per-channel QuantizeLinear/DequantizeLinear and int8
-axes need it) with `onnx.version_converter`, and raise the IR version to what opset 13 needs.
+axes need it), or to 21 when asked (`Options.opset`: per-block weights need DequantizeLinear's
+block_size), with `onnx.version_converter`, and raise the IR version to what the opset needs.
 
-Opset 13 or newer: nothing to do. Where onnx's converter changes numerics or names, qcli
-does the conversion itself (checked against onnxruntime running the original model):
+At that opset or newer: nothing to do. The conversion runs before the other passes, so what
+it adds (e.g. ReduceMean's `axes` as a Constant input from opset 18) is folded like the
+model's own constants, and every later stage reads one graph. Where onnx's converter changes
+numerics or names, qcli does the conversion itself (checked against onnxruntime running the
+original model):
 - Upsample (7-9) and Resize-10 meant `asymmetric` coordinates and, in nearest mode, floor
   rounding when upsampling (ceil when downsampling); the converter keeps Resize-11's
   defaults (`half_pixel`, `round_prefer_floor`), and gives the new Resize (and ScatterElements
@@ -27,7 +31,9 @@ from qcli.errors import ModelError
 from qcli.info import iter_graphs
 from qcli.model import max_ir_version
 from qcli.prepare._graph import (
+    BLOCK_OPSET,
     DEFAULT_DOMAINS,
+    TARGET_OPSET,
     NameAllocator,
     Options,
     PassResult,
@@ -41,7 +47,7 @@ from qcli.prepare._graph import (
     transplant,
 )
 
-TARGET_OPSET = 13
+_NEEDED_FOR = {BLOCK_OPSET: "per-block weights"}  # why an opset above 13 was asked for, in notes
 # Ops onnx's converter replaces by new nodes with new output and node names (breaking the
 # names calibration and overrides use); they are converted here instead.
 _SET_ASIDE = ("Upsample", "Resize", "Scatter")
@@ -52,6 +58,12 @@ REEXPORT_HINT = (
 )
 
 
+def _reexport_hint(target: int) -> str:
+    if target == BLOCK_OPSET:
+        return f"use weights granularity per_channel, or re-export the model at opset {BLOCK_OPSET}"
+    return REEXPORT_HINT.replace(f"opset {TARGET_OPSET} ", f"opset {target} ")
+
+
 def default_opset(model: onnx.ModelProto) -> int | None:
     for entry in model.opset_import:
         if entry.domain in DEFAULT_DOMAINS:
@@ -60,11 +72,12 @@ def default_opset(model: onnx.ModelProto) -> int | None:
 
 
 def upgrade_opset(model: onnx.ModelProto, options: Options = Options()) -> PassResult:
-    """Convert a model below opset 13 to opset 13; leave any other model alone."""
-    old = default_opset(model)
-    if old is None or old >= TARGET_OPSET:
+    """Convert a model below `options.opset` (13 by default) to that opset; leave any other
+    model alone."""
+    old, target = default_opset(model), options.opset
+    if old is None or old >= target:
         return PassResult(model)
-    _check_ops_exist(model, old)
+    _check_ops_exist(model, old, target)
     notes: list[str] = []
     hardmax = _rewrite_hardmax(model)
     if hardmax:
@@ -75,11 +88,12 @@ def upgrade_opset(model: onnx.ModelProto, options: Options = Options()) -> PassR
     light = light_copy(model)
     _set_aside(light.model, old)
     try:
-        converted = version_converter.convert_version(light.model, TARGET_OPSET)
+        converted = version_converter.convert_version(light.model, target)
     except Exception as exc:  # the converter raises RuntimeError / ValidationError / others
-        raise _conversion_error(exc, model, old) from exc
+        raise _conversion_error(exc, model, old, target) from exc
     transplant(converted, model, light)
-    notes.insert(0, f"upgraded opset {old} -> {TARGET_OPSET}")
+    why = _NEEDED_FOR.get(target)
+    notes.insert(0, f"upgraded opset {old} -> {target}" + (f" for {why}" if why else ""))
     notes.extend(_finish_set_aside(model, old))
     old_ir = model.ir_version
     needed = helper.find_min_ir_version_for(
@@ -87,11 +101,11 @@ def upgrade_opset(model: onnx.ModelProto, options: Options = Options()) -> PassR
     )
     model.ir_version = max(old_ir, min(needed, max_ir_version()))
     if model.ir_version != old_ir:
-        notes.insert(1, f"raised the IR version {old_ir} -> {model.ir_version} (opset {TARGET_OPSET} needs it)")
+        notes.insert(1, f"raised the IR version {old_ir} -> {model.ir_version} (opset {target} needs it)")
     return PassResult(model, True, notes)
 
 
-def _check_ops_exist(model: onnx.ModelProto, version: int) -> None:
+def _check_ops_exist(model: onnx.ModelProto, version: int, target: int) -> None:
     """The converter fails with an unreadable assertion on ops unknown at the model's opset."""
     for _, graph in iter_graphs(model.graph):
         for node in graph.node:
@@ -101,21 +115,21 @@ def _check_ops_exist(model: onnx.ModelProto, version: int) -> None:
                 onnx.defs.get_schema(node.op_type, version, "")
             except onnx.defs.SchemaError:
                 raise ModelError(
-                    f"cannot upgrade opset {version} -> {TARGET_OPSET}: {label(node)} uses "
+                    f"cannot upgrade opset {version} -> {target}: {label(node)} uses "
                     f"'{node.op_type}', which is not a standard ONNX op at opset {version}",
-                    hint="the model's opset_import does not match its ops; " + REEXPORT_HINT,
+                    hint="the model's opset_import does not match its ops; " + _reexport_hint(target),
                 ) from None
 
 
-def _conversion_error(exc: Exception, model: onnx.ModelProto, version: int) -> ModelError:
+def _conversion_error(exc: Exception, model: onnx.ModelProto, version: int, target: int) -> ModelError:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     text = re.sub(r"^\S*convert\.cc:\d+: \w+: ", "", text)  # C++ file/line prefix
     ops = sorted({n.op_type for _, g in iter_graphs(model.graph) for n in g.node}, key=lambda s: (-len(s), s))
     named = next((op for op in ops if re.search(rf"\b{re.escape(op)}", text)), None)
     where = f" on {named}" if named else ""
     return ModelError(
-        f"onnx's version converter failed{where} upgrading opset {version} -> {TARGET_OPSET}: {text}",
-        hint=REEXPORT_HINT,
+        f"onnx's version converter failed{where} upgrading opset {version} -> {target}: {text}",
+        hint=_reexport_hint(target),
     )
 
 
