@@ -420,6 +420,7 @@ def _drop_unread_initializers(
     models that list initializers as inputs), the new ones appended."""
     read = {name for node in [*old_nodes, *edits.nodes] for name in node.input}
     read |= {name for node in old_nodes for name in names_used_inside(node)}
+    read |= {o.name for o in graph.output}  # a graph output reads its initializer too
     kept = [t for t in graph.initializer if t.name in read]
     del graph.initializer[:]
     graph.initializer.extend(kept + edits.inits)

@@ -83,6 +83,8 @@ def why_not_candidate(ctx: Context, i: int) -> str | None:
             return "its weight is not a constant"
         if any(w in index.initializers and not index.is_float(w) for w in weights):
             return "its weight is not float32"
+        if any(w in index.initializers and 0 in index.initializers[w].dims for w in weights):
+            return "its weight is empty (a zero dimension): nothing to quantize"
     return None
 
 
