@@ -315,3 +315,26 @@ def test_an_empty_weight_stays_float(cli, tmp_path: Path) -> None:
     child = subprocess.run([sys.executable, "-c", RUN_IN_CHILD, str(out)], capture_output=True, text=True)
     assert child.returncode == 0, child.stderr
     assert child.stdout.strip() == "[(1, 0, 4, 4), (1, 2, 4, 4)]"
+
+
+def test_an_input_with_a_fixed_first_dimension_is_run_whole(cli, tmp_path: Path) -> None:
+    """x[2, 8] has no batch axis: calibration ran its first sample in slices of one row, which
+    onnxruntime refused, and the hint blamed the model ("fails on this sample as given")."""
+    weights = np.random.default_rng(0).normal(size=32)
+    model = parse_model(f"""
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 8] x) => (float[2, 4] y) <float[8, 4] w = {{{values(weights)}}}> {{
+        [fc] y = MatMul (x, w)
+    }}
+    """)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for i in range(12):
+        np.save(folder / f"{i:02d}.npy", np.random.default_rng(i).normal(size=(2, 8)).astype(np.float32))
+    out = tmp_path / "out.onnx"
+    doc = cli.json("quantize", save(model, tmp_path / "model.onnx"), "-o", out, "--data", folder)
+    assert doc["verification"]["passed"]
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.ones((2, 8), np.float32)})[0].shape == (2, 4)
+    report = cli.json("analyze", tmp_path / "model.onnx", out, "--data", folder, "--runs", "2", "--warmup", "0")
+    assert report["speed"]["batch"] == 2

@@ -379,7 +379,7 @@ def _where(folder: DataFolder, batch: Batch) -> str:
 
 
 def _head(batch: Batch, n: int) -> Batch:
-    if batch.size <= n:
+    if batch.whole or batch.size <= n:  # a whole batch: the model's first axis is fixed
         return batch
     return Batch({k: v[:n] for k, v in batch.inputs.items()}, None, None, batch.sources[:n])
 

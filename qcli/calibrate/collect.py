@@ -224,11 +224,12 @@ class RunSize:
 
 
 def parts(batch: Batch, size: Callable[[], int]) -> Iterator[Batch]:
-    """`batch`, or consecutive slices of it of `size()` samples (asked before each slice)."""
+    """`batch`, or consecutive slices of it of `size()` samples (asked before each slice);
+    a `whole` batch (no batch axis to split along) in one piece."""
     start = 0
     while start < batch.size:
         n = size()
-        if start == 0 and n >= batch.size:
+        if start == 0 and (batch.whole or n >= batch.size):
             yield batch
             return
         stop = min(start + n, batch.size)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from qcli.data.inputs import InputSpec
@@ -152,7 +153,7 @@ class DataFolder:
         count = 0
         for sample in self:
             if not stackable:
-                yield stack([sample])
+                yield replace(stack([sample]), whole=True)
                 continue
             for part in split(sample, batch_size):
                 if pending and (signature(pending[0]) != signature(part) or count + part.size > batch_size):

@@ -36,6 +36,9 @@ class Batch:
     label: np.ndarray | None
     outputs: dict[str, np.ndarray] | None
     sources: list[str] = field(default_factory=list)
+    # A model input with a fixed first dimension has no batch axis to split along: one run
+    # takes the whole sample (a [2, 8] input split in two would not fit the model).
+    whole: bool = False
 
     @property
     def size(self) -> int:
