@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from qcli.data import Preprocess
 from qcli.errors import ConfigError
+from qcli.yamlfile import read_yaml
 
 Method = Literal["minmax", "percentile", "kl", "mse"]
 ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float"]  # float: weight-only
@@ -202,48 +203,13 @@ def load_config(path: str | os.PathLike | None) -> Config:
     if path is None:
         return Config()
     path = resolve_config(path)
-    raw, lines = _parse_yaml(path)
+    raw, lines = read_yaml(path, "config file")
     return parse_config(raw, str(path), lines)
-
-
-def _parse_yaml(path: Path) -> tuple[Any, dict[tuple, int]]:
-    """A YAML file's data and the line of every key path; syntax errors name file:line:col."""
-    text = _read(path)
-    try:
-        return yaml.safe_load(text), _key_lines(yaml.compose(text))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: YAML syntax error: {problem}") from exc
 
 
 def load_preprocess(path: str | os.PathLike | None) -> Preprocess | None:
     """The `data.preprocess` section of a config file, validated, or None when absent."""
     return load_config(path).data.preprocess
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-
-
-def _key_lines(node: yaml.Node | None, prefix: tuple = ()) -> dict[tuple, int]:
-    """1-based line of every key path in a composed YAML document."""
-    lines: dict[tuple, int] = {}
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            path = (*prefix, key.value)
-            lines[path] = key.start_mark.line + 1
-            lines.update(_key_lines(value, path))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            path = (*prefix, i)
-            lines[path] = item.start_mark.line + 1
-            lines.update(_key_lines(item, path))
-    return lines
 
 
 def _config_error(
@@ -398,7 +364,7 @@ def load_pipeline(path: str | os.PathLike) -> tuple[Pipeline, Config]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"pipeline file not found: {path}")
-    raw, lines = _parse_yaml(path)
+    raw, lines = read_yaml(path, "pipeline file")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a pipeline is a mapping (model, output, calibration_data, ...)")
     try:

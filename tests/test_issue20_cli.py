@@ -1,0 +1,83 @@
+"""Issue 20 at the CLI boundary: YAML that qcli cannot read (recursive, too deep, duplicate keys,
+scalars their tag cannot convert), outputs that cannot be written (checked before the work),
+values no setting means (NaN, infinity, a reversed range, numbers too big to use), and `--debug`
+keeping the exit code. Each runs through the CLI and checks the exit code and the message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLE_MODELS
+
+MLP = SAMPLE_MODELS / "mlp"
+DEEP = "[" * 5000 + "]" * 5000 + "\n"
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{k}: &{k} [{', '.join([f'*{prev}'] * 10)}]\n" for prev, k in zip("abcde", "bcdef", strict=True)
+)
+
+
+def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def refused(result) -> str:
+    """The stderr of a run that exited 2 without a traceback."""
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+def boom(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the work started before the outputs were checked")
+
+
+# --------------------------------------------------------------------------- YAML qcli cannot read
+
+UNREADABLE = [
+    ("a: &a [*a]\n", ":1:8: recursive alias *a: it is inside its own anchor &a"),
+    ("calibration: &c {method: *c}\n", ":1:26: recursive alias *c: it is inside its own anchor &c"),
+    (DEEP, ":1:101: nesting deeper than 100 levels"),
+    (LAUGHS, ":6:36: the aliases expand to more than 1,000,000 values"),
+    ("calibration:\n  method: kl\ncalibration:\n  method: mse\n", ":3:1: duplicate key 'calibration' (first on line 1)"),
+    ("calibration: {method: kl, method: mse}\n", ":1:27: duplicate key 'method' (first on line 1)"),
+    ("calibration: {samples: 2024-13-45}\n", ":1:24: cannot read '2024-13-45' as timestamp: month must be in 1..12"),
+    ("calibration: {samples: !!int abc}\n",
+     ":1:24: cannot read 'abc' as int: invalid literal for int() with base 10: 'abc'"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), UNREADABLE)
+def test_yaml_qcli_cannot_read_is_exit_2_naming_file_line_and_problem(cli, tmp_path: Path, text: str,
+                                                                      message: str) -> None:
+    path = write(tmp_path, text)
+    assert refused(cli("config", "validate", path)) == f"error: {path}{message}\n"
+
+
+@pytest.mark.parametrize(("text", "message"), [UNREADABLE[0], UNREADABLE[2], UNREADABLE[4]])
+def test_quantize_and_run_refuse_it_too(cli, tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    result = cli("quantize", MLP / "model.onnx", "-o", tmp_path / "q.onnx", "--data", MLP / "calib", "--config", path)
+    assert refused(result) == f"error: {path}{message}\n"
+    pipeline = write(tmp_path, text, "pipeline.yaml")
+    assert refused(cli("run", pipeline)) == f"error: {pipeline}{message}\n"
+
+
+def test_a_pipeline_with_a_duplicate_key_or_a_recursive_inline_config(cli, tmp_path: Path) -> None:
+    base = f"model: {MLP / 'model.onnx'}\noutput: q.onnx\ncalibration_data: {MLP / 'calib'}\n"
+    pipeline = write(tmp_path, base + "output: other.onnx\n", "pipeline.yaml")
+    assert refused(cli("run", pipeline)) == f"error: {pipeline}:4:1: duplicate key 'output' (first on line 2)\n"
+    pipeline = write(tmp_path, base + "config: &c {calibration: *c}\n", "pipeline.yaml")
+    assert refused(cli("run", pipeline)) == (
+        f"error: {pipeline}:4:26: recursive alias *c: it is inside its own anchor &c\n"
+    )
+
+
+def test_aliases_and_merge_keys_that_override_still_read(cli, tmp_path: Path) -> None:
+    path = write(tmp_path, "exclude: {nodes: &n [a, b], tensors: *n}\n<<: {calibration: {method: kl}}\n"
+                           "calibration: {method: mse}\n")
+    doc = cli.json("config", "show", "--config", path)
+    assert doc["exclude"]["tensors"] == ["a", "b"] and doc["calibration"]["method"] == "mse"
