@@ -33,7 +33,7 @@ Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4"]  # int4
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # .nan/.inf: no setting means them
 
 
 class Calibration(_Section):
@@ -53,7 +53,7 @@ class Weights(_Section):
     dtype: WeightDtype = "int8"
     symmetric: bool = True
     granularity: GranularityName = "per_channel"
-    block_size: int = Field(32, ge=8)
+    block_size: int = Field(32, ge=8, le=1 << 16)  # larger than any weight's axis: one block per channel
 
     @field_validator("block_size")
     @classmethod
@@ -103,6 +103,13 @@ class Override(_Section):
     weights: Weights | None = None
     calibration: CalibrationOverride | None = None
     range: tuple[float, float] | None = None
+
+    @field_validator("range")
+    @classmethod
+    def _low_high(cls, r: tuple[float, float] | None) -> tuple[float, float] | None:
+        if r is not None and r[0] > r[1]:
+            raise ValueError("the range is reversed (low above high): write [low, high]")
+        return r
 
 
 class Verify(_Section):
@@ -185,6 +192,8 @@ def resolve_config(value: str | os.PathLike) -> Path:
     path = Path(value)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder, not a config file", hint="pass the .yaml file")
     text = str(value)
     if "/" not in text and path.suffix not in (".yaml", ".yml"):
         preset = PRESETS / f"{text}.yaml"
@@ -227,9 +236,11 @@ def _config_error(
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
         message = f"{where}: unknown key {key}"
+    elif first["type"] == "invalid_key":  # `1: 2` (YAML keys may be numbers, ours are names)
+        message = f"{where}: {_key_path(loc[:-1])}: keys should be strings, got {loc[-1]!r}"
     else:
         given = _lookup(raw, loc)
-        shown = f" (got {given!r})" if given is not _MISSING else ""
+        shown = f" (got {_shorten(repr(given))})" if given is not _MISSING else ""
         message = f"{where}: {key}: {first['msg']}{shown}"
     more = len(exc.errors()) - 1
     if more:
@@ -238,6 +249,19 @@ def _config_error(
 
 
 _MISSING = object()
+
+
+def _shorten(text: str, width: int = 80) -> str:
+    """`text` cut to about `width` characters, after a comma when it has one (a value quoted back
+    in an error message).
+
+    >>> _shorten(repr(list(range(100))), 20), _shorten("'" + "x" * 30 + "'", 20)
+    ('[0, 1, 2, 3, 4, ...', "'xxxxxxxxxxxxxxx ...")
+    """
+    if len(text) <= width:
+        return text
+    cut = text[: width - 4]
+    return (cut[: cut.rfind(",") + 1] if "," in cut else cut) + " ..."
 
 
 def _key_path(loc: tuple) -> str:
@@ -306,7 +330,7 @@ class AnalyzeOptions(_Section):
     batch_size: int = Field(32, ge=1)
     runs: int = Field(50, ge=0)
     warmup: int = Field(5, ge=0)
-    threads: int | None = Field(None, ge=1)
+    threads: int | None = Field(None, ge=1, le=1024)  # onnxruntime takes a 32-bit count
     latency_batch: int = Field(1, ge=1)
     worst: int = Field(10, ge=0)
     layers: bool = True

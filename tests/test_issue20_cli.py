@@ -81,3 +81,36 @@ def test_aliases_and_merge_keys_that_override_still_read(cli, tmp_path: Path) ->
                            "calibration: {method: mse}\n")
     doc = cli.json("config", "show", "--config", path)
     assert doc["exclude"]["tensors"] == ["a", "b"] and doc["calibration"]["method"] == "mse"
+
+
+# --------------------------------------------------------------------------- values no setting means
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("calibration: {percentile: .nan}\n", ":1: calibration.percentile: Input should be a finite number (got nan)"),
+    ("verify: {time_budget: .inf}\n", ":1: verify.time_budget: Input should be a finite number (got inf)"),
+    ("overrides: [{match: {nodes: [a]}, range: [.nan, 1]}]\n",
+     ":1: overrides[0].range[0]: Input should be a finite number (got nan)"),
+    ("overrides: [{match: {nodes: [a]}, range: [1, -1]}]\n",
+     ":1: overrides[0].range: Value error, the range is reversed (low above high): write [low, high] (got [1, -1])"),
+    ("weights: {granularity: per_block, block_size: 1180591620717411303424}\n",
+     ":1: weights.block_size: Input should be less than or equal to 65536 (got 1180591620717411303424)"),
+    ("calibration: {1: 2}\n", ":1: calibration: keys should be strings, got 1"),
+    (f"calibration: {{percentile: {list(range(100))}}}\n",
+     ":1: calibration.percentile: Input should be a valid number (got [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, "
+     "13, 14, 15, 16, 17, 18, 19, 20, ...)"),
+])
+def test_values_no_setting_means(cli, tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    assert refused(cli("config", "validate", path)) == f"error: {path}{message}\n"
+
+
+def test_too_many_threads_is_exit_2(cli, tmp_path: Path) -> None:
+    result = cli("analyze", MLP / "model.onnx", MLP / "model.onnx", "--data", MLP / "eval", "--threads", 99999999999)
+    assert refused(result) == "error: threads: Input should be less than or equal to 1024\n"
+
+
+def test_a_config_path_that_is_a_folder(cli, tmp_path: Path) -> None:
+    assert refused(cli("config", "validate", tmp_path)) == (
+        f"error: {tmp_path} is a folder, not a config file\nhint: pass the .yaml file\n"
+    )
