@@ -480,7 +480,8 @@ def config_init(
 
         if output.exists() and not force:
             raise QcliError(f"{output} exists", hint="choose another path with -o, or --force to overwrite")
-        output.write_text((PRESETS / "default.yaml").read_text())
+        from qcli.files import check_writable, write_text_atomic
+        write_text_atomic(check_writable(output, "the config template"), (PRESETS / "default.yaml").read_text())
         if json_out:
             _print_json({"config": str(output)})
         else:

@@ -395,13 +395,17 @@ def load_pipeline(path: str | os.PathLike) -> tuple[Pipeline, Config]:
         pipeline = Pipeline.model_validate(raw)
     except ValidationError as exc:
         raise _config_error(exc, raw, str(path), lines, schema=Pipeline) from None
+    gates = any(v is not None for v in pipeline.gates.model_dump().values())
+    measured = [key for key, given in (("reports", pipeline.reports), ("gates", gates)) if given]
+    if measured and pipeline.eval_data is None:
+        raise ConfigError(f"{path}:{lines[(measured[0],)]}: reports and gates need eval_data (the data to measure on)")
     base = path.parent
     if isinstance(pipeline.config, dict):
         sub = {k[1:]: v for k, v in lines.items() if k and k[0] == "config"}
         config = parse_config(pipeline.config, f"{path} (config)", sub)
     elif pipeline.config is not None:
         local = base / pipeline.config
-        config = load_config(local if local.is_file() else pipeline.config)
+        config = load_config(local if local.exists() else pipeline.config)
     else:
         config = Config()
     return pipeline, config

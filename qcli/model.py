@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from qcli.errors import ModelError
+from qcli.files import write_error
 
 # Protobuf cannot serialise a message over 2 GiB; above this much weight data we write the
 # tensors to an external data file instead (the same threshold onnx uses).
@@ -146,6 +147,14 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, check: bool =
     that fails validation never appears under the final name.
     """
     path = Path(path)
+    try:
+        _write_model(model, path, check)
+    except OSError as exc:  # check_writable caught the usual causes before the work
+        raise write_error(path, exc) from exc
+    return path
+
+
+def _write_model(model: onnx.ModelProto, path: Path, check: bool) -> None:
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
     data_name = path.name + ".data"
@@ -173,7 +182,6 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, check: bool =
         os.replace(tmp_model, path)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    return path
 
 
 def check_model(path: str | os.PathLike, *, shown_as: str | os.PathLike | None = None) -> None:

@@ -114,3 +114,99 @@ def test_a_config_path_that_is_a_folder(cli, tmp_path: Path) -> None:
     assert refused(cli("config", "validate", tmp_path)) == (
         f"error: {tmp_path} is a folder, not a config file\nhint: pass the .yaml file\n"
     )
+
+
+# --------------------------------------------------------------------------- outputs, before the work
+
+
+@pytest.fixture
+def a_file(tmp_path: Path) -> Path:
+    return write(tmp_path, "not a folder\n", "a_file")
+
+
+def test_quantize_checks_its_outputs_before_the_work(cli, tmp_path: Path, a_file: Path, monkeypatch) -> None:
+    import qcli.commands
+
+    monkeypatch.setattr(qcli.commands, "quantize_checked", boom)
+    quantize = ("quantize", MLP / "model.onnx", "--data", MLP / "calib", "-o")
+    assert refused(cli(*quantize, a_file / "sub" / "q.onnx")) == (
+        f"error: cannot write the quantized model to {a_file / 'sub' / 'q.onnx'}: {a_file} is a file, not a folder\n"
+    )
+    assert refused(cli(*quantize, "/proc/qcli/q.onnx")) == (
+        "error: cannot write the quantized model to /proc/qcli/q.onnx: cannot create the folder /proc/qcli "
+        "(No such file or directory)\n"
+    )
+    assert refused(cli(*quantize, tmp_path)) == (
+        f"error: cannot write the quantized model to {tmp_path}: it is a folder\nhint: give a file name\n"
+    )
+    assert refused(cli(*quantize, tmp_path / "q.onnx", "--auto-precision", "--precision-out", a_file / "p.yaml")) == (
+        f"error: cannot write the precision config to {a_file / 'p.yaml'}: {a_file} is a file, not a folder\n"
+    )
+
+
+def test_the_check_leaves_no_folder_behind(cli, tmp_path: Path) -> None:
+    result = cli("quantize", MLP / "model.onnx", "-o", tmp_path / "new" / "sub" / "q.onnx",
+                 "--data", tmp_path / "no-data")
+    assert "no-data" in refused(result)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_calibrate_analyze_and_config_init_check_their_outputs(cli, tmp_path: Path, a_file: Path,
+                                                              monkeypatch) -> None:
+    import qcli.commands
+
+    monkeypatch.setattr(qcli.commands, "calibrate", boom)
+    monkeypatch.setattr(qcli.commands, "analyze", boom)
+    result = cli("calibrate", MLP / "model.onnx", "--data", MLP / "calib", "-o", "/proc/qcli/c.json")
+    assert refused(result) == (
+        "error: cannot write the calibration file to /proc/qcli/c.json: cannot create the folder /proc/qcli "
+        "(No such file or directory)\n"
+    )
+    analyze = ("analyze", MLP / "model.onnx", MLP / "model.onnx", "--data", MLP / "eval", "--report")
+    assert refused(cli(*analyze, a_file / "r.json")) == (
+        f"error: cannot write the report to {a_file / 'r.json'}: {a_file} is a file, not a folder\n"
+    )
+    assert refused(cli(*analyze, tmp_path / "r.txt")) == (
+        "error: cannot write a report as '.txt'\nhint: name the report file .json, .md or .html\n"
+    )
+    assert refused(cli("config", "init", "-o", tmp_path, "--force")) == (
+        f"error: cannot write the config template to {tmp_path}: it is a folder\nhint: give a file name\n"
+    )
+
+
+def pipeline(tmp_path: Path, extra: str) -> Path:
+    return write(tmp_path, f"model: {MLP / 'model.onnx'}\ncalibration_data: {MLP / 'calib'}\n{extra}",
+                 "pipeline.yaml")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ("output: out\n", "cannot write the quantized model to {tmp}/out: it is a folder\nhint: give a file name"),
+    ("output: q.onnx\ncalibration_file: a_file/c.json\n",
+     "cannot write the calibration file to {tmp}/a_file/c.json: {tmp}/a_file is a file, not a folder"),
+    (f"output: q.onnx\neval_data: {MLP / 'eval'}\nreports: [/proc/qcli/r.json]\n",
+     "cannot write the report to /proc/qcli/r.json: cannot create the folder /proc/qcli (No such file or directory)"),
+    (f"output: {MLP / 'model.onnx'}\n",
+     "{tmp}/pipeline.yaml: output " + str(MLP / "model.onnx") + " is the model; qcli never overwrites its input\n"
+     "hint: write the quantized model to another file"),
+    ("output: q.onnx\nreports: [r.json]\n", "{tmp}/pipeline.yaml:4: reports and gates need eval_data (the data to "
+     "measure on)"),
+    ("output: q.onnx\nconfig: out\n", "{tmp}/out is a folder, not a config file\nhint: pass the .yaml file"),
+])
+def test_a_pipeline_checks_its_outputs_before_the_work(cli, tmp_path: Path, a_file: Path, monkeypatch,
+                                                       extra: str, message: str) -> None:
+    import qcli.pipeline
+
+    monkeypatch.setattr(qcli.pipeline, "quantize_checked", boom)
+    (tmp_path / "out").mkdir()
+    result = cli("run", pipeline(tmp_path, extra))
+    assert refused(result) == f"error: {message.format(tmp=tmp_path)}\n"
+
+
+def test_the_writers_turn_an_os_error_into_exit_2(cli, tmp_path: Path, a_file: Path, monkeypatch) -> None:
+    import qcli.flags
+
+    monkeypatch.setattr(qcli.flags, "check_writable", lambda path, what: path)  # the last line of defence
+    result = cli("quantize", MLP / "model.onnx", "-o", a_file / "q.onnx", "--data", MLP / "calib", "--no-verify")
+    assert refused(result) == f"error: cannot write {a_file / 'q.onnx'}: {a_file} is a file, not a folder\n"
+    result = cli("calibrate", MLP / "model.onnx", "--data", MLP / "calib", "--samples", 8, "-o", a_file / "c.json")
+    assert refused(result) == f"error: cannot write {a_file / 'c.json'}: {a_file} is a file, not a folder\n"
