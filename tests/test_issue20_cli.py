@@ -210,3 +210,37 @@ def test_the_writers_turn_an_os_error_into_exit_2(cli, tmp_path: Path, a_file: P
     assert refused(result) == f"error: cannot write {a_file / 'q.onnx'}: {a_file} is a file, not a folder\n"
     result = cli("calibrate", MLP / "model.onnx", "--data", MLP / "calib", "--samples", 8, "-o", a_file / "c.json")
     assert refused(result) == f"error: cannot write {a_file / 'c.json'}: {a_file} is a file, not a folder\n"
+
+
+# --------------------------------------------------------------------------- --debug keeps the exit code
+
+
+def test_debug_shows_the_traceback_and_keeps_a_bad_input_exit_code(cli, tmp_path: Path) -> None:
+    result = cli("config", "validate", tmp_path / "none.yaml", "--debug")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Traceback (most recent call last):")
+    assert result.stderr.endswith(f"\nerror: config file not found: {tmp_path / 'none.yaml'}\n")
+
+
+def test_debug_keeps_a_failed_gate_exit_code(cli, tmp_path: Path) -> None:
+    result = cli("analyze", MLP / "model.onnx", MLP / "model.onnx", "--data", MLP / "eval", "--runs", 0,
+                 "--min-compression", 2, "--debug")
+    assert result.exit_code == 1, result.stderr
+    assert result.stderr.startswith("Traceback (most recent call last):")
+    assert "qcli.errors.GateFailed: " in result.stderr
+
+
+def test_debug_keeps_an_internal_error_exit_code(cli, tmp_path: Path, monkeypatch) -> None:
+    import qcli.commands
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a broken invariant")
+
+    monkeypatch.setattr(qcli.commands, "inspect_command", broken)
+    result = cli("inspect", MLP / "model.onnx", "--debug")
+    assert result.exit_code == 3
+    assert result.stderr.startswith("Traceback (most recent call last):")
+    assert result.stderr.endswith(
+        "RuntimeError: a broken invariant\ninternal error: RuntimeError: a broken invariant\n"
+        "hint: this is a bug in qcli; report the traceback above\n"
+    )
