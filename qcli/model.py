@@ -144,7 +144,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, check: bool =
     Everything is first written to a temporary folder beside the target, then renamed into
     place, so an interrupted run never leaves a half-written model under the final name.
     With `check`, the written files must pass `check_model` before they are renamed: a model
-    that fails validation never appears under the final name.
+    that fails validation never appears under the final name. A failed write is an OutputError.
     """
     path = Path(path)
     try:
