@@ -2,13 +2,14 @@
 
 One error boundary (`_guard`) turns QcliError into `error: ...` plus a hint on stderr and the
 error's exit code (2 bad input, 1 a quality gate); anything else is a bug, reported as an
-internal error with exit code 3. `--debug` lets every exception through with its traceback.
+internal error with exit code 3. `--debug` prints the traceback first; the exit code stays.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import traceback
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -111,26 +112,30 @@ def main(
 
 
 def _guard(debug: bool, work: Callable[[], Any]) -> Any:
-    """Run `work`; map library errors to a message and an exit code."""
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    """Run `work`; map its errors to a message and an exit code (`--debug` adds the traceback)."""
     try:
         return work()
-    except QcliError as exc:
+    except (Exception, KeyboardInterrupt) as exc:
         if debug:
-            raise
+            sys.stderr.write(traceback.format_exc())
+        raise typer.Exit(_report(exc, debug)) from None
+
+
+def _report(exc: BaseException, debug: bool) -> int:
+    """Say on stderr what went wrong; the exit code: the error's own, 130 on Ctrl-C, else 3 (a bug)."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    if isinstance(exc, KeyboardInterrupt):
+        err.print("interrupted")
+        return 130
+    if isinstance(exc, QcliError):
         err.print(f"[bold red]error:[/bold red] {escape(exc.message)}", markup=True)
         if exc.hint:
             err.print(f"hint: {exc.hint}", markup=False)
-        raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        raise typer.Exit(130) from None
-    except Exception as exc:
-        if debug:
-            raise
-        err.print(f"[bold red]internal error:[/bold red] {escape(f'{type(exc).__name__}: {exc}')}", markup=True)
-        err.print("hint: this is a bug in qcli; rerun with --debug and report the traceback")
-        raise typer.Exit(INTERNAL_ERROR) from None
+        return exc.exit_code
+    err.print(f"[bold red]internal error:[/bold red] {escape(f'{type(exc).__name__}: {exc}')}", markup=True)
+    report = "report the traceback above" if debug else "rerun with --debug and report the traceback"
+    err.print(f"hint: this is a bug in qcli; {report}", markup=False)
+    return INTERNAL_ERROR
 
 
 def _console(quiet: bool) -> Console:
@@ -146,9 +151,7 @@ def _print_json(doc: dict) -> None:
 @app.command()
 def inspect(
     model: Annotated[Path, typer.Argument(help="ONNX model file.")],
-    data: Annotated[
-        Path | None, typer.Option("--data", help="Also check a data folder against the model.")
-    ] = None,
+    data: Annotated[Path | None, typer.Option("--data", help="Also check a data folder against the model.")] = None,
     config: ConfigOpt = None,
     samples: Annotated[int | None, typer.Option("--samples", help="Check only the first N samples.")] = None,
     json_out: JsonOpt = False,
@@ -477,10 +480,11 @@ def config_init(
 
     def work() -> None:
         from qcli.config import PRESETS
+        from qcli.files import check_writable, write_text_atomic
 
         if output.exists() and not force:
             raise QcliError(f"{output} exists", hint="choose another path with -o, or --force to overwrite")
-        output.write_text((PRESETS / "default.yaml").read_text())
+        write_text_atomic(check_writable(output, "the config template"), (PRESETS / "default.yaml").read_text())
         if json_out:
             _print_json({"config": str(output)})
         else:

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qcli import __version__
-from qcli.analyze import AnalyzeOptions, Report, analyze, evaluate, headline, sample_count, write_report
+from qcli.analyze import FORMATS, AnalyzeOptions, Report, analyze, evaluate, headline, sample_count, write_report
 from qcli.analyze.gates import Gates
 from qcli.calibrate.table import METHODS, CalibrationTable, load_table, save_table
 from qcli.config import config_yaml, load_preprocess
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import GateFailed, QcliError
-from qcli.files import write_text_atomic
+from qcli.files import check_writable, write_text_atomic
 from qcli.flags import CalibrateFlags, QuantizeFlags
 from qcli.info import describe_data, describe_model, file_bytes
 from qcli.model import fingerprint, load_model, save_model
@@ -46,6 +46,7 @@ def inspect_command(model: Path, data: Path | None = None, *, config: str | None
 
 def calibrate_command(flags: CalibrateFlags, *, progress: ProgressFactory = no_progress) -> dict:
     """Calibrate every range method on `flags.data`, write the calibration file; its document."""
+    flags.check()
     config = flags.calibration.load()
     model = load_model(flags.model)
     folder = DataFolder(
@@ -227,6 +228,8 @@ def analyze_command(
 ) -> Report:
     """`analyze` with the preprocessing of `config` (a file or preset), writing `report` when
     given (.json, .md or .html). The caller checks `gate_error()`."""
+    if report is not None:
+        check_report(report)
     preprocess = load_preprocess(config)
     total = sample_count(float_model, data, samples=options.samples, preprocess=preprocess)
     with progress("analyzing", total) as advance:
@@ -237,6 +240,14 @@ def analyze_command(
     if report is not None:
         write_report(result, report)
     return result
+
+
+def check_report(path: Path) -> Path:
+    """`path` names a format qcli writes and can be written (checked before the work)."""
+    if path.suffix.lower() not in FORMATS:
+        raise QcliError(f"cannot write a report as {path.suffix or 'a file without extension'!r}",
+                        hint="name the report file .json, .md or .html")
+    return check_writable(path, "the report")
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from qcli.data import Preprocess
 from qcli.errors import ConfigError
+from qcli.yamlfile import read_yaml
 
 Method = Literal["minmax", "percentile", "kl", "mse"]
 ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float"]  # float: weight-only
@@ -32,7 +33,7 @@ Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4"]  # int4
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # .nan/.inf: no setting means them
 
 
 class Calibration(_Section):
@@ -52,7 +53,7 @@ class Weights(_Section):
     dtype: WeightDtype = "int8"
     symmetric: bool = True
     granularity: GranularityName = "per_channel"
-    block_size: int = Field(32, ge=8)
+    block_size: int = Field(32, ge=8, le=1 << 16)  # larger than any weight's axis: one block per channel
 
     @field_validator("block_size")
     @classmethod
@@ -102,6 +103,13 @@ class Override(_Section):
     weights: Weights | None = None
     calibration: CalibrationOverride | None = None
     range: tuple[float, float] | None = None
+
+    @field_validator("range")
+    @classmethod
+    def _low_high(cls, r: tuple[float, float] | None) -> tuple[float, float] | None:
+        if r is not None and r[0] > r[1]:
+            raise ValueError("the range is reversed (low above high): write [low, high]")
+        return r
 
 
 class Verify(_Section):
@@ -184,6 +192,8 @@ def resolve_config(value: str | os.PathLike) -> Path:
     path = Path(value)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder, not a config file", hint="pass the .yaml file")
     text = str(value)
     if "/" not in text and path.suffix not in (".yaml", ".yml"):
         preset = PRESETS / f"{text}.yaml"
@@ -202,48 +212,13 @@ def load_config(path: str | os.PathLike | None) -> Config:
     if path is None:
         return Config()
     path = resolve_config(path)
-    raw, lines = _parse_yaml(path)
+    raw, lines = read_yaml(path, "config file")
     return parse_config(raw, str(path), lines)
-
-
-def _parse_yaml(path: Path) -> tuple[Any, dict[tuple, int]]:
-    """A YAML file's data and the line of every key path; syntax errors name file:line:col."""
-    text = _read(path)
-    try:
-        return yaml.safe_load(text), _key_lines(yaml.compose(text))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: YAML syntax error: {problem}") from exc
 
 
 def load_preprocess(path: str | os.PathLike | None) -> Preprocess | None:
     """The `data.preprocess` section of a config file, validated, or None when absent."""
     return load_config(path).data.preprocess
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-
-
-def _key_lines(node: yaml.Node | None, prefix: tuple = ()) -> dict[tuple, int]:
-    """1-based line of every key path in a composed YAML document."""
-    lines: dict[tuple, int] = {}
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            path = (*prefix, key.value)
-            lines[path] = key.start_mark.line + 1
-            lines.update(_key_lines(value, path))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            path = (*prefix, i)
-            lines[path] = item.start_mark.line + 1
-            lines.update(_key_lines(item, path))
-    return lines
 
 
 def _config_error(
@@ -261,9 +236,11 @@ def _config_error(
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
         message = f"{where}: unknown key {key}"
+    elif first["type"] == "invalid_key":  # `1: 2` (YAML keys may be numbers, ours are names)
+        message = f"{where}: {_key_path(loc[:-1])}: keys should be strings, got {loc[-1]!r}"
     else:
         given = _lookup(raw, loc)
-        shown = f" (got {given!r})" if given is not _MISSING else ""
+        shown = f" (got {_shorten(repr(given))})" if given is not _MISSING else ""
         message = f"{where}: {key}: {first['msg']}{shown}"
     more = len(exc.errors()) - 1
     if more:
@@ -272,6 +249,19 @@ def _config_error(
 
 
 _MISSING = object()
+
+
+def _shorten(text: str, width: int = 80) -> str:
+    """`text` cut to about `width` characters, after a comma when it has one (a value quoted back
+    in an error message).
+
+    >>> _shorten(repr(list(range(100))), 20), _shorten("'" + "x" * 30 + "'", 20)
+    ('[0, 1, 2, 3, 4, ...', "'xxxxxxxxxxxxxxx ...")
+    """
+    if len(text) <= width:
+        return text
+    cut = text[: width - 4]
+    return (cut[: cut.rfind(",") + 1] if "," in cut else cut) + " ..."
 
 
 def _key_path(loc: tuple) -> str:
@@ -340,7 +330,7 @@ class AnalyzeOptions(_Section):
     batch_size: int = Field(32, ge=1)
     runs: int = Field(50, ge=0)
     warmup: int = Field(5, ge=0)
-    threads: int | None = Field(None, ge=1)
+    threads: int | None = Field(None, ge=1, le=1024)  # onnxruntime takes a 32-bit count
     latency_batch: int = Field(1, ge=1)
     worst: int = Field(10, ge=0)
     layers: bool = True
@@ -398,20 +388,24 @@ def load_pipeline(path: str | os.PathLike) -> tuple[Pipeline, Config]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"pipeline file not found: {path}")
-    raw, lines = _parse_yaml(path)
+    raw, lines = read_yaml(path, "pipeline file")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a pipeline is a mapping (model, output, calibration_data, ...)")
     try:
         pipeline = Pipeline.model_validate(raw)
     except ValidationError as exc:
         raise _config_error(exc, raw, str(path), lines, schema=Pipeline) from None
+    gates = any(v is not None for v in pipeline.gates.model_dump().values())
+    measured = [key for key, given in (("reports", pipeline.reports), ("gates", gates)) if given]
+    if measured and pipeline.eval_data is None:
+        raise ConfigError(f"{path}:{lines[(measured[0],)]}: reports and gates need eval_data (the data to measure on)")
     base = path.parent
     if isinstance(pipeline.config, dict):
         sub = {k[1:]: v for k, v in lines.items() if k and k[0] == "config"}
         config = parse_config(pipeline.config, f"{path} (config)", sub)
     elif pipeline.config is not None:
         local = base / pipeline.config
-        config = load_config(local if local.is_file() else pipeline.config)
+        config = load_config(local if local.exists() else pipeline.config)
     else:
         config = Config()
     return pipeline, config

@@ -34,6 +34,11 @@ class CalibrationError(QcliError):
     """A calibration file is unreadable, stale, or lacks what was asked of it."""
 
 
+class OutputError(QcliError, OSError):
+    """An output file cannot be written: its folder cannot be created or takes no files, or the
+    path is a folder. Also an OSError, as the failed write it reports (callers may catch either)."""
+
+
 class GateFailed(QcliError):
     """A quality gate (accuracy drop, speedup, compression, verification floor) failed."""
 

@@ -15,6 +15,7 @@ from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config, load_config
 from qcli.errors import QcliError
 from qcli.executor import Executor, make_executor
+from qcli.files import check_writable
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class CalibrateFlags:
     def calibration_file(self) -> Path:
         return self.output or Path.cwd() / f"{self.model.name.removesuffix('.onnx')}.calib.json"
 
+    def check(self) -> None:
+        """The calibration file can be written (checked before the work)."""
+        check_writable(self.calibration_file, "the calibration file")
+
 
 @dataclass(frozen=True)
 class QuantizeFlags:
@@ -99,7 +104,7 @@ class QuantizeFlags:
 
     def check(self) -> None:
         """The rules between flags that need no file read (the config may enable auto-precision:
-        `config` checks the flags that depend on it)."""
+        `config` checks the flags that depend on it); then that the outputs can be written."""
         if (self.data is None) == (self.calib is None):
             raise QcliError("give exactly one of --data DIR (calibrate now) or --calib FILE")
         if self.calib is not None and not self.auto_precision and self.scale.given:
@@ -110,6 +115,9 @@ class QuantizeFlags:
         if self.output.exists() and self.model.exists() and os.path.samefile(self.output, self.model):
             raise QcliError(f"-o {self.output} is the input model; qcli never overwrites its input",
                             hint="write the quantized model to another file")
+        check_writable(self.output, "the quantized model")
+        if self.precision_out is not None:
+            check_writable(self.precision_out, "the precision config")
 
     def config(self) -> Config:
         """The config file or preset with the flags laid over it."""

@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from qcli.errors import ModelError
+from qcli.files import write_error
 
 # Protobuf cannot serialise a message over 2 GiB; above this much weight data we write the
 # tensors to an external data file instead (the same threshold onnx uses).
@@ -143,9 +144,17 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, check: bool =
     Everything is first written to a temporary folder beside the target, then renamed into
     place, so an interrupted run never leaves a half-written model under the final name.
     With `check`, the written files must pass `check_model` before they are renamed: a model
-    that fails validation never appears under the final name.
+    that fails validation never appears under the final name. A failed write is an OutputError.
     """
     path = Path(path)
+    try:
+        _write_model(model, path, check)
+    except OSError as exc:  # check_writable caught the usual causes before the work
+        raise write_error(path, exc) from exc
+    return path
+
+
+def _write_model(model: onnx.ModelProto, path: Path, check: bool) -> None:
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
     data_name = path.name + ".data"
@@ -173,7 +182,6 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, check: bool =
         os.replace(tmp_model, path)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    return path
 
 
 def check_model(path: str | os.PathLike, *, shown_as: str | os.PathLike | None = None) -> None:

@@ -7,12 +7,15 @@ them and collects the results.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qcli.analyze import Gates, Report, analyze, sample_count, write_report
 from qcli.calibrate.table import METHODS, save_table
-from qcli.config import Config, load_pipeline
+from qcli.config import Config, Pipeline, load_pipeline
+from qcli.errors import ConfigError
+from qcli.files import check_writable
 from qcli.model import load_model, save_model
 from qcli.quantize import QuantizeResult
 from qcli.verify import Outcome, ProgressFactory, no_progress, quantize_checked
@@ -33,6 +36,7 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -
     """Run the pipeline file at `path`; the caller checks `result.report.gate_error()`."""
     path = Path(path)
     pipeline, config = load_pipeline(path)
+    check_outputs(pipeline, path)
     local = path.parent.joinpath
 
     def optional(p: str | None) -> Path | None:
@@ -60,8 +64,19 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -
             )
         for report_path in pipeline.reports:
             result.reports.append(write_report(result.report, local(report_path)))
-    elif pipeline.reports or any(v is not None for v in pipeline.gates.model_dump().values()):
-        from qcli.errors import ConfigError
-
-        raise ConfigError(f"{path}: reports and gates need eval_data (the data to measure on)")
     return result
+
+
+def check_outputs(pipeline: Pipeline, path: Path) -> None:
+    """What the pipeline file at `path` writes can be written, and is not its model (checked
+    before the work)."""
+    local = path.parent.joinpath
+    output, model = local(pipeline.output), local(pipeline.model)
+    if output.exists() and model.exists() and os.path.samefile(output, model):
+        raise ConfigError(f"{path}: output {pipeline.output} is the model; qcli never overwrites its input",
+                          hint="write the quantized model to another file")
+    check_writable(output, "the quantized model")
+    if pipeline.calibration_file:
+        check_writable(local(pipeline.calibration_file), "the calibration file")
+    for report in pipeline.reports:
+        check_writable(local(report), "the report")
