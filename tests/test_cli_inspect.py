@@ -130,10 +130,12 @@ def test_bad_yaml(cli, image_model: Path, tmp_path: Path) -> None:
 
 
 def test_debug_shows_the_traceback(cli, tmp_path: Path) -> None:
-    from qcli.errors import ModelError
-
-    with pytest.raises(ModelError):
-        cli("inspect", tmp_path / "none.onnx", "--debug")
+    """--debug shows the traceback and keeps the error's exit code (it used to let the
+    exception escape: Python's exit 1, issue 20)."""
+    result = cli("inspect", tmp_path / "none.onnx", "--debug")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Traceback (most recent call last):")
+    assert f"qcli.errors.ModelError: model file not found: {tmp_path / 'none.onnx'}\n" in result.stderr
 
 
 def test_usage_error_exits_2(cli) -> None:

@@ -303,3 +303,9 @@ def test_ten_thousand_samples_stream_in_bounded_memory(tmp_path: Path) -> None:
     assert seen == 10_000
     assert peak < 4_000_000, f"peak {peak} bytes for 40 MB of samples"
     assert peak < 1.5 * peak_small + 256_000, f"peak grows with samples: {peak_small} -> {peak}"
+
+
+def test_preprocess_refuses_nan_and_infinity() -> None:
+    """`mean: [.nan]` was accepted and turned every image into NaN (issue 20)."""
+    with pytest.raises(DataError, match=r"data\.preprocess\.std\.0: Input should be a finite number \(got inf\)"):
+        Preprocess.from_dict({"std": [float("inf")]})

@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from conftest import parse_model, save, write_npz
+from conftest import SAMPLE_MODELS, parse_model, save, write_npz
 from qcli.prepare import BLOCK_OPSET, prepare
 
 
@@ -338,3 +338,18 @@ def test_an_input_with_a_fixed_first_dimension_is_run_whole(cli, tmp_path: Path)
     assert session.run(None, {"x": np.ones((2, 8), np.float32)})[0].shape == (2, 4)
     report = cli.json("analyze", tmp_path / "model.onnx", out, "--data", folder, "--runs", "2", "--warmup", "0")
     assert report["speed"]["batch"] == 2
+
+
+def test_a_weight_only_config_with_an_int8_override(cli, tmp_path: Path) -> None:
+    """`activations: {dtype: float}` with an override asking int8 for the Gemms: the table's
+    own ranges were solved for the config's activation type, 'float' ("unknown quantized dtype
+    'float'", exit 2, on a valid config)."""
+    config = tmp_path / "c.yaml"
+    config.write_text("activations: {dtype: float}\noverrides:\n  - match: {op_types: [Gemm]}\n    precision: int8\n")
+    mlp = SAMPLE_MODELS / "mlp"
+    out = tmp_path / "out.onnx"
+    doc = cli.json("quantize", mlp / "model.onnx", "-o", out, "--data", mlp / "calib", "--samples", "32",
+                   "--config", config, "--no-verify")
+    assert doc["quantized"] == {"Gemm": 3}
+    types = [n.op_type for n in onnx.load(out).graph.node]
+    assert types.count("QuantizeLinear") == 3

@@ -266,7 +266,7 @@ def read_report(path: str | Path) -> Report:
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise QcliError(f"cannot read report {path}: {exc}") from exc
     try:
         return Report.from_dict(doc)

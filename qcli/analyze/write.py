@@ -37,8 +37,5 @@ def write_report(report: Report, path: str | os.PathLike) -> Path:
     text = report_text(report, path.suffix)
     if path.is_dir():
         raise QcliError(f"{path} is a folder", hint="give the report a file name ending in .json, .md or .html")
-    try:
-        write_text_atomic(path, text)
-    except OSError as exc:
-        raise QcliError(f"cannot write report {path}: {exc.strerror or exc}") from exc
+    write_text_atomic(path, text)  # an OSError comes out as OutputError, naming the path
     return path

@@ -39,9 +39,12 @@ class RangeSettings:
 
     @classmethod
     def of(cls, config) -> RangeSettings:
-        """The settings a `Config` asks for (its calibration and activations sections)."""
+        """The settings a `Config` asks for (its calibration and activations sections). A
+        weight-only config (`activations: {dtype: float}`) has no activation type: the ranges
+        the table keeps are then solved for uint8, the default; a node an override quantizes
+        has its range solved for its own type on demand (`range`)."""
         c, a = config.calibration, config.activations
-        return cls(c.method, c.percentile, c.bins, a.dtype, a.symmetric)
+        return cls(c.method, c.percentile, c.bins, "uint8" if a.dtype == "float" else a.dtype, a.symmetric)
 
     def params(self, method: str) -> dict[str, Any]:
         if method == "percentile":
@@ -168,7 +171,7 @@ def load_table(path: str | os.PathLike, fingerprint: str | None = None) -> Calib
         raise CalibrationError(f"calibration file not found: {path}")
     try:
         doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CalibrationError(
             f"{path} is not a readable calibration file: {exc}", hint="run qcli calibrate again"
         ) from exc

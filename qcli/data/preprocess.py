@@ -32,7 +32,7 @@ class Preprocess(BaseModel):
     qcli.errors.DataError: data.preprocess.std: must not contain 0 (got [0.2, 0])
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # .nan/.inf: no mean or std
 
     resize: tuple[int, ...] | None = None
     center_crop: tuple[int, int] | None = None
