@@ -353,3 +353,13 @@ def test_a_weight_only_config_with_an_int8_override(cli, tmp_path: Path) -> None
     assert doc["quantized"] == {"Gemm": 3}
     types = [n.op_type for n in onnx.load(out).graph.node]
     assert types.count("QuantizeLinear") == 3
+
+
+def test_a_calibration_file_nested_too_deep_is_bad_input(cli, tmp_path: Path) -> None:
+    """JSON nested past Python's recursion limit raised RecursionError from json (exit 3)."""
+    calib = tmp_path / "deep.calib.json"
+    calib.write_text("[" * 100_000 + "]" * 100_000)
+    mlp = SAMPLE_MODELS / "mlp"
+    result = cli("quantize", mlp / "model.onnx", "-o", tmp_path / "out.onnx", "--calib", calib)
+    assert result.exit_code == 2
+    assert f"{calib} is not a readable calibration file: maximum recursion depth exceeded" in result.stderr
