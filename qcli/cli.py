@@ -479,12 +479,9 @@ def config_init(
     """Write a commented config template (the default preset) to start from."""
 
     def work() -> None:
-        from qcli.config import PRESETS
-        from qcli.files import check_writable, write_text_atomic
+        from qcli.commands import init_config
 
-        if output.exists() and not force:
-            raise QcliError(f"{output} exists", hint="choose another path with -o, or --force to overwrite")
-        write_text_atomic(check_writable(output, "the config template"), (PRESETS / "default.yaml").read_text())
+        init_config(output, force)
         if json_out:
             _print_json({"config": str(output)})
         else:

@@ -18,7 +18,7 @@ from qcli import __version__
 from qcli.analyze import FORMATS, AnalyzeOptions, Report, analyze, evaluate, headline, sample_count, write_report
 from qcli.analyze.gates import Gates
 from qcli.calibrate.table import METHODS, CalibrationTable, load_table, save_table
-from qcli.config import config_yaml, load_preprocess
+from qcli.config import PRESETS, config_yaml, load_preprocess
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import GateFailed, QcliError
 from qcli.files import check_writable, write_text_atomic
@@ -281,3 +281,10 @@ def run_command(path: Path, *, progress: ProgressFactory = no_progress) -> Pipel
         "analysis": result.report.to_dict() if result.report else None,
     }
     return PipelineRun(result, doc)
+
+
+def init_config(output: Path, force: bool = False) -> Path:
+    """`qcli config init`: the default preset, commented, written to `output` to start from."""
+    if output.exists() and not force:
+        raise QcliError(f"{output} exists", hint="choose another path with -o, or --force to overwrite")
+    return write_text_atomic(check_writable(output, "the config template"), (PRESETS / "default.yaml").read_text())

@@ -224,7 +224,7 @@ def _latency(
     """Alternating timed runs of both models on the first `latency_batch` samples; notes."""
     if not opts.runs:
         return None, []
-    feeds, batch = timed_inputs(_head(first, opts.latency_batch), inputs, opts.latency_batch)
+    feeds, batch = timed_inputs(first, inputs, opts.latency_batch)
     notes = []
     if batch != opts.latency_batch:
         notes.append(f"latency timed at batch {batch}: the model's inputs have a fixed batch dimension")
@@ -376,12 +376,6 @@ def open_data(
 def _where(folder: DataFolder, batch: Batch) -> str:
     s = batch.sources
     return str(folder.path / s[0]) if len(s) == 1 else f"{folder.path / s[0]} .. {s[-1]}"
-
-
-def _head(batch: Batch, n: int) -> Batch:
-    if batch.whole or batch.size <= n:  # a whole batch: the model's first axis is fixed
-        return batch
-    return Batch({k: v[:n] for k, v in batch.inputs.items()}, None, None, batch.sources[:n])
 
 
 def _reference_outputs(refs: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
