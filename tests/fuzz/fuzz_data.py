@@ -49,6 +49,18 @@ class Samples:
         return folder
 
 
+def case_of(model: onnx.ModelProto) -> GraphCase:
+    """A GraphCase for a model written by hand: its inputs as declared (a symbolic first dim
+    is the batch: samples of 1)."""
+    inputs, batched = [], False
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        batched = batched or bool(dims and not dims[0].HasField("dim_value"))
+        shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims)
+        inputs.append(Input(value.name, shape, value.type.tensor_type.elem_type, high=2))
+    return GraphCase(model, inputs, None, batched=batched)
+
+
 def _array(spec: Input, shape: tuple[int, ...], rng: np.random.Generator, scale: float) -> np.ndarray:
     if spec.dtype == FLOAT:
         return (rng.standard_normal(shape) * scale).astype(np.float32)

@@ -27,7 +27,7 @@ PROFILE = os.environ.get("QCLI_FUZZ", "fast")
 LONG = PROFILE == "long"
 MINUTES = float(os.environ.get("QCLI_FUZZ_MINUTES", "10"))
 SHARE = {"graphs": 0.55, "configs": 0.15, "pipelines": 0.2, "bad_inputs": 0.1}  # of the time, per test
-FAST_EXAMPLES = {"graphs": 24, "configs": 30, "pipelines": 8, "bad_inputs": 40}
+FAST_EXAMPLES = {"graphs": 80, "configs": 40, "pipelines": 20, "bad_inputs": 40}
 
 _common = {"deadline": None, "suppress_health_check": list(HealthCheck), "print_blob": False}
 settings.register_profile("fast", derandomize=True, database=None, **_common)

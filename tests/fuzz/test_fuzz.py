@@ -9,17 +9,22 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import onnx
+import onnx.parser
 import pytest
+import yaml
 from hypothesis import given, reject
 from hypothesis import strategies as st
 
 from fuzz_bad import BAD
 from fuzz_check import Context, Expect, judge, judge_debug, qcli
 from fuzz_configs import config_files
-from fuzz_data import Samples, make_samples, runnable
+from fuzz_data import Samples, case_of, make_samples, runnable
 from fuzz_graphs import GraphCase, graphs
 from fuzz_runs import graph_commands, names_of, pipeline_file, small_model, write_small
+from fuzz_seeds import SEEDS
 from fuzz_stats import STATS, SummaryPlugin, profile, run
+from qcli.model import clamp_ir_version
 
 pytestmark = pytest.mark.fuzz
 
@@ -102,16 +107,10 @@ def fuzz_configs(config, command: str) -> None:
         else:
             args = ["quantize", model, "--data", folder, "--config", path, "-o", root / "q.onnx"]
         run = qcli(*args)
-        samples = make_samples(_small_case(), 4, 0, True, 1.0, False)
+        samples = make_samples(case_of(small_model()), 4, 0, True, 1.0, False)
         expect = Expect(config.valid, root / "q.onnx" if command == "quantize" else None, small_model(), samples)
         context = Context(small_model(), config.doc, run.args, set(config.tags))
         judge("configs", run, expect, context, lambda: f"-- config.yaml:\n{config.data.decode(errors='replace')}")
-
-
-def _small_case() -> GraphCase:
-    from fuzz_graphs import Input
-
-    return GraphCase(small_model(), [Input("x", (1, 2, 4, 4))], None, batched=True)
 
 
 def test_configs() -> None:
@@ -155,3 +154,29 @@ def fuzz_bad_inputs(kind: str) -> None:
 
 def test_bad_inputs() -> None:
     run("bad_inputs", fuzz_bad_inputs)
+
+
+@pytest.mark.parametrize("name", sorted(SEEDS))
+def test_seed(name: str, tmp_path: Path) -> None:
+    """Each seed through quantize (verified and not) and calibrate, judged as a generated graph."""
+    seed = SEEDS[name]
+    model = clamp_ir_version(onnx.parser.parse_model(seed.text))
+    case = case_of(model)
+    samples = make_samples(case, 20, 0, True, 1.0, False)
+    (tmp_path / "model.onnx").write_bytes(model.SerializeToString())
+    data = samples.write(tmp_path / "data")
+    config: list[object] = []
+    if seed.config:
+        config = ["--config", tmp_path / "config.yaml"]
+        (tmp_path / "config.yaml").write_text(seed.config)
+    out = tmp_path / "model.q.onnx"
+    flags = [f.replace("{data}", str(data)) for f in seed.flags]
+    quantize = ["quantize", tmp_path / "model.onnx", "--data", data, "-o", out, *config, *flags]
+    context = Context(model, yaml.safe_load(seed.config) if seed.config else None, [], set())
+    valid = True if model.graph.input else None  # whether a model without inputs quantizes is qcli's call
+    for args in (quantize, [*quantize, "--no-verify"], ["calibrate", tmp_path / "model.onnx", "--data", data,
+                                                        "-o", tmp_path / "c.json", *config]):
+        run = qcli(*args)
+        context.args = run.args
+        expect = Expect(valid, out if args[0] == "quantize" else None, model, samples)
+        judge("seeds", run, expect, context, lambda: f"-- seed {name!r}:\n{seed.text}\n-- config:\n{seed.config}")
