@@ -75,7 +75,12 @@ SEEDS: dict[str, Seed] = {
     <float[4, 4] w = {_values(16)}> {{
     h = MatMul (x, w)
     y = Relu (h)
-}}""", config="activations: {dtype: float}\noverrides:\n- match: {op_types: [MatMul]}\n  precision: int8\n", known="new B"),
+}}""", config="activations: {dtype: float}\noverrides:\n- match: {op_types: [MatMul]}\n  precision: int8\n",
+        known="new B"),
+    "weights-int4 with auto-precision": Seed(f"""g (float[N, 64] x) => (float[N, 8] y)
+    <float[64, 8] w = {_values(512)}> {{
+    y = MatMul (x, w)
+}}""", flags=("--config", "weights-int4", "--auto-precision", "--max-trials", "3"), known="new B", opset=21),
     "a Gemm bias that is also a MatMul weight": Seed(f"""g (float[N, 4] x) => (float[N, 4] y, float[N] z)
     <float[4, 4] w = {_values(16)}, float[4] b = {{0.1, -0.2, 0.3, 0.1}}> {{
     y = Gemm (x, w, b)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
@@ -35,6 +36,17 @@ def summary(request: pytest.FixtureRequest) -> Iterator[None]:
     if not plugins.has_plugin("qcli-fuzz-summary"):
         plugins.register(SummaryPlugin(), "qcli-fuzz-summary")
     yield
+
+
+@contextmanager
+def _workspace(test: str, case: GraphCase, data) -> Iterator[tuple[Path, Samples]]:
+    """A temporary folder holding the case's model.onnx, data/ and eval/, and the samples."""
+    STATS.check_time(test)
+    with tempfile.TemporaryDirectory(prefix="qcli-fuzz-") as tmp:
+        root = Path(tmp)
+        samples = _prepare(case, data, root)
+        STATS.counts[test] += 1
+        yield root, samples
 
 
 def _prepare(case: GraphCase, data, root: Path) -> Samples:
@@ -71,11 +83,7 @@ def _reproducer(case: GraphCase, samples: Samples, config: Path | None = None) -
 @profile("graphs")
 @given(case=graphs(), data=st.data())
 def fuzz_graph_commands(case: GraphCase, data) -> None:
-    STATS.check_time("graphs")
-    with tempfile.TemporaryDirectory(prefix="qcli-fuzz-") as tmp:
-        root = Path(tmp)
-        samples = _prepare(case, data, root)
-        STATS.counts["graphs"] += 1
+    with _workspace("graphs", case, data) as (root, samples):
         for command in graph_commands(data, case.model, root, root / "data", root / "eval"):
             run = qcli(*command.args)
             expect = Expect(command.valid, command.output, case.model, samples)
@@ -120,11 +128,7 @@ def test_configs() -> None:
 @profile("pipelines")
 @given(case=graphs(max_steps=3), data=st.data())
 def fuzz_pipelines(case: GraphCase, data) -> None:
-    STATS.check_time("pipelines")
-    with tempfile.TemporaryDirectory(prefix="qcli-fuzz-") as tmp:
-        root = Path(tmp)
-        samples = _prepare(case, data, root)
-        STATS.counts["pipelines"] += 1
+    with _workspace("pipelines", case, data) as (root, samples):
         path, valid, doc = pipeline_file(data, case.model, root)
         run = qcli("run", path, *(["--json"] if data.draw(st.booleans()) else []))
         expect = Expect(valid, root / "out" / "model.q.onnx", case.model, samples)
