@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BUILD_VENV := .build-venv
 
-.PHONY: install demo test bench sample-models real-models clean
+.PHONY: install demo test fuzz bench sample-models real-models clean
 
 install: $(STAMP)
 
@@ -30,6 +30,14 @@ test: $(STAMP)
 	$(BIN)/ruff check qcli tests benchmarks
 	$(BIN)/mypy qcli
 	$(BIN)/python -m pytest
+
+# The property-based fuzzer (tests/fuzz) in its long profile: random graphs, configs, pipeline
+# files and bad inputs through the CLI for FUZZ_MINUTES (`make test` runs its fast profile).
+# It prints what it generated and every failure by cause; SEED=n repeats a run's examples.
+FUZZ_MINUTES ?= 10
+fuzz: $(STAMP)
+	QCLI_FUZZ=long QCLI_FUZZ_MINUTES=$(FUZZ_MINUTES) $(BIN)/python -m pytest tests/fuzz -q -p no:cacheprovider \
+		$(if $(SEED),--hypothesis-seed=$(SEED))
 
 bench: $(STAMP)
 	@set -e; for script in benchmarks/*.py; do \
@@ -58,4 +66,4 @@ real-models: $(STAMP)
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e piper_tts-1.8.0-*.whl .
 
 clean:
-	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
