@@ -273,38 +273,8 @@ class Known:
     symptom: str
 
 
-KNOWN: dict[str, Known] = {
-    "1": Known("Gemm with a bias not of shape [N] ([1, N], [M, N], [M, 1], [1], scalar)", _gemm_bias_not_n,
-               r"_quantize_bias|DequantizeLinear|Gemm"),
-    "2": Known("ConvTranspose with group >= 2 and >= 2 output channels per group", _grouped_conv_transpose,
-               r"_quantize_bias|broadcast|DequantizeLinear|ONNX checker|cannot load|ConvTranspose"),
-    "3": Known("MatMul with a constant weight not 2-D (batched [B, K, N], or [K])", _matmul_weight_not_2d,
-               r"MatMulInteger|DequantizeLinear|broadcast"),
-    "4": Known("per_block weights below opset 21", lambda c: _per_block(c) and _opset(c) < 21, r"Index|find_units"),
-    "5": Known("auto_precision.candidates [] or [int8]", _candidates_degenerate, r"ZeroDivision|division"),
-    "6": Known("recursive or deep YAML", lambda c: bool(c.tags & {"recursive anchor", "deep nesting"}),
-               r"Recursion|--debug exits"),
-    "7": Known("an output folder that cannot be created", lambda c: "output unwritable" in c.tags, r"Error|--debug"),
-    "8": Known("a model with no inputs", lambda c: c.model is not None and not c.model.graph.input,
-               r"StopIteration|no inputs|--debug"),
-    "9": Known("a constant feeding a graph output", lambda c: c.model is not None and any(
-        o.name in _constants(c.model) for o in c.model.graph.output),
-        r"on its own|not an output of any node|Graph::Initialize"),
-    # Found by this fuzzer, not in the issue (see the report):
-    "new A": Known("an input whose first dim is a fixed number above 1: calibration runs a slice of its rows",
-                   lambda c: c.model is not None and any(_first_dim(i) > 1 for i in c.model.graph.input),
-                   r"Got invalid dimensions"),
-    "new B": Known("activations float (weight-only) with activations an override or the search quantizes",
-                   _weight_only_with_quantized_activations, r"unknown quantized dtype|no statistics for tensor"),
-    "new E": Known("one constant both a weight and a bias: two quantized copies of one name",
-                   _weight_and_bias, r"not unique|same node name"),
-    "new F": Known("an override's range whose int8 scale onnxruntime's kernels refuse (denormal, huge)",
-                   lambda c: "range" in json.dumps(c.config, default=str),
-                   r"computation range|invalid value|exit 3|QLinear"),
-    "minor --debug": Known("--debug exits 1 instead of the error's code", lambda c: "--debug" in c.args,
-                           r"--debug exits"),
-    "minor duplicate keys": Known("duplicate YAML keys accepted", lambda c: "duplicate key" in c.tags, r"accepted"),
-}
+# Emptied once the issue-20 fixes landed: every failure is now a new one.
+KNOWN: dict[str, Known] = {}
 
 
 def known_cause(context: Context, text: str) -> str | None:
