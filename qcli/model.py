@@ -50,8 +50,9 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> o
     except (DecodeError, ValueError, RuntimeError) as exc:
         raise not_onnx from exc
     # Protobuf happily parses some non-ONNX bytes into a near-empty message: require the
-    # fields every real model has.
-    if model.ir_version <= 0 or not model.opset_import or not model.graph.node:
+    # fields every real model has (a graph without nodes is valid: its outputs are inputs or
+    # initializers, as qcli writes when it folds a model's only Constant).
+    if model.ir_version <= 0 or not model.opset_import or not (model.graph.node or model.graph.output):
         raise not_onnx
     if load_external_data and _uses_external_data(model):
         try:

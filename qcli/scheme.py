@@ -147,6 +147,9 @@ def integer_range(qdtype: QuantDtype, symmetric: bool) -> tuple[int, int]:
     return qdtype.qmin, qdtype.qmax
 
 
+_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
+
+
 def choose_qparams(lo, hi, qdtype: QuantDtype, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
     """Scale (float32) and zero point (qdtype's numpy type) mapping [lo, hi] onto the integers.
 
@@ -154,7 +157,9 @@ def choose_qparams(lo, hi, qdtype: QuantDtype, symmetric: bool) -> tuple[np.ndar
     exact). Symmetric: zero point 0 (signed) or the middle value (unsigned: 128 for uint8) and
     scale = max|r| / (integers on the positive side). Asymmetric: scale = (hi - lo) / (qmax - qmin)
     and zero point = round(qmin - lo / scale). A zero-width range gets scale 1 so that
-    dequantization still gives exact zeros. Works elementwise on arrays (per-channel).
+    dequantization still gives exact zeros; so does a range too narrow for a normal float32
+    scale (a user's range of denormals: onnxruntime's kernels fail on such scales). Works
+    elementwise on arrays (per-channel).
 
     >>> s, z = choose_qparams(-1.0, 3.0, quant_dtype("uint8"), symmetric=False)
     >>> float(s), int(z)  # 4 / 255 per step, 0.0 -> 64
@@ -178,9 +183,9 @@ def choose_qparams(lo, hi, qdtype: QuantDtype, symmetric: bool) -> tuple[np.ndar
     else:
         scale = (hi - lo) / (qmax - qmin)
         with np.errstate(divide="ignore", invalid="ignore"):
-            zero = np.where(scale > 0, np.round(qmin - lo / np.where(scale > 0, scale, 1)), qmin)
+            zero = np.where(scale >= _TINY, np.round(qmin - lo / np.where(scale >= _TINY, scale, 1)), qmin)
         zero = np.clip(zero, qmin, qmax)
-    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    scale = np.where(scale >= _TINY, scale, 1.0).astype(np.float32)
     return scale, zero.astype(qdtype.numpy_dtype)
 
 

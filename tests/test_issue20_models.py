@@ -267,6 +267,23 @@ def test_a_constant_graph_output_beside_an_activation(cli, tmp_path: Path, case:
     assert [a.tolist() for a in runs(out, x=x)] == [a.tolist() for a in runs(model, x=x)]
 
 
+def test_a_model_without_nodes_is_analyzed(cli, tmp_path: Path) -> None:
+    """Inputs passed through and a Constant output: quantize folds the Constant, writing a graph
+    with no node, which analyze (and `run`) refused as "not a valid ONNX model" (the fuzzer)."""
+    model = save(parse_model("""
+        <ir_version: 8, opset_import: ["" : 19]>
+        net (float[N, 4] x) => (float[N, 4] x, float[2] c) {
+            c = Constant <value = float[2] {1, 2}> ()
+        }
+    """), tmp_path / "m.onnx")
+    out, folder = tmp_path / "q.onnx", data(tmp_path / "d", n=8, width=4)
+    assert cli("quantize", model, "-o", out, "--data", folder).exit_code == 0
+    assert not onnx.load(str(out)).graph.node
+    result = cli("analyze", model, out, "--data", folder, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert [f["output"] for f in json.loads(result.stdout)["fidelity"]] == ["x", "c"]
+
+
 def test_a_model_qcli_built_that_onnxruntime_refuses_is_a_qcli_bug(cli, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The user's model loaded (the probe ran it): a candidate qcli built failing to load is

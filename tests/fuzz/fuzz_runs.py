@@ -121,16 +121,18 @@ def pipeline_file(data, model: onnx.ModelProto, root: Path) -> tuple[Path, bool,
         doc["calibration_file"] = "out/model.calib.json"
     doc["analyze"] = data.draw(documents(AnalyzeOptions, "analyze", Names()))
     source = data.draw(st.sampled_from(["inline", "inline", "file", "preset", "none"] if LONG else ["inline", "file"]))
+    valid = True
     if source in ("inline", "file"):
-        config = bounded(data.draw(config_files(names_of(model), fast=not LONG, invalid=False)).doc, not LONG)
+        case = data.draw(config_files(names_of(model), fast=not LONG, invalid=False))
+        config, valid = bounded(case.doc, not LONG), case.valid  # the schema's own rules (a reversed range)
         if source == "file":
             (root / "config.yaml").write_text(yaml.safe_dump(config))
         doc["config"] = config if source == "inline" else "config.yaml"
     elif source == "preset":
         doc["config"] = data.draw(st.sampled_from(PRESETS))
-    valid = True
     if data.draw(st.integers(0, 3)) == 3:
-        doc, valid = _break_pipeline(doc, data.draw(st.sampled_from(PIPELINE_BREAKS)))
+        doc, broken_valid = _break_pipeline(doc, data.draw(st.sampled_from(PIPELINE_BREAKS)))
+        valid = valid and broken_valid
     path = root / "pipeline.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path, valid, doc

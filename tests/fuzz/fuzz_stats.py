@@ -2,7 +2,9 @@
 
 Profiles (environment variable QCLI_FUZZ):
 - `fast` (default; `make test`): derandomized (the same examples every run), few examples per
-  test, no example database. Failures raise at once, and hypothesis shrinks them.
+  test, no example database. Failures raise at once, unshrunk: shrinking a failing pipeline
+  ran over a thousand qcli commands (minutes), which `make test` cannot afford; the long
+  profile shrinks.
 - `long` (`make fuzz`): random, QCLI_FUZZ_EXAMPLES examples per test at most, within
   QCLI_FUZZ_MINUTES minutes shared by the tests (`Stats.time_up`); the example database in
   .hypothesis/ (git-ignored) replays past failures first. Failures are collected by cause
@@ -20,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 PROFILE = os.environ.get("QCLI_FUZZ", "fast")
@@ -30,7 +32,7 @@ SHARE = {"graphs": 0.55, "configs": 0.15, "pipelines": 0.2, "bad_inputs": 0.1}  
 FAST_EXAMPLES = {"graphs": 80, "configs": 40, "pipelines": 20, "bad_inputs": 40}
 
 _common = {"deadline": None, "suppress_health_check": list(HealthCheck), "print_blob": False}
-settings.register_profile("fast", derandomize=True, database=None, **_common)
+settings.register_profile("fast", derandomize=True, database=None, phases=[Phase.explicit, Phase.generate], **_common)
 settings.register_profile(
     "long", max_examples=int(os.environ.get("QCLI_FUZZ_EXAMPLES", "20000")),
     database=DirectoryBasedExampleDatabase(os.path.join(os.path.dirname(__file__), "..", "..", ".hypothesis")),
