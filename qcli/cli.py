@@ -79,7 +79,7 @@ app = _Typer(
     pretty_exceptions_enable=False,
 )
 
-INTERNAL_ERROR = 3
+BAD_INPUT, INTERNAL_ERROR = 2, 3
 
 # Options shared by every command, declared once.
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout, nothing else.")]
@@ -127,6 +127,11 @@ def _report(exc: BaseException, debug: bool) -> int:
     if isinstance(exc, KeyboardInterrupt):
         err.print("interrupted")
         return 130
+    if isinstance(exc, MemoryError):  # a size the user chose (batch, samples) or a model beyond this machine
+        err.print("[bold red]error:[/bold red] out of memory", markup=True)
+        err.print("hint: lower --batch-size, --latency-batch or --samples, or run on a machine with more "
+                  "memory", markup=False)
+        return BAD_INPUT
     if isinstance(exc, QcliError):
         err.print(f"[bold red]error:[/bold red] {escape(exc.message)}", markup=True)
         if exc.hint:

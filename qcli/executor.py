@@ -272,6 +272,9 @@ def import_ray():
     return ray
 
 
+MAX_LOCAL_WORKERS = 256  # each local worker is a process holding its own model and session
+
+
 def make_executor(kind: str = "local", workers: int | None = None, address: str | None = None) -> Executor:
     """The executor `--executor KIND --workers N [--ray-address ADDR]` asks for.
 
@@ -282,6 +285,10 @@ def make_executor(kind: str = "local", workers: int | None = None, address: str 
         raise QcliError(f"unknown executor {kind!r}", hint=f"use one of: {', '.join(EXECUTORS)}")
     if workers is not None and workers < 1:
         raise QcliError(f"--workers must be at least 1, got {workers}")
+    if kind == "local" and workers is not None and workers > MAX_LOCAL_WORKERS:
+        raise QcliError(f"--workers {workers} is more processes than one machine runs usefully "
+                        f"(at most {MAX_LOCAL_WORKERS}; this one has {cores()} cores)",
+                        hint="use about one worker per core, or --executor ray for a cluster")
     if address is not None and kind != "ray":
         raise QcliError("--ray-address needs --executor ray")
     if kind == "ray":

@@ -21,7 +21,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
-from qcli.errors import ModelError
+from qcli.errors import InternalError, ModelError
 from qcli.files import write_error
 
 # Protobuf cannot serialise a message over 2 GiB; above this much weight data we write the
@@ -186,21 +186,21 @@ def _write_model(model: onnx.ModelProto, path: Path, check: bool) -> None:
 
 
 def check_model(path: str | os.PathLike, *, shown_as: str | os.PathLike | None = None) -> None:
-    """Validate a written model: onnx's checker, then an onnxruntime session must load it.
-    Messages name `shown_as` (the final path) when checking a temporary file."""
+    """Validate a model qcli wrote: onnx's checker, then an onnxruntime session must load it.
+    A failure is qcli's bug (InternalError, exit 3): the input model loaded and ran. Messages
+    name `shown_as` (the final path) when checking a temporary file."""
     import onnxruntime as ort
 
     path = Path(path)
     name = shown_as or path
-    hint = "this is a bug in qcli: rerun with --debug and report it with the model's opset and ops"
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as exc:
-        raise ModelError(f"the model written to {name} fails the ONNX checker: {exc}", hint=hint) from exc
+        raise InternalError(f"the model written to {name} fails the ONNX checker: {exc}") from exc
     try:
         ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-        raise ModelError(f"onnxruntime cannot load the model written to {name}: {exc}", hint=hint) from exc
+        raise InternalError(f"onnxruntime cannot load the model written to {name}: {exc}") from exc
 
 
 def tensor_from_attribute(node: onnx.NodeProto) -> onnx.TensorProto | None:

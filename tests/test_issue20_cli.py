@@ -244,3 +244,20 @@ def test_debug_keeps_an_internal_error_exit_code(cli, tmp_path: Path, monkeypatc
         "RuntimeError: a broken invariant\ninternal error: RuntimeError: a broken invariant\n"
         "hint: this is a bug in qcli; report the traceback above\n"
     )
+
+
+def test_a_latency_batch_beyond_memory_is_exit_2(cli, tmp_path: Path) -> None:
+    """A batch the machine cannot hold was a MemoryError reported as a bug (exit 3)."""
+    result = cli("analyze", MLP / "model.onnx", MLP / "model.onnx", "--data", MLP / "calib",
+                 "--latency-batch", str(10**12))
+    assert refused(result).splitlines() == [
+        "error: out of memory",
+        "hint: lower --batch-size, --latency-batch or --samples, or run on a machine with more memory",
+    ]
+
+
+def test_local_workers_are_bounded(cli, tmp_path: Path) -> None:
+    result = cli("calibrate", MLP / "model.onnx", "--data", MLP / "calib", "-o", tmp_path / "c.json",
+                 "--workers", "100000")
+    assert refused(result).startswith("error: --workers 100000 is more processes than one machine runs "
+                                      "usefully (at most 256; this one has ")

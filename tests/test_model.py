@@ -10,7 +10,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from conftest import IMAGE_MODEL, LIGHT_MODELS, parse_model, save
-from qcli.errors import ModelError
+from qcli.errors import InternalError, ModelError
 from qcli.model import (
     check_model,
     clamp_ir_version,
@@ -125,9 +125,9 @@ def unloadable() -> onnx.ModelProto:
     return clamp_ir_version(model)
 
 
-def test_check_model_reports_what_onnxruntime_refuses(tmp_path: Path) -> None:
+def test_check_model_reports_what_onnxruntime_refuses_as_a_bug(tmp_path: Path) -> None:
     path = save(unloadable(), tmp_path / "frobnicate.onnx")
-    with pytest.raises(ModelError, match="onnxruntime cannot load the model written to"):
+    with pytest.raises(InternalError, match="onnxruntime cannot load the model written to"):
         check_model(path)
 
 
@@ -138,6 +138,6 @@ def test_max_ir_version_is_what_onnxruntime_loads() -> None:
 def test_checked_save_never_leaves_an_invalid_model(tmp_path: Path) -> None:
     model = unloadable()
     out = tmp_path / "out.onnx"
-    with pytest.raises(ModelError, match=f"onnxruntime cannot load the model written to {out}"):
+    with pytest.raises(InternalError, match=f"onnxruntime cannot load the model written to {out}"):
         save_model(model, out, check=True)
     assert list(tmp_path.iterdir()) == []
