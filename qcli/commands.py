@@ -122,8 +122,6 @@ def quantize_command(flags: QuantizeFlags, *, progress: ProgressFactory = no_pro
     doc = {
         "output": str(flags.output),
         "method": config.calibration.method,
-        "activations": config.activations.dtype,
-        "weights": f"{config.weights.dtype} {config.weights.granularity}",
         "bytes_before": file_bytes(flags.model),
         "bytes_after": file_bytes(flags.output),
         **summary(result),

@@ -33,7 +33,7 @@ from qcli.model import fingerprint, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
-from qcli.scheme import PerBlock
+from qcli.scheme import PerBlock, PerChannel, QuantScheme
 
 
 @dataclass
@@ -174,21 +174,60 @@ def _per_block(plan: Plan) -> bool:
 
 
 def summary(result: QuantizeResult) -> dict:
-    """Counts by op type of quantized and float nodes, with the reasons nodes stayed float."""
-    quantized = Counter(d.op_type for d in result.plan.nodes if d.quantized and not d.reason)
-    folded = Counter(d.op_type for d in result.plan.nodes if d.quantized and d.reason)
-    floats: Counter[tuple[str, str]] = Counter(
-        (d.op_type, d.reason) for d in result.plan.nodes if not d.quantized
-    )
+    """Counts by op type of quantized and float nodes, with the reasons nodes stayed float, the
+    precisions the quantized nodes run in (from the model written), and the activation dtypes
+    and weight schemes the plan chose (overrides and fallbacks included, not the config's)."""
+    plan = result.plan
+    quantized = Counter(d.op_type for d in plan.nodes if d.quantized and not d.reason)
+    folded = Counter(d.op_type for d in plan.nodes if d.quantized and d.reason)
+    floats: Counter[tuple[str, str]] = Counter((d.op_type, d.reason) for d in plan.nodes if not d.quantized)
+    labels = node_precisions(result.model)
+    precisions: dict[str, Counter[str]] = {}
+    for d in plan.nodes:
+        if d.quantized and not d.reason:
+            precisions.setdefault(d.op_type, Counter())[labels.get(d.name, "int8")] += 1
+    by_group = {t: g.scheme.dtype.name for g in plan.groups for t in g.tensors if t != g.constant}
     return {
         "quantized": dict(sorted(quantized.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "precisions": {op: dict(sorted(c.items())) for op, c in sorted(precisions.items())},
         "float": [
             {"op_type": op, "reason": reason, "count": n}
             for (op, reason), n in sorted(floats.items(), key=lambda kv: (-kv[1], kv[0]))
         ],
         "folded": dict(sorted(folded.items())),
-        "quantized_tensors": len(result.plan.activations),
-        "groups": len(result.plan.groups),
-        "weight_tensors": len(result.plan.weights),
+        "quantized_tensors": len(plan.activations),
+        "activations": dict(sorted(Counter(by_group.values()).items())),
+        "groups": len(plan.groups),
+        "weight_tensors": len(plan.weights),
+        "weights": dict(sorted(Counter(_scheme_text(w.scheme) for w in plan.weights.values()).items())),
         "notes": result.notes,
     }
+
+
+def _scheme_text(scheme: QuantScheme) -> str:
+    g = scheme.granularity
+    return scheme.dtype.name + (" per_block " + str(g.size) if isinstance(g, PerBlock) else
+                                " per_channel" if isinstance(g, PerChannel) else " per_tensor")
+
+
+def node_precisions(model: onnx.ModelProto) -> dict[str, str]:
+    """Node name -> the integer types it reads ("uint8 act, int8 weights"; "float act, int4
+    weights" for weight-only), from the DequantizeLinear nodes feeding it in the model written."""
+    graph = model.graph
+    types = {t.name: t.data_type for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    out = {}
+    for node in graph.node:
+        acts: set[str] = set()
+        weights: set[str] = set()
+        for name in node.input:
+            dq = producers.get(name)
+            if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 3 or dq.input[2] not in types:
+                continue
+            dtype = onnx.TensorProto.DataType.Name(types[dq.input[2]]).lower()
+            if dtype != "int32":  # a bias: its type follows the others
+                (weights if dq.input[0] in types else acts).add(dtype)
+        if acts or weights:
+            out[node.name] = f"{'/'.join(sorted(acts)) or 'float'} act" + (
+                f", {'/'.join(sorted(weights))} weights" if weights else "")
+    return out

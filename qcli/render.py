@@ -205,6 +205,11 @@ def calibration(console: Console, doc: dict, rows: int = 30) -> None:
     console.print(f"wrote {doc['calibration_file']} ({doc['seconds']:.1f} s, {rate:.0f} samples/s)")
 
 
+def _counts(counts: dict[str, int]) -> str:
+    """`{"uint8": 40, "int16": 2}` -> "uint8 x40, int16 x2"."""
+    return ", ".join(f"{k} x{n}" for k, n in counts.items())
+
+
 def quantization(console: Console, doc: dict) -> None:
     from rich import box
 
@@ -217,15 +222,16 @@ def quantization(console: Console, doc: dict) -> None:
     table.add_column("precision")
     table.add_column("why float", overflow="fold")
     for op, n in doc["quantized"].items():
-        table.add_row(op, str(n), "int8", "")
+        for precision, count in (doc.get("precisions", {}).get(op) or {"int8": n}).items():
+            table.add_row(op, str(count), precision, "")
     for op, n in doc["folded"].items():
         table.add_row(op, str(n), "folded", "")
     for row in doc["float"]:
         table.add_row(row["op_type"], str(row["count"]), "float", row["reason"])
     console.print(table)
     console.print(
-        f"{doc['quantized_tensors']} activations as {doc['activations']}, {doc['weights']} weights "
-        f"({doc['weight_tensors']}), ranges by {doc['method']}"
+        f"activations: {_counts(doc['activations']) or 'float'}; weights: {_counts(doc['weights']) or 'float'}; "
+        f"ranges by {doc['method']}"
     )
     console.print(
         f"wrote {doc['output']}: {human_bytes(doc['bytes_before'])} -> {human_bytes(doc['bytes_after'])} "

@@ -357,6 +357,28 @@ def test_an_input_with_a_fixed_first_dimension_is_run_whole(cli, tmp_path: Path)
     assert report["speed"]["batch"] == 2
 
 
+@pytest.mark.parametrize("files", [1, 3])
+def test_a_file_for_an_input_with_a_fixed_first_dimension_is_one_sample(cli, tmp_path: Path, files: int) -> None:
+    """x[2, 3, 8] files counted as two samples each: a holdout or `samples: 1` cut one in half,
+    which onnxruntime refused, blamed on the model (the fuzzer)."""
+    model = save(parse_model("""
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 3, 8] x) => (float[2, 3, 4] y) {
+        [pool] y = MaxPool <kernel_shape = [2], strides = [2]> (x)
+    }
+    """), tmp_path / "model.onnx")
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for i in range(files):
+        np.save(folder / f"{i:02d}.npy", np.random.default_rng(i).normal(size=(2, 3, 8)).astype(np.float32))
+    config = tmp_path / "c.yaml"
+    config.write_text("calibration: {samples: 1}\nverify: {samples: 1}\n")
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", folder, "--config", config)
+    assert doc["verification"]["passed"]
+    result = cli("analyze", model, tmp_path / "q.onnx", "--data", folder, "--samples", "1", "--runs", "0")
+    assert result.exit_code == 0, result.stderr
+
+
 def test_a_weight_only_config_with_an_int8_override(cli, tmp_path: Path) -> None:
     """`activations: {dtype: float}` with an override asking int8 for the Gemms: the table's
     own ranges were solved for the config's activation type, 'float' ("unknown quantized dtype

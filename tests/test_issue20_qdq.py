@@ -329,3 +329,35 @@ def test_cli_quantizes_the_issue_s_models_to_models_that_run(name: str, verify: 
                  *([] if verify else ["--no-verify"]))
     assert result.exit_code == 0, result.stderr
     assert_runs_like_float(model, tmp_path / "q.onnx", samples)
+
+
+# --------------------------------------------------------------------------- per-block weights beside int8 activations
+
+PER_BLOCK = {
+    "conv": """g (float[N, 2, 1, 1] x) => (float[N, 1, 1, 2] y) <float[1, 2, 1, 2] w = {R4}> {
+        y = Conv <kernel_shape = [1, 2], pads = [0, 1, 0, 1]> (x, w) }""",
+    "matmul": """g (float[N, 64] x) => (float[N, 8] y) <float[64, 8] w = {R512}> {
+        y = MatMul (x, w) }""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PER_BLOCK))
+def test_int8_per_block_weights_beside_quantized_activations_run_per_channel(name: str, tmp_path: Path) -> None:
+    """onnxruntime fused DQ(int8, block_size) + Conv/MatMul + Q into QLinearConv or
+    MatMulIntegerToFloat, which fail on blocked scales ("filter scale shape invalid"): exit 3."""
+    model = filled(PER_BLOCK[name])
+    config = Config.model_validate({"weights": {"dtype": "int8", "granularity": "per_block", "block_size": 32}})
+    q, samples = quantized(model, tmp_path, config)
+    assert "block_size" not in {a.name for a in dequantize_node(q, "w").attribute}
+    assert_runs_like_float(model, q, samples)
+    assert any(n.startswith("weight w: int8 per_block runs per_channel") for n in make_plan(
+        onnx.shape_inference.infer_shapes(model), config).notes)
+
+
+def test_int8_per_block_weights_of_a_weight_only_node_stay_blocked(tmp_path: Path) -> None:
+    model = filled(PER_BLOCK["matmul"])
+    config = Config.model_validate({"activations": {"dtype": "float"},
+                                    "weights": {"dtype": "int8", "granularity": "per_block", "block_size": 32}})
+    q, samples = quantized(model, tmp_path, config)
+    assert {a.name: a.i for a in dequantize_node(q, "w").attribute}["block_size"] == 32
+    assert_runs_like_float(model, q, samples)

@@ -18,8 +18,8 @@ def quantize_summary(before: int, after: int, compression: float) -> dict:
         "folded": {},
         "float": [{"op_type": "Softmax", "count": 1, "reason": "float by default"}],
         "quantized_tensors": 3,
-        "activations": "uint8",
-        "weights": "int8 per-channel",
+        "activations": {"uint8": 3},
+        "weights": {"int8 per_channel": 2},
         "weight_tensors": 2,
         "method": "minmax",
         "output": "model.int8.onnx",
@@ -41,3 +41,13 @@ def test_quantize_summary_says_how_the_size_changed(before: int, after: int, com
     out = io.StringIO()
     quantization(Console(file=out, width=200), quantize_summary(before, after, compression))
     assert f"wrote model.int8.onnx: {said}" in out.getvalue()
+
+
+def test_quantize_summary_says_what_the_plan_chose() -> None:
+    doc = {**quantize_summary(100, 50, 2.0), "precisions": {"Conv": {"uint8 act, int8 weights": 1, "uint16 act, int8 weights": 1}},
+           "activations": {"uint16": 1, "uint8": 2}}
+    out = io.StringIO()
+    quantization(Console(file=out, width=200), doc)
+    text = out.getvalue()
+    assert "Conv          1   uint16 act, int8 weights" in text and "Conv          1   uint8 act, int8 weights" in text
+    assert "activations: uint16 x1, uint8 x2; weights: int8 per_channel x2; ranges by minmax" in text

@@ -86,6 +86,8 @@ class DataFolder:
         return max(total - self.start, 0)
 
     def _entry_size(self, entry: Entry) -> int:
+        if not all(spec.batchable for spec in self.inputs):
+            return 1  # a whole sample (Sample.whole)
         count = READERS[entry.kind].count(entry, self.inputs[0])
         return self.read(entry).size if count is None else count
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from qcli.errors import InternalError
+
 LABEL_KEY = "label"  # the array of a .npz that holds labels rather than an input
 
 
@@ -22,9 +24,14 @@ class Sample:
     inputs: dict[str, np.ndarray]
     label: np.ndarray | None = None  # int64 [batch]
     outputs: dict[str, np.ndarray] | None = None  # reference outputs (ONNX test data)
+    # An input with a fixed first dimension (a [2, 4, 6] input) has no batch axis: the file is
+    # one sample, never cut (a holdout or `samples: N` counts it as one).
+    whole: bool = False
 
     @property
     def size(self) -> int:
+        if self.whole:
+            return 1
         return next(iter(self.inputs.values())).shape[0] if self.inputs else 0
 
 
@@ -59,6 +66,10 @@ def take(sample: Sample, start: int, stop: int | None = None) -> Sample:
     """
     if stop is None:
         start, stop = 0, start
+    if sample.whole:  # indivisible: callers cut at sample boundaries
+        if start != 0 or stop < 1:
+            raise InternalError(f"cutting samples [{start}:{stop}] out of {sample.source}, one indivisible sample")
+        return sample
     cut = slice(start, stop)
     return Sample(
         sample.source,

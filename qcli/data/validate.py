@@ -44,6 +44,7 @@ def validate(sample: Sample, inputs: list[InputSpec], root: Path) -> Sample:
         sample.inputs[spec.name] = array
     if sample.label is not None:
         sample.label = _checked_label(sample.label, sample.size, where)
+    sample.whole = not all(spec.batchable for spec in inputs)
     return sample
 
 

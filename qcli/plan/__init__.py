@@ -46,7 +46,7 @@ from qcli.plan.match import Selection, pattern, select
 from qcli.plan.nodes import Candidates, feeding_excluded, screen, weights_read_in_float, without_anchor
 from qcli.plan.result import BiasPlan, Group, NodeDecision, Plan, WeightPlan
 from qcli.plan.tensors import quantize_tensors, share_scales
-from qcli.plan.weights import overridden_weights, plan_weights
+from qcli.plan.weights import blocks_beside_quantized_activations, overridden_weights, plan_weights
 
 
 def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | None = None) -> Plan:
@@ -64,6 +64,8 @@ def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | Non
     groups, notes = groups_of(ctx, shared, requests_of(ctx, shared))
     constants = {g.constant for g in groups}  # quantized with their group's params instead
     weights = {name: w for name, w in overridden_weights(ctx, weighted).items() if name not in constants}
+    activations = {t for g in groups for t in g.tensors if t != g.constant}
+    weights, block_notes = blocks_beside_quantized_activations(ctx, weights, weighted.readers, activations)
     biases = {key: b for key, b in weighted.biases.items() if b.weight in weights and b.name not in constants}
     return Plan(
         groups=groups,
@@ -72,7 +74,7 @@ def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | Non
         nodes=decisions(ctx, candidates, shared.quantized.folded),
         unmatched=ctx.selections.unmatched(config, ctx.names, ctx.index),
         keep_float=set(screened.keep_float),
-        notes=notes,
+        notes=notes + block_notes,
     )
 
 

@@ -129,3 +129,24 @@ def overridden_weights(ctx: Context, weighted: Weighted) -> dict[str, WeightPlan
             if name in weights and (name in sel.tensors or any(i in sel.nodes for i, _ in readers)):
                 weights[name] = agreed_plan(ctx, name, readers, scheme, scheme) or weights[name]
     return weights
+
+
+def blocks_beside_quantized_activations(
+    ctx: Context, weights: dict[str, WeightPlan], readers: dict[str, list[Reader]], quantized: set[str]
+) -> tuple[dict[str, WeightPlan], list[str]]:
+    """8-bit per-block weights of nodes whose activation inputs are quantized, per channel
+    instead (with a note): onnxruntime fuses such a node into its int8 kernel (QLinearConv,
+    MatMulIntegerToFloat), which takes one scale per output channel and fails on blocks.
+    Weight-only nodes and 4-bit blocks keep theirs: nothing fuses them."""
+    out, notes = dict(weights), []
+    for name, plan in weights.items():
+        if not isinstance(plan.scheme.granularity, PerBlock) or plan.scheme.dtype.bits != 8:
+            continue
+        beside = [i for i, _ in readers.get(name, []) if quantized.intersection(ctx.node(i).input)]
+        if beside:
+            node = ctx.node(beside[0])
+            rank = len(ctx.index.initializers[name].dims)
+            out[name] = weight_plan(name, replace(plan.scheme, granularity=PerChannel()), node, rank)
+            notes.append(f"weight {name}: {plan.scheme.dtype.name} per_block runs per_channel beside quantized "
+                         f"activations (onnxruntime's int8 kernels take one scale per output channel)")
+    return out, notes
