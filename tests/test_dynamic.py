@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnxruntime.quantization import quantize_dynamic
 
-from tests.conftest import fused_op_counts, parse_model, save, write_npz
+from conftest import fused_op_counts, parse_model, save, write_npz
 
 logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic's "consider pre-processing" warning
 
