@@ -150,6 +150,79 @@ def check_dynamic_weights(w: Weights) -> Weights:
     return w
 
 
+RECOVERY_STEPS = ("smoothquant", "bias_correction", "equalization")
+
+
+class SmoothQuant(_Section):
+    """Per-input-channel scales that move activation outliers into the weights of MatMul/Gemm
+    and 1x1 Conv (README "Recovery"). `alpha`: the share of the outlier moved (0: none, 1: all),
+    or `auto`: chosen per layer by measured error."""
+
+    alpha: float | Literal["auto"] = "auto"
+    op_types: list[Literal["MatMul", "Gemm", "Conv"]] = ["MatMul", "Gemm", "Conv"]
+
+    @field_validator("alpha")
+    @classmethod
+    def _share(cls, alpha: float | str) -> float | str:
+        if not isinstance(alpha, str) and not 0.0 <= alpha <= 1.0:
+            raise ValueError("alpha is a share between 0 and 1, or auto")
+        return alpha
+
+
+class BiasCorrection(_Section):
+    """Empirical bias correction (README "Recovery"): the mean output shift int8 causes in each
+    quantized node of these types, measured on the calibration data, taken out of its bias."""
+
+    op_types: list[Literal["Conv", "ConvTranspose", "Gemm", "MatMul"]] = ["Conv", "Gemm", "MatMul"]
+
+
+class Equalization(_Section):
+    """Cross-layer equalization of Conv -> (Relu/Clip) -> Conv pairs, depthwise included (README
+    "Recovery"): per-channel weight ranges balanced across each pair before calibration."""
+
+    iterations: int = Field(1, ge=1, le=100)  # passes over the chains (each balances every pair once)
+
+
+class Recovery(_Section):
+    """The `recovery:` steps, each absent (off) or with its knobs. Written in YAML as a list of
+    step names or one-key mappings (`[smoothquant, {equalization: {iterations: 2}}]`) or as a
+    mapping; the order they run in is fixed (equalization, smoothquant, bias correction), not
+    the list's."""
+
+    smoothquant: SmoothQuant | None = None
+    bias_correction: BiasCorrection | None = None
+    equalization: Equalization | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _steps(cls, raw: Any) -> Any:
+        if raw is None:
+            return {}
+        if not isinstance(raw, list):
+            return {k: ({} if v is None else v) for k, v in raw.items()} if isinstance(raw, dict) else raw
+        steps: dict[str, Any] = {}
+        for item in raw:
+            name, knobs = (item, {}) if isinstance(item, str) else next(iter(item.items()), (None, None)) \
+                if isinstance(item, dict) and len(item) == 1 else (None, None)
+            if name not in RECOVERY_STEPS:
+                close = difflib.get_close_matches(str(name), RECOVERY_STEPS, n=1)
+                raise ValueError(f"unknown recovery step {item!r}" + (f": did you mean {close[0]!r}?" if close else "")
+                                 + f" (steps: {', '.join(RECOVERY_STEPS)}; each a name or a one-key mapping)")
+            if name in steps:
+                raise ValueError(f"recovery step {name!r} is given twice")
+            steps[name] = {} if knobs is None else knobs
+        return steps
+
+    @property
+    def steps(self) -> list[str]:
+        """The steps that are on, in the order they run.
+
+        >>> Recovery.model_validate(["bias_correction", {"equalization": None}]).steps
+        ['equalization', 'bias_correction']
+        """
+        return [s for s in ("equalization", "smoothquant", "bias_correction") if getattr(self, s) is not None]
+
+
 class Verify(_Section):
     enabled: bool = True
     min_top1_agreement: float = Field(0.99, ge=0, le=1)
@@ -187,6 +260,7 @@ class Config(_Section):
     overrides: list[Override] = []
     verify: Verify = Verify()
     auto_precision: AutoPrecision = AutoPrecision()
+    recovery: Recovery = Recovery()
     data: Data = Data()
 
     @field_validator("weights")
@@ -198,7 +272,8 @@ class Config(_Section):
     def merged(self, **sections: dict[str, Any]) -> Config:
         """This config with command-line values laid over it, e.g.
         `cfg.merged(calibration={"method": "kl"})`; None values are ignored."""
-        raw = self.model_dump(exclude={"data"})
+        raw = self.model_dump(exclude={"data", "recovery"})
+        raw["recovery"] = self.recovery.model_dump(exclude_none=True)  # None is "off"; in YAML a bare step is on
         for section, values in sections.items():
             for key, value in values.items():
                 if value is not None:
@@ -349,7 +424,10 @@ def _known_keys(loc: tuple, root: type[BaseModel]) -> list[str]:
 
 def config_document(config: Config) -> dict:
     """The resolved config as plain data (for `qcli config show`, metadata and reports)."""
-    doc = config.model_dump(mode="json", exclude={"data"})
+    doc = config.model_dump(mode="json", exclude={"data", "recovery"})
+    steps = config.recovery.model_dump(mode="json", exclude_none=True)
+    if steps:  # only when a step is on: models made without recovery keep their bytes
+        doc["recovery"] = steps
     if config.data.preprocess is not None:
         pre = config.data.preprocess.model_dump(mode="json", exclude_none=True)
         doc["data"] = {"preprocess": pre}
