@@ -30,7 +30,7 @@ GranularityName = Literal["per_tensor", "per_channel", "per_block"]  # the core 
 Criterion = Literal["performance", "balanced", "accuracy", "custom"]
 Precision = Literal["float", "int8", "uint8", "int16", "uint16", "dynamic"]  # dynamic: run-time activation scales
 Mode = Literal["static", "dynamic"]
-Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4"]  # int4: weights, to shrink
+Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic"]  # int4: weights, to shrink
 
 
 class _Section(BaseModel):
@@ -151,6 +151,16 @@ def check_dynamic_weights(w: Weights) -> Weights:
 
 
 RECOVERY_STEPS = ("smoothquant", "bias_correction", "equalization")
+RECOVERY_AVAILABLE: tuple[str, ...] = ()  # the steps this version runs (a step is added with its code)
+
+
+def _check_available(steps: list[str]) -> None:
+    """A recovery step this version does not run is refused, never skipped."""
+    missing = [s for s in steps if s not in RECOVERY_AVAILABLE]
+    if missing:
+        available = ", ".join(RECOVERY_AVAILABLE) or "none yet"
+        raise ValueError(f"recovery step {missing[0]!r} is not available in this version of qcli (available: "
+                         f"{available})")
 
 
 class SmoothQuant(_Section):
@@ -198,8 +208,12 @@ class Recovery(_Section):
     def _steps(cls, raw: Any) -> Any:
         if raw is None:
             return {}
+        if isinstance(raw, dict):
+            raw = {k: ({} if v is None else v) for k, v in raw.items()}
+            _check_available([k for k in raw if k in RECOVERY_STEPS])
+            return raw
         if not isinstance(raw, list):
-            return {k: ({} if v is None else v) for k, v in raw.items()} if isinstance(raw, dict) else raw
+            return raw
         steps: dict[str, Any] = {}
         for item in raw:
             name, knobs = (item, {}) if isinstance(item, str) else next(iter(item.items()), (None, None)) \
@@ -211,13 +225,14 @@ class Recovery(_Section):
             if name in steps:
                 raise ValueError(f"recovery step {name!r} is given twice")
             steps[name] = {} if knobs is None else knobs
+        _check_available(list(steps))
         return steps
 
     @property
     def steps(self) -> list[str]:
         """The steps that are on, in the order they run.
 
-        >>> Recovery.model_validate(["bias_correction", {"equalization": None}]).steps
+        >>> Recovery.model_construct(bias_correction=BiasCorrection(), equalization=Equalization()).steps
         ['equalization', 'bias_correction']
         """
         return [s for s in ("equalization", "smoothquant", "bias_correction") if getattr(self, s) is not None]
@@ -240,7 +255,7 @@ class AutoPrecision(_Section):
     criteria: Criterion = "balanced"
     max_accuracy_drop: float = Field(0.01, ge=0)
     min_speedup: float | None = Field(None, gt=0)
-    candidates: list[Candidate] = ["int8", "int16", "float"]
+    candidates: list[Candidate] = ["int8", "dynamic", "int16", "float"]
     samples: int = Field(256, ge=1)  # samples of --eval-data (or held back) measured per trial
     max_trials: int = Field(200, ge=1)
     time_budget: float = Field(600.0, gt=0)  # seconds

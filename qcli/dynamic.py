@@ -26,6 +26,9 @@ from qcli.plan import DynamicNode, Plan, WeightPlan
 from qcli.scheme import choose_qparams, quantize
 
 CONTRIB = "com.microsoft"
+#: What the nodes replacing dynamic node N are named: N + one of these (kernel times attribute by it).
+NODE_SUFFIXES = ("_MatMulInteger", "_Cast", "_scales_Mul", "_Mul", "_Add", "_beta_Mul", "_quant")
+QUANTIZER_SUFFIX = "_DynamicQuantize"  # the DynamicQuantizeLinear of activation x: x + this
 
 Use = tuple[int, int]
 
@@ -41,13 +44,19 @@ class DynamicEdits:
     names: set[str] = field(default_factory=set)  # initializers added
 
 
-def dynamic_edits(index: GraphIndex, plan: Plan, rewired: Mapping[Use, str]) -> DynamicEdits:
+def dynamic_edits(index: GraphIndex, plan: Plan, rewired: Mapping[Use, str],
+                  renamed: Mapping[Use, str] | None = None) -> DynamicEdits:
     """The replacement of every dynamic node. `rewired`: the inputs the static edits redirect
     (a dynamic node reading a statically quantized tensor reads its dequantized copy, so that
-    its producer's int8 kernel still fuses)."""
+    its producer's int8 kernel still fuses); `renamed`: the outputs they rename (a statically
+    quantized graph output keeps its name on its DequantizeLinear: its producer writes
+    `t_float`)."""
     edits = DynamicEdits()
     for i, dn in sorted(plan.dynamic.items()):
-        node = index.graph.node[i]
+        node = onnx.NodeProto()
+        node.CopyFrom(index.graph.node[i])
+        for k in range(len(node.output)):
+            node.output[k] = (renamed or {}).get((i, k), node.output[k])
         inputs = [rewired.get((i, k), name) for k, name in enumerate(node.input)]
         FORMS[dn.form](edits, index, node, inputs, dn)
         edits.replaced.add(i)
@@ -152,7 +161,7 @@ def _quantizer(edits: DynamicEdits, x: str) -> tuple[str, str, str]:
     """The DynamicQuantizeLinear of activation `x` (one, whatever the number of dynamic readers)."""
     if x not in edits.quantizers:
         outputs = (f"{x}_dynamic_quantized", f"{x}_dynamic_scale", f"{x}_dynamic_zero_point")
-        edits.nodes.append(helper.make_node("DynamicQuantizeLinear", [x], list(outputs), name=f"{x}_DynamicQuantize"))
+        edits.nodes.append(helper.make_node("DynamicQuantizeLinear", [x], list(outputs), name=f"{x}{QUANTIZER_SUFFIX}"))
         edits.quantizers[x] = outputs
     return edits.quantizers[x]
 

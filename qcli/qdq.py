@@ -69,7 +69,7 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
     weights, weight_scales = _weight_edits(source, plan)
     groups, group_scales = _group_edits(source, plan)
     edits = _Edits.joined(weights, groups, _bias_edits(source, plan, group_scales, weight_scales))
-    dynamic = dynamic_edits(source.index, plan, edits.inputs)  # qcli/dynamic.py: replaces its nodes
+    dynamic = dynamic_edits(source.index, plan, edits.inputs, edits.outputs)  # qcli/dynamic.py: replaces its nodes
     edits.add(_Edits(inits=dynamic.inits, nodes=dynamic.nodes))
     _rewire(graph, edits)
     dropped = _drop_redundant_clips(graph, plan, source.producer, source.inits) | dynamic.replaced

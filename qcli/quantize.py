@@ -33,7 +33,6 @@ from qcli.model import fingerprint, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
-from qcli.recovery import check_available
 from qcli.scheme import PerBlock, PerChannel, QuantScheme
 
 
@@ -67,7 +66,6 @@ def calibrate(
     and the shards' statistics are merged, exactly: the table is the same as one process's.
     None, or a `SerialExecutor`: the pass runs here.
     """
-    check_available(config)
     work = (prepared or prepare_for(model, config, force=force)).model
     plan = make_plan(work, config)
     check_unmatched(plan, strict)
@@ -102,7 +100,6 @@ def quantize(
     `strict`: a config rule that matches nothing raises ConfigError instead of a warning.
     `prepared`: the result of `prepare_for(model, config)` when the caller has it already (not
     changed)."""
-    check_available(config)
     prepared = prepared or prepare_for(model, config, force=force)
     work, notes = prepared.model, list(prepared.notes)
     index = GraphIndex.of(work)

@@ -308,7 +308,7 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
     """The search for `goal`, and the outcome made of what it found."""
     config, ap = outcome.config, outcome.config.auto_precision
     # a 16-bit promotion takes the activations' signedness (`promoted_config`): uint16 names it too
-    candidates = [_SAME_PROMOTION.get(c, c) for c in ap.candidates] if ap.enabled else ["float"]
+    candidates = [_SAME_PROMOTION.get(c, c) for c in ap.candidates] if ap.enabled else list(RESCUE_CANDIDATES)
     found = search(trials.units, trials, goal, trials.costs(candidates), shrink="int4" in candidates,
                    candidates=candidates)
     outcome.search, outcome.goal_met = found, found.met
@@ -328,12 +328,15 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
 
 
 _SAME_PROMOTION = {"uint16": "int16", "uint8": "int8"}
+RESCUE_CANDIDATES = ("dynamic", "float")  # the rescue's promotions: dynamic int8 tried before float
 
 
 def _no_promotion(config: Config, candidates: Sequence[str]) -> str:
     """Why the search could promote no unit (the goal missed): what the candidates allow."""
-    if not {"int16", "uint16"} & set(candidates):
-        why = "they hold neither int16 nor float"
+    if not {"int16", "uint16", "dynamic"} & set(candidates):
+        why = "they hold neither dynamic, int16 nor float"
+    elif not {"int16", "uint16"} & set(candidates):
+        why = "no node here has a dynamic form (MatMul, Gemm or LSTM with a constant weight, quantized statically)"
     elif config.activations.dtype == "float":
         why = "int16 widens quantized activations, and this config keeps activations float"
     else:
@@ -417,7 +420,10 @@ def _whys(found: SearchResult) -> dict[str, tuple[Why, str]]:
         if step.kept:
             for n in step.changed:
                 if n in found.choices and n not in whys:
-                    whys[n] = _why(found, step, n)
+                    why, text = _why(found, step, n)
+                    if found.choices[n] == "dynamic" and why is not Why.FASTER:
+                        text += "; dynamic int8 (activations quantized at run time) meets the goal: not float"
+                    whys[n] = why, text
     return whys
 
 

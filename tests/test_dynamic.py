@@ -196,6 +196,31 @@ def test_per_node_dynamic_in_a_static_config(cli, tmp_path: Path) -> None:
     assert result.stderr.startswith("error: give exactly one of --data DIR (calibrate now) or --calib FILE")
 
 
+def test_a_dynamic_node_whose_output_is_a_static_graph_output(cli, tmp_path: Path) -> None:
+    """The Gemm is dynamic; its output is a graph output that the static MatMul reads, so the
+    static edits give it a Q/DQ pair and rename the producer's output to `y_float`: the dynamic
+    replacement writes that name (it wrote `y` twice, and onnxruntime refused the model)."""
+    model = _model(tmp_path, """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y, float[N] z) <float[4, 4] w = {W}, float[4] b = {0.1, -0.2, 0.3, 0.1}> {
+            y = Gemm (x, w, b)
+            z = MatMul (y, b)
+        }
+    """.replace("{W}", _floats((4, 4), 21)), "gb")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(8):
+        write_npz(data / f"{i}.npz", x=np.random.default_rng(i).normal(0, 1, (4, 4)).astype(np.float32))
+    config = tmp_path / "c.yaml"
+    config.write_text("overrides:\n  - match: {op_types: [Gemm]}\n    precision: dynamic\n")
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", data, "--config", config, "--no-verify")
+    assert doc["precisions"]["Gemm"] == {"dynamic uint8 act, int8 weights": 1}
+    x = np.random.default_rng(9).normal(0, 1, (3, 4)).astype(np.float32)
+    for got, want in zip(_run(out, {"x": x}), _run(model, {"x": x}), strict=True):
+        assert got.shape == want.shape and _cosine(got, want) > 0.99
+
+
 def test_conv_stays_float_in_dynamic_mode(cli, tmp_path: Path) -> None:
     model = _model(tmp_path, CONV_GEMM, "cg")
     doc = _qcli_dynamic(cli, model, tmp_path / "q.onnx")

@@ -3,11 +3,16 @@ config it writes, and the attribution of profiled kernel times to units."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from conftest import parse_model
 from qcli.analyze.probe import Fidelity, OutputFidelity
 from qcli.config import Config, parse_config
-from qcli.precision import Goal, Unit, attribute, promoted_config, search
+from qcli.plan import make_plan
+from qcli.precision import Goal, Unit, attribute, find_units, promoted_config, search
+from qcli.quantize import prepare_for
 
 
 def units(*names: str) -> list[Unit]:
@@ -220,6 +225,59 @@ def test_the_accuracy_search_promotes_to_float_then_tries_the_cheaper_promotion(
     # without float among the candidates, int16 is all there is: a cannot be fixed
     found = search(us, Int16Trials(errors, helped={"b"}), Goal(max_drop=0.01), costs, candidates=["int8", "int16"])
     assert not found.met and found.choices["b"] == "int16"
+
+
+class DynamicTrials(FakeTrials):
+    """FakeTrials where dynamic int8 leaves a tenth of a unit's error, except for the units in
+    `hard` (their error is not in the activation ranges: dynamic keeps all of it)."""
+
+    def __init__(self, errors: dict[str, float], hard: set[str]):
+        super().__init__(errors)
+        self.hard = hard
+
+    def _error(self, choices: dict[str, str]) -> float:
+        def left(n: str, e: float) -> float:
+            if n not in choices:
+                return e
+            return (e if n in self.hard else e / 10) if choices[n] == "dynamic" else 0.0
+        return sum(left(n, e) for n, e in self.errors.items())
+
+
+def test_dynamic_is_tried_before_float_and_float_is_the_last_resort() -> None:
+    """Units with a dynamic form end dynamic when that meets the goal (b, and the twelve
+    moderately sensitive ones, tried in chunks); `a`, whose dynamic form does not help, and `c`,
+    which has none, end float. Timings do not enter: dynamic is preferred by a fixed rule."""
+    errors = {"a": 0.05, "b": 0.05, "c": 0.05} | {f"m{i}": 0.004 for i in range(12)}
+    us = [replace(u, dynamic=u.node != "c") for u in units(*errors)]
+    costs = {n: ("float", 5.0) for n in errors}  # float measured cheapest: dynamic is still tried first
+    found = search(us, DynamicTrials(errors, hard={"a"}), Goal(max_drop=0.01), costs,
+                   candidates=["int8", "dynamic", "float"])
+    assert found.met
+    assert found.choices["a"] == "float" and found.choices["c"] == "float" and found.choices["b"] == "dynamic"
+    assert {p for n, p in found.choices.items() if n.startswith("m")} <= {"dynamic"}
+    # without dynamic among the candidates, every promotion is float
+    plain = search(us, DynamicTrials(errors, hard={"a"}), Goal(max_drop=0.01), costs, candidates=["int8", "float"])
+    assert plain.met and set(plain.choices.values()) == {"float"}
+
+
+def test_nodes_reading_one_weight_are_one_unit() -> None:
+    """An unrolled decoder's steps share a weight: one unit (its mates follow its choice), so
+    the weight is stored once, in one precision."""
+    model = parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 8] x) => (float[N, 8] y) <float[8, 8] w = {1,0,0,0,0,0,0,0, 0,1,0,0,0,0,0,0, 0,0,1,0,0,0,0,0,
+        0,0,0,1,0,0,0,0, 0,0,0,0,1,0,0,0, 0,0,0,0,0,1,0,0, 0,0,0,0,0,0,1,0, 0,0,0,0,0,0,0,1}> {
+            [step1] h1 = MatMul (x, w)
+            [relu1] r1 = Relu (h1)
+            [step2] h2 = MatMul (r1, w)
+            [add] y = Add (h2, x)
+        }
+    """)
+    prepared = prepare_for(model, Config()).model
+    found = find_units(prepared, make_plan(prepared, Config()))
+    assert [(u.node, u.mates, u.dynamic) for u in found] == [("step1", ("step2",), True), ("add", (), False)]
+    out = promoted_config(Config(), {"step1": "dynamic"}, found)
+    assert out.overrides[0].precision == "dynamic" and out.overrides[0].match.nodes == ["step1", "step2"]
 
 
 def test_accuracy_criterion_promotes_as_far_as_the_speed_floor_allows() -> None:

@@ -123,6 +123,14 @@ class _Search:
         """Each unit's cheapest promotion (measured)."""
         return {u.node: self.costs[u.node][0] for u in self.units}
 
+    def smaller(self, candidates: Collection[str] | None) -> dict[str, Choice]:
+        """What the accuracy search tries each promoted unit in before float: dynamic for the
+        units with a dynamic form (int8 weights, 4x smaller than float; a fixed rule, so timing
+        noise cannot flip it, and the result's latency is checked like any other), else the
+        cheapest promotion measured."""
+        dynamic = candidates is not None and "dynamic" in candidates
+        return {u.node: "dynamic" if dynamic and u.dynamic else self.costs[u.node][0] for u in self.units}
+
     def all_float(self, choices: Choices) -> bool:
         """Whether `choices` promote every unit to float (computing like the float model)."""
         return len(choices) == len(self.units) and all(p == "float" for p in choices.values())
@@ -168,7 +176,7 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     if timed and not goal.fast(here.ratio):
         here = _speed_up(s, here)
     if not goal.accurate(here.fidelity) or goal.criterion == "accuracy":
-        here = _accuracy(s, here, _Promotions(dict(here.choices), accurate))
+        here = _accuracy(s, here, _Promotions(dict(here.choices), accurate), s.smaller(candidates))
         if timed:
             here = replace(here, ratio=trials.latency(here.choices))
     if shrink and goal.accurate(here.fidelity) and goal.fast(here.ratio) and not trials.exhausted():
@@ -201,20 +209,26 @@ def _speed_up(s: _Search, here: _Point) -> _Point:
     return here
 
 
-def _accuracy(s: _Search, here: _Point, promote: _Promotions) -> _Point:
+def _accuracy(s: _Search, here: _Point, promote: _Promotions, cheaper: dict[str, Choice]) -> _Point:
     """The accuracy search: rank the int8 units by measured sensitivity, find the shortest
-    prefix of the ranking meeting the goal, then prune. Units whose error hides behind a worse
-    one rank low (their gain is measured with the worse one still int8), so the prefix may take
-    extra units along; the prune drops every one the goal does not need. `balanced` aims at
-    half the budget first; out of reach, the best measured candidate (everything promoted)."""
-    ranking = replace(promote, ranked=_rank(s, promote))
+    prefix of the ranking meeting the goal, then prune, then try each promoted unit in its
+    `cheaper` form. Units whose error hides behind a worse one rank low (their gain is measured
+    with the worse one still int8), so the prefix may take extra units along; the prune drops
+    every one the goal does not need. When units were measured in their dynamic form too, the
+    ranking first promotes each to dynamic where that removes most of its error (float is the
+    last resort), and only if that misses the goal to float throughout. `balanced` aims at half
+    the budget first; out of reach, the best measured candidate (everything promoted)."""
+    ranked, smaller = _rank(s, promote, cheaper)
+    ranking = replace(promote, ranked=ranked)
     if s.goal.criterion == "accuracy":
         return _most_within_speed(s, ranking, here)
     scales = [0.5, 1.0] if s.goal.criterion == "balanced" and s.goal.max_drop is not None else [1.0]
-    for scale in scales:
-        chosen = _settle(s.scaled(scale), ranking, s.cheapest)
-        if chosen is not None:
-            return _Point(chosen, s.trials.fidelity(chosen), here.ratio)
+    rankings = [replace(ranking, to={**promote.to, **smaller}), ranking] if smaller else [ranking]
+    for candidate in rankings:
+        for scale in scales:
+            chosen = _settle(s.scaled(scale), candidate, cheaper)
+            if chosen is not None:
+                return _Point(chosen, s.trials.fidelity(chosen), here.ratio)
     everything = ranking.prefix(len(ranking.ranked))
     f = s.trials.fidelity(everything)
     if f is not None and (here.fidelity is None or f.noise < here.fidelity.noise):
@@ -223,13 +237,19 @@ def _accuracy(s: _Search, here: _Point, promote: _Promotions) -> _Point:
     return here
 
 
-def _rank(s: _Search, promote: _Promotions) -> list[str]:
+DYNAMIC_SHARE = 0.75  # dynamic goes first when it removes this share of the error float removes
+
+
+def _rank(s: _Search, promote: _Promotions, cheaper: dict[str, Choice]) -> tuple[list[str], dict[str, Choice]]:
     """The int8 units, most sensitive first (sensitivity measured on the quick probe, recorded
-    in `s.sensitivity`). By sensitivity, not by cost: costs are timings, and ranking by them
-    would make the promotions depend on a busy machine. Units the budget left unmeasured (or
-    below the noise floor) come last, in graph order."""
+    in `s.sensitivity`), and the units whose dynamic form removes at least DYNAMIC_SHARE of the
+    error their float form removes (each measured alone when the budget allows one trial per
+    unit and form, else all together). By sensitivity, not by cost: costs are timings, and ranking by them would
+    make the promotions depend on a busy machine. Units the budget left unmeasured (or below
+    the noise floor) come last, in graph order."""
     choices = promote.fixed
     left = [u.node for u in s.units if u.node not in choices]
+    dynamic = [n for n in left if cheaper.get(n) == "dynamic" and promote.to[n] != "dynamic"]
     here = s.trials.fidelity(choices, quick=True)
     base_noise = here.noise if here else float("inf")
     floor = 1e-3 * max(base_noise, 1e-12)  # gains below this are measurement noise
@@ -243,20 +263,32 @@ def _rank(s: _Search, promote: _Promotions) -> list[str]:
         spread[nodes[0]] = max(s.trials.demoted(trial) - s.trials.demoted(choices), 1)
         return base_noise - f.noise
 
-    if s.trials.affordable(len(left)):
-        action = "sensitivity"
-        s.trials.fidelity_many([promote.promoting([n]) for n in left], quick=True)  # in parallel
+    smaller: dict[str, Choice] = {}
+    if s.trials.affordable(len(left) + len(dynamic)):
+        action = "sensitivity"  # of each unit in float, and in its dynamic form when it has one
+        alone = [{**choices, n: "dynamic"} for n in dynamic]
+        s.trials.fidelity_many([promote.promoting([n]) for n in left] + alone, quick=True)  # in parallel
         for n in left:
             g = gain([n])
             if g is not None:
                 s.sensitivity[n] = g / spread[n]  # per unit actually left unquantized
+        for n, trial in zip(dynamic, alone, strict=True):
+            f, g = s.trials.fidelity(trial, quick=True), s.sensitivity.get(n)
+            if f is not None and g is not None and g > 0 and base_noise - f.noise >= DYNAMIC_SHARE * g * spread[n]:
+                smaller[n] = "dynamic"
     else:
         action = "sensitivity by blocks (one trial per unit does not fit the budget)"
         s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote))
+        if dynamic:  # the dynamic forms judged together: two trials
+            as_dynamic: Choices = {**choices, **dict.fromkeys(dynamic, "dynamic")}
+            together = [as_dynamic, promote.promoting(dynamic)]
+            fd, ff = s.trials.fidelity_many(together, quick=True)
+            if fd is not None and ff is not None and base_noise - fd.noise >= DYNAMIC_SHARE * (base_noise - ff.noise):
+                smaller = {n: "dynamic" for n in dynamic}
     s.log(StepKind.SENSITIVITY, action, [], choices, here, quick=True)
     measured = [n for n in left if s.sensitivity.get(n, 0.0) > floor / len(left)]
     ranked = sorted(measured, key=lambda n: (-s.sensitivity[n], s.index[n]))
-    return ranked + [n for n in left if n not in ranked]
+    return ranked + [n for n in left if n not in ranked], smaller
 
 
 def _shrink(s: _Search, here: _Point) -> _Point:
@@ -370,7 +402,7 @@ def _prune(s: _Search, ranking: _Promotions, chosen: Choices, order: list[str], 
     """Try the promoted units back at int8 (least useful first), or with `cheaper` each in its
     cheaper promotion; keep the changes that still meet the goal.
 
-    Back to int8, more than PRUNE_ONE_BY_ONE units go in chunks: the least useful half first,
+    More than PRUNE_ONE_BY_ONE units go in chunks: the least useful half first,
     a chunk that cannot go back whole is split in two (both tried, in order), and once a unit
     alone cannot go back, all the units still to try are tried at once first. A ranking that
     missed a unit (its error hidden behind a worse one's: it ranks last, so the prefix takes
@@ -378,7 +410,7 @@ def _prune(s: _Search, ranking: _Promotions, chosen: Choices, order: list[str], 
     pending = [n for n in order if n not in ranking.fixed and n in chosen]
     if cheaper is not None:
         pending = [n for n in pending if cheaper[n] != chosen[n]]
-    chunked = cheaper is None and len(pending) > PRUNE_ONE_BY_ONE
+    chunked = len(pending) > PRUNE_ONE_BY_ONE
     if chunked:
         half = len(pending) // 2
         chunks = [pending[:half], pending[half:]]

@@ -21,6 +21,7 @@ import onnx
 from qcli.analyze.probe import Fidelity, Probe
 from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
+from qcli.dynamic import NODE_SUFFIXES, QUANTIZER_SUFFIX
 from qcli.errors import CalibrationError, InternalError, ModelError
 from qcli.precision.units import PROMOTIONS, Choices, Costs, Unit, find_units, promoted_config
 from qcli.prepare import PrepareResult
@@ -165,11 +166,12 @@ class Trials:
 
     def costs(self, candidates: Collection[str], base: Choices | None = None) -> Costs:
         """Per unit: the promotion among `candidates` with the least measured cost, and that
-        cost in µs per run (time promoted - time int8; negative: faster promoted). `base`: the
-        choices the int8 times are measured in (default: all int8); a unit's int8 time depends
-        on its neighbours (whether its Q/DQ pairs fuse). A promotion the calibration cannot build
-        (int16 around activations it did not measure: a weight-only config's) is left out, as
-        `fidelity` leaves such candidates unmeasured. No promotion among `candidates`: none."""
+        cost in µs per run (time promoted - time int8; negative: faster promoted); `dynamic` is
+        timed on the units with a dynamic form. `base`: the choices the int8 times
+        are measured in (default: all int8); a unit's int8 time depends on its neighbours
+        (whether its Q/DQ pairs fuse). A promotion the calibration cannot build (int16 around
+        activations it did not measure: a weight-only config's) is left out, as `fidelity`
+        leaves such candidates unmeasured. No promotion among `candidates`: none."""
         if not any(p in candidates for p in PROMOTIONS):
             return {}
         with built_by_qcli():
@@ -178,16 +180,19 @@ class Trials:
         # float first: another candidate replaces it only when clearly cheaper (ties go to float,
         # the more accurate one, so timing noise does not flip the choice)
         for precision in sorted((p for p in PROMOTIONS if p in candidates), key=lambda p: p != "float"):
+            takers = [u for u in self.units if precision != "dynamic" or u.dynamic]
+            if not takers:
+                continue
             if precision == "float":
                 promoted = self.prepared.model
             else:
                 try:
-                    promoted = self.build({u.node: precision for u in self.units}).model
+                    promoted = self.build({u.node: precision for u in takers}).model
                 except CalibrationError:
                     continue
             with built_by_qcli():
                 times = attribute(self.probe.node_times(promoted), self.units)
-            for u in self.units:
+            for u in takers:
                 cost = times.get(u.node, 0.0) - int8.get(u.node, 0.0)
                 if u.node not in best or cost < best[u.node][1] - max(SPEED_TIE, 0.1 * abs(best[u.node][1])):
                     best[u.node] = (precision, cost)
@@ -251,8 +256,10 @@ def attribute(times: dict[str, float], units: list[Unit]) -> dict[str, float]:
     >>> units = [Unit("/conv", "Conv", 0, frozenset({"x", "y"})), Unit("/fc", "Gemm", 1, frozenset({"y", "z"}))]
     >>> attribute({"/conv": 10.0, "/fc/MatMulNBits": 4.0, "y_Q": 2.0, "x_DQ": 1.0}, units)
     {'/conv': 12.0, '/fc': 5.0}
+    >>> attribute({"/fc_MatMulInteger": 3.0, "y_DynamicQuantize": 2.0}, units)
+    {'/fc': 4.0, '/conv': 1.0}
     """
-    names = {u.node for u in units}
+    names = {m: u.node for u in units for m in u.nodes}  # a unit's nodes (its mates too) -> the unit
     owners: dict[str, list[str]] = {}
     for u in units:
         for t in u.tensors:
@@ -260,11 +267,15 @@ def attribute(times: dict[str, float], units: list[Unit]) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, us in times.items():
         if name in names:
-            targets = [name]
+            targets = [names[name]]
         elif fused := [n for n in names if name.startswith(n + "/")]:
-            targets = [max(fused, key=len)]
+            targets = [names[max(fused, key=len)]]
+        elif own := next((name[: -len(s)] for s in NODE_SUFFIXES if name.endswith(s) and name[: -len(s)] in names),
+                         None):  # a node of a dynamic unit's replacement
+            targets = [names[own]]
         else:
-            tensor = next((name[: -len(s)] for s in ("_dequantized_DQ", "_Q", "_DQ") if name.endswith(s)), None)
+            tensor = next((name[: -len(s)] for s in ("_dequantized_DQ", "_Q", "_DQ", QUANTIZER_SUFFIX)
+                           if name.endswith(s)), None)
             targets = owners.get(tensor, []) if tensor is not None else []
         for n in targets:
             out[n] = out.get(n, 0.0) + us / len(targets)

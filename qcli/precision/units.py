@@ -2,27 +2,29 @@
 
 A unit is one compute node the plan quantizes (Conv, MatMul, Gemm, Add, Mul, ...: the nodes
 onnxruntime fuses into an int8 kernel); data-movement nodes follow their neighbours through the
-shared-qparams groups. A unit stays int8 (the config's default) or is promoted (`int16`
-activations, A16W8, or `float`), or gets `int4` weights. Every choice is an ordinary override on
-the node's name, appended after the user's, so the choices are a config that `qcli quantize
---config` reproduces exactly.
+shared-qparams groups. Nodes that read one constant weight (an unrolled decoder's steps sharing a
+cell's weights) are one unit, so that the weight is stored once, in one precision. A unit stays
+int8 (the config's default) or is promoted (`dynamic`: int8 weights, activations quantized at run
+time, for ops with a dynamic form; `int16` activations, A16W8; or `float`), or gets `int4`
+weights. Every choice is an ordinary override on the nodes' names, appended after the user's, so
+the choices are a config that `qcli quantize --config` reproduces exactly.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import onnx
 
 from qcli.config import ActivationDtype, Activations, Config, Match, Override, Weights
 from qcli.plan import Plan
-from qcli.rules import rule_for
+from qcli.rules import dynamic_rule, rule_for
 
-Promotion = Literal["int16", "float"]  # 16-bit activations around the node (int8 weights), or float
-Choice = Literal["int16", "float", "int4"]  # a unit's precision other than int8: a promotion, or int4 weights
-PROMOTIONS: tuple[Promotion, ...] = ("int16", "float")
+Promotion = Literal["dynamic", "int16", "float"]  # run-time int8 activations; 16-bit ones (int8 weights); float
+Choice = Literal["dynamic", "int16", "float", "int4"]  # a unit's precision other than int8: a promotion, or int4
+PROMOTIONS: tuple[Promotion, ...] = ("dynamic", "int16", "float")
 CHOICES: tuple[Choice, ...] = ("int4", *PROMOTIONS)  # the order of their overrides
 Choices = dict[str, Choice]  # unit (node name) -> its precision; a unit not in it stays int8
 Costs = dict[str, tuple[Promotion, float]]  # unit -> its cheapest promotion, and its cost in µs per run
@@ -35,17 +37,25 @@ class Unit:
     index: int
     tensors: frozenset[str]  # what it reads and writes (for attributing Q/DQ kernel time)
     weighted: bool = False  # has a constant weight (a candidate for int4 weights)
+    dynamic: bool = False  # statically quantized and its op has a dynamic form (a `dynamic` candidate)
+    mates: tuple[str, ...] = ()  # the other nodes reading its weight: they take its precision
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (self.node, *self.mates)
 
 
 def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
-    """The plan's quantized compute nodes, in graph order."""
+    """The plan's quantized compute nodes, in graph order; nodes reading one constant weight are
+    one unit (the first of them, with the others as its mates)."""
     graph = model.graph
     inits = {t.name for t in graph.initializer}
     folded: dict[str, list[int]] = {}  # node -> the nodes folded into it (their outputs are its own)
     for d in plan.nodes:
         if d.folded_into is not None:
             folded.setdefault(d.folded_into, []).append(d.index)
-    units = []
+    units: list[Unit] = []
+    owner: dict[str, int] = {}  # weight -> the position in `units` of the first unit reading it
     for d in plan.nodes:
         node = graph.node[d.index]
         rule = rule_for(node)
@@ -54,9 +64,24 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
         tensors = set(node.input) | set(node.output)
         for j in folded.get(d.name, []):
             tensors |= set(graph.node[j].output)
-        weighted = any(k < len(node.input) and node.input[k] in inits for k in rule.weights)
-        units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in tensors if t), weighted))
+        weights = [node.input[k] for k in rule.weights if k < len(node.input) and node.input[k] in inits]
+        unit = Unit(d.name, d.op_type, d.index, frozenset(t for t in tensors if t), bool(weights),
+                    not d.dynamic and _has_dynamic_form(node, inits))
+        shared = next((owner[w] for w in weights if w in owner), None)
+        if shared is None:
+            owner.update(dict.fromkeys(weights, len(units)))
+            units.append(unit)
+        else:  # its weight is read by an earlier unit: it moves with that one
+            first = units[shared]
+            units[shared] = replace(first, tensors=first.tensors | unit.tensors, mates=(*first.mates, unit.node),
+                                    dynamic=first.dynamic and unit.dynamic)
+            owner.update(dict.fromkeys(weights, shared))
     return units
+
+
+def _has_dynamic_form(node: onnx.NodeProto, inits: set[str]) -> bool:
+    rule, _ = dynamic_rule(node)
+    return rule is not None and all(k < len(node.input) and node.input[k] in inits for k in rule.weights)
 
 
 def _exact(name: str) -> str:
@@ -67,11 +92,13 @@ def _exact(name: str) -> str:
 def promoted_config(config: Config, choices: Choices, units: list[Unit]) -> Config:
     """`config` plus one override per chosen precision (nodes in graph order), search off."""
     order = {u.node: u.index for u in units}
+    mates = {u.node: u.nodes for u in units}
     overrides = list(config.overrides)
     for precision in CHOICES:
         nodes = sorted((n for n, p in choices.items() if p == precision), key=lambda n: order.get(n, 0))
         if nodes:
-            overrides.append(_override(config, precision, Match(nodes=[_exact(n) for n in nodes])))
+            names = [m for n in nodes for m in mates.get(n, (n,))]
+            overrides.append(_override(config, precision, Match(nodes=[_exact(m) for m in names])))
     return config.model_copy(update={
         "overrides": overrides,
         "auto_precision": config.auto_precision.model_copy(update={"enabled": False}),
@@ -82,7 +109,7 @@ def _override(config: Config, precision: Choice, match: Match) -> Override:
     """The override giving the matched nodes `precision`."""
     if precision == "int4":
         return Override(match=match, weights=Weights(dtype="int4", symmetric=True, granularity="per_channel"))
-    if precision == "float":
-        return Override(match=match, precision="float")
+    if precision in ("float", "dynamic"):
+        return Override(match=match, precision=precision)
     wide: ActivationDtype = "uint16" if config.activations.dtype in ("uint8", "uint16") else "int16"
     return Override(match=match, activations=Activations(dtype=wide, symmetric=config.activations.symmetric))
