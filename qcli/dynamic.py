@@ -7,6 +7,8 @@ subgraph onnxruntime runs with int8 kernels, its activations quantized at run ti
   beta x C. onnxruntime fuses it into DynamicQuantizeMatMul (or MatMulIntegerToFloat when one
   DynamicQuantizeLinear feeds several), as it does the output of its own `quantize_dynamic`.
   A Gemm's transB=1 weight is stored transposed ([K, N]: MatMulInteger's layout).
+- `gather`: an embedding table int8 per column; Gather of the int8 rows, then DequantizeLinear
+  (axis -1) of the rows read, as onnxruntime's `quantize_dynamic` stores tables.
 - `lstm`: com.microsoft DynamicQuantizeLSTM, its W and R int8 transposed to [D, I, 4H] with one
   scale per direction and row ([D, 4H]), as onnxruntime's `quantize_dynamic` writes it.
 Names derive from the tensor and node names: the output is deterministic.
@@ -27,7 +29,8 @@ from qcli.scheme import choose_qparams, quantize
 
 CONTRIB = "com.microsoft"
 #: What the nodes replacing dynamic node N are named: N + one of these (kernel times attribute by it).
-NODE_SUFFIXES = ("_MatMulInteger", "_Cast", "_scales_Mul", "_Mul", "_Add", "_beta_Mul", "_quant")
+NODE_SUFFIXES = ("_MatMulInteger", "_Cast", "_scales_Mul", "_Mul", "_Add", "_beta_Mul", "_quant", "_Gather",
+                 "_DequantizeLinear")
 QUANTIZER_SUFFIX = "_DynamicQuantize"  # the DynamicQuantizeLinear of activation x: x + this
 
 Use = tuple[int, int]
@@ -151,9 +154,29 @@ def _lstm(edits: DynamicEdits, index: GraphIndex, node: onnx.NodeProto, inputs: 
     ))
 
 
+def _gather(edits: DynamicEdits, index: GraphIndex, node: onnx.NodeProto, inputs: list[str], dn: DynamicNode) -> None:
+    """An int8 embedding table (per column: its last axis, which the gathered rows keep):
+    Gather of the int8 rows, then DequantizeLinear of just those."""
+    name, out, plan = node.name or f"Gather_{dn.index}", node.output[0], dn.weights[0]
+    values = numpy_helper.to_array(index.initializers[plan.name]).astype(np.float32)
+    q, scale, zero = quantized_weight(values, plan)
+    stored = f"{plan.name}_gather"
+    for values_, suffix in ((q, "quantized"), (scale, "scale"), (zero, "zero_point")):
+        _add_init(edits, values_, f"{stored}_{suffix}")
+    edits.nodes += [
+        helper.make_node("Gather", [f"{stored}_quantized", inputs[1]], [f"{out}_quantized"], name=f"{name}_Gather",
+                         axis=0),
+        helper.make_node("DequantizeLinear", [f"{out}_quantized", f"{stored}_scale", f"{stored}_zero_point"], [out],
+                         name=f"{name}_DequantizeLinear"),
+    ]
+    if plan.axis is not None:  # per column: the gathered rows' last axis
+        edits.nodes[-1].attribute.append(helper.make_attribute("axis", -1))
+
+
 FORMS: dict[str, Callable[[DynamicEdits, GraphIndex, onnx.NodeProto, list[str], DynamicNode], None]] = {
     "matmul": _matmul,
     "lstm": _lstm,
+    "gather": _gather,
 }
 
 

@@ -37,8 +37,9 @@ override can quantize them) but whose 8-bit form hurts accuracy or speed by defa
 `DYNAMIC` is the second table: the ops with a dynamic form (activations quantized at run time,
 `activations.mode: dynamic`, `precision: dynamic`), which constant inputs are its int8 weights,
 and the `form` qcli/dynamic.py emits: `matmul` (DynamicQuantizeLinear + MatMulInteger + Cast +
-Mul, which onnxruntime fuses into DynamicQuantizeMatMul or MatMulIntegerToFloat) or `lstm`
-(com.microsoft DynamicQuantizeLSTM). Entries with a `reason` are measured and not offered.
+Mul, which onnxruntime fuses into DynamicQuantizeMatMul or MatMulIntegerToFloat), `lstm`
+(com.microsoft DynamicQuantizeLSTM) or `gather` (an int8 embedding table: Gather, then
+DequantizeLinear of the rows read). Entries with a `reason` are measured and not offered.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ OUTPUT_RANGES: dict[str, tuple[float, float]] = {
 
 @dataclass(frozen=True)
 class DynamicRule:
-    form: Literal["matmul", "lstm"] | None  # None: not offered (see `reason`)
+    form: Literal["matmul", "lstm", "gather"] | None  # None: not offered (see `reason`)
     weights: tuple[int, ...] = (1,)  # constant inputs quantized as int8 weights
     reason: str = ""  # why a node of this op stays float in dynamic mode
 
@@ -166,6 +167,9 @@ DYNAMIC: dict[str, DynamicRule] = {
     "MatMul": DynamicRule("matmul"),
     "Gemm": DynamicRule("matmul"),
     "LSTM": DynamicRule("lstm", weights=(1, 2)),
+    # An embedding table: int8 per column, gathered as int8 and dequantized after (only the
+    # rows read), as onnxruntime's quantize_dynamic does; no activation to quantize.
+    "Gather": DynamicRule("gather", weights=(0,)),
     # Measured (README "Dynamic quantization"): stacks of 4 Conv+Relu quantized by onnxruntime's
     # quantize_dynamic (DynamicQuantizeLinear + ConvInteger + Cast + Mul, unfused) ran 3.4-4.5x
     # the float latency (3x3 at 64 and 128 channels, 1x1 at 256); onnxruntime has no dynamic GRU.
@@ -175,7 +179,7 @@ DYNAMIC: dict[str, DynamicRule] = {
 }
 
 #: The reason of a node in dynamic mode whose op has no dynamic form.
-NO_DYNAMIC_FORM = "no dynamic int8 kernel for this op (dynamic: MatMul, Gemm, LSTM)"
+NO_DYNAMIC_FORM = "no dynamic int8 kernel for this op (dynamic: MatMul, Gemm, LSTM, Gather of a table)"
 
 
 def dynamic_rule(node: onnx.NodeProto) -> tuple[DynamicRule | None, str]:
@@ -191,6 +195,8 @@ def dynamic_rule(node: onnx.NodeProto) -> tuple[DynamicRule | None, str]:
         return None, "a transposed Gemm input (transA=1) has no dynamic form"
     if node.op_type == "LSTM" and _int_attribute(node, "layout", 0):
         return None, "DynamicQuantizeLSTM takes no batch-first layout (layout=1)"
+    if node.op_type == "Gather" and _int_attribute(node, "axis", 0) != 0:
+        return None, "a Gather along another axis than the table's rows (axis 0) is kept float"
     return rule, ""
 
 

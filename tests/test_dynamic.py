@@ -170,7 +170,7 @@ def test_eval_data_verifies(cli, tmp_path: Path) -> None:
     assert v["passed"] and v["samples"] == 20 and v["checks"][0]["name"] == "cosine"
     assert v["checks"][0]["value"] > 0.99
     floats = {(r["op_type"], r["reason"]) for r in doc["float"]}
-    assert ("Erf", "no dynamic int8 kernel for this op (dynamic: MatMul, Gemm, LSTM)") in floats
+    assert ("Erf", "no dynamic int8 kernel for this op (dynamic: MatMul, Gemm, LSTM, Gather of a table)") in floats
     assert doc["quantized"] == {"MatMul": 2} and doc["method"] == "run time (dynamic)"
 
 
@@ -219,6 +219,30 @@ def test_a_dynamic_node_whose_output_is_a_static_graph_output(cli, tmp_path: Pat
     x = np.random.default_rng(9).normal(0, 1, (3, 4)).astype(np.float32)
     for got, want in zip(_run(out, {"x": x}), _run(model, {"x": x}), strict=True):
         assert got.shape == want.shape and _cosine(got, want) > 0.99
+
+
+def test_an_embedding_table_is_stored_int8_and_only_the_rows_read_dequantized(cli, tmp_path: Path) -> None:
+    """Gather of a constant table in dynamic mode: the table int8 per column (4x smaller), the
+    int8 rows gathered, then DequantizeLinear; rows match float to a column's step."""
+    table = np.random.default_rng(5).normal(0, 0.5, (64, 16)).astype(np.float32)
+    table[:, 3] *= 20  # an outlier column: its own scale keeps the others fine
+    text = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int64[N, T] ids) => (float[N, T, 16] y) <float[64, 16] table = {V}> {
+            y = Gather (table, ids)
+        }
+    """.replace("{V}", "{" + ", ".join(f"{v:.6f}" for v in table.ravel()) + "}")
+    model = _model(tmp_path, text, "emb")
+    out = tmp_path / "q.onnx"
+    doc = _qcli_dynamic(cli, model, out, "--no-verify")
+    assert doc["weights"] == {"int8 per_channel": 1}
+    q = onnx.load(out)
+    assert [n.op_type for n in q.graph.node] == ["Gather", "DequantizeLinear"]
+    assert [t.data_type for t in q.graph.initializer if t.name.endswith("_quantized")] == [onnx.TensorProto.INT8]
+    ids = np.array([[0, 5, 63], [7, 7, 1]], np.int64)
+    got, want = _run(out, {"ids": ids})[0], table[ids]
+    step = np.abs(table).max(axis=0) / 127
+    assert np.all(np.abs(got - want) <= step / 2 + 1e-6)
 
 
 def test_conv_stays_float_in_dynamic_mode(cli, tmp_path: Path) -> None:

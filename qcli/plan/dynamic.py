@@ -81,11 +81,14 @@ def weights_of(ctx: Context, i: int) -> Weights:
 
 def dynamic_weight(ctx: Context, i: int, name: str, section: Weights) -> WeightPlan:
     """The plan of a dynamic node's weight, per channel along its output channels (MatMul: N;
-    Gemm: N, by transB; LSTM: the 4 x hidden rows of each direction), else per tensor."""
+    Gemm: N, by transB; LSTM: the 4 x hidden rows of each direction; Gather: a table's
+    columns), else per tensor."""
     node, rank = ctx.node(i), len(ctx.index.initializers[name].dims)
     scheme = weight_scheme(section)
     axis = None
-    if isinstance(scheme.granularity, PerChannel):
+    if isinstance(scheme.granularity, PerChannel) and node.op_type == "Gather":
+        axis = rank - 1 if rank >= 2 else None  # a table's columns: the gathered rows keep that axis last
+    elif isinstance(scheme.granularity, PerChannel):
         static = RULES.get(node.op_type)
         axis = weight_axis(node, static, rank) if static is not None else (1 if rank == 3 else None)
     if axis is None:
