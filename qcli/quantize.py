@@ -34,6 +34,7 @@ from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
 from qcli.recovery import check_available
+from qcli.recovery.smoothquant import channel_requests, find_targets, smooth
 from qcli.scheme import PerBlock, PerChannel, QuantScheme
 
 
@@ -42,6 +43,7 @@ class QuantizeResult:
     model: onnx.ModelProto
     plan: Plan
     notes: list[str] = field(default_factory=list)  # what prepare changed, and warnings
+    recovery: dict = field(default_factory=dict)  # step -> what it changed (summary, JSON)
 
 
 def calibrate(
@@ -76,6 +78,7 @@ def calibrate(
         tensors=plan.calibrated_tensors,
         max_bins=2 * config.calibration.bins,
         progress=progress,
+        channels=recovery_channels(work, config, plan),
     )
     if executor is None or isinstance(executor, SerialExecutor):
         collected = collect(work, folder, reference=model, **options)
@@ -85,6 +88,7 @@ def calibrate(
         collected.observers, fingerprint(model), collected.samples, RangeSettings.of(config), methods,
         collected.aliases,
     )
+    table.channels = collected.channels
     table.warnings += [f"config rule {text}" for text in plan.unmatched]
     return table
 
@@ -104,7 +108,8 @@ def quantize(
     changed)."""
     check_available(config)
     prepared = prepared or prepare_for(model, config, force=force)
-    work, notes = prepared.model, list(prepared.notes)
+    work, table, recovery = recover(prepared.model, config, table)
+    notes = list(prepared.notes)
     index = GraphIndex.of(work)
     plan = make_plan(work, config, index=index)
     check_unmatched(plan, strict)
@@ -125,7 +130,25 @@ def quantize(
         entry.key, entry.value = key, value
     notes += plan.notes
     notes += [f"warning: config rule {text}" for text in plan.unmatched]
-    return QuantizeResult(out, plan, notes)
+    return QuantizeResult(out, plan, notes, recovery)
+
+
+def recovery_channels(work: onnx.ModelProto, config: Config, plan: Plan) -> dict[str, int]:
+    """Tensor -> axis: the per-channel statistics the recovery steps need from the calibration
+    pass (SmoothQuant's targets), none without them."""
+    if config.recovery.smoothquant is None:
+        return {}
+    return channel_requests(find_targets(work, config, plan))
+
+
+def recover(work: onnx.ModelProto, config: Config, table: CalibrationTable
+            ) -> tuple[onnx.ModelProto, CalibrationTable, dict]:
+    """The recovery steps that change the prepared float graph before planning (SmoothQuant):
+    the graph to plan, the table with the changed tensors' ranges, and what each step did."""
+    if config.recovery.smoothquant is None:
+        return work, table, {}
+    smoothed = smooth(work, config, table)
+    return smoothed.model, smoothed.table, {"smoothquant": [layer.to_dict() for layer in smoothed.layers]}
 
 
 def _compact_json(value: object) -> str:
@@ -208,6 +231,7 @@ def summary(result: QuantizeResult) -> dict:
         "weight_tensors": len(weights),
         "weights": dict(sorted(Counter(_scheme_text(w.scheme) for w in weights).items())),
         "notes": result.notes,
+        **({"recovery": result.recovery} if result.recovery else {}),
     }
 
 
