@@ -234,3 +234,14 @@ def test_channel_observer_merges_shards_exactly_and_round_trips() -> None:
     back = ChannelObserver.from_dict(json.loads(json.dumps(whole.to_dict())))
     np.testing.assert_array_equal(back.rows, whole.rows)
     np.testing.assert_array_equal(back.max, whole.max)
+
+
+def test_summary_table_says_what_was_smoothed(cli, tmp_path: Path) -> None:
+    model = save(ln_model(residual=True), tmp_path / "m.onnx")
+    cfg = tmp_path / "sq.yaml"
+    cfg.write_text("recovery: {smoothquant: {alpha: 0.5}}\n")
+    result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data(tmp_path / "d", (4, C), n=8),
+                 "--config", cfg, "--no-verify")
+    assert result.exit_code == 0, result.stderr
+    assert "SmoothQuant" in result.stdout and "explicit Mul" in result.stdout
+    assert "SmoothQuant's per-channel 1/s" in result.stdout  # why the Mul runs in float
