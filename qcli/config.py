@@ -151,7 +151,7 @@ def check_dynamic_weights(w: Weights) -> Weights:
 
 
 RECOVERY_STEPS = ("smoothquant", "bias_correction", "equalization")
-RECOVERY_AVAILABLE: tuple[str, ...] = ()  # the steps this version runs (a step is added with its code)
+RECOVERY_AVAILABLE: tuple[str, ...] = ("smoothquant",)  # the steps this version runs (a step is added with its code)
 
 
 def _check_available(steps: list[str]) -> None:

@@ -33,6 +33,7 @@ from qcli.model import fingerprint, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
+from qcli.recovery.smoothquant import channel_requests, find_targets, smooth
 from qcli.scheme import PerBlock, PerChannel, QuantScheme
 
 
@@ -41,6 +42,7 @@ class QuantizeResult:
     model: onnx.ModelProto
     plan: Plan
     notes: list[str] = field(default_factory=list)  # what prepare changed, and warnings
+    recovery: dict = field(default_factory=dict)  # step -> what it changed (summary, JSON)
 
 
 def calibrate(
@@ -74,6 +76,7 @@ def calibrate(
         tensors=plan.calibrated_tensors,
         max_bins=2 * config.calibration.bins,
         progress=progress,
+        channels=recovery_channels(work, config, plan),
     )
     if executor is None or isinstance(executor, SerialExecutor):
         collected = collect(work, folder, reference=model, **options)
@@ -83,6 +86,7 @@ def calibrate(
         collected.observers, fingerprint(model), collected.samples, RangeSettings.of(config), methods,
         collected.aliases,
     )
+    table.channels = collected.channels
     table.warnings += [f"config rule {text}" for text in plan.unmatched]
     return table
 
@@ -101,7 +105,8 @@ def quantize(
     `prepared`: the result of `prepare_for(model, config)` when the caller has it already (not
     changed)."""
     prepared = prepared or prepare_for(model, config, force=force)
-    work, notes = prepared.model, list(prepared.notes)
+    work, table, recovery = recover(prepared.model, config, table)
+    notes = list(prepared.notes)
     index = GraphIndex.of(work)
     plan = make_plan(work, config, index=index)
     check_unmatched(plan, strict)
@@ -122,7 +127,25 @@ def quantize(
         entry.key, entry.value = key, value
     notes += plan.notes
     notes += [f"warning: config rule {text}" for text in plan.unmatched]
-    return QuantizeResult(out, plan, notes)
+    return QuantizeResult(out, plan, notes, recovery)
+
+
+def recovery_channels(work: onnx.ModelProto, config: Config, plan: Plan) -> dict[str, int]:
+    """Tensor -> axis: the per-channel statistics the recovery steps need from the calibration
+    pass (SmoothQuant's targets), none without them."""
+    if config.recovery.smoothquant is None:
+        return {}
+    return channel_requests(find_targets(work, config, plan))
+
+
+def recover(work: onnx.ModelProto, config: Config, table: CalibrationTable
+            ) -> tuple[onnx.ModelProto, CalibrationTable, dict]:
+    """The recovery steps that change the prepared float graph before planning (SmoothQuant):
+    the graph to plan, the table with the changed tensors' ranges, and what each step did."""
+    if config.recovery.smoothquant is None:
+        return work, table, {}
+    smoothed = smooth(work, config, table)
+    return smoothed.model, smoothed.table, {"smoothquant": [layer.to_dict() for layer in smoothed.layers]}
 
 
 def _compact_json(value: object) -> str:
@@ -205,6 +228,7 @@ def summary(result: QuantizeResult) -> dict:
         "weight_tensors": len(weights),
         "weights": dict(sorted(Counter(_scheme_text(w.scheme) for w in weights).items())),
         "notes": result.notes,
+        **({"recovery": result.recovery} if result.recovery else {}),
     }
 
 

@@ -229,6 +229,7 @@ def quantization(console: Console, doc: dict) -> None:
     for row in doc["float"]:
         table.add_row(row["op_type"], str(row["count"]), "float", row["reason"])
     console.print(table)
+    smoothquant(console, doc.get("recovery", {}).get("smoothquant", []))
     console.print(
         f"activations: {_counts(doc['activations']) or 'float'}; weights: {_counts(doc['weights']) or 'float'}; "
         f"ranges by {doc['method']}"
@@ -237,6 +238,28 @@ def quantization(console: Console, doc: dict) -> None:
         f"wrote {doc['output']}: {human_bytes(doc['bytes_before'])} -> {human_bytes(doc['bytes_after'])} "
         f"({size_change(doc['compression'])})"
     )
+
+
+SMOOTHED_ROWS = 12
+
+
+def smoothquant(console: Console, layers: list[dict]) -> None:
+    """SmoothQuant's targets: the activation, its readers, alpha, where 1/s went, and the
+    readers' output SQNR before/after on the calibration rows it measured."""
+    from rich import box
+
+    if not layers:
+        return
+    table = Table(box=box.SIMPLE_HEAD, title="SmoothQuant", title_justify="left", pad_edge=False)
+    for column in ("activation", "readers", "alpha", "1/s into", "SQNR dB before -> after"):
+        table.add_column(column, overflow="fold")
+    for layer in layers[:SMOOTHED_ROWS]:
+        sqnr = "" if layer["sqnr_before"] is None else f"{layer['sqnr_before']:.1f} -> {layer['sqnr_after']:.1f}"
+        table.add_row(layer["tensor"], ", ".join(layer["readers"]),
+                      "off" if layer["alpha"] is None else f"{layer['alpha']:g}", layer["into"], sqnr)
+    console.print(table)
+    if len(layers) > SMOOTHED_ROWS:
+        console.print(f"... {len(layers) - SMOOTHED_ROWS} more smoothed activations (all with --json)")
 
 
 PROMOTED_ROWS = 12

@@ -150,6 +150,35 @@ SQUARE = OpRule(
 )
 
 
+#: SmoothQuant's explicit Mul by 1/s (qcli/recovery/smoothquant.py names its constant with this
+#: suffix): a per-channel vector whose small factors (the outlier channels') one per-tensor 8-bit
+#: scale would round away, so the Mul runs in float and the smoothed tensor after it is quantized
+#: for its readers.
+SMOOTHING_SUFFIX = "_smoothquant_inv_s"
+SMOOTHING = OpRule(
+    "compute", (0, 1), default_float=True,
+    reason="SmoothQuant's per-channel 1/s: 8 bits of one scale would lose the outlier channels' small factors",
+)
+
+#: SmoothQuant's readers: the axis of input 0 (the activation) that holds the input channels
+#: (Gemm's input is a matrix: its last axis). The weight's is the reduction axis (`block_axis`).
+#: A Conv is a reader when it is 1x1 with group 1 (qcli/recovery/smoothquant.py checks).
+SMOOTH_ACTIVATION_AXIS: dict[str, int] = {"MatMul": -1, "Gemm": -1, "Conv": 1}
+
+#: Producers that can take the 1/s into their constants when every reader of their output is
+#: smoothed with the same s, and which of their inputs are scaled along which axis
+#: (None: the constant's last axis, a per-channel Mul/Add broadcast along the channels).
+#: MatMul/Gemm/Conv scale their output channels (Gemm's axis depends on transB, see smoothquant.py).
+SMOOTH_FOLDS: dict[str, tuple[int, ...]] = {
+    "LayerNormalization": (1, 2),  # scale, bias over the last axis
+    "Mul": (1,),  # x * c with a constant c per channel (either input): c / s
+    "Add": (1,),  # x + c likewise, when x's producer folds too (a MatMul's bias Add): c / s
+    "MatMul": (1,),  # weight columns
+    "Gemm": (1, 2),  # weight output channels and bias
+    "Conv": (1, 2),  # weight output channels (axis 0) and bias
+}
+
+
 #: Outputs whose range is known without calibration, by op type (the rules' `output_range`).
 OUTPUT_RANGES: dict[str, tuple[float, float]] = {
     op: rule.output_range for op, rule in RULES.items() if rule.output_range is not None
@@ -207,6 +236,8 @@ def rule_for(node: onnx.NodeProto) -> OpRule | None:
         return None
     if node.op_type == "Mul" and len(node.input) == 2 and node.input[0] == node.input[1]:
         return SQUARE
+    if node.op_type == "Mul" and len(node.input) == 2 and node.input[1].endswith(SMOOTHING_SUFFIX):
+        return SMOOTHING
     return RULES.get(node.op_type)
 
 

@@ -27,6 +27,7 @@ from typing import TypeVar
 import numpy as np
 import onnx
 
+from qcli.calibrate.channels import ChannelObserver
 from qcli.calibrate.grid import DEFAULT_MAX_BINS
 from qcli.calibrate.observers import TensorObserver
 from qcli.calibrate.sampling import SAMPLE_VALUES
@@ -107,6 +108,8 @@ class Collected:
     # tensor -> the observed tensor whose values it holds (Reshape, Transpose...): their
     # statistics are equal, so anything solved from them (ranges) is equal too.
     aliases: dict[str, str] = field(default_factory=dict)
+    # tensor -> its per-channel statistics, for the tensors asked for them (`channels`)
+    channels: dict[str, ChannelObserver] = field(default_factory=dict)
 
 
 def collect(
@@ -122,6 +125,7 @@ def collect(
     sample_values: int | None = SAMPLE_VALUES,
     first_sample: int = 0,
     reference: onnx.ModelProto | None = None,
+    channels: dict[str, int] | None = None,
 ) -> Collected:
     """Run `model` over `folder` once and observe `tensors` (names given twice count once).
 
@@ -140,11 +144,14 @@ def collect(
     `first_sample`: the index of the folder's first sample in the whole stream (a shard's).
     `reference`: the model as the user gave it (before preparation): when a run fails, it is
     run on the same inputs to tell the user's model failing from qcli's changes failing.
+    `channels`: tensor -> axis, tensors whose per-channel statistics are kept too (SmoothQuant's),
+    in the same pass.
     """
     names = list(dict.fromkeys(tensors))
-    session = session_with_outputs(model, names, threads)
+    session = session_with_outputs(model, [*names, *(channels or {})], threads)
     observers = {name: TensorObserver(max_bins=max_bins, name=name, sample_values=sample_values) for name in names}
     sink = _ObserverSink(names, observers, value_aliases(model, names), background, first_sample)
+    sink.add_channels(channels or {})
     samples = batches = 0
     stream = folder.batches(batch_size)
     if background:
@@ -154,7 +161,7 @@ def collect(
     try:
         for batch in stream:
             for part in parts(batch, run_size):
-                values = _run(session, names, part, batch, folder, reference)
+                values = _run(session, sink.names, part, batch, folder, reference)
                 run_size.note(values, part.size)
                 sink.put(values, part.size, wait=run_size.per_sample > RUN_OUTPUT_BYTES)
                 samples += part.size
@@ -174,7 +181,7 @@ def collect(
         if name in observers and source in observers:
             observers[name].adopt_values(observers[source])
             aliases[name] = source
-    return Collected(observers, samples, batches, sink.skipped, aliases)
+    return Collected(observers, samples, batches, sink.skipped, aliases, sink.channels)
 
 
 def _run(session, names: list[str], part: Batch, batch: Batch, folder: DataFolder,
@@ -269,9 +276,15 @@ class _ObserverSink:
         self._abandoned = False
         self._queue: queue.Queue = queue.Queue(maxsize=_AHEAD)
         self._thread: threading.Thread | None = None
+        self.channels: dict[str, ChannelObserver] = {}
         if background:
             self._thread = threading.Thread(target=self._loop, name="qcli-observe", daemon=True)
             self._thread.start()
+
+    def add_channels(self, channels: dict[str, int]) -> None:
+        """Keep per-channel statistics of these tensors (tensor -> axis) too; before any `put`."""
+        self.channels = {name: ChannelObserver(axis) for name, axis in channels.items()}
+        self.names = [*self.names, *(n for n in channels if n not in self.names)]
 
     def put(self, values: list, samples: int, wait: bool = False) -> None:
         """Hand a run's outputs over; `wait`: return once they have been observed."""
@@ -319,6 +332,9 @@ class _ObserverSink:
         first, self.next_sample = self.next_sample, self.next_sample + samples
         # strict=False: a run for no names returns every model output (onnxruntime's None).
         for name, value in zip(self.names, values, strict=False):
+            per_channel = self.channels.get(name)
+            if per_channel is not None and isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                per_channel.update(value, samples)
             observer = self.observers.get(name)
             if observer is None:
                 continue

@@ -89,6 +89,7 @@ class ShardTask:
     max_bins: int
     threads: int | None
     first_sample: int = 0  # index of the shard's first sample in the whole stream
+    channels: dict[str, int] | None = None  # tensors whose per-channel statistics are kept (axis)
 
 
 def collect_shard(task: ShardTask) -> Collected:
@@ -96,7 +97,7 @@ def collect_shard(task: ShardTask) -> Collected:
     model = onnx.ModelProto.FromString(task.model)
     return collect(
         model, task.folder, tensors=task.tensors, batch_size=task.batch_size, max_bins=task.max_bins,
-        threads=task.threads, first_sample=task.first_sample,
+        threads=task.threads, first_sample=task.first_sample, channels=task.channels,
     )
 
 
@@ -106,6 +107,8 @@ def merge(parts: list[Collected]) -> Collected:
     for part in parts[1:]:
         for name, observer in merged.observers.items():
             observer.merge(part.observers[name])
+        for name, per_channel in merged.channels.items():
+            per_channel.merge(part.channels[name])
         merged.samples += part.samples
         merged.batches += part.batches
     for name, source in merged.aliases.items():  # a Reshape's output: its source's values
@@ -122,6 +125,7 @@ def collect_sharded(
     batch_size: int,
     max_bins: int,
     progress: Callable[[int], None] | None = None,
+    channels: dict[str, int] | None = None,
 ) -> Collected:
     """`collect` over `folder` in one shard per worker of `executor`, merged."""
     shards = plan_shards(folder, executor.workers, batch_size)
@@ -133,7 +137,8 @@ def collect_sharded(
     blob = model.SerializeToString()
     tasks = [
         ShardTask(
-            blob, folder.subset(s.start, s.stop, s.samples), tensors, batch_size, max_bins, executor.threads, s.first
+            blob, folder.subset(s.start, s.stop, s.samples), tensors, batch_size, max_bins, executor.threads, s.first,
+            channels,
         )
         for s in shards
     ]

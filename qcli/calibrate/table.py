@@ -5,6 +5,8 @@ The file is JSON, `"format": "qcli-calibration/1"`, carrying the model's fingerp
 stale file is refused. Because the histograms are stored, `quantize --calib` can switch the
 method, the percentile, or the activation dtype without reading the data again. Written
 atomically and deterministically: the same model, data and settings give the same bytes.
+SmoothQuant's per-channel statistics (`channels`, calibrate/channels.py) are kept in a section
+of their own, present only when a config asked for them (older files read as before).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qcli.calibrate.channels import ChannelObserver
 from qcli.calibrate.observers import TensorObserver
 from qcli.calibrate.ranges import Range
 from qcli.calibrate.solvers import clipped_fraction, solve_range
@@ -64,10 +67,20 @@ class CalibrationTable:
     settings: RangeSettings
     ranges: dict[str, dict[str, Range]] = field(default_factory=dict)  # method -> tensor -> range
     warnings: list[str] = field(default_factory=list)
+    channels: dict[str, ChannelObserver] = field(default_factory=dict)  # tensor -> per-channel statistics
+    # tensor -> its range whatever the method: a tensor whose values a graph change set from
+    # statistics (SmoothQuant's smoothed activations); never written to the file
+    derived: dict[str, Range] = field(default_factory=dict)
+
+    def covers(self, tensor: str) -> bool:
+        """Whether the table gives `tensor` a range (observed or derived)."""
+        return tensor in self.derived or tensor in self.observers
 
     def range(self, tensor: str, settings: RangeSettings | None = None) -> Range:
         """The range of `tensor` for `settings` (default: the table's own), solved on demand."""
         settings = settings or self.settings
+        if tensor in self.derived:
+            return self.derived[tensor]
         if settings == self.settings and tensor in self.ranges.get(settings.method, {}):
             return self.ranges[settings.method][tensor]
         observer = self.observers.get(tensor)
@@ -104,6 +117,7 @@ class CalibrationTable:
                 for name, obs in self.observers.items()
             },
         }
+        channels = {name: obs.to_dict() for name, obs in sorted(self.channels.items())}
         # One line per tensor: readable in a diff, and not 4096 lines of histogram counts each.
         tensors = doc.pop("tensors")
         head = json.dumps(doc, indent=1, allow_nan=False)[:-2]
@@ -111,7 +125,12 @@ class CalibrationTable:
             f"  {json.dumps(name)}: {json.dumps(entry, allow_nan=False, separators=(',', ':'))}"
             for name, entry in tensors.items()
         )
-        return f'{head},\n "tensors": {{\n{body}\n }}\n}}\n'
+        tail = "".join(
+            f',\n  {json.dumps(name)}: {json.dumps(entry, allow_nan=False, separators=(",", ":"))}'
+            for name, entry in channels.items()
+        )
+        extra = f',\n "channels": {{{tail[1:]}\n }}' if channels else ""
+        return f'{head},\n "tensors": {{\n{body}\n }}{extra}\n}}\n'
 
 
 
@@ -204,8 +223,10 @@ def load_table(path: str | os.PathLike, fingerprint: str | None = None) -> Calib
                 if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
                     raise ValueError(f"bad {method} range for {name!r}")
                 ranges.setdefault(method, {})[name] = (float(lo), float(hi))
+        channels = {name: ChannelObserver.from_dict(entry) for name, entry in doc.get("channels", {}).items()}
         table = CalibrationTable(
-            str(doc["fingerprint"]), observers, int(doc["samples"]), settings, ranges, list(doc.get("warnings", []))
+            str(doc["fingerprint"]), observers, int(doc["samples"]), settings, ranges, list(doc.get("warnings", [])),
+            channels,
         )
     except QcliError as exc:
         raise CalibrationError(f"{path}: {exc.message}", hint="run qcli calibrate again") from exc

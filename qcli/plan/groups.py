@@ -130,7 +130,7 @@ def assign_ranges(plan: Plan, model: onnx.ModelProto, table: CalibrationTable, s
                 symmetric=group.scheme.symmetric,
                 **(group.settings or {}),
             )
-            ranges = [table.range(t, mine) for t in group.tensors if t in table.observers]
+            ranges = [table.range(t, mine) for t in group.tensors if table.covers(t)]
             if not ranges:
                 raise CalibrationError(
                     f"the calibration has no statistics for tensor {group.tensors[0]!r}",
