@@ -34,6 +34,7 @@ from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
 from qcli.recovery import check_available
+from qcli.recovery.equalize import equalize
 from qcli.scheme import PerBlock, PerChannel, QuantScheme
 
 
@@ -42,6 +43,7 @@ class QuantizeResult:
     model: onnx.ModelProto
     plan: Plan
     notes: list[str] = field(default_factory=list)  # what prepare changed, and warnings
+    recovery: dict = field(default_factory=dict)  # step -> what it changed (qcli.recovery)
 
 
 def calibrate(
@@ -125,7 +127,7 @@ def quantize(
         entry.key, entry.value = key, value
     notes += plan.notes
     notes += [f"warning: config rule {text}" for text in plan.unmatched]
-    return QuantizeResult(out, plan, notes)
+    return QuantizeResult(out, plan, notes, dict(prepared.recovery))
 
 
 def _compact_json(value: object) -> str:
@@ -163,8 +165,21 @@ def prepare_for(model: onnx.ModelProto, config: Config, *, force: bool = False) 
     The opset converter may add nodes (ReduceMean's axes become a Constant input at 18), so the
     upgrade is a preparation step and every stage gets this one graph. Decided on the config,
     not its plan: the precision config a search writes (the same weights sections, some nodes
-    promoted) then prepares the same graph and reproduces the model exactly."""
-    return prepare(model, force=force, opset=BLOCK_OPSET if _asks_blocks(config) else TARGET_OPSET)
+    promoted) then prepares the same graph and reproduces the model exactly. The recovery steps
+    that change the float graph run last (`recover_graph`)."""
+    prepared = prepare(model, force=force, opset=BLOCK_OPSET if _asks_blocks(config) else TARGET_OPSET)
+    return recover_graph(prepared, config)
+
+
+def recover_graph(prepared: PrepareResult, config: Config) -> PrepareResult:
+    """The recovery steps on the prepared float graph, in place: equalization (weights only,
+    the float model computes the same); what each did in `prepared.recovery` and its notes."""
+    step = config.recovery.equalization
+    if step is not None:
+        done = equalize(prepared.model, step.iterations)
+        prepared.recovery["equalization"] = done.to_dict()
+        prepared.notes.extend(done.notes)
+    return prepared
 
 
 def _asks_blocks(config: Config) -> bool:
@@ -208,6 +223,7 @@ def summary(result: QuantizeResult) -> dict:
         "weight_tensors": len(weights),
         "weights": dict(sorted(Counter(_scheme_text(w.scheme) for w in weights).items())),
         "notes": result.notes,
+        **({"recovery": result.recovery} if result.recovery else {}),
     }
 
 
