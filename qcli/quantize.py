@@ -33,7 +33,7 @@ from qcli.model import fingerprint, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
-from qcli.recovery import check_available
+from qcli.recovery import bias, check_available
 from qcli.recovery.equalize import equalize
 from qcli.scheme import PerBlock, PerChannel, QuantScheme
 
@@ -115,7 +115,9 @@ def quantize(
                          "pass prepare_for(model, config)")
     settings = RangeSettings.of(config)
     assign_ranges(plan, work, table, settings)
-    out = materialize(work, plan, index)
+    recovery = dict(prepared.recovery)
+    source = correct_biases(work, plan, config, table, recovery, notes)
+    out = materialize(source, plan, index if source is work else GraphIndex.of(source))
     _keep_own_value_info(out, model)
     calibration = {"method": settings.method, "samples": table.samples, "fingerprint": table.fingerprint}
     for key, value in (
@@ -127,7 +129,7 @@ def quantize(
         entry.key, entry.value = key, value
     notes += plan.notes
     notes += [f"warning: config rule {text}" for text in plan.unmatched]
-    return QuantizeResult(out, plan, notes, dict(prepared.recovery))
+    return QuantizeResult(out, plan, notes, recovery)
 
 
 def _compact_json(value: object) -> str:
@@ -173,13 +175,50 @@ def prepare_for(model: onnx.ModelProto, config: Config, *, force: bool = False) 
 
 def recover_graph(prepared: PrepareResult, config: Config) -> PrepareResult:
     """The recovery steps on the prepared float graph, in place: equalization (weights only,
-    the float model computes the same); what each did in `prepared.recovery` and its notes."""
+    the float model computes the same); what each did in `prepared.recovery` and its notes.
+    Bias correction gives bias-less nodes a zero bias here, for its corrections to go into."""
     step = config.recovery.equalization
     if step is not None:
         done = equalize(prepared.model, step.iterations)
         prepared.recovery["equalization"] = done.to_dict()
         prepared.notes.extend(done.notes)
+    if config.recovery.bias_correction is not None:
+        bias.add_zero_biases(prepared.model, config.recovery.bias_correction.op_types)
     return prepared
+
+
+def measure_bias_shifts(model: onnx.ModelProto, config: Config, table: CalibrationTable, folder: DataFolder, *,
+                        prepared: PrepareResult, progress: Callable[[int], None] | None = None) -> None:
+    """Bias correction's shifts (qcli.recovery.bias), measured on the all-int8 model `config`
+    makes with `table`, over `folder` (the calibration samples); kept on `table`, which every
+    later `quantize` with it (the rescue's rebuilds too) applies."""
+    step = config.recovery.bias_correction
+    assert step is not None
+    table.bias_shifts = {}  # the int8 model as it is before any correction
+    int8 = quantize(model, config, table, prepared=prepared)
+    found, _ = bias.targets(prepared.model, int8.plan, step.op_types)
+    table.bias_shifts = bias.measure(prepared.model, int8.model, found, folder, config.calibration.batch_size,
+                                       progress)
+
+
+def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: CalibrationTable, recovery: dict,
+                   notes: list[str]) -> onnx.ModelProto:
+    """`work`, or a copy with bias correction's shifts taken out of the biases of the nodes
+    `plan` quantizes as they were measured; what it did in `recovery` and `notes`."""
+    step = config.recovery.bias_correction
+    if step is None:
+        return work
+    if table.bias_shifts is None:
+        raise bias.needs_data()
+    found, skipped = bias.targets(work, plan, step.op_types)
+    source, done = bias.corrected(work, found, table.bias_shifts)
+    if table.bias_shifts:
+        recovery["bias_correction"] = done
+        notes.extend(skipped)
+        largest = done.get("largest_shift")
+        notes.append(f"bias correction: corrected {done['nodes']} node(s)" + (
+            f"; largest shift {largest['value']:.3g} ({largest['node']})" if largest else ""))
+    return source
 
 
 def _asks_blocks(config: Config) -> bool:

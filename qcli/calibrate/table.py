@@ -64,6 +64,8 @@ class CalibrationTable:
     settings: RangeSettings
     ranges: dict[str, dict[str, Range]] = field(default_factory=dict)  # method -> tensor -> range
     warnings: list[str] = field(default_factory=list)
+    # bias correction's measured shifts (qcli.recovery.bias), in memory only: None = not measured
+    bias_shifts: dict | None = None
 
     def range(self, tensor: str, settings: RangeSettings | None = None) -> Range:
         """The range of `tensor` for `settings` (default: the table's own), solved on demand."""

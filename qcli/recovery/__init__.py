@@ -11,7 +11,7 @@ from __future__ import annotations
 from qcli.config import Config
 from qcli.errors import ConfigError
 
-AVAILABLE: tuple[str, ...] = ("equalization",)  # the steps implemented so far
+AVAILABLE: tuple[str, ...] = ("equalization", "bias_correction")  # the steps implemented so far
 
 
 def check_available(config: Config) -> None:
