@@ -16,12 +16,7 @@ from onnx import numpy_helper
 from qcli.config import Config
 from qcli.quantize import prepare_for, quantize
 from qcli.verify import quantize_checked
-from tests.conftest import fused_op_counts, parse_model, save, write_npz
-
-
-def _tensor(name: str, array: np.ndarray) -> str:
-    dims = ", ".join(str(d) for d in array.shape)
-    return f"float[{dims}] {name} = {{{', '.join(f'{v:.6g}' for v in array.reshape(-1))}}}"
+from tests.conftest import fused_op_counts, parse_model, quantize_with, save, sqnr_db, tensor_text, write_npz
 
 
 def _biased_weights() -> np.ndarray:
@@ -45,7 +40,7 @@ net (float[N, 3, 8, 8] x) => (float[N, 4, 8, 8] y) <{W}> {{
 
 @pytest.fixture
 def biased(tmp_path: Path) -> tuple[Path, Path, np.ndarray]:
-    model = save(parse_model(MODEL.format(W=_tensor("w", _biased_weights()))), tmp_path / "biased.onnx")
+    model = save(parse_model(MODEL.format(W=tensor_text("w", _biased_weights()))), tmp_path / "biased.onnx")
     rng = np.random.default_rng(2)
     folder = tmp_path / "data"
     folder.mkdir()
@@ -81,31 +76,24 @@ def test_measured_shift_matches_a_reference(biased) -> None:
     x = np.stack([np.load(f)["x"] for f in sorted(data.glob("*.npz"))])
     scale, zero = inits["x_scale"], inits["x_zero_point"].astype(np.float32)
     xq = ((np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale).astype(np.float32)
-    error_model = parse_model(MODEL.format(W=_tensor("w", dw)))
+    error_model = parse_model(MODEL.format(W=tensor_text("w", dw)))
     expected = _run(error_model, xq).mean(axis=(0, 2, 3))
     np.testing.assert_allclose(shifts["y"].values, expected, atol=2e-3)
     assert np.abs(expected).min() > 0.1  # a shift worth correcting in every channel
     assert shifts["y"].sqnr_after > shifts["y"].sqnr_before + 3
 
 
-def _quantize(cli, tmp_path: Path, model: Path, data: Path, name: str, config: str) -> tuple[Path, dict]:
-    (tmp_path / f"{name}.yaml").write_text(config)
-    out = tmp_path / f"{name}.onnx"
-    doc = cli.json("quantize", model, "-o", out, "--data", data, "--no-verify", "--config", tmp_path / f"{name}.yaml")
-    return out, doc
 
 
-def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
-    return float(10 * np.log10(np.sum(ref**2) / np.sum((ref - got) ** 2)))
 
 
 def test_bias_correction_cuts_int8_error_end_to_end(cli, tmp_path: Path, biased) -> None:
     model, data, held = biased
     per_tensor = "weights: {granularity: per_tensor}\n"
-    plain, _ = _quantize(cli, tmp_path, model, data, "plain", per_tensor)
-    fixed, doc = _quantize(cli, tmp_path, model, data, "fixed", per_tensor + "recovery: [bias_correction]\n")
+    plain, _ = quantize_with(cli, tmp_path, model, data, "plain", per_tensor)
+    fixed, doc = quantize_with(cli, tmp_path, model, data, "fixed", per_tensor + "recovery: [bias_correction]\n")
     ref = _run(model, held)
-    before, after = _sqnr(ref, _run(plain, held)), _sqnr(ref, _run(fixed, held))
+    before, after = sqnr_db(ref, _run(plain, held)), sqnr_db(ref, _run(fixed, held))
     assert after > before + 6, (before, after)  # measured: 17.7 dB -> 29.6 dB
     done = doc["recovery"]["bias_correction"]
     assert done["nodes"] == 1 and done["largest_shift"]["node"] == "y"
@@ -121,8 +109,8 @@ def test_bias_correction_cuts_int8_error_end_to_end(cli, tmp_path: Path, biased)
 
 def test_bias_corrected_model_is_deterministic(cli, tmp_path: Path, biased) -> None:
     model, data, _ = biased
-    a, _ = _quantize(cli, tmp_path, model, data, "a", "recovery: [bias_correction]\n")
-    b, _ = _quantize(cli, tmp_path, model, data, "b", "recovery: [bias_correction]\n")
+    a, _ = quantize_with(cli, tmp_path, model, data, "a", "recovery: [bias_correction]\n")
+    b, _ = quantize_with(cli, tmp_path, model, data, "b", "recovery: [bias_correction]\n")
     assert a.read_bytes() == b.read_bytes()
 
 

@@ -15,17 +15,11 @@ from onnx import numpy_helper
 from qcli.config import Config
 from qcli.quantize import prepare_for
 from qcli.recovery.equalize import equalize, find_pairs
-from tests.conftest import fused_op_counts, parse_model, save, write_npz
-
-
-def _tensor(name: str, array: np.ndarray) -> str:
-    dims = ", ".join(str(d) for d in array.shape)
-    values = ", ".join(f"{v:.6g}" for v in array.reshape(-1))
-    return f"float{f'[{dims}]' if dims else ''} {name} = {{{values}}}"
+from tests.conftest import fused_op_counts, parse_model, quantize_with, save, sqnr_db, tensor_text, write_npz
 
 
 def _model(body: str, weights: dict[str, np.ndarray], out_channels: int, in_channels: int = 3) -> onnx.ModelProto:
-    inits = ",\n     ".join(_tensor(k, v) for k, v in weights.items())
+    inits = ",\n     ".join(tensor_text(k, v) for k, v in weights.items())
     return parse_model(f"""
 <ir_version: 8, opset_import: ["" : 17]>
 net (float[N, {in_channels}, 8, 8] x) => (float[N, {out_channels}, 8, 8] y)
@@ -160,8 +154,6 @@ def test_prepare_for_equalizes_after_batchnorm_folding() -> None:
     np.testing.assert_allclose(_run(prepared.model, X), _run(model, X), rtol=1e-4, atol=1e-4)
 
 
-def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
-    return float(10 * np.log10(np.sum(ref**2) / np.sum((ref - got) ** 2)))
 
 
 @pytest.fixture
@@ -177,11 +169,6 @@ def unequal(tmp_path: Path) -> tuple[Path, Path, Path]:
     return model, folder, tmp_path / "held.npy"
 
 
-def _quantize(cli, tmp_path: Path, model: Path, data: Path, name: str, config: str) -> tuple[Path, dict]:
-    (tmp_path / f"{name}.yaml").write_text(config)
-    out = tmp_path / f"{name}.onnx"
-    doc = cli.json("quantize", model, "-o", out, "--data", data, "--no-verify", "--config", tmp_path / f"{name}.yaml")
-    return out, doc
 
 
 def test_equalization_cuts_per_tensor_int8_error_end_to_end(cli, tmp_path: Path, unequal) -> None:
@@ -189,11 +176,11 @@ def test_equalization_cuts_per_tensor_int8_error_end_to_end(cli, tmp_path: Path,
     x = np.load(held)
     ref = _run(model, x)
     per_tensor = "weights: {granularity: per_tensor}\n"
-    plain, _ = _quantize(cli, tmp_path, model, data, "plain", per_tensor)
-    equal, doc = _quantize(cli, tmp_path, model, data, "equal", per_tensor + "recovery: [equalization]\n")
+    plain, _ = quantize_with(cli, tmp_path, model, data, "plain", per_tensor)
+    equal, doc = quantize_with(cli, tmp_path, model, data, "equal", per_tensor + "recovery: [equalization]\n")
     assert doc["recovery"]["equalization"]["pairs"] == ["Conv (output 'c1') -> Conv (output 'y')"]
     assert "equalization: balanced 1 Conv pair(s)" in doc["notes"]
-    before, after = _sqnr(ref, _run(plain, x)), _sqnr(ref, _run(equal, x))
+    before, after = sqnr_db(ref, _run(plain, x)), sqnr_db(ref, _run(equal, x))
     assert after > before + 10, (before, after)  # measured: 0.1 dB -> 34.5 dB
     assert fused_op_counts(equal, tmp_path) == fused_op_counts(plain, tmp_path)
     assert fused_op_counts(equal, tmp_path)["QLinearConv"] == 2
@@ -204,6 +191,6 @@ def test_equalization_cuts_per_tensor_int8_error_end_to_end(cli, tmp_path: Path,
 def test_equalized_model_is_deterministic(cli, tmp_path: Path, unequal) -> None:
     model, data, _ = unequal
     config = "recovery: [{equalization: {iterations: 3}}]\n"
-    a, _ = _quantize(cli, tmp_path, model, data, "a", config)
-    b, _ = _quantize(cli, tmp_path, model, data, "b", config)
+    a, _ = quantize_with(cli, tmp_path, model, data, "a", config)
+    b, _ = quantize_with(cli, tmp_path, model, data, "b", config)
     assert a.read_bytes() == b.read_bytes()
