@@ -33,7 +33,7 @@ from qcli.model import fingerprint, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
-from qcli.recovery import bias, check_available
+from qcli.recovery import bias, check_available, check_table, graph_steps
 from qcli.recovery.equalize import equalize
 from qcli.scheme import PerBlock, PerChannel, QuantScheme
 
@@ -88,6 +88,7 @@ def calibrate(
         collected.aliases,
     )
     table.warnings += [f"config rule {text}" for text in plan.unmatched]
+    table.graph_steps = graph_steps(config)
     return table
 
 
@@ -105,6 +106,8 @@ def quantize(
     `prepared`: the result of `prepare_for(model, config)` when the caller has it already (not
     changed)."""
     check_available(config)
+    if table.observers:
+        check_table(config, table.graph_steps)
     prepared = prepared or prepare_for(model, config, force=force)
     work, notes = prepared.model, list(prepared.notes)
     index = GraphIndex.of(work)

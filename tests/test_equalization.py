@@ -194,3 +194,19 @@ def test_equalized_model_is_deterministic(cli, tmp_path: Path, unequal) -> None:
     a, _ = quantize_with(cli, tmp_path, model, data, "a", config)
     b, _ = quantize_with(cli, tmp_path, model, data, "b", config)
     assert a.read_bytes() == b.read_bytes()
+
+
+def test_a_calibration_of_the_graph_before_equalization_is_refused(cli, tmp_path: Path, unequal) -> None:
+    model, data, _ = unequal
+    (tmp_path / "eq.yaml").write_text("recovery: [equalization]\n")
+    plain, equal = tmp_path / "plain.json", tmp_path / "equal.json"
+    assert cli("calibrate", model, "--data", data, "-o", plain).exit_code == 0
+    assert cli("calibrate", model, "--data", data, "-o", equal, "--config", tmp_path / "eq.yaml").exit_code == 0
+    out = tmp_path / "q.onnx"
+    result = cli("quantize", model, "-o", out, "--calib", plain, "--config", tmp_path / "eq.yaml")
+    assert result.exit_code == 2, result.stdout
+    assert result.stderr.startswith(
+        "error: the calibration was made without recovery steps, and this config runs with equalization: its ranges "
+        "are those of another graph\nhint: calibrate again with the same --config as quantize"), result.stderr
+    assert cli("quantize", model, "-o", out, "--calib", equal, "--config", tmp_path / "eq.yaml").exit_code == 0
+    assert cli("quantize", model, "-o", out, "--calib", equal).exit_code == 2

@@ -66,6 +66,9 @@ class CalibrationTable:
     warnings: list[str] = field(default_factory=list)
     # bias correction's measured shifts (qcli.recovery.bias), in memory only: None = not measured
     bias_shifts: dict | None = None
+    # the recovery steps that changed the float graph before it was observed (equalization):
+    # a table is valid only for a config running the same ones (qcli.recovery.graph_steps)
+    graph_steps: tuple[str, ...] = ()
 
     def range(self, tensor: str, settings: RangeSettings | None = None) -> Range:
         """The range of `tensor` for `settings` (default: the table's own), solved on demand."""
@@ -98,6 +101,7 @@ class CalibrationTable:
                 "activations": {"dtype": self.settings.dtype, "symmetric": self.settings.symmetric},
             },
             "warnings": self.warnings,
+            **({"graph_steps": list(self.graph_steps)} if self.graph_steps else {}),  # older files' bytes kept
             "tensors": {
                 name: {
                     **obs.to_dict(),
@@ -207,7 +211,8 @@ def load_table(path: str | os.PathLike, fingerprint: str | None = None) -> Calib
                     raise ValueError(f"bad {method} range for {name!r}")
                 ranges.setdefault(method, {})[name] = (float(lo), float(hi))
         table = CalibrationTable(
-            str(doc["fingerprint"]), observers, int(doc["samples"]), settings, ranges, list(doc.get("warnings", []))
+            str(doc["fingerprint"]), observers, int(doc["samples"]), settings, ranges, list(doc.get("warnings", [])),
+            graph_steps=tuple(str(s) for s in doc.get("graph_steps", []))
         )
     except QcliError as exc:
         raise CalibrationError(f"{path}: {exc.message}", hint="run qcli calibrate again") from exc

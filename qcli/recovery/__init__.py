@@ -9,9 +9,32 @@ never silently skipped.
 from __future__ import annotations
 
 from qcli.config import Config
-from qcli.errors import ConfigError
+from qcli.errors import CalibrationError, ConfigError
 
 AVAILABLE: tuple[str, ...] = ("equalization", "bias_correction")  # the steps implemented so far
+
+
+GRAPH_STEPS = ("equalization",)  # steps that change the float graph calibration observes
+
+
+def graph_steps(config: Config) -> tuple[str, ...]:
+    """The steps of `config` that change the graph calibration observes: a calibration table
+    made with other ones has the ranges of another graph."""
+    return tuple(s for s in config.recovery.steps if s in GRAPH_STEPS)
+
+
+def check_table(config: Config, made_with: tuple[str, ...]) -> None:
+    """Refuse a calibration table observed on a graph the recovery steps of `config` change
+    differently (equalization rescales the tensors between each pair)."""
+    wanted = graph_steps(config)
+    if made_with != wanted:
+        raise CalibrationError(f"the calibration was made {_with(made_with)}, and this config runs {_with(wanted)}: "
+                               "its ranges are those of another graph",
+                               hint="calibrate again with the same --config as quantize")
+
+
+def _with(steps: tuple[str, ...]) -> str:
+    return f"with {', '.join(steps)}" if steps else "without recovery steps"
 
 
 def check_available(config: Config) -> None:
