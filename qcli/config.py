@@ -151,16 +151,6 @@ def check_dynamic_weights(w: Weights) -> Weights:
 
 
 RECOVERY_STEPS = ("smoothquant", "bias_correction", "equalization")
-RECOVERY_AVAILABLE: tuple[str, ...] = ("smoothquant",)  # the steps this version runs (a step is added with its code)
-
-
-def _check_available(steps: list[str]) -> None:
-    """A recovery step this version does not run is refused, never skipped."""
-    missing = [s for s in steps if s not in RECOVERY_AVAILABLE]
-    if missing:
-        available = ", ".join(RECOVERY_AVAILABLE) or "none yet"
-        raise ValueError(f"recovery step {missing[0]!r} is not available in this version of qcli (available: "
-                         f"{available})")
 
 
 class SmoothQuant(_Section):
@@ -210,7 +200,6 @@ class Recovery(_Section):
             return {}
         if isinstance(raw, dict):
             raw = {k: ({} if v is None else v) for k, v in raw.items()}
-            _check_available([k for k in raw if k in RECOVERY_STEPS])
             return raw
         if not isinstance(raw, list):
             return raw
@@ -225,7 +214,6 @@ class Recovery(_Section):
             if name in steps:
                 raise ValueError(f"recovery step {name!r} is given twice")
             steps[name] = {} if knobs is None else knobs
-        _check_available(list(steps))
         return steps
 
     @property

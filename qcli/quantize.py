@@ -33,6 +33,8 @@ from qcli.model import fingerprint, opset_version
 from qcli.plan import Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
+from qcli.recovery import bias, check_table, graph_steps
+from qcli.recovery.equalize import equalize
 from qcli.recovery.smoothquant import channel_requests, find_targets, smooth
 from qcli.scheme import PerBlock, PerChannel, QuantScheme
 
@@ -88,6 +90,7 @@ def calibrate(
     )
     table.channels = collected.channels
     table.warnings += [f"config rule {text}" for text in plan.unmatched]
+    table.graph_steps = graph_steps(config)
     return table
 
 
@@ -104,8 +107,10 @@ def quantize(
     `strict`: a config rule that matches nothing raises ConfigError instead of a warning.
     `prepared`: the result of `prepare_for(model, config)` when the caller has it already (not
     changed)."""
+    if table.observers:
+        check_table(config, table.graph_steps)
     prepared = prepared or prepare_for(model, config, force=force)
-    work, table, recovery = recover(prepared.model, config, table)
+    work, table, smoothed = recover(prepared.model, config, table)
     notes = list(prepared.notes)
     index = GraphIndex.of(work)
     plan = make_plan(work, config, index=index)
@@ -115,7 +120,9 @@ def quantize(
                          "pass prepare_for(model, config)")
     settings = RangeSettings.of(config)
     assign_ranges(plan, work, table, settings)
-    out = materialize(work, plan, index)
+    recovery = {**prepared.recovery, **smoothed}
+    source = correct_biases(work, plan, config, table, recovery, notes)
+    out = materialize(source, plan, index if source is work else GraphIndex.of(source))
     _keep_own_value_info(out, model)
     calibration = {"method": settings.method, "samples": table.samples, "fingerprint": table.fingerprint}
     for key, value in (
@@ -183,8 +190,58 @@ def prepare_for(model: onnx.ModelProto, config: Config, *, force: bool = False) 
     The opset converter may add nodes (ReduceMean's axes become a Constant input at 18), so the
     upgrade is a preparation step and every stage gets this one graph. Decided on the config,
     not its plan: the precision config a search writes (the same weights sections, some nodes
-    promoted) then prepares the same graph and reproduces the model exactly."""
-    return prepare(model, force=force, opset=BLOCK_OPSET if _asks_blocks(config) else TARGET_OPSET)
+    promoted) then prepares the same graph and reproduces the model exactly. The recovery steps
+    that change the float graph run last (`recover_graph`)."""
+    prepared = prepare(model, force=force, opset=BLOCK_OPSET if _asks_blocks(config) else TARGET_OPSET)
+    return recover_graph(prepared, config)
+
+
+def recover_graph(prepared: PrepareResult, config: Config) -> PrepareResult:
+    """The recovery steps on the prepared float graph, in place: equalization (weights only,
+    the float model computes the same); what each did in `prepared.recovery` and its notes.
+    Bias correction gives bias-less nodes a zero bias here, for its corrections to go into."""
+    step = config.recovery.equalization
+    if step is not None:
+        done = equalize(prepared.model, step.iterations)
+        prepared.recovery["equalization"] = done.to_dict()
+        prepared.notes.extend(done.notes)
+    if config.recovery.bias_correction is not None:
+        bias.add_zero_biases(prepared.model, config.recovery.bias_correction.op_types)
+    return prepared
+
+
+def measure_bias_shifts(model: onnx.ModelProto, config: Config, table: CalibrationTable, folder: DataFolder, *,
+                        prepared: PrepareResult, progress: Callable[[int], None] | None = None) -> None:
+    """Bias correction's shifts (qcli.recovery.bias), measured on the all-int8 model `config`
+    makes with `table`, over `folder` (the calibration samples); kept on `table`, which every
+    later `quantize` with it (the rescue's rebuilds too) applies."""
+    step = config.recovery.bias_correction
+    assert step is not None
+    table.bias_shifts = {}  # the int8 model as it is before any correction
+    int8 = quantize(model, config, table, prepared=prepared)
+    found, _ = bias.targets(prepared.model, int8.plan, step.op_types)
+    table.bias_shifts = bias.measure(prepared.model, int8.model, found, folder, config.calibration.batch_size,
+                                       progress)
+
+
+def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: CalibrationTable, recovery: dict,
+                   notes: list[str]) -> onnx.ModelProto:
+    """`work`, or a copy with bias correction's shifts taken out of the biases of the nodes
+    `plan` quantizes as they were measured; what it did in `recovery` and `notes`."""
+    step = config.recovery.bias_correction
+    if step is None:
+        return work
+    if table.bias_shifts is None:
+        raise bias.needs_data()
+    found, skipped = bias.targets(work, plan, step.op_types)
+    source, done = bias.corrected(work, found, table.bias_shifts)
+    if table.bias_shifts:
+        recovery["bias_correction"] = done
+        notes.extend(skipped)
+        largest = done.get("largest_shift")
+        notes.append(f"bias correction: corrected {done['nodes']} node(s)" + (
+            f"; largest shift {largest['value']:.3g} ({largest['node']})" if largest else ""))
+    return source
 
 
 def _asks_blocks(config: Config) -> bool:

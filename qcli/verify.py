@@ -58,7 +58,8 @@ from qcli.precision import (
     search,
 )
 from qcli.prepare import PrepareResult
-from qcli.quantize import QuantizeResult, calibrate, check_unmatched, prepare_for, quantize
+from qcli.quantize import QuantizeResult, calibrate, check_unmatched, measure_bias_shifts, prepare_for, quantize
+from qcli.recovery.bias import needs_data as bias_needs_data
 
 MIN_SAMPLES = 16
 LATENCY_TOLERANCE = 0.03
@@ -196,6 +197,8 @@ def quantize_checked(
     (qcli.executor; default this process)."""
     if data is not None and table is not None:
         raise ValueError("give at most one of data or table")
+    if config.recovery.bias_correction is not None and data is None:
+        raise bias_needs_data()
     ap, vf = config.auto_precision, config.verify
     inputs = model_inputs(model)
     plan = _samples(data, eval_data, config, inputs)
@@ -210,6 +213,9 @@ def quantize_checked(
             table = calibrate(model, folder, config, progress=advance, force=force, strict=strict,
                               methods=methods or (config.calibration.method,), prepared=prepared,
                               executor=executor)
+        if config.recovery.bias_correction is not None:
+            with progress("measuring bias shifts", len(folder)) as advance:
+                measure_bias_shifts(model, config, table, folder, prepared=prepared, progress=advance)
     result = quantize(model, config, table, force=force, strict=strict, prepared=prepared)
     outcome = Outcome(result, config, table, plan, searched_for_goal=ap.enabled)
     if not (ap.enabled or vf.enabled):

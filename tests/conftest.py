@@ -137,3 +137,21 @@ def residual_data(tmp_path: Path) -> Path:
     for i in range(40):
         write_npz(folder / f"{i:03d}.npz", x=rng.standard_normal((4, 8, 8)).astype(np.float32))
     return folder
+
+
+def tensor_text(name: str, array: np.ndarray) -> str:
+    """An initializer in ONNX text: `float[2, 3] w = {...}` (`float w = {...}` for a scalar)."""
+    dims = ", ".join(str(d) for d in array.shape)
+    values = ", ".join(f"{v:.6g}" for v in array.reshape(-1))
+    return f"float{f'[{dims}]' if dims else ''} {name} = {{{values}}}"
+
+
+def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
+    return float(10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / np.sum((ref - got).astype(np.float64) ** 2)))
+
+
+def quantize_with(cli: Cli, tmp_path: Path, model: Path, data: Path, name: str, config: str) -> tuple[Path, dict]:
+    """`qcli quantize MODEL --data DATA --no-verify --config <config text> --json` -> (model, document)."""
+    (tmp_path / f"{name}.yaml").write_text(config or "version: 1\n")
+    out = tmp_path / f"{name}.onnx"
+    return out, cli.json("quantize", model, "-o", out, "--data", data, "--no-verify", "--config", tmp_path / f"{name}.yaml")

@@ -1,5 +1,5 @@
 """The `recovery:` section: its list and mapping forms, errors with file:line, what the model's
-metadata records, and the refusal of a step this version does not run."""
+metadata records."""
 
 from __future__ import annotations
 
@@ -7,20 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from qcli import config as config_module
-from qcli.config import RECOVERY_AVAILABLE, RECOVERY_STEPS, Config, config_document, load_config
+from qcli.config import Config, config_document, load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "c.yaml"
     path.write_text(text)
     return path
-
-
-@pytest.fixture
-def every_step(monkeypatch) -> None:
-    """The schema as it is once every step is implemented (the forms do not depend on it)."""
-    monkeypatch.setattr(config_module, "RECOVERY_AVAILABLE", RECOVERY_STEPS)
 
 
 @pytest.mark.parametrize(
@@ -30,7 +23,7 @@ def every_step(monkeypatch) -> None:
         "recovery:\n  smoothquant: {alpha: 0.5}\n  equalization:\n",
     ],
 )
-def test_list_and_mapping_forms_are_the_same(every_step, tmp_path: Path, text: str) -> None:
+def test_list_and_mapping_forms_are_the_same(tmp_path: Path, text: str) -> None:
     recovery = load_config(write(tmp_path, text)).recovery
     assert recovery.steps == ["equalization", "smoothquant"]
     assert recovery.smoothquant is not None and recovery.smoothquant.alpha == 0.5
@@ -48,23 +41,15 @@ def test_list_and_mapping_forms_are_the_same(every_step, tmp_path: Path, text: s
         ("recovery:\n  smothquant: {}\n", ":2: unknown key recovery.smothquant\nhint: did you mean 'smoothquant'?"),
     ],
 )
-def test_bad_recovery_names_file_line_and_key(every_step, cli, tmp_path: Path, text: str, message: str) -> None:
+def test_bad_recovery_names_file_line_and_key(cli, tmp_path: Path, text: str, message: str) -> None:
     result = cli("config", "validate", write(tmp_path, text))
     assert result.exit_code == 2, result.stdout
     assert result.stderr.startswith(f"error: {tmp_path / 'c.yaml'}{message}"), result.stderr
 
 
-def test_off_steps_stay_off_through_merging_and_metadata(every_step, tmp_path: Path) -> None:
+def test_off_steps_stay_off_through_merging_and_metadata(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, "recovery: [bias_correction]\n"))
     merged = config.merged(calibration={"method": "kl"})
     assert merged.recovery.steps == ["bias_correction"]
     assert config_document(merged)["recovery"] == {"bias_correction": {"op_types": ["Conv", "Gemm", "MatMul"]}}
     assert "recovery" not in config_document(Config())  # models made without recovery keep their bytes
-
-
-@pytest.mark.parametrize("step", [s for s in RECOVERY_STEPS if s not in RECOVERY_AVAILABLE])
-@pytest.mark.parametrize("form", ["recovery: [{step}]\n", "recovery:\n  {step}: {{}}\n"])
-def test_a_step_not_yet_available_is_refused(cli, tmp_path: Path, step: str, form: str) -> None:
-    result = cli("config", "validate", write(tmp_path, form.format(step=step)))
-    assert result.exit_code == 2, result.stdout
-    assert f"recovery: Value error, recovery step '{step}' is not available in this version of qcli" in result.stderr

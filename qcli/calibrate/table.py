@@ -71,6 +71,11 @@ class CalibrationTable:
     # tensor -> its range whatever the method: a tensor whose values a graph change set from
     # statistics (SmoothQuant's smoothed activations); never written to the file
     derived: dict[str, Range] = field(default_factory=dict)
+    # bias correction's measured shifts (qcli.recovery.bias), in memory only: None = not measured
+    bias_shifts: dict | None = None
+    # the recovery steps that changed the float graph before it was observed (equalization):
+    # a table is valid only for a config running the same ones (qcli.recovery.graph_steps)
+    graph_steps: tuple[str, ...] = ()
 
     def covers(self, tensor: str) -> bool:
         """Whether the table gives `tensor` a range (observed or derived)."""
@@ -109,6 +114,7 @@ class CalibrationTable:
                 "activations": {"dtype": self.settings.dtype, "symmetric": self.settings.symmetric},
             },
             "warnings": self.warnings,
+            **({"graph_steps": list(self.graph_steps)} if self.graph_steps else {}),  # older files' bytes kept
             "tensors": {
                 name: {
                     **obs.to_dict(),
@@ -226,7 +232,7 @@ def load_table(path: str | os.PathLike, fingerprint: str | None = None) -> Calib
         channels = {name: ChannelObserver.from_dict(entry) for name, entry in doc.get("channels", {}).items()}
         table = CalibrationTable(
             str(doc["fingerprint"]), observers, int(doc["samples"]), settings, ranges, list(doc.get("warnings", [])),
-            channels,
+            channels, graph_steps=tuple(str(s) for s in doc.get("graph_steps", [])),
         )
     except QcliError as exc:
         raise CalibrationError(f"{path}: {exc.message}", hint="run qcli calibrate again") from exc

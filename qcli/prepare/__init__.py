@@ -77,6 +77,7 @@ AFTER_INLINING: list[Pass] = [fold_constants, canonicalize, fold_batchnorm]
 class PrepareResult:
     model: onnx.ModelProto
     notes: list[str] = field(default_factory=list)  # one human sentence per change made
+    recovery: dict = field(default_factory=dict)  # what graph recovery steps changed (qcli.recovery)
 
 
 def prepare(model: onnx.ModelProto, *, force: bool = False, opset: int = TARGET_OPSET) -> PrepareResult:
