@@ -19,6 +19,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from conftest import fused_op_counts, save, write_npz
 from qcli.errors import ModelError
 from qcli.model import max_ir_version
 from qcli.prepare import (
@@ -1055,3 +1056,63 @@ def test_a_malformed_function_call_is_a_clear_error() -> None:
         inline_functions(copy(model))
     assert err.value.message == ("cannot inline the model's local functions (F): Number of actual parameters "
                                  "cannot exceed number of formal parameters")
+
+
+@pytest.mark.parametrize(
+    "opset, reduce, expected",
+    [
+        (17, "ReduceMean <axes = [2, 3], keepdims = 0> (c)", {"GlobalAveragePool": 1, "Squeeze": 1}),
+        (17, "ReduceMean <axes = [-1, -2]> (c)", {"GlobalAveragePool": 1}),
+        (18, "ReduceMean <keepdims = 0> (c, axes)", {"GlobalAveragePool": 1, "Squeeze": 1}),
+        (17, "ReduceMean <axes = [1, 2, 3]> (c)", {"ReduceMean": 1}),  # over channels too: a mean, not a pool
+        (17, "ReduceMean <axes = [3]> (c)", {"ReduceMean": 1}),
+        (17, "ReduceMean <axes = [2, 3]> (c)\n            d = Sub (c, m)", {"ReduceMean": 1, "Sub": 1}),  # a norm's mean
+    ],
+)
+def test_a_reduce_mean_over_the_spatial_axes_is_a_global_average_pool(opset: int, reduce: str, expected: dict) -> None:
+    """torch.export and Keras write a global average pool as ReduceMean over H, W: onnxruntime has
+    an int8 GlobalAveragePool, and qcli keeps ReduceMean float (variance chains)."""
+    axes = ", int64[2] axes = {2, 3}" if opset >= 18 else ""
+    model = onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : {opset}]>
+        g (float[N, 3, 8, 8] x) => (float[N, ?] y) <float[4, 3, 3, 3] w = {{{", ".join(["0.1"] * 108)}}}{axes}> {{
+            c = Conv <pads = [1, 1, 1, 1]> (x, w)
+            [pool] m = {reduce}
+            y = Flatten (m)
+        }}
+    """)
+    if "Sub" in expected:
+        model.graph.output.append(onnx.helper.make_tensor_value_info("d", onnx.TensorProto.FLOAT, ["N", 4, 8, 8]))
+    result = run_pass(canonicalize, model)
+    assert {op: n for op, n in ops(result.model).items() if op not in ("Conv", "Flatten")} == expected
+    assert result.notes == [] or "GlobalAveragePool" in expected
+    if "GlobalAveragePool" in expected:
+        assert result.notes == ["rewrote 1 ReduceMean node over the spatial axes as GlobalAveragePool (onnxruntime's "
+                                "int8 kernel)"]
+        assert next(n.name for n in result.model.graph.node if n.op_type == "GlobalAveragePool") == "pool"
+    assert_same_outputs(model, result.model, rtol=1e-6, atol=1e-6)
+
+
+def test_a_spatial_reduce_mean_runs_as_int8_global_average_pool(cli, tmp_path: Path) -> None:
+    """End to end: the pool between a Conv and a Gemm runs in onnxruntime's int8 kernel."""
+    rng = np.random.default_rng(0)
+    w, fc = rng.normal(0, 0.3, (8, 3, 3, 3)), rng.normal(0, 0.3, (8, 5))
+    model = save(onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 3, 8, 8] x) => (float[N, 5] y)
+            <float[8, 3, 3, 3] w = {{{", ".join(f"{v:.4f}" for v in w.ravel())}}},
+             float[8, 5] fc = {{{", ".join(f"{v:.4f}" for v in fc.ravel())}}}> {{
+            c = Conv <pads = [1, 1, 1, 1]> (x, w)
+            r = Relu (c)
+            m = ReduceMean <axes = [2, 3], keepdims = 0> (r)
+            y = MatMul (m, fc)
+        }}
+    """), tmp_path / "m.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(16):
+        write_npz(data / f"{i}.npz", x=rng.normal(0, 1, (2, 3, 8, 8)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    assert cli("quantize", model, "-o", out, "--data", data, "--no-verify").exit_code == 0
+    counts = fused_op_counts(out, tmp_path)
+    assert counts["QLinearGlobalAveragePool"] == 1 and counts["QLinearConv"] == 1 and "ReduceMean" not in counts

@@ -8,6 +8,7 @@ onnxruntime's int8 kernels) know, main graph only:
     Identity(x) -> x
     Mul(P(...), c) -> P'(...)            c per-channel: [C,1,1], [1,C,1,1], [C], scalar...
     Add(P(...), c) -> P'(...)              P = Conv, ConvTranspose, Gemm or BatchNormalization
+    ReduceMean(x, axes=[2..r-1]) -> GlobalAveragePool(x)   (keepdims=0: then Squeeze)
 
 The affine fold rewrites the producer's weight and bias (`batchnorm.scale_and_shift`):
 `Conv(X, W, b) * c -> Conv(X, W * c, b * c)`, `Conv(X, W, b) + c -> Conv(X, W, b + c)`,
@@ -19,7 +20,10 @@ matter (`Mul(c, P(...))` too), and chains fold one after the other.
 Why: onnxruntime has an int8 Add but no int8 Sum, so residual Sums stayed float and split
 the int8 graph; Dropout/Identity between two ops hide patterns (Conv -> BatchNormalization,
 Conv -> Relu) and cost a Q/DQ pair each; a per-channel Mul/Add after a Conv is two extra
-int8 ops (or float ops between Q/DQ pairs) where the Conv's own weights can absorb it.
+int8 ops (or float ops between Q/DQ pairs) where the Conv's own weights can absorb it; a
+ReduceMean over all spatial axes of an NC... tensor is a global average pool as exporters
+(torch.export, Keras) spell it, and onnxruntime has an int8 kernel for GlobalAveragePool but
+none for ReduceMean (which qcli keeps float, for the variance chains of normalizations).
 
 Names: a rewritten node keeps its node name and output names (a Sum's last Add writes the
 Sum's output under the Sum's node name; the Adds before it are `<node>/add_1`, `<node>/add_2`
@@ -84,7 +88,8 @@ def canonicalize(model: onnx.ModelProto, options: Options = Options()) -> PassRe
     if removed["Identity"] - from_sums:
         notes.append(f"removed {plural(removed['Identity'] - from_sums, 'Identity node')}")
     folded = _fold_affine(model, notes)
-    modified = bool(rewritten or removed or folded)
+    pools = _pool_means(model, notes)
+    modified = bool(rewritten or removed or folded or pools)
     if modified:
         remove_unused_initializers(graph)
         prune_value_info(graph)
@@ -328,3 +333,61 @@ def _ranks(model: onnx.ModelProto) -> dict[str, int]:
         if tensor.HasField("shape"):
             ranks[value.name] = len(tensor.shape.dim)
     return ranks
+
+
+# ---------------------------------------------------------------- ReduceMean as a global pool
+
+
+NORMALIZING = {"Sub", "Div", "Pow", "Sqrt"}  # readers that make a mean a normalization's statistic
+
+
+def _pool_means(model: onnx.ModelProto, notes: list[str]) -> int:
+    """ReduceMean over exactly the spatial axes (2..r-1 of a rank >= 4 tensor: rank 3 is as often
+    [N, T, C] features as [N, C, L]) -> GlobalAveragePool under the ReduceMean's node and output
+    names; keepdims=0 adds a Squeeze of those axes. Not when its input or output is read by a
+    Sub/Div/Pow/Sqrt: a decomposed instance norm's mean, which stays a float ReduceMean."""
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    ranks: dict[str, int] | None = None
+    tensors, nodes = NameAllocator(tensor_names(graph)), NameAllocator(node_names(graph))
+    out: list[onnx.NodeProto] = []
+    count = 0
+    for node in graph.node:
+        if node.op_type != "ReduceMean" or not is_default_domain(node):
+            out.append(node)
+            continue
+        ranks = _ranks(model) if ranks is None else ranks
+        rank = ranks.get(node.input[0], 0)
+        axes = _reduce_axes(node, initializers)
+        normalizing = {r.op_type for r in graph.node if node.input[0] in r.input or node.output[0] in r.input}
+        if (rank < 4 or axes is None or sorted(a % rank for a in axes) != list(range(2, rank))
+                or normalizing & NORMALIZING):
+            out.append(node)
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        name, result = node.name or nodes.fresh("ReduceMean"), node.output[0]
+        if attrs.get("keepdims", 1):
+            out.append(onnx.helper.make_node("GlobalAveragePool", [node.input[0]], [result], name=name))
+        else:
+            pooled, spatial = tensors.fresh(f"{result}/pool"), tensors.fresh(f"{result}/spatial_axes")
+            graph.initializer.append(numpy_helper.from_array(np.arange(2, rank, dtype=np.int64), spatial))
+            out += [onnx.helper.make_node("GlobalAveragePool", [node.input[0]], [pooled], name=name),
+                    onnx.helper.make_node("Squeeze", [pooled, spatial], [result], name=nodes.fresh(f"{name}/squeeze"))]
+        count += 1
+    if count:
+        del graph.node[:]
+        graph.node.extend(out)
+        notes.append(f"rewrote {plural(count, 'ReduceMean node')} over the spatial axes as GlobalAveragePool "
+                     "(onnxruntime's int8 kernel)")
+    return count
+
+
+def _reduce_axes(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> list[int] | None:
+    """A ReduceMean's axes when constant (the attribute below opset 18, a constant input from
+    18); None when not known or empty (all axes, or none with noop_with_empty_axes)."""
+    if len(node.input) > 1 and node.input[1]:
+        constant = initializers.get(node.input[1])
+        axes = numpy_helper.to_array(constant).astype(int).tolist() if constant is not None else None
+    else:
+        axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
+    return axes or None
