@@ -15,7 +15,10 @@ are merged.
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import re
+import signal
 import tempfile
 import time
 import traceback
@@ -53,18 +56,57 @@ class Run:
         return next((line for line in self.stderr.splitlines() if line.startswith("error: ")), None)
 
 
+# The long profile runs each command in a forked child: a native crash (onnxruntime aborting on
+# a model qcli wrote) then ends the child, and comes back as a failing run with its case,
+# instead of ending the fuzzer and losing the case.
+FORK = LONG and hasattr(os, "fork") and os.environ.get("QCLI_FUZZ_FORK", "1") != "0"
+
+
 def qcli(*args: object) -> Run:
-    """One qcli command, in this process (typer's CliRunner on `qcli.cli.app`)."""
+    """One qcli command (typer's CliRunner on `qcli.cli.app`): in this process, or in a forked
+    child in the long profile (`FORK`)."""
     argv = [str(a) for a in args]
     start = time.monotonic()
-    result = RUNNER.invoke(app, argv, catch_exceptions=True)
+    run = _in_child(argv) if FORK else _invoke(argv)
     STATS.timed(" ".join(argv), time.monotonic() - start)
-    exc = result.exception if not isinstance(result.exception, SystemExit) else None
-    tb = "".join(traceback.format_exception(*result.exc_info)) if exc is not None and result.exc_info else ""
     command = " ".join(argv[:2]) if argv[0] == "config" else argv[0]
     STATS.counts["runs"] += 1
-    STATS.counts[f"{command} exit {result.exit_code}"] += 1
+    STATS.counts[f"{command} exit {run.exit_code}"] += 1
+    return run
+
+
+def _invoke(argv: list[str]) -> Run:
+    result = RUNNER.invoke(app, argv, catch_exceptions=True)
+    exc = result.exception if not isinstance(result.exception, SystemExit) else None
+    tb = "".join(traceback.format_exception(*result.exc_info)) if exc is not None and result.exc_info else ""
     return Run(argv, result.exit_code, result.stdout, result.stderr, exc, tb)
+
+
+def _in_child(argv: list[str]) -> Run:
+    """`_invoke` in a forked child; its exception comes back as one of the same class name (the
+    original may not pickle); a child killed by a signal as exit -signal, "the process died"."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, send the result, leave without cleanup
+        os.close(read)
+        try:
+            run = _invoke(argv)
+            exc = (type(run.exception).__name__, str(run.exception)) if run.exception is not None else None
+            with os.fdopen(write, "wb") as pipe:
+                pipe.write(pickle.dumps((run.exit_code, run.stdout, run.stderr, exc, run.tb)))
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        payload = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return Run(argv, -os.WTERMSIG(status), "", f"the process died: {signal.Signals(os.WTERMSIG(status)).name}\n")
+    if not payload:
+        return Run(argv, -1, "", "the process died: it returned nothing\n")
+    code, stdout, stderr, exc, tb = pickle.loads(payload)
+    exception = type(exc[0], (Exception,), {})(exc[1]) if exc is not None else None
+    return Run(argv, code, stdout, stderr, exception, tb)
 
 
 @dataclass
@@ -93,6 +135,8 @@ TRUE_BLAME = (
 def problem(run: Run, expect: Expect) -> str | None:
     """Why the run breaks a property (see the module docstring), or None."""
     out = run.stdout + run.stderr
+    if run.exit_code < 0:
+        return run.stderr.strip()
     if run.exit_code not in (0, 1, 2):
         line = next((x for x in run.stderr.splitlines() if x.startswith("internal error")), run.stderr[-200:])
         return f"exit {run.exit_code}: {normalize(line)}"
@@ -323,9 +367,9 @@ def judge_debug(test: str, plain: Run, debug: Run, context: Context, reproducer:
 
 def _origin(args: list[str]) -> str:
     """Where an internal error is raised: rerun with --debug and name the innermost qcli frame."""
-    result = RUNNER.invoke(app, args, catch_exceptions=True)
-    if result.exc_info is None or isinstance(result.exception, SystemExit):
+    run = _in_child(args) if FORK else _invoke(args)
+    if run.exception is None:
         return ""
-    frames = [f for f in traceback.extract_tb(result.exc_info[2]) if "/qcli/" in f.filename]
-    where = f" at {Path(frames[-1].filename).name}:{frames[-1].name}" if frames else ""
-    return f" ({type(result.exception).__name__}{where})"
+    frames = re.findall(r'File "([^"]*/qcli/[^"]*)", line \d+, in (\w+)', run.tb)
+    where = f" at {Path(frames[-1][0]).name}:{frames[-1][1]}" if frames else ""
+    return f" ({type(run.exception).__name__}{where})"
