@@ -121,7 +121,8 @@ def quantize_command(flags: QuantizeFlags, *, progress: ProgressFactory = no_pro
     save_model(result.model, flags.output, check=True)
     doc = {
         "output": str(flags.output),
-        "method": config.calibration.method,
+        "method": "run time (dynamic)" if result.plan.dynamic and not result.plan.calibrated_tensors
+        else config.calibration.method,
         "bytes_before": file_bytes(flags.model),
         "bytes_after": file_bytes(flags.output),
         **summary(result),

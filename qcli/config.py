@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from qcli.data import Preprocess
 from qcli.errors import ConfigError
@@ -28,7 +28,8 @@ ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float"]  # float:
 WeightDtype = Literal["int8", "uint8", "int4", "uint4"]
 GranularityName = Literal["per_tensor", "per_channel", "per_block"]  # the core types it: scheme.granularity_of
 Criterion = Literal["performance", "balanced", "accuracy", "custom"]
-Precision = Literal["float", "int8", "uint8", "int16", "uint16"]
+Precision = Literal["float", "int8", "uint8", "int16", "uint16", "dynamic"]  # dynamic: run-time activation scales
+Mode = Literal["static", "dynamic"]
 Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4"]  # int4: weights, to shrink
 
 
@@ -45,8 +46,24 @@ class Calibration(_Section):
 
 
 class Activations(_Section):
+    """`mode: dynamic` quantizes activations at run time (README "Dynamic quantization"): to
+    uint8 with an asymmetric range per tensor, which is what onnxruntime's DynamicQuantizeLinear
+    computes, so other dtypes and `symmetric` cannot go with it."""
+
     dtype: ActivationDtype = "uint8"
     symmetric: bool = False
+    mode: Mode = "static"
+
+    @field_validator("mode")
+    @classmethod
+    def _dynamic_is_uint8(cls, mode: str, info: ValidationInfo) -> str:
+        if mode == "dynamic":
+            dtype, symmetric = info.data.get("dtype", "uint8"), info.data.get("symmetric", False)
+            if dtype != "uint8" or symmetric:
+                given = f"dtype {dtype}" + (" symmetric" if symmetric else "")
+                raise ValueError(f"dynamic quantizes activations to uint8 asymmetric at run time (onnxruntime's "
+                                 f"DynamicQuantizeLinear): not with {given}")
+        return mode
 
 
 class Weights(_Section):
@@ -104,12 +121,33 @@ class Override(_Section):
     calibration: CalibrationOverride | None = None
     range: tuple[float, float] | None = None
 
+    @model_validator(mode="after")
+    def _dynamic_selects_nodes(self) -> Override:
+        dynamic = self.precision == "dynamic"
+        if dynamic and not (self.match.nodes or self.match.op_types):
+            raise ValueError("precision dynamic applies to nodes: give match.nodes or match.op_types")
+        if dynamic and self.activations is not None:
+            raise ValueError("precision dynamic sets the activations (uint8 at run time): drop activations here")
+        made_dynamic = dynamic or (self.activations is not None and self.activations.mode == "dynamic")
+        if self.weights is not None and made_dynamic:
+            check_dynamic_weights(self.weights)
+        return self
+
     @field_validator("range")
     @classmethod
     def _low_high(cls, r: tuple[float, float] | None) -> tuple[float, float] | None:
         if r is not None and r[0] > r[1]:
             raise ValueError("the range is reversed (low above high): write [low, high]")
         return r
+
+
+def check_dynamic_weights(w: Weights) -> Weights:
+    """Weights of dynamic nodes: 8 bits, per channel or per tensor (the integer matmul kernels
+    onnxruntime runs at run time take one scale per output channel)."""
+    if w.dtype not in ("int8", "uint8") or w.granularity == "per_block":
+        raise ValueError(f"dynamic quantization takes 8-bit weights per channel or per tensor, not "
+                         f"{w.dtype} {w.granularity} (activations.mode is dynamic)")
+    return w
 
 
 class Verify(_Section):
@@ -150,6 +188,12 @@ class Config(_Section):
     verify: Verify = Verify()
     auto_precision: AutoPrecision = AutoPrecision()
     data: Data = Data()
+
+    @field_validator("weights")
+    @classmethod
+    def _dynamic_weights(cls, w: Weights, info: ValidationInfo) -> Weights:
+        activations = info.data.get("activations")
+        return check_dynamic_weights(w) if activations is not None and activations.mode == "dynamic" else w
 
     def merged(self, **sections: dict[str, Any]) -> Config:
         """This config with command-line values laid over it, e.g.

@@ -105,7 +105,7 @@ class QuantizeFlags:
     def check(self) -> None:
         """The rules between flags that need no file read (the config may enable auto-precision:
         `config` checks the flags that depend on it); then that the outputs can be written."""
-        if (self.data is None) == (self.calib is None):
+        if self.data is not None and self.calib is not None:  # neither: the plan must calibrate nothing (verify.py)
             raise QcliError("give exactly one of --data DIR (calibrate now) or --calib FILE")
         if self.calib is not None and not self.auto_precision and self.scale.given:
             raise QcliError("--executor, --workers and --ray-address apply to calibration and the precision "

@@ -20,6 +20,7 @@
   (`<b>_<k>_quantized` after the first): each fused kernel adds the integers as they are.
 - A folded Relu/Clip whose QuantizeLinear clips as much is dropped: its input's producer writes
   its output (`_drop_redundant_clips`).
+- Dynamic nodes (plan.dynamic) are replaced by what qcli/dynamic.py emits for them.
 - Node names: `<t>_Q` and `<t>_DQ` for the pair of `t` (and `<w>_DQ` for a weight or bias).
 New names derive from the tensor names, nodes are kept in topological order (original order
 first), so the output is deterministic.
@@ -35,6 +36,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from qcli.dynamic import dynamic_edits
 from qcli.errors import InternalError
 from qcli.graph import GraphIndex
 from qcli.info import names_used_inside
@@ -67,8 +69,10 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
     weights, weight_scales = _weight_edits(source, plan)
     groups, group_scales = _group_edits(source, plan)
     edits = _Edits.joined(weights, groups, _bias_edits(source, plan, group_scales, weight_scales))
+    dynamic = dynamic_edits(source.index, plan, edits.inputs)  # qcli/dynamic.py: replaces its nodes
+    edits.add(_Edits(inits=dynamic.inits, nodes=dynamic.nodes))
     _rewire(graph, edits)
-    dropped = _drop_redundant_clips(graph, plan, source.producer, source.inits)
+    dropped = _drop_redundant_clips(graph, plan, source.producer, source.inits) | dynamic.replaced
     old_nodes = [n for i, n in enumerate(graph.node) if i not in dropped]
     _drop_unread_initializers(graph, source.inits, old_nodes, edits)
     _import_contrib_domain(out, edits.nodes)

@@ -181,12 +181,16 @@ def summary(result: QuantizeResult) -> dict:
     quantized = Counter(d.op_type for d in plan.nodes if d.quantized and not d.reason)
     folded = Counter(d.op_type for d in plan.nodes if d.quantized and d.reason)
     floats: Counter[tuple[str, str]] = Counter((d.op_type, d.reason) for d in plan.nodes if not d.quantized)
-    labels = node_precisions(result.model)
+    labels = {**node_precisions(result.model), **dynamic_precisions(plan)}
     precisions: dict[str, Counter[str]] = {}
     for d in plan.nodes:
         if d.quantized and not d.reason:
             precisions.setdefault(d.op_type, Counter())[labels.get(d.name, "int8")] += 1
     by_group = {t: g.scheme.dtype.name for g in plan.groups for t in g.tensors if t != g.constant}
+    activations = Counter(by_group.values())
+    if plan.dynamic:
+        activations["uint8 dynamic"] = len(dynamic_activations(result.model))
+    weights = [*plan.weights.values(), *{w.name: w for d in plan.dynamic.values() for w in d.weights}.values()]
     return {
         "quantized": dict(sorted(quantized.items(), key=lambda kv: (-kv[1], kv[0]))),
         "precisions": {op: dict(sorted(c.items())) for op, c in sorted(precisions.items())},
@@ -196,12 +200,26 @@ def summary(result: QuantizeResult) -> dict:
         ],
         "folded": dict(sorted(folded.items())),
         "quantized_tensors": len(plan.activations),
-        "activations": dict(sorted(Counter(by_group.values()).items())),
+        "activations": dict(sorted(activations.items())),
         "groups": len(plan.groups),
-        "weight_tensors": len(plan.weights),
-        "weights": dict(sorted(Counter(_scheme_text(w.scheme) for w in plan.weights.values()).items())),
+        "weight_tensors": len(weights),
+        "weights": dict(sorted(Counter(_scheme_text(w.scheme) for w in weights).items())),
         "notes": result.notes,
     }
+
+
+def dynamic_precisions(plan: Plan) -> dict[str, str]:
+    """Node name -> "dynamic uint8 act, int8 weights" for the plan's dynamic nodes."""
+    names = {d.index: d.name for d in plan.nodes}
+    return {names[i]: f"dynamic uint8 act, {'/'.join(sorted({w.scheme.dtype.name for w in d.weights}))} weights"
+            for i, d in plan.dynamic.items()}
+
+
+def dynamic_activations(model: onnx.ModelProto) -> list[str]:
+    """The activations quantized at run time: the inputs of the model's DynamicQuantizeLinear
+    nodes, and those DynamicQuantizeLSTM quantizes itself."""
+    kernels = ("DynamicQuantizeLinear", "DynamicQuantizeLSTM")
+    return sorted({n.input[0] for n in model.graph.node if n.op_type in kernels})
 
 
 def _scheme_text(scheme: QuantScheme) -> str:

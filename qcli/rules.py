@@ -33,6 +33,12 @@ DequantizeLinear pair less to run and store, and no rounding of the output. Othe
 
 Ops not in the table stay float. `default_float` marks ops that have a rule (so a YAML
 override can quantize them) but whose 8-bit form hurts accuracy or speed by default.
+
+`DYNAMIC` is the second table: the ops with a dynamic form (activations quantized at run time,
+`activations.mode: dynamic`, `precision: dynamic`), which constant inputs are its int8 weights,
+and the `form` qcli/dynamic.py emits: `matmul` (DynamicQuantizeLinear + MatMulInteger + Cast +
+Mul, which onnxruntime fuses into DynamicQuantizeMatMul or MatMulIntegerToFloat) or `lstm`
+(com.microsoft DynamicQuantizeLSTM). Entries with a `reason` are measured and not offered.
 """
 
 from __future__ import annotations
@@ -147,6 +153,45 @@ SQUARE = OpRule(
 OUTPUT_RANGES: dict[str, tuple[float, float]] = {
     op: rule.output_range for op, rule in RULES.items() if rule.output_range is not None
 }
+
+
+@dataclass(frozen=True)
+class DynamicRule:
+    form: Literal["matmul", "lstm"] | None  # None: not offered (see `reason`)
+    weights: tuple[int, ...] = (1,)  # constant inputs quantized as int8 weights
+    reason: str = ""  # why a node of this op stays float in dynamic mode
+
+
+DYNAMIC: dict[str, DynamicRule] = {
+    "MatMul": DynamicRule("matmul"),
+    "Gemm": DynamicRule("matmul"),
+    "LSTM": DynamicRule("lstm", weights=(1, 2)),
+    # Measured (README "Dynamic quantization"): stacks of 4 Conv+Relu quantized by onnxruntime's
+    # quantize_dynamic (DynamicQuantizeLinear + ConvInteger + Cast + Mul, unfused) ran 3.4-4.5x
+    # the float latency (3x3 at 64 and 128 channels, 1x1 at 256); onnxruntime has no dynamic GRU.
+    "Conv": DynamicRule(None, (1,), reason="dynamic Conv (ConvInteger) runs 3-4x slower than float here: "
+                        "quantize it statically"),
+    "GRU": DynamicRule(None, (1, 2), reason="onnxruntime has no dynamic int8 GRU kernel"),
+}
+
+#: The reason of a node in dynamic mode whose op has no dynamic form.
+NO_DYNAMIC_FORM = "no dynamic int8 kernel for this op (dynamic: MatMul, Gemm, LSTM)"
+
+
+def dynamic_rule(node: onnx.NodeProto) -> tuple[DynamicRule | None, str]:
+    """The dynamic form of a node and, when it has none here, why: its op has none, or the
+    attributes its kernel lacks (Gemm's transA; LSTM's layout 1, which DynamicQuantizeLSTM
+    does not take)."""
+    rule = DYNAMIC.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    if rule is None:
+        return None, NO_DYNAMIC_FORM
+    if rule.form is None:
+        return None, rule.reason
+    if node.op_type == "Gemm" and _int_attribute(node, "transA", 0):
+        return None, "a transposed Gemm input (transA=1) has no dynamic form"
+    if node.op_type == "LSTM" and _int_attribute(node, "layout", 0):
+        return None, "DynamicQuantizeLSTM takes no batch-first layout (layout=1)"
+    return rule, ""
 
 
 def rule_for(node: onnx.NodeProto) -> OpRule | None:

@@ -19,7 +19,8 @@ Which samples are compared (decided once by `plan_data`, stated in the summary):
   when that is at least MIN_SAMPLES;
 - else (a folder too small to split) the calibration samples themselves, and the summary says so;
 - with `--calib` and no `--eval-data` there is nothing to compare on: verification is skipped,
-  with a note.
+  with a note; so it is with neither `--data` nor `--calib`, which a config that calibrates
+  nothing (every quantized node dynamic, or weights only) allows.
 The latency floor applies when the float model takes at least `verify.min_float_ms` per run
 (its fastest run at batch 1, `Probe.float_ms`: noise only adds time):
 below that, onnxruntime's fixed cost per node, not arithmetic, decides the ratio. A ratio within
@@ -38,10 +39,12 @@ from pathlib import Path
 import onnx
 
 from qcli.analyze.probe import Fidelity, Probe
-from qcli.calibrate.table import CalibrationTable
+from qcli.calibrate.table import CalibrationTable, RangeSettings
 from qcli.config import Config
 from qcli.data import DataFolder, InputSpec, model_inputs
 from qcli.errors import InternalError, QcliError
+from qcli.model import fingerprint
+from qcli.plan import make_plan
 from qcli.precision import (
     Choices,
     Goal,
@@ -54,7 +57,8 @@ from qcli.precision import (
     promoted_config,
     search,
 )
-from qcli.quantize import QuantizeResult, calibrate, prepare_for, quantize
+from qcli.prepare import PrepareResult
+from qcli.quantize import QuantizeResult, calibrate, check_unmatched, prepare_for, quantize
 
 MIN_SAMPLES = 16
 LATENCY_TOLERANCE = 0.03
@@ -190,14 +194,17 @@ def quantize_checked(
     `methods`: the range methods the calibration solves (default: only the config's);
     `executor`: where the calibration pass and the search's independent trials run
     (qcli.executor; default this process)."""
-    if (data is None) == (table is None):
-        raise ValueError("give exactly one of data or table")
+    if data is not None and table is not None:
+        raise ValueError("give at most one of data or table")
     ap, vf = config.auto_precision, config.verify
     inputs = model_inputs(model)
     plan = _samples(data, eval_data, config, inputs)
     prepared = prepare_for(model, config, force=force)
+    if data is None and table is None:  # a config that calibrates nothing (dynamic, weight-only)
+        table, why = _no_calibration(model, prepared, config, strict)
+        plan = replace(plan, description=why) if plan.verify_path is None else plan
     if table is None:
-        assert data is not None  # exactly one of the two
+        assert data is not None  # one of the two
         folder = DataFolder(data, inputs, preprocess=config.data.preprocess, samples=plan.calibration_samples)
         with progress("calibrating", len(folder)) as advance:
             table = calibrate(model, folder, config, progress=advance, force=force, strict=strict,
@@ -223,6 +230,28 @@ def quantize_checked(
     if vf.enabled:
         outcome.verification = _verification(plan, probe, base, ratio, floors, config, _all_float(result, outcome))
     return outcome
+
+
+def _no_calibration(model: onnx.ModelProto, prepared: PrepareResult, config: Config,
+                    strict: bool) -> tuple[CalibrationTable, str]:
+    """The empty calibration table of a config whose plan calibrates no tensor (every quantized
+    node dynamic, or weights only), and why verification without --eval-data is skipped; a
+    QcliError when the plan needs calibration data."""
+    plan = make_plan(prepared.model, config)
+    check_unmatched(plan, strict)
+    if plan.calibrated_tensors:
+        hint = ("only a config that calibrates nothing (activations.mode: dynamic, or weights only) needs "
+                "neither" + (f"; {len(plan.calibrated_tensors)} tensors here are quantized statically"
+                             if plan.dynamic else ""))
+        raise QcliError("give exactly one of --data DIR (calibrate now) or --calib FILE", hint=hint)
+    widen = sorted(set(config.auto_precision.candidates) & {"int16", "uint16"})
+    if config.auto_precision.enabled and widen:
+        raise QcliError(f"auto-precision's {widen[0]} candidates need calibration data",
+                        hint="give --data DIR, or set auto_precision.candidates without them")
+    why = ("a dynamic model needs no calibration data" if plan.dynamic else
+           "this config calibrates nothing, so no --data was given")
+    table = CalibrationTable(fingerprint(model), {}, 0, RangeSettings.of(config))
+    return table, f"{why}; give --eval-data to verify"
 
 
 def _samples(data: Path | None, eval_data: Path | None, config: Config, inputs: list[InputSpec]) -> DataPlan:
@@ -315,10 +344,10 @@ def _no_promotion(config: Config, candidates: Sequence[str]) -> str:
 
 def _all_float(int8: QuantizeResult, outcome: Outcome) -> str | None:
     """Why the model written has no quantized node left, if so."""
-    if not int8.plan.groups and not int8.plan.weights:
+    if not int8.plan.groups and not int8.plan.weights and not int8.plan.dynamic:
         return ("nothing to quantize: no node of this model has an int8 form here (the node table says why "
                 "each stays float); the model written computes like the original")
-    if not outcome.result.plan.groups and not outcome.result.plan.weights:
+    if not (outcome.result.plan.groups or outcome.result.plan.weights or outcome.result.plan.dynamic):
         return ("nothing is left quantized: the model computes in float like the original (int8 did not pay off "
                 "here)")
     return None

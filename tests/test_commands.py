@@ -16,7 +16,6 @@ MLP = SAMPLE_MODELS / "mlp"
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    ({}, "give exactly one of --data DIR"),
     ({"data": MLP / "calib", "calib": Path("x.calib.json")}, "give exactly one of --data DIR"),
     ({"calib": Path("x.calib.json"), "scale": ScaleFlags(workers=2)}, "--executor, --workers and --ray-address"),
     ({"data": MLP / "calib", "max_accuracy_drop": 0.01}, "--max-accuracy-drop needs --eval-data"),
@@ -25,6 +24,13 @@ def test_flags_that_conflict_or_need_another(tmp_path: Path, flags: dict, messag
     with pytest.raises(QcliError, match=message) as caught:
         QuantizeFlags(MLP / "model.onnx", tmp_path / "q.onnx", **flags).check()
     assert caught.value.exit_code == 2
+
+
+def test_a_static_config_needs_data(tmp_path: Path) -> None:
+    """Neither --data nor --calib: only a config that calibrates nothing (dynamic) goes on."""
+    with pytest.raises(QcliError, match="give exactly one of --data DIR") as caught:
+        quantize_command(QuantizeFlags(MLP / "model.onnx", tmp_path / "q.onnx"))
+    assert caught.value.exit_code == 2 and not (tmp_path / "q.onnx").exists()
 
 
 def test_the_input_model_is_never_the_output() -> None:

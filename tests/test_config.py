@@ -91,11 +91,11 @@ def test_unknown_preset(cli) -> None:
 
 def test_presets_validate_and_show(cli) -> None:
     names = sorted(p.stem for p in PRESETS.glob("*.yaml"))
-    assert names == ["accuracy", "default", "tensorrt", "weights-int4"]
+    assert names == ["accuracy", "default", "dynamic", "tensorrt", "weights-int4"]
     for name in names:
         assert cli("config", "validate", name).exit_code == 0
     shown = yaml.safe_load(cli("config", "show", "--config", "tensorrt").stdout)
-    assert shown["activations"] == {"dtype": "int8", "symmetric": True}
+    assert shown["activations"] == {"dtype": "int8", "symmetric": True, "mode": "static"}
     assert shown["calibration"]["method"] == "kl"
     # the default preset is exactly the built-in defaults
     assert load_config("default") == load_config(None)

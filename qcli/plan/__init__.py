@@ -10,6 +10,9 @@ group its range and turns it into scale and zero point. Calibration observes exa
 `plan.calibrated_tensors`.
 
 Decisions (README "What gets quantized" and "Configuration" say the same for users):
+- A node in dynamic mode (`activations.mode: dynamic`, an override's `precision: dynamic`) is
+  quantized dynamically when its op has a dynamic form (plan/dynamic.py), else stays float; it
+  takes no part in the static plan (no Q/DQ, no calibration of its tensors).
 - A compute node is quantized when its rule says so, its activation inputs and outputs are
   float32 tensors, its weight (Conv, ConvTranspose) is an initializer, and the config does not
   exclude it or any of its tensors (`nodes.why_not_candidate`).
@@ -41,10 +44,11 @@ import onnx
 from qcli.config import Config
 from qcli.graph import GraphIndex, element_types
 from qcli.plan.context import Context, node_names
+from qcli.plan.dynamic import Dynamic, plan_dynamic
 from qcli.plan.groups import assign_ranges, groups_of, requests_of
 from qcli.plan.match import Selection, pattern, select
 from qcli.plan.nodes import Candidates, feeding_excluded, screen, weights_read_in_float, without_anchor
-from qcli.plan.result import BiasPlan, Group, NodeDecision, Plan, WeightPlan
+from qcli.plan.result import BiasPlan, DynamicNode, Group, NodeDecision, Plan, WeightPlan
 from qcli.plan.tensors import quantize_tensors, share_scales
 from qcli.plan.weights import blocks_beside_quantized_activations, overridden_weights, plan_weights
 
@@ -53,8 +57,9 @@ def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | Non
     """The structure of the quantization (no ranges yet); see the module docstring. `index`:
     the model's `GraphIndex` when the caller has it already."""
     ctx = Context.of(model, config, index)
+    dynamic = plan_dynamic(ctx)
     screened = screen(ctx)
-    candidates = screened.candidates
+    candidates = screened.candidates.without({i: dynamic.reasons.get(i, "") for i in ctx.selections.dynamic})
     candidates = candidates.without(weights_read_in_float(ctx, candidates.nodes))
     candidates = candidates.without(without_anchor(ctx, candidates.nodes))
     candidates = candidates.without(feeding_excluded(ctx, candidates.nodes, screened.keep_float))
@@ -67,23 +72,31 @@ def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | Non
     activations = {t for g in groups for t in g.tensors if t != g.constant}
     weights, block_notes = blocks_beside_quantized_activations(ctx, weights, weighted.readers, activations)
     biases = {key: b for key, b in weighted.biases.items() if b.weight in weights and b.name not in constants}
+    static = set(weights) | {c for c in constants if c} | {b.name for b in biases.values()}
+    dynamic = without_static_weights(dynamic, static)
     return Plan(
         groups=groups,
         weights=weights,
         biases=biases,
-        nodes=decisions(ctx, candidates, shared.quantized.folded),
+        nodes=decisions(ctx, candidates, shared.quantized.folded, dynamic),
         unmatched=ctx.selections.unmatched(config, ctx.names, ctx.index),
         keep_float=set(screened.keep_float),
         notes=notes + block_notes,
+        dynamic=dynamic.nodes,
     )
 
 
-def decisions(ctx: Context, candidates: Candidates, folded: Mapping[int, int]) -> list[NodeDecision]:
-    """One decision per node, in graph order: quantized, folded into its producer, or float and why."""
+def decisions(ctx: Context, candidates: Candidates, folded: Mapping[int, int], dynamic: Dynamic) -> list[NodeDecision]:
+    """One decision per node, in graph order: quantized (statically or dynamically), folded into
+    its producer, or float and why."""
     out = []
     for i, node in enumerate(ctx.index.graph.node):
         name = ctx.names[i]
-        if i in folded:
+        if i in dynamic.nodes:
+            out.append(NodeDecision(i, name, node.op_type, True, dynamic=True))
+        elif i in dynamic.reasons:
+            out.append(NodeDecision(i, name, node.op_type, False, dynamic.reasons[i]))
+        elif i in folded:
             into = ctx.names[folded[i]]
             out.append(NodeDecision(i, name, node.op_type, True, f"folded into {into}", folded_into=into))
         elif i in candidates.nodes:
@@ -93,12 +106,23 @@ def decisions(ctx: Context, candidates: Candidates, folded: Mapping[int, int]) -
     return out
 
 
+def without_static_weights(dynamic: Dynamic, static: set[str]) -> Dynamic:
+    """The dynamic nodes less those whose weight a static node quantizes too (float instead: one
+    weight, one quantized form)."""
+    clash = {i for i, d in dynamic.nodes.items() if any(w.name in static for w in d.weights)}
+    if not clash:
+        return dynamic
+    reason = "its weight is also quantized statically (by another node): it stays float"
+    return Dynamic({i: d for i, d in dynamic.nodes.items() if i not in clash},
+                   {**dynamic.reasons, **{i: reason for i in clash}})
+
+
 def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every typed tensor of the main graph (value_info from shape inference)."""
     return element_types(model.graph)
 
 
 __all__ = [
-    "BiasPlan", "Group", "NodeDecision", "Plan", "Selection", "WeightPlan", "assign_ranges", "make_plan",
+    "BiasPlan", "DynamicNode", "Group", "NodeDecision", "Plan", "Selection", "WeightPlan", "assign_ranges", "make_plan",
     "node_names", "pattern", "select", "tensor_types",
 ]

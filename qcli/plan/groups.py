@@ -32,7 +32,7 @@ def requests_of(ctx: Context, shared: Shared) -> Requests:
     names and the quantized tensors of the nodes it selects."""
     requests = Requests()
     for k, o, sel in ctx.selections.overrides:
-        if o.precision == "float":
+        if o.precision in ("float", "dynamic"):  # dynamic nodes have no Q/DQ (plan/dynamic.py)
             continue
         act = None
         if o.activations is not None:

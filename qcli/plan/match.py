@@ -63,6 +63,8 @@ class Selections:
     off_tensors: frozenset[str]
     asked_nodes: frozenset[int]  # selected by an override with a quantized precision
     asked_tensors: frozenset[str]  # named by an override that does not keep them float
+    dynamic: frozenset[int] = frozenset()  # nodes whose activations the config quantizes at run time
+    asked_dynamic: frozenset[int] = frozenset()  # selected by an override with precision dynamic
 
     @classmethod
     def of(cls, config: Config, names: list[str], index: GraphIndex) -> Selections:
@@ -73,15 +75,20 @@ class Selections:
             for k, o in enumerate(config.overrides)
         ]
         off = [exclude] + [sel for _, o, sel in overrides if o.precision == "float"]
+        static = ("float", "dynamic", None)
         return cls(
             exclude=exclude,
             overrides=overrides,
             off_nodes=frozenset().union(*(s.nodes for s in off)),
             off_tensors=frozenset().union(*(s.tensors for s in off)),
             asked_nodes=frozenset().union(
-                *(sel.nodes for _, o, sel in overrides if o.precision not in (None, "float"))
+                *(sel.nodes for _, o, sel in overrides if o.precision not in static)
             ),
-            asked_tensors=frozenset().union(*(sel.tensors for _, o, sel in overrides if o.precision != "float")),
+            asked_tensors=frozenset().union(
+                *(sel.tensors for _, o, sel in overrides if o.precision not in ("float", "dynamic"))
+            ),
+            dynamic=dynamic_nodes(config, len(graph.node), overrides),
+            asked_dynamic=frozenset().union(*(sel.nodes for _, o, sel in overrides if o.precision == "dynamic")),
         )
 
     def asked_for(self, i: int) -> bool:
@@ -96,6 +103,20 @@ class Selections:
             for match, sel in rules
             if sel.empty and (match.nodes or match.op_types or match.tensors)
         ]
+
+
+def dynamic_nodes(config: Config, count: int, overrides: list[tuple[int, Override, Selection]]) -> frozenset[int]:
+    """The nodes whose mode is dynamic: all of them under `activations.mode: dynamic`, then each
+    override in order (later wins): `precision: dynamic` or an `activations` section whose mode is
+    dynamic makes its nodes dynamic; a static precision (int8, uint16...) or a static
+    `activations` section makes them static."""
+    dynamic = set(range(count)) if config.activations.mode == "dynamic" else set()
+    for _, o, sel in overrides:
+        if o.precision == "dynamic" or (o.activations is not None and o.activations.mode == "dynamic"):
+            dynamic |= sel.nodes
+        elif o.activations is not None or o.precision not in (None, "float"):
+            dynamic -= sel.nodes
+    return frozenset(dynamic)
 
 
 def _unmatched(match: Match, where: str, names: list[str], graph: onnx.GraphProto, tensors: set[str]) -> str:

@@ -47,6 +47,16 @@ class BiasPlan:
 
 
 @dataclass(frozen=True)
+class DynamicNode:
+    """A node quantized dynamically: its activations at run time, its weights as planned.
+    `form`: what qcli/dynamic.py emits for it (rules.DynamicRule)."""
+
+    index: int
+    form: str
+    weights: tuple[WeightPlan, ...]
+
+
+@dataclass(frozen=True)
 class NodeDecision:
     index: int
     name: str
@@ -54,6 +64,7 @@ class NodeDecision:
     quantized: bool
     reason: str = ""  # why it stays float (or "folded into <producer>")
     folded_into: str | None = None  # a folded Relu/Clip: its producer's display name
+    dynamic: bool = False  # quantized dynamically (plan.dynamic)
 
 
 @dataclass
@@ -65,6 +76,7 @@ class Plan:
     unmatched: list[str] = field(default_factory=list)  # config rules that matched nothing
     keep_float: set[int] = field(default_factory=set)  # nodes excluded by config: read float inputs
     notes: list[str] = field(default_factory=list)  # conflicts resolved, and the like
+    dynamic: dict[int, DynamicNode] = field(default_factory=dict)  # node -> its dynamic form
 
     @property
     def activations(self) -> list[str]:

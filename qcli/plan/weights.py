@@ -122,7 +122,7 @@ def overridden_weights(ctx: Context, weighted: Weighted) -> dict[str, WeightPlan
     and to those of the nodes it selects (operands too, per tensor)."""
     weights = dict(weighted.weights)
     for _, o, sel in ctx.selections.overrides:
-        if o.precision == "float" or o.weights is None:
+        if o.precision in ("float", "dynamic") or o.weights is None:
             continue
         scheme = weight_scheme(o.weights)
         for name, readers in weighted.readers.items():

@@ -1,0 +1,168 @@
+"""Materialize the plan's dynamic nodes (README "Dynamic quantization"): each is replaced by the
+subgraph onnxruntime runs with int8 kernels, its activations quantized at run time.
+
+- `matmul` (MatMul, Gemm): `DynamicQuantizeLinear(x) -> x_dynamic_quantized, _scale, _zero_point`
+  (one per activation, shared by its dynamic readers), `MatMulInteger(xq, w_quantized, xz, wz)`,
+  `Cast` to float, `Mul` by `x scale x weight scale` (and Gemm's alpha), then `Add` of Gemm's
+  beta x C. onnxruntime fuses it into DynamicQuantizeMatMul (or MatMulIntegerToFloat when one
+  DynamicQuantizeLinear feeds several), as it does the output of its own `quantize_dynamic`.
+  A Gemm's transB=1 weight is stored transposed ([K, N]: MatMulInteger's layout).
+- `lstm`: com.microsoft DynamicQuantizeLSTM, its W and R int8 transposed to [D, I, 4H] with one
+  scale per direction and row ([D, 4H]), as onnxruntime's `quantize_dynamic` writes it.
+Names derive from the tensor and node names: the output is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from qcli.graph import GraphIndex
+from qcli.plan import DynamicNode, Plan, WeightPlan
+from qcli.scheme import choose_qparams, quantize
+
+CONTRIB = "com.microsoft"
+
+Use = tuple[int, int]
+
+
+@dataclass
+class DynamicEdits:
+    """What the dynamic nodes add, and which original nodes they replace."""
+
+    inits: list[onnx.TensorProto] = field(default_factory=list)
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    replaced: set[int] = field(default_factory=set)
+    quantizers: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # activation -> DQL outputs
+    names: set[str] = field(default_factory=set)  # initializers added
+
+
+def dynamic_edits(index: GraphIndex, plan: Plan, rewired: Mapping[Use, str]) -> DynamicEdits:
+    """The replacement of every dynamic node. `rewired`: the inputs the static edits redirect
+    (a dynamic node reading a statically quantized tensor reads its dequantized copy, so that
+    its producer's int8 kernel still fuses)."""
+    edits = DynamicEdits()
+    for i, dn in sorted(plan.dynamic.items()):
+        node = index.graph.node[i]
+        inputs = [rewired.get((i, k), name) for k, name in enumerate(node.input)]
+        FORMS[dn.form](edits, index, node, inputs, dn)
+        edits.replaced.add(i)
+    return edits
+
+
+def quantized_weight(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A weight's integers, scale and zero point: per channel along `plan.axis`, or per tensor.
+
+    >>> from qcli.scheme import QuantScheme
+    >>> plan = WeightPlan("w", QuantScheme.of("int8", "per_channel", True), 1)
+    >>> q, s, z = quantized_weight(np.array([[1.0, -0.5], [-2.0, 0.25]], np.float32), plan)
+    >>> q.tolist(), [round(float(v), 5) for v in s], z.tolist()
+    ([[64, -127], [-127, 64]], [0.01575, 0.00394], [0, 0])
+    """
+    scheme, axis = plan.scheme, plan.axis
+    if axis is None:
+        scale, zero = choose_qparams(values.min(), values.max(), scheme.dtype, scheme.symmetric)
+    else:
+        other = tuple(a for a in range(values.ndim) if a != axis)
+        scale, zero = choose_qparams(values.min(axis=other), values.max(axis=other), scheme.dtype, scheme.symmetric)
+    return quantize(values, scale, zero, scheme.dtype, axis, scheme.symmetric), scale, zero
+
+
+def _matmul(edits: DynamicEdits, index: GraphIndex, node: onnx.NodeProto, inputs: list[str], dn: DynamicNode) -> None:
+    """DynamicQuantizeLinear + MatMulInteger + Cast + Mul (+ Add for Gemm's C)."""
+    name, out = node.name or f"{node.op_type}_{dn.index}", node.output[0]
+    plan = dn.weights[0]
+    values = numpy_helper.to_array(index.initializers[plan.name]).astype(np.float32)
+    q, scale, zero = quantized_weight(values, plan)
+    transposed = node.op_type == "Gemm" and _attribute(node, "transB", 0)
+    stored = f"{plan.name}_transposed" if transposed else plan.name
+    if transposed:
+        q = q.T
+    alpha = float(_attribute(node, "alpha", 1.0)) if node.op_type == "Gemm" else 1.0
+    w_scale = f"{stored}_scale" if alpha == 1.0 else f"{name}_weight_scale"
+    _add_init(edits, q, f"{stored}_quantized")
+    _add_init(edits, zero, f"{stored}_zero_point")
+    _add_init(edits, (scale * np.float32(alpha)).astype(np.float32), w_scale)
+    xq, xs, xz = _quantizer(edits, inputs[0])
+    bias = _bias(edits, index, node, inputs, name)
+    product = f"{out}_product" if bias else out
+    edits.nodes += [
+        helper.make_node("MatMulInteger", [xq, f"{stored}_quantized", xz, f"{stored}_zero_point"],
+                         [f"{out}_integer"], name=f"{name}_MatMulInteger"),
+        helper.make_node("Cast", [f"{out}_integer"], [f"{out}_integer_float"], name=f"{name}_Cast",
+                         to=onnx.TensorProto.FLOAT),
+        helper.make_node("Mul", [xs, w_scale], [f"{out}_scales"], name=f"{name}_scales_Mul"),
+        helper.make_node("Mul", [f"{out}_integer_float", f"{out}_scales"], [product], name=f"{name}_Mul"),
+    ]
+    if bias:
+        edits.nodes.append(helper.make_node("Add", [product, bias], [out], name=f"{name}_Add"))
+
+
+def _bias(edits: DynamicEdits, index: GraphIndex, node: onnx.NodeProto, inputs: list[str], name: str) -> str:
+    """Gemm's beta x C as a float tensor ("" when it has none, or beta is 0)."""
+    if node.op_type != "Gemm" or len(inputs) < 3 or not inputs[2]:
+        return ""
+    beta, c = float(_attribute(node, "beta", 1.0)), inputs[2]
+    if beta == 0.0:
+        return ""
+    if beta == 1.0:
+        return c
+    if c in index.initializers:
+        values = numpy_helper.to_array(index.initializers[c]).astype(np.float64) * beta
+        _add_init(edits, values.astype(np.float32), f"{name}_bias")
+    else:
+        _add_init(edits, np.float32(beta), f"{name}_beta")
+        edits.nodes.append(helper.make_node("Mul", [c, f"{name}_beta"], [f"{name}_bias"], name=f"{name}_beta_Mul"))
+    return f"{name}_bias"
+
+
+def _lstm(edits: DynamicEdits, index: GraphIndex, node: onnx.NodeProto, inputs: list[str], dn: DynamicNode) -> None:
+    """com.microsoft DynamicQuantizeLSTM with int8 W and R ([D, I, 4H], [D, H, 4H])."""
+    extra = []
+    for plan in dn.weights:  # W, then R: [D, 4H, I] each, one scale per direction and row
+        values = numpy_helper.to_array(index.initializers[plan.name]).astype(np.float32)
+        d, rows, cols = values.shape
+        flat = WeightPlan(plan.name, plan.scheme, 0 if plan.axis is not None else None)
+        q, scale, zero = quantized_weight(values.reshape(d * rows, cols), flat)
+        shape = (d, rows) if plan.axis is not None else ()
+        _add_init(edits, q.reshape(d, rows, cols).transpose(0, 2, 1).copy(), f"{plan.name}_transposed_quantized")
+        _add_init(edits, scale.reshape(shape), f"{plan.name}_transposed_scale")
+        _add_init(edits, zero.reshape(shape), f"{plan.name}_transposed_zero_point")
+        extra += [f"{plan.name}_transposed_scale", f"{plan.name}_transposed_zero_point"]
+    padded = inputs + [""] * (8 - len(inputs))
+    w, r = (f"{p.name}_transposed_quantized" for p in dn.weights)
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name != "layout"}
+    edits.nodes.append(helper.make_node(
+        "DynamicQuantizeLSTM", [padded[0], w, r, *padded[3:8], *extra], list(node.output),
+        name=f"{node.name or f'LSTM_{dn.index}'}_quant", domain=CONTRIB, **attributes,
+    ))
+
+
+FORMS: dict[str, Callable[[DynamicEdits, GraphIndex, onnx.NodeProto, list[str], DynamicNode], None]] = {
+    "matmul": _matmul,
+    "lstm": _lstm,
+}
+
+
+def _quantizer(edits: DynamicEdits, x: str) -> tuple[str, str, str]:
+    """The DynamicQuantizeLinear of activation `x` (one, whatever the number of dynamic readers)."""
+    if x not in edits.quantizers:
+        outputs = (f"{x}_dynamic_quantized", f"{x}_dynamic_scale", f"{x}_dynamic_zero_point")
+        edits.nodes.append(helper.make_node("DynamicQuantizeLinear", [x], list(outputs), name=f"{x}_DynamicQuantize"))
+        edits.quantizers[x] = outputs
+    return edits.quantizers[x]
+
+
+def _add_init(edits: DynamicEdits, values: np.ndarray, name: str) -> None:
+    """An initializer, once (two dynamic nodes may read one weight)."""
+    if name not in edits.names:
+        edits.names.add(name)
+        edits.inits.append(numpy_helper.from_array(np.asarray(values), name))
+
+
+def _attribute(node: onnx.NodeProto, name: str, default: float) -> float:
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
