@@ -380,7 +380,7 @@ def test_a_classifier_with_a_zipmap_output_is_checked_by_its_scores(cli, tmp_pat
     assert v["passed"] and [c["name"] for c in v["checks"]] == ["top-1 agreement"]
     assert v["outputs"][0]["top1_agreement"] >= 0.99 and v["outputs"][0]["cosine"] > 0.999
     report = cli.json("analyze", model, out, "--data", data, "--runs", "0")
-    assert report["fidelity"][0]["kind"] == "class-scores"
+    assert report["fidelity"][0]["kind"] == "top1"
     info = cli.json("inspect", model)
     assert info["outputs"] == [{"name": "output_probability", "dtype": "seq(map(int64, float32))", "shape": None}]
 

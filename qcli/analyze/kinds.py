@@ -115,29 +115,29 @@ def _evidence(graph: _Graph, name: str) -> tuple[str, str] | None:
     if found is None:
         return None
     node, index = found
-    op = node.op_type
+    op, at = node.op_type, f" {node.name!r}" if node.name else ""
     if op in RECURRENT and index in (1, 2):
-        return f"the {('Y_h', 'Y_c')[index - 1]} state output of {op} {node.name!r}", "state"
+        return f"the {('Y_h', 'Y_c')[index - 1]} state output of {op}{at}", "state"
     if op in ("Sigmoid", "HardSigmoid"):
-        return f"computed by {op} {node.name!r}", "sigmoid"
+        return f"computed by {op}{at}", "sigmoid"
     if op in SOFTMAX:
-        return f"computed by {op} {node.name!r}", "softmax"
+        return f"computed by {op}{at}", "softmax"
     if op == "LpNormalization":
-        return f"normalized by LpNormalization {node.name!r}", "embedding"
+        return f"normalized by LpNormalization{at}", "embedding"
     if op == "Div" and len(node.input) == 2:
         top, bottom = graph.op(node.input[0]), _divisor(graph, node.input[1])
         if top == "Exp":
-            return f"Exp / ReduceSum (a written-out softmax) at {node.name!r}", "softmax"
+            return f"Exp / ReduceSum (a written-out softmax){at and ' at' + at}", "softmax"
         if bottom in NORMS:
-            return f"divided by its norm ({bottom}) at {node.name!r}", "embedding"
+            return f"divided by its norm ({bottom}){at and ' at' + at}", "embedding"
         if top in POOLS:
-            return f"pooled: {top} divided by a count at {node.name!r}", "embedding"
+            return f"pooled: {top} divided by a count{at and ' at' + at}", "embedding"
     if op in POOLS:
-        return f"pooled by {op} {node.name!r}", "embedding"
+        return f"pooled by {op}{at}", "embedding"
     if op == "Gemm" or (op == "Add" and any(graph.op(i) in LINEAR for i in node.input)):
-        return f"a final linear layer with a bias ({op} {node.name!r})", "linear"
+        return f"a final linear layer with a bias ({op}{at})", "linear"
     if op == "MatMul":
-        return f"a final MatMul {node.name!r}", "matmul"
+        return f"a final MatMul{at}", "matmul"
     return None
 
 
