@@ -30,6 +30,7 @@ GranularityName = Literal["per_tensor", "per_channel", "per_block"]  # the core 
 Criterion = Literal["performance", "balanced", "accuracy", "custom"]
 Precision = Literal["float", "int8", "uint8", "int16", "uint16", "dynamic"]  # dynamic: run-time activation scales
 Mode = Literal["static", "dynamic"]
+OutputKindName = Literal["top1", "sequence", "cosine", "mask", "per_element", "ignore"]  # qcli.analyze.kinds.Kind
 Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic"]  # int4: weights, to shrink
 
 
@@ -236,6 +237,10 @@ class Verify(_Section):
     rescue: bool = True
     max_trials: int = Field(64, ge=1)  # the rescue's budget
     time_budget: float = Field(120.0, gt=0)  # seconds
+    # output name -> the metric it is judged by (qcli.analyze.kinds; unnamed outputs: detected)
+    outputs: dict[str, OutputKindName] = {}
+    ctc_blank: int | None = Field(None, ge=0)  # a sequence's CTC blank class (None: detected)
+    metric: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # package.module:function
 
 
 class AutoPrecision(_Section):

@@ -61,6 +61,7 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -
             result.report = analyze(
                 model_path, output, eval_folder, options, labels=optional(pipeline.labels),
                 gates=Gates(**pipeline.gates.model_dump()), preprocess=config.data.preprocess, progress=advance,
+                verify=config.verify,
             )
         for report_path in pipeline.reports:
             result.reports.append(write_report(result.report, local(report_path)))

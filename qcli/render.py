@@ -292,15 +292,37 @@ def verification(console: Console, doc: dict) -> None:
     if v is None:
         return
     console.print(f"verified against the float model on {v['samples']} samples: {v['data']}")
+    output_kinds(console, v["outputs"])
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("check")
+    table.add_column("output", overflow="fold")
     table.add_column("value", justify="right")
     table.add_column("floor", justify="right")
     table.add_column("")
     for c in v["checks"]:
         sign = ">=" if c["kind"] == "at_least" else "<="
-        table.add_row(c["name"], f"{c['value']:.4f}", f"{sign} {c['floor']:g}",
+        table.add_row(c["name"], c.get("output") or "", f"{c['value']:.4f}", f"{sign} {c['floor']:g}",
                       "[green]ok[/green]" if c["passed"] else "[bold red]missed[/bold red]")
     console.print(table)
     for note in v["notes"]:
         console.print(note)
+
+
+# The figures shown for each kind of output: (JSON key, label)
+_DETAILS = {
+    "top1": [("top1_agreement", "top-1 agreement"), ("cosine", "cosine")],
+    "sequence": [("sequence_agreement", "sequences unchanged"), ("position_agreement", "positions")],
+    "mask": [("cosine", "cosine"), ("mask_agreement", "mask agreement"), ("mask_iou", "IoU")],
+    "cosine": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],
+    "per_element": [("agreement", "elements equal")],
+    "ignore": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],
+}
+
+
+def output_kinds(console: Console, outputs: list[dict]) -> None:
+    """Each output: the metric it is judged by, why, and its figures."""
+    for o in outputs:
+        figures = ", ".join(f"{label} {o[key]:.4f}" for key, label in _DETAILS.get(o["kind"], [])
+                            if o.get(key) is not None)
+        gated = " (not gated)" if o["kind"] == "ignore" else ""
+        console.print(f"output {o['name']!r}: {o['kind']}{gated}, {o['reason']}" + (f": {figures}" if figures else ""))

@@ -38,7 +38,9 @@ from pathlib import Path
 
 import onnx
 
-from qcli.analyze.probe import Fidelity, Probe
+from qcli.analyze.kinds import check_outputs
+from qcli.analyze.plugin import load_metric
+from qcli.analyze.probe import AGREEMENT, Fidelity, Probe
 from qcli.calibrate.table import CalibrationTable, RangeSettings
 from qcli.config import Config
 from qcli.data import DataFolder, InputSpec, model_inputs
@@ -117,6 +119,7 @@ class Check:
     floor: float
     at_least: bool  # value >= floor (else value <= floor)
     passed: bool
+    output: str | None = None  # the output the value comes from (the lowest of its kind)
 
     @property
     def message(self) -> str:
@@ -147,15 +150,11 @@ class Verification:
             "metric": self.fidelity.metric,
             "drop": round(self.fidelity.drop, 6),
             "checks": [
-                {"name": c.name, "value": round(c.value, 6), "floor": c.floor,
+                {"name": c.name, "output": c.output, "value": round(c.value, 6), "floor": c.floor,
                  "kind": "at_least" if c.at_least else "at_most", "passed": c.passed}
                 for c in self.checks
             ],
-            "outputs": [
-                {"name": o.name, "top1_agreement": o.top1_agreement, "cosine": o.cosine, "sqnr_db": o.sqnr_db,
-                 "agreement": o.agreement}
-                for o in self.fidelity.outputs
-            ],
+            "outputs": [o.to_dict() for o in self.fidelity.outputs],
             "latency_ratio": None if self.latency_ratio is None else round(self.latency_ratio, 4),
             "float_ms": None if self.float_ms is None else round(self.float_ms, 4),
             "notes": self.notes,
@@ -200,6 +199,9 @@ def quantize_checked(
     if config.recovery.bias_correction is not None and data is None:
         raise bias_needs_data()
     ap, vf = config.auto_precision, config.verify
+    check_outputs(model, vf.outputs)
+    if vf.metric and (vf.enabled or ap.enabled):
+        load_metric(vf.metric)  # an import error before the work, not after calibration
     inputs = model_inputs(model)
     plan = _samples(data, eval_data, config, inputs)
     prepared = prepare_for(model, config, force=force)
@@ -275,7 +277,7 @@ def _probe(model: onnx.ModelProto, inputs: list[InputSpec], config: Config, plan
     assert plan.verify_path is not None  # checked by the caller
     folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=plan.verify_count,
                         start=plan.verify_start, labels=labels)
-    return Probe(model, list(folder.batches(PROBE_BATCH)), inputs, source=plan.description)
+    return Probe(model, list(folder.batches(PROBE_BATCH)), inputs, source=plan.description, verify=config.verify)
 
 
 def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, float | None, Goal]:
@@ -386,12 +388,7 @@ def _verification(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | None
     """The checks of `f` and `ratio` against the floors; `all_float`: the note saying why the
     model has no quantized node left, if so."""
     vf = config.verify
-    checks, notes = [], []
-    if f.top1_agreement is not None:
-        checks.append(Check("top-1 agreement", f.top1_agreement, vf.min_top1_agreement, True,
-                            f.top1_agreement >= vf.min_top1_agreement))
-    if f.cosine is not None:
-        checks.append(Check("cosine", f.cosine, vf.min_cosine, True, f.cosine >= vf.min_cosine))
+    checks, notes = fidelity_checks(f, vf.min_top1_agreement, vf.min_cosine), []
     if all_float:
         notes.append(all_float)
     if ratio is not None and floors.max_latency_ratio is not None:
@@ -404,6 +401,22 @@ def _verification(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | None
             f"(< verify.min_float_ms {vf.min_float_ms:g}), where per-node overhead decides the ratio"
         )
     return Verification(plan.description, probe.samples, f, ratio, probe.float_ms(), checks, notes)
+
+
+def fidelity_checks(f: Fidelity, min_agreement: float, min_cosine: float) -> list[Check]:
+    """One check per metric the outputs are gated on, each on the lowest output of its kind
+    (agreements against `min_agreement`, cosines against `min_cosine`), then the plug-in's."""
+    checks = []
+    gated = [(AGREEMENT[o.kind], o.name, a, min_agreement) for o in f.outputs if (a := o.gated_agreement) is not None]
+    gated += [("cosine", o.name, c, min_cosine) for o in f.outputs if (c := o.gated_cosine) is not None]
+    for metric in (*AGREEMENT.values(), "cosine"):
+        mine = [g for g in gated if g[0] == metric]
+        if mine:
+            _, output, value, floor = min(mine, key=lambda g: g[2])
+            checks.append(Check(metric, value, floor, True, value >= floor, output))
+    if f.custom is not None:
+        checks.append(Check(f.custom.name, f.custom.score, f.custom.floor, True, f.custom.passed))
+    return checks
 
 
 class Why(Enum):

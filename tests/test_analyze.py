@@ -93,7 +93,7 @@ def test_accuracy_matches_an_independent_count(report, quantized):
     assert acc.top1_drop == pytest.approx(acc.float.top1 - acc.quantized.top1, abs=1e-9)
     assert acc.float.top5 is not None and acc.float.top5 >= acc.float.top1
     fid = report.fidelity[0]
-    assert fid.kind == "class-scores" and fid.samples == 400
+    assert fid.kind == "top1" and fid.samples == 400
     assert fid.top1_agreement > 0.97 and fid.cosine > 0.99 and fid.sqnr_db > 20
 
 

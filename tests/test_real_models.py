@@ -184,12 +184,15 @@ def test_detector_head_of_box_offsets_and_scores_quantizes_without_clipping(cli,
 
 @dddd
 def test_cnn_lstm_recognizer_keeps_the_lstm_float(cli, tmp_path: Path) -> None:
-    """Conv blocks in int8, the LSTM float (no int8 kernel), a dynamic width; verified."""
+    """The LSTM float (no int8 kernel), a dynamic width; verified per decoded captcha. Its output
+    [T, N, 8210] is a CTC head (blank 0): all-int8 keeps cosine 0.998 and 99% of positions, but
+    changes 6 of 40 decoded captchas, so the rescue promotes until the decoded strings agree."""
     data = write_captchas(tmp_path / "images", 40, 160, 64, gray=True)
     out = tmp_path / "rec.onnx"
     doc = cli.json("quantize", DDDD / "common.onnx", "-o", out, "--data", data)
-    assert doc["verification"]["passed"], doc["verification"]
-    assert doc["quantized"].get("Conv", 0) >= 20
+    v = doc["verification"]
+    assert v["passed"], v
+    assert v["checks"][0]["name"] == "sequence agreement" and "CTC blank 0" in v["outputs"][0]["reason"]
     assert {"op_type": "LSTM", "reason": "no int8 kernel for this op", "count": 1} in doc["float"]
     check_model(out)
 
@@ -298,8 +301,12 @@ def test_a_taggers_ids_are_verified_per_token(cli, tmp_path: Path) -> None:
     data = write_letters(tmp_path / "text", 48, ("char_inputs", "diac_inputs", "input_lengths"),
                          list(range(18, 54)), 1, np.int64)
     out = tmp_path / "tashkeel.onnx"
+    # Its other output, the Softmax logits [N, T, 15], is a sequence output: judged per sentence
+    # (29% identical). The ids say the same per character; the config judges by them alone.
+    config = tmp_path / "ids.yaml"
+    config.write_text("verify: {outputs: {logits: ignore}}\n")
     doc = cli.json("quantize", PIPER / "tashkeel" / "model.onnx", "-o", out, "--data", data, "--no-rescue",
-                   "--min-top1-agreement", "0.95", "--max-latency-ratio", "2")
+                   "--min-top1-agreement", "0.95", "--max-latency-ratio", "2", "--config", config)
     v = doc["verification"]
     assert v["passed"], v
     ids = next(o for o in v["outputs"] if o["name"] == "predictions")

@@ -202,7 +202,7 @@ def test_a_tiny_op_that_int8_would_slow_down_goes_back_to_float(cli, tmp_path: P
     doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data)
     v = doc["verification"]
     assert v["passed"], v
-    assert [c["name"] for c in v["checks"]] == ["cosine", "latency ratio"]
+    assert [c["name"] for c in v["checks"]] == ["sequence agreement", "latency ratio"]  # [N, T, C] Softmax
     assert list(doc["precision"]["promoted"]) == ["/tiny/MatMul"]
     assert doc["precision"]["promoted"]["/tiny/MatMul"]["reason"].startswith("faster in float (")
     assert "nothing is left quantized: the model computes in float like the original (int8 did not pay off here)" in v["notes"]
@@ -350,11 +350,11 @@ def test_a_model_that_outputs_class_ids_is_checked_by_their_agreement(cli, tmp_p
     data = mlp_data(tmp_path / "data", 160, True)
     doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data)
     v = doc["verification"]
-    assert v["passed"] and [c["name"] for c in v["checks"]] == ["top-1 agreement"]
+    assert v["passed"] and [c["name"] for c in v["checks"]] == ["element agreement"]
     assert v["outputs"][0]["agreement"] >= 0.99
     assert doc["precision"]["promoted"]  # all-int8 agreed on far fewer ids
     plain = cli("quantize", model, "-o", tmp_path / "plain.onnx", "--data", data, "--no-rescue")
-    assert plain.exit_code == 1 and "top-1 agreement 0." in plain.stderr
+    assert plain.exit_code == 1 and "element agreement 0." in plain.stderr
 
 
 def test_a_classifier_with_a_zipmap_output_is_checked_by_its_scores(cli, tmp_path: Path) -> None:
@@ -380,7 +380,7 @@ def test_a_classifier_with_a_zipmap_output_is_checked_by_its_scores(cli, tmp_pat
     assert v["passed"] and [c["name"] for c in v["checks"]] == ["top-1 agreement"]
     assert v["outputs"][0]["top1_agreement"] >= 0.99 and v["outputs"][0]["cosine"] > 0.999
     report = cli.json("analyze", model, out, "--data", data, "--runs", "0")
-    assert report["fidelity"][0]["kind"] == "class-scores"
+    assert report["fidelity"][0]["kind"] == "top1"
     info = cli.json("inspect", model)
     assert info["outputs"] == [{"name": "output_probability", "dtype": "seq(map(int64, float32))", "shape": None}]
 

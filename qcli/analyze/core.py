@@ -24,9 +24,10 @@ import onnx
 
 from qcli import __version__
 from qcli.analyze.gates import Gates, check_gates
+from qcli.analyze.kinds import Kind, OutputKind, check_outputs, output_kinds
 from qcli.analyze.latency import measure, timed_inputs
 from qcli.analyze.layers import QuantizedTensor, quantized_tensors
-from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, TopKAccumulator, as_array, is_class_scores
+from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, TopKAccumulator, as_array
 from qcli.analyze.report import (
     Accuracy,
     ClassAccuracy,
@@ -44,7 +45,7 @@ from qcli.analyze.report import (
 )
 from qcli.analyze.size import compare_sizes, model_size, proto_size
 from qcli.calibrate.collect import RUN_OUTPUT_BYTES, RunSize, parts, prefetch, session_with_outputs
-from qcli.config import AnalyzeOptions
+from qcli.config import AnalyzeOptions, Verify
 from qcli.data import Batch, DataFolder, InputSpec, Preprocess, model_inputs
 from qcli.errors import DataError, ModelError, QcliError
 from qcli.model import external_data_files, fingerprint, load_model
@@ -89,6 +90,7 @@ def analyze(
     gates: Gates = Gates(),
     preprocess: Preprocess | None = None,
     progress: Callable[[int], None] | None = None,
+    verify: Verify | None = None,
     **settings: Any,
 ) -> Report:
     """Compare `quantized_model` with `float_model` over the data folder `data`.
@@ -97,7 +99,8 @@ def analyze(
     runs, per-layer pass...); its fields may also be given as keywords (`runs=0`), laid over it.
     `labels` is a labels.csv (`file,label`) kept outside the data folder; `progress(n)` is called
     after each batch with its number of samples. Models may be paths or in-memory ModelProtos
-    (sizes are then the serialized sizes).
+    (sizes are then the serialized sizes). Each output is compared by the metric of its kind
+    (qcli.analyze.kinds, decided on the first batch), `verify.outputs` and `ctc_blank` first.
     """
     opts = AnalyzeOptions.of(options, **settings)
     if gates.min_speedup is not None and opts.runs == 0:
@@ -105,7 +108,9 @@ def analyze(
     fm, qm = _load(float_model), _load(quantized_model)
     inputs = _check_compatible(fm, qm)
     folder = open_data(data, inputs, labels=labels, preprocess=preprocess, samples=opts.samples)
-    sessions = _Sessions.open(fm, qm, inputs, opts)
+    if verify is not None:
+        check_outputs(fm.proto, verify.outputs)
+    sessions = _Sessions.open(fm, qm, inputs, opts, verify or Verify())
     first = _one_pass(sessions, folder, opts.batch_size, progress)
     notes = sessions.measures.notes()
     if opts.layers and not sessions.measures.pairs:
@@ -126,6 +131,7 @@ def evaluate(
     max_accuracy_drop: float | None = None,
     preprocess: Preprocess | None = None,
     progress: Callable[[int], None] | None = None,
+    verify: Verify | None = None,
 ) -> Report:
     """The accuracy part only (no latency, no per-layer pass): for `qcli quantize --eval-data`.
 
@@ -134,7 +140,7 @@ def evaluate(
     options = AnalyzeOptions.of(samples=samples, batch_size=batch_size, runs=0, warmup=0, threads=threads, layers=False)
     return analyze(
         float_model, quantized_model, data, options, labels=labels, gates=Gates(max_accuracy_drop=max_accuracy_drop),
-        preprocess=preprocess, progress=progress,
+        preprocess=preprocess, progress=progress, verify=verify,
     )
 
 
@@ -165,10 +171,10 @@ class _Sessions:
     skipped: list
 
     @classmethod
-    def open(cls, fm: _Model, qm: _Model, inputs: list[InputSpec], opts: AnalyzeOptions) -> _Sessions:
+    def open(cls, fm: _Model, qm: _Model, inputs: list[InputSpec], opts: AnalyzeOptions, verify: Verify) -> _Sessions:
         plain_f, plain_q = fm.session(opts.threads), qm.session(opts.threads)
         pairs, skipped = quantized_tensors(fm.proto, qm.proto) if opts.layers else ([], [])
-        measures = _Measures([o.name for o in fm.proto.graph.output], pairs, {s.name for s in inputs}, qm.label)
+        measures = _Measures(fm.proto, pairs, {s.name for s in inputs}, qm.label, verify)
         layers_f = session_with_outputs(fm.proto, measures.from_graph, opts.threads) if measures.from_graph else None
         layers_q = session_with_outputs(qm.proto, measures.quantized_names, opts.threads) if pairs else None
         return cls(fm, qm, plain_f, plain_q, layers_f, layers_q, measures, skipped)
@@ -275,13 +281,16 @@ class _Measures:
     """The running sums of one pass: fidelity per output, top-k against labels, agreement with
     reference outputs, SQNR per quantized activation. Fed one batch at a time."""
 
-    def __init__(self, outputs: list[str], pairs: list[QuantizedTensor], float_inputs: set[str], quantized: str):
-        self.outputs = outputs
+    def __init__(self, model: onnx.ModelProto, pairs: list[QuantizedTensor], float_inputs: set[str], quantized: str,
+                 verify: Verify):
+        self.model, self.verify = model, verify
+        self.outputs = [o.name for o in model.graph.output]
+        self.kinds: dict[str, OutputKind] = {}
         self.pairs = pairs
         self.from_graph = [p.tensor for p in pairs if p.tensor not in float_inputs]  # not fed
         self.quantized_names = [p.quantized_tensor for p in pairs]
         self.quantized = quantized
-        self.fidelity = {n: FidelityAccumulator() for n in outputs}
+        self.fidelity: dict[str, FidelityAccumulator] = {}
         self.reference: dict[str, tuple[FidelityAccumulator, FidelityAccumulator]] = {}
         self.layers = {p.tensor: SqnrAccumulator() for p in pairs}
         self.class_output: str | None = None
@@ -294,8 +303,11 @@ class _Measures:
         return self.topk[0].samples if self.topk else 0
 
     def add_outputs(self, batch: Batch, where: str, f_out: dict, q_out: dict) -> None:
-        if self.samples == 0:  # the first batch decides which output holds class scores
-            self.class_output = next((n for n in self.outputs if is_class_scores(np.asarray(f_out[n]))), None)
+        if self.samples == 0:  # the first batch decides each output's kind, and which holds class scores
+            values = {n: [np.asarray(f_out[n])] for n in self.outputs}
+            self.kinds = output_kinds(self.model, values, self.verify.outputs, self.verify.ctc_blank)
+            self.fidelity = {n: FidelityAccumulator(self.kinds[n]) for n in self.outputs}
+            self.class_output = next((n for n in self.outputs if self.kinds[n].kind is Kind.TOP1), None)
             if self.class_output is not None:
                 classes = int(np.asarray(f_out[self.class_output]).shape[1])
                 self.topk = (TopKAccumulator(classes), TopKAccumulator(classes))
@@ -313,7 +325,8 @@ class _Measures:
         if batch.outputs:
             self.had_reference = True
             for name, ref in _reference_outputs(batch.outputs, self.outputs).items():
-                pair = self.reference.setdefault(name, (FidelityAccumulator(), FidelityAccumulator()))
+                kind = self.kinds.get(name)
+                pair = self.reference.setdefault(name, (FidelityAccumulator(kind), FidelityAccumulator(kind)))
                 for acc, out in zip(pair, (f_out[name], q_out[name]), strict=True):
                     try:
                         acc.update(ref, out, batch.size)
@@ -466,10 +479,16 @@ def _accuracy(output: str | None, topk: tuple[TopKAccumulator, TopKAccumulator] 
 
 
 def _fidelity(name: str, acc: FidelityAccumulator) -> Fidelity:
-    kind = "class-scores" if acc.class_scores else "float" if acc.floating else "other"
+    kind = acc.kind or OutputKind(Kind.COSINE, "")
+    seq, mask = acc.sequence, acc.mask
     return Fidelity(
         output=name,
-        kind=kind,
+        kind=kind.kind.value,
+        reason=kind.reason,
+        sequence_agreement=rounded(seq.agreement) if seq else None,
+        position_agreement=rounded(seq.position_agreement) if seq else None,
+        mask_agreement=rounded(mask.agreement) if mask else None,
+        mask_iou=rounded(mask.iou) if mask else None,
         samples=acc.samples,
         top1_agreement=rounded(acc.top1_agreement),
         cosine=rounded(acc.cosine),

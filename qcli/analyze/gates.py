@@ -1,8 +1,9 @@
 """Quality gates: thresholds a report must meet (the CLI exits 1 when one fails).
 
 - `max_accuracy_drop` (fraction, 0.01 = one point): with labels, on top-1 (float - quantized);
-  without labels, on 1 - top-1 agreement of the first class-score output, or 1 - mean cosine of
-  the first float output when there is no class-score output;
+  without labels, on the largest loss over the outputs, each by its kind (qcli.analyze.kinds):
+  1 - its top-1, sequence, mask or element agreement, 1 - its mean cosine (cosine and mask
+  outputs); `ignore` outputs are not gated;
 - `min_speedup`: float median latency / quantized median latency;
 - `min_compression`: float file bytes / quantized file bytes.
 Each result says by how much it passed or missed, e.g. "speedup 0.92x < 1.10x (short by 0.18x)".
@@ -43,13 +44,28 @@ def accuracy_measure(accuracy: Accuracy | None, fidelity: list[Fidelity]) -> tup
     """(metric name, drop as a fraction, whether it is in points of top-1) for the accuracy gate."""
     if accuracy is not None:
         return "top-1 drop", accuracy.top1_drop, True
-    for f in fidelity:
-        if f.top1_agreement is not None:
-            return f"1 - top-1 agreement ({f.output})", 1.0 - f.top1_agreement, True
-    for f in fidelity:
-        if f.cosine is not None:
-            return f"1 - cosine ({f.output})", 1.0 - f.cosine, False
-    return "accuracy drop", None, False
+    losses = [loss for f in fidelity for loss in _losses(f)]
+    if not losses:
+        return "accuracy drop", None, False
+    return max(losses, key=lambda loss: loss[1])
+
+
+# The agreement each kind is judged by: (figure's attribute, its name)
+_AGREEMENT = {"top1": ("top1_agreement", "top-1 agreement"), "sequence": ("sequence_agreement", "sequence agreement"),
+              "mask": ("mask_agreement", "mask agreement"), "per_element": ("agreement", "element agreement")}
+
+
+def _losses(f: Fidelity) -> list[tuple[str, float, bool]]:
+    """(metric, loss, in points) of one output by its kind: 1 - its agreement, 1 - its cosine."""
+    losses = []
+    if f.kind in _AGREEMENT:
+        key, name = _AGREEMENT[f.kind]
+        value = getattr(f, key)
+        if value is not None:
+            losses.append((f"1 - {name} ({f.output})", 1.0 - value, True))
+    if f.kind in ("cosine", "mask") and f.cosine is not None:
+        losses.append((f"1 - cosine ({f.output})", 1.0 - f.cosine, False))
+    return losses
 
 
 def check_gates(

@@ -71,13 +71,20 @@ Card = tuple[str, str, str, bool | None]  # label, value, detail, good (None: ne
 
 
 def _fidelity_card(fidelity: list[Fidelity]) -> Card | None:
-    """Without labels: top-1 agreement with the float model, else cosine similarity."""
+    """Without labels: the agreement of the first output judged by one (its kind's), else
+    cosine similarity."""
     for f in fidelity:
-        if f.top1_agreement is not None:
+        if f.kind == "top1" and f.top1_agreement is not None:
             return ("Top-1 agreement", s.pct(f.top1_agreement), f"with the float model on {f.output}",
                     f.top1_agreement >= 0.99)
+        if f.kind == "sequence" and f.sequence_agreement is not None:
+            return ("Sequences unchanged", s.pct(f.sequence_agreement), f"with the float model on {f.output}",
+                    f.sequence_agreement >= 0.99)
+        if f.kind == "mask" and f.mask_agreement is not None:
+            return ("Mask agreement", s.pct(f.mask_agreement), f"IoU {s.pct(f.mask_iou)} on {f.output}",
+                    f.mask_agreement >= 0.99)
     for f in fidelity:
-        if f.cosine is not None:
+        if f.kind in ("cosine", "mask") and f.cosine is not None:
             return ("Cosine similarity", f"{f.cosine:.4f}", f"to the float model on {f.output}", f.cosine >= 0.99)
     return None
 
@@ -157,7 +164,7 @@ def _gates(report: Report) -> list[str]:
 def _fidelity(report: Report) -> list[str]:
     """Accuracy against the float model and, when the data hold them, against reference outputs."""
     parts = ["<section><h2>Fidelity to the float model</h2>"]
-    parts.append(_table(s.FIDELITY_HEADER, [s.fidelity_row(f) for f in report.fidelity], {1, 2, 3, 4, 5}, names={0}))
+    parts.append(_table(s.FIDELITY_HEADER, [s.fidelity_row(f) for f in report.fidelity], {2, 3, 4, 5, 6}, names={0}))
     parts.append('<p class="muted">Top-1 agreement: share of samples whose highest-scoring class is the same in '
                  "both models. Cosine: per-sample cosine similarity of the outputs. SQNR: float output power over "
                  "the power of the difference, in dB.</p>")
@@ -168,7 +175,7 @@ def _fidelity(report: Report) -> list[str]:
             for model, fid in (("float", ref.float), ("quantized", ref.quantized)):
                 r = s.fidelity_row(fid)
                 rows.append((r[0], model, *r[1:]))
-        parts.append(_table(("output", "model", *s.FIDELITY_HEADER[1:]), rows, {2, 3, 4, 5, 6}, names={0}))
+        parts.append(_table(("output", "model", *s.FIDELITY_HEADER[1:]), rows, {3, 4, 5, 6, 7}, names={0}))
     parts.append("</section>")
     return parts
 

@@ -44,7 +44,7 @@ def to_markdown(report: Report) -> str:
 
     out += ["### Fidelity to the float model", ""]
     rows = [(_code(r[0]), *r[1:]) for r in map(s.fidelity_row, report.fidelity)]
-    out += _table(s.FIDELITY_HEADER, rows, {1, 2, 3, 4, 5})
+    out += _table(s.FIDELITY_HEADER, rows, {2, 3, 4, 5, 6})
     if report.reference:
         out += ["### Against the reference outputs", ""]
         rows = []
@@ -52,7 +52,7 @@ def to_markdown(report: Report) -> str:
             for model, fid in (("float", ref.float), ("quantized", ref.quantized)):
                 r = s.fidelity_row(fid)
                 rows.append((_code(r[0]), model, *r[1:]))
-        out += _table(("output", "model", *s.FIDELITY_HEADER[1:]), rows, {2, 3, 4, 5, 6})
+        out += _table(("output", "model", *s.FIDELITY_HEADER[1:]), rows, {3, 4, 5, 6, 7})
 
     layers = report.layers
     if layers is not None and layers.tensors:

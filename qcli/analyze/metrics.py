@@ -4,7 +4,12 @@ running sums, and never holds an array past the `update` call.
 The math, on a float reference `x` and a quantized result `y`:
 - SQNR (dB) = 10 log10(Σx² / Σ(y − x)²), summed over every element seen;
 - cosine = mean over samples of x·y / (|x| |y|) (each sample flattened);
-- top-1 agreement = fraction of samples whose argmax over classes is the same.
+- top-1 agreement = fraction of samples whose argmax over classes is the same;
+- sequence agreement = fraction of samples whose whole argmax sequence (CTC-collapsed when the
+  blank is known) is the same; position agreement = fraction of positions;
+- mask agreement = fraction of elements on the same side of the threshold; IoU = mean over
+  samples of |A ∩ B| / |A ∪ B| of the thresholded masks (1 when both are empty).
+The metric an output is judged by follows its kind (qcli.analyze.kinds).
 
 >>> sqnr_db(100.0, 1.0)
 20.0
@@ -18,6 +23,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from qcli.analyze.kinds import Kind, OutputKind, decide
 
 # Below this much noise power per unit of signal the two tensors are equal for any purpose;
 # SQNR is then reported as None ("exact") rather than as an infinite number JSON cannot hold.
@@ -49,6 +56,100 @@ def as_array(value) -> np.ndarray:
         keys = list(value[0])
         return np.array([[v[k] for k in keys] for v in value], dtype=np.float32)
     return np.asarray(value)
+
+
+def ctc_collapse(ids: np.ndarray, blank: int) -> np.ndarray:
+    """A CTC path as the label it decodes to: repeats merged, then blanks dropped.
+
+    >>> ctc_collapse(np.array([0, 3, 3, 0, 3, 5, 5, 0]), 0).tolist()
+    [3, 3, 5]
+    """
+    ids = np.asarray(ids)
+    if ids.size == 0:
+        return ids
+    keep = np.concatenate(([True], ids[1:] != ids[:-1]))
+    ids = ids[keep]
+    return ids[ids != blank]
+
+
+def sequence_ids(value: np.ndarray, batch: int) -> np.ndarray:
+    """The argmax over the last axis of a `[N, T, C]` or `[T, N, C]` output, as `[N, T]` (the
+    batch axis is the one of size `batch`, the first when both are)."""
+    ids = np.asarray(value).argmax(axis=-1)
+    if ids.ndim == 2 and ids.shape[0] != batch and ids.shape[1] == batch:
+        return ids.T
+    return ids.reshape(batch, -1) if ids.size and ids.shape[0] == batch else ids.reshape(1, -1)
+
+
+@dataclass
+class SequenceAccumulator:
+    """Samples whose whole argmax sequence (CTC-collapsed with `blank`) is unchanged, and
+    positions whose argmax is.
+
+    >>> acc = SequenceAccumulator(blank=0)
+    >>> x = np.eye(3)[[[1, 1, 0, 2], [2, 0, 0, 1]]]  # two samples, T=4, C=3
+    >>> y = np.eye(3)[[[1, 0, 0, 2], [2, 2, 0, 1]]]  # same decoded "12" / "21", 2 positions moved
+    >>> acc.update(x, y, 2); acc.agreement, acc.position_agreement
+    (1.0, 0.75)
+    """
+
+    blank: int | None = None
+    samples: int = 0
+    same: int = 0
+    positions: int = 0
+    same_positions: int = 0
+
+    def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
+        x, y = sequence_ids(reference, batch), sequence_ids(value, batch)
+        self.positions += x.size
+        self.same_positions += int(np.count_nonzero(x == y))
+        for a, b in zip(x, y, strict=True):
+            if self.blank is not None:
+                a, b = ctc_collapse(a, self.blank), ctc_collapse(b, self.blank)
+            self.same += int(a.shape == b.shape and bool(np.all(a == b)))
+        self.samples += x.shape[0]
+
+    @property
+    def agreement(self) -> float | None:
+        return self.same / self.samples if self.samples else None
+
+    @property
+    def position_agreement(self) -> float | None:
+        return self.same_positions / self.positions if self.positions else None
+
+
+@dataclass
+class MaskAccumulator:
+    """Thresholded masks of both models: elements on the same side of `threshold`, and the
+    mean per-sample IoU of the "on" elements.
+
+    >>> acc = MaskAccumulator(0.5)
+    >>> acc.update(np.array([[0.9, 0.8, 0.1, 0.2]]), np.array([[0.9, 0.4, 0.1, 0.6]]), 1)
+    >>> acc.agreement, round(acc.iou, 4)
+    (0.5, 0.3333)
+    """
+
+    threshold: float = 0.5
+    elements: int = 0
+    equal: int = 0
+    iou_sum: float = 0.0
+    samples: int = 0
+
+    def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
+        a, b = _rows(np.asarray(reference) > self.threshold, batch), _rows(np.asarray(value) > self.threshold, batch)
+        self.elements += a.size
+        self.equal += int(np.count_nonzero(a == b))
+        inter, union = np.count_nonzero(a & b, axis=1), np.count_nonzero(a | b, axis=1)
+        self.iou_sum += float(np.where(union > 0, inter / np.maximum(union, 1), 1.0).sum())
+        self.samples += a.shape[0]
+
+    @property
+    def agreement(self) -> float | None:
+        return self.equal / self.elements if self.elements else None
+
+    @property
+    def iou(self) -> float | None:
+        return self.iou_sum / self.samples if self.samples else None
 
 
 def is_class_scores(value: np.ndarray) -> bool:
@@ -119,10 +220,14 @@ class SqnrAccumulator:
 class FidelityAccumulator:
     """How closely `value` follows `reference` for one output, over all batches.
 
-    Float outputs: SQNR, mean and minimum per-sample cosine, max abs error; class-score outputs
-    also top-1 agreement. Every output: fraction of samples exactly equal; other outputs
-    (integers, bools: class ids, masks, per-token tags) also the fraction of elements equal.
+    Float outputs: SQNR, mean and minimum per-sample cosine, max abs error; then by kind:
+    `top1` the top-1 agreement, `sequence` the sequence and position agreement, `mask` the
+    thresholded masks' agreement and IoU. Every output: fraction of samples exactly equal; other
+    outputs (integers, bools: class ids, masks, per-token tags) also the fraction of elements
+    equal. `kind`: decided from the first batch's values alone when not given.
     """
+
+    kind: OutputKind | None = None
 
     samples: int = 0
     agree: int = 0
@@ -132,11 +237,16 @@ class FidelityAccumulator:
     cosine_sum: float = 0.0
     cosine_min: float = 1.0
     cosine_rows: int = 0
-    class_scores: bool | None = None
     floating: bool | None = None
 
     def __post_init__(self) -> None:
         self.sqnr = SqnrAccumulator()
+        self.sequence: SequenceAccumulator | None = None
+        self.mask: MaskAccumulator | None = None
+
+    @property
+    def class_scores(self) -> bool:
+        return self.kind is not None and self.kind.kind is Kind.TOP1
 
     def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
         reference, value = np.asarray(reference), np.asarray(value)
@@ -144,14 +254,20 @@ class FidelityAccumulator:
             raise ValueError(f"shapes differ: {list(reference.shape)} vs {list(value.shape)}")
         if self.floating is None:
             self.floating = bool(np.issubdtype(reference.dtype, np.floating))
-            self.class_scores = is_class_scores(reference)
+            if self.kind is None:
+                self.kind = decide("", [reference], None, None)
+            if self.kind.kind is Kind.SEQUENCE and self.floating:
+                self.sequence = SequenceAccumulator(self.kind.blank)
+            if self.kind.kind is Kind.MASK and self.floating:
+                self.mask = MaskAccumulator(0.5 if self.kind.threshold is None else self.kind.threshold)
         x, y = _rows(reference, batch), _rows(value, batch)
         self.samples += x.shape[0]
         equal = x == y
         self.exact += int(np.all(equal, axis=1).sum())
-        if not self.floating:
+        if self._per_element:
             self.equal += int(np.count_nonzero(equal))
             self.compared += equal.size
+        if not self.floating:
             return
         self.sqnr.update(x, y)
         x64, y64 = x.astype(np.float64), y.astype(np.float64)
@@ -169,6 +285,10 @@ class FidelityAccumulator:
         self.cosine_rows += int(np.count_nonzero(finite))
         if self.class_scores:
             self.agree += int((x.argmax(axis=1) == y.argmax(axis=1)).sum())
+        if self.sequence is not None:
+            self.sequence.update(reference, value, batch)
+        if self.mask is not None:
+            self.mask.update(reference, value, batch)
 
     @property
     def top1_agreement(self) -> float | None:
@@ -178,7 +298,12 @@ class FidelityAccumulator:
     def element_agreement(self) -> float | None:
         """Integer/bool outputs: the fraction of elements equal (of samples, for an [N] ArgMax;
         of pixels for a mask, of tokens for a tagger's ids)."""
-        return self.equal / self.compared if not self.floating and self.compared else None
+        return self.equal / self.compared if self._per_element and self.compared else None
+
+    @property
+    def _per_element(self) -> bool:
+        """Compared element by element: integer outputs, and float ones `verify.outputs` says so."""
+        return not self.floating or (self.kind is not None and self.kind.kind is Kind.PER_ELEMENT)
 
     @property
     def cosine(self) -> float | None:

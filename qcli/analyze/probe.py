@@ -5,12 +5,14 @@ A `Probe` holds a small set of batches in memory (the held-back samples: tens to
 and the float model's outputs on them, computed once. `measure(candidate)` runs a candidate on
 the same batches and returns a `Fidelity` summary:
 
-- per output that holds class scores (`[N, C]` float): top-1 agreement with the float model;
-- per other float output: mean cosine and SQNR;
+- per output, the metric of its kind (qcli.analyze.kinds, decided once from the graph and the
+  float outputs, `verify.outputs` first): top-1, sequence, thresholded-mask or element agreement,
+  mean cosine, SQNR; `ignore` outputs are reported, never gated;
 - with labels: top-1 accuracy of both models;
+- with `verify.metric`: the user's score and its floor (qcli.analyze.plugin);
 - `noise`: the outputs' quantization noise power over their signal power, summed over the
-  float outputs. It is continuous where agreement moves in whole samples, which is what makes it
-  the sensitivity measure of `qcli.precision` (a ranking needs small differences to show).
+  gated float outputs. It is continuous where agreement moves in whole samples, which is what
+  makes it the sensitivity measure of `qcli.precision` (a ranking needs small differences to show).
 
 `latency_ratio(candidate)` times the candidate against the float model exactly as `analyze`
 does (alternating runs, spinning off); `node_times(model)` reads onnxruntime's profiler: the
@@ -29,11 +31,18 @@ from typing import Any
 import numpy as np
 import onnx
 
+from qcli.analyze.kinds import Kind, OutputKind, output_kinds
 from qcli.analyze.latency import measure, timed_inputs
-from qcli.analyze.metrics import FidelityAccumulator, TopKAccumulator, as_array, is_class_scores
+from qcli.analyze.metrics import FidelityAccumulator, TopKAccumulator, as_array
+from qcli.analyze.plugin import CustomScore, load_metric
+from qcli.config import Verify
 from qcli.data import Batch, InputSpec
 from qcli.errors import DataError
 from qcli.runtime import make_session
+
+# The agreement each kind is gated on, by name (a check's name; cosine is gated apart).
+AGREEMENT = {Kind.TOP1: "top-1 agreement", Kind.SEQUENCE: "sequence agreement", Kind.MASK: "mask agreement",
+             Kind.PER_ELEMENT: "element agreement"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,30 @@ class OutputFidelity:
     # differs does not count as a wrong sample (a piper diacritizer at int8: 96.6% of tokens
     # equal, 34% of sentences identical).
     agreement: float | None = None
+    kind: Kind = Kind.COSINE
+    reason: str = ""
+    sequence_agreement: float | None = None  # sequence: whole (collapsed) sequences unchanged
+    position_agreement: float | None = None  # sequence: positions whose argmax is unchanged (detail)
+    mask_agreement: float | None = None  # mask: elements on the same side of the threshold
+    mask_iou: float | None = None  # mask: mean per-sample IoU of the thresholded masks (detail)
+
+    @property
+    def gated_agreement(self) -> float | None:
+        """The agreement this output is gated on (its kind's), None for cosine and ignore."""
+        return {Kind.TOP1: self.top1_agreement, Kind.SEQUENCE: self.sequence_agreement,
+                Kind.MASK: self.mask_agreement, Kind.PER_ELEMENT: self.agreement}.get(self.kind)
+
+    @property
+    def gated_cosine(self) -> float | None:
+        """The cosine this output is gated on: cosine and mask outputs only."""
+        return self.cosine if self.kind in (Kind.COSINE, Kind.MASK) else None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind.value, "reason": self.reason,
+                "top1_agreement": self.top1_agreement, "cosine": self.cosine, "sqnr_db": self.sqnr_db,
+                "agreement": self.agreement, "sequence_agreement": self.sequence_agreement,
+                "position_agreement": self.position_agreement, "mask_agreement": self.mask_agreement,
+                "mask_iou": self.mask_iou}
 
 
 @dataclass(frozen=True)
@@ -55,43 +88,51 @@ class Fidelity:
     """How closely a candidate follows the float model on the probe's samples."""
 
     outputs: tuple[OutputFidelity, ...]
-    noise: float  # Σ over float outputs of noise power / signal power
+    noise: float  # Σ over gated float outputs of noise power / signal power
     accuracy: float | None = None  # top-1 vs labels (candidate)
     float_accuracy: float | None = None  # top-1 vs labels (float model)
+    custom: CustomScore | None = None  # verify.metric's score and floor
 
     @property
     def top1_agreement(self) -> float | None:
-        """The lowest top-1 agreement over class-score outputs, or agreement of the elements of
-        integer outputs (an ArgMax's class ids); None: there are none."""
-        values = [o.top1_agreement for o in self.outputs if o.top1_agreement is not None]
-        values += [o.agreement for o in self.outputs if o.agreement is not None]
+        """The lowest agreement over the outputs gated on one (top-1, sequence, mask or element
+        agreement, each output by its kind), the floor `min_top1_agreement` applies to; None:
+        there are none."""
+        values = [o.gated_agreement for o in self.outputs if o.gated_agreement is not None]
         return min(values) if values else None
 
     @property
     def cosine(self) -> float | None:
-        """The lowest mean cosine over float outputs that are not class scores."""
-        values = [o.cosine for o in self.outputs if not o.class_scores and o.cosine is not None]
+        """The lowest mean cosine over the outputs gated on it (cosine and mask kinds)."""
+        values = [o.gated_cosine for o in self.outputs if o.gated_cosine is not None]
         return min(values) if values else None
+
+    def _losses(self) -> list[tuple[float, str]]:
+        """(loss, metric name) per gated figure, in the metric's units."""
+        losses = [(1.0 - a, f"{AGREEMENT[o.kind]} ({o.name})") for o in self.outputs
+                  if (a := o.gated_agreement) is not None]
+        losses += [(1.0 - c, f"cosine ({o.name})") for o in self.outputs if (c := o.gated_cosine) is not None]
+        if self.custom is not None:
+            losses.append((max(0.0, self.custom.floor - self.custom.score), self.custom.name))
+        return losses
 
     @property
     def drop(self) -> float:
         """The loss in the metric's units: top-1 accuracy points lost (as a fraction) with labels,
-        else 1 - top-1 agreement, else 1 - cosine (0 when there is nothing to compare)."""
+        else the largest loss over the gated outputs, each by its kind (1 - its agreement, 1 -
+        its cosine) and the plug-in's shortfall below its floor (0 when there is nothing to
+        compare)."""
         if self.accuracy is not None and self.float_accuracy is not None:
             return self.float_accuracy - self.accuracy
-        if self.top1_agreement is not None:
-            return 1.0 - self.top1_agreement
-        if self.cosine is not None:
-            return 1.0 - self.cosine
-        return 0.0
+        return max((loss for loss, _ in self._losses()), default=0.0)
 
     @property
     def metric(self) -> str:
+        """What `drop` measures, naming the output it comes from."""
         if self.accuracy is not None and self.float_accuracy is not None:
             return "top-1 accuracy"
-        if self.top1_agreement is not None:
-            return "top-1 agreement"
-        return "cosine"
+        losses = self._losses()
+        return max(losses, key=lambda p: p[0])[1] if losses else "cosine"
 
 
 @dataclass
@@ -106,6 +147,8 @@ class Probe:
     # The float model's session, when another probe of the same model has one (`head`): a
     # session holds the weights again (a BERT-base: ~1 GB), so probes share it.
     session: Any = field(default=None, repr=False)
+    verify: Verify | None = None  # verify.outputs, ctc_blank and metric (None: the defaults)
+    kinds: dict[str, OutputKind] | None = None  # given by `head`: the same kinds as the whole probe
     reference: list[list[np.ndarray]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -116,6 +159,11 @@ class Probe:
         self.reference = [[as_array(v) for v in session.run(self.names, b.inputs)] for b in self.batches]
         self._float_session = session
         self._float_ms: float | None = None
+        vf = self.verify or Verify()
+        if self.kinds is None:
+            values = {name: [ref[k] for ref in self.reference] for k, name in enumerate(self.names)}
+            self.kinds = output_kinds(self.float_model, values, vf.outputs, vf.ctc_blank)
+        self._metric = load_metric(vf.metric) if vf.metric else None
 
     @property
     def samples(self) -> int:
@@ -123,30 +171,33 @@ class Probe:
 
     def measure(self, candidate: onnx.ModelProto) -> Fidelity:
         session = make_session(candidate, self.threads)
-        accs = [FidelityAccumulator() for _ in self.names]
+        assert self.kinds is not None  # set in __post_init__
+        accs = [FidelityAccumulator(self.kinds[n]) for n in self.names]
         topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
+        custom = self._metric.start() if self._metric else None
+        k = next((j for j, n in enumerate(self.names) if self.kinds[n].kind is Kind.TOP1), None)
         for batch, reference in zip(self.batches, self.reference, strict=True):
             values = [as_array(v) for v in session.run(self.names, batch.inputs)]
             for acc, ref, value in zip(accs, reference, values, strict=True):
                 acc.update(ref, value, batch.size)
+            if custom is not None:
+                custom.update(dict(zip(self.names, reference, strict=True)), dict(zip(self.names, values, strict=True)),
+                              batch)
             if batch.label is not None:
-                k = next((j for j, ref in enumerate(reference) if is_class_scores(np.asarray(ref))), None)
                 if k is not None:
                     if topk is None:
                         classes = int(np.asarray(reference[k]).shape[1])
                         topk = (TopKAccumulator(classes), TopKAccumulator(classes))
                     topk[0].update(np.asarray(reference[k]), batch.label)
                     topk[1].update(np.asarray(values[k]), batch.label)
-        outputs = tuple(
-            OutputFidelity(name, bool(acc.class_scores), acc.top1_agreement, acc.cosine, acc.sqnr.db,
-                           acc.element_agreement)
-            for name, acc in zip(self.names, accs, strict=True)
-        )
-        noise = sum(acc.sqnr.noise / max(acc.sqnr.signal, 1e-30) for acc in accs if acc.floating)
+        outputs = tuple(output_fidelity(name, acc) for name, acc in zip(self.names, accs, strict=True))
+        noise = sum(acc.sqnr.noise / max(acc.sqnr.signal, 1e-30) for acc in accs
+                    if acc.floating and acc.kind is not None and acc.kind.kind is not Kind.IGNORE)
         return Fidelity(
             outputs, float(noise),
             accuracy=topk[1].top1_rate if topk else None,
             float_accuracy=topk[0].top1_rate if topk else None,
+            custom=custom.result() if custom is not None else None,
         )
 
     def head(self, n: int) -> Probe:
@@ -171,7 +222,7 @@ class Probe:
             batches.append(batch)
             taken += k
         return Probe(self.float_model, batches, self.inputs, self.threads, f"{self.source} (first {taken})",
-                     session=self._float_session)
+                     session=self._float_session, verify=self.verify, kinds=self.kinds)
 
     def feeds(self) -> dict[str, np.ndarray]:
         """One sample (batch 1 when the inputs allow it): what latency is timed on."""
@@ -220,6 +271,18 @@ class Probe:
     def node_times(self, model: onnx.ModelProto, runs: int = 20) -> dict[str, float]:
         """Median kernel time (µs) per node name over `runs` profiled runs (after 3 warm-up runs)."""
         return node_times(model, self.feeds(), runs, self.threads)
+
+
+def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
+    """One output's figures, by its kind."""
+    kind = acc.kind or OutputKind(Kind.COSINE, "")
+    seq, mask = acc.sequence, acc.mask
+    return OutputFidelity(
+        name, acc.class_scores, acc.top1_agreement, acc.cosine, acc.sqnr.db, acc.element_agreement,
+        kind=kind.kind, reason=kind.reason,
+        sequence_agreement=seq.agreement if seq else None, position_agreement=seq.position_agreement if seq else None,
+        mask_agreement=mask.agreement if mask else None, mask_iou=mask.iou if mask else None,
+    )
 
 
 def node_times(model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int = 20,

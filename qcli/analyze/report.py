@@ -83,7 +83,7 @@ class Fidelity:
     """How closely one output follows a reference (the float model, or reference outputs)."""
 
     output: str
-    kind: str  # class-scores | float | other
+    kind: str  # top1 | sequence | cosine | mask | per_element | ignore (qcli.analyze.kinds)
     samples: int
     top1_agreement: float | None  # class-scores only
     cosine: float | None  # mean per-sample cosine similarity (float outputs)
@@ -92,7 +92,12 @@ class Fidelity:
     max_abs_error: float | None
     exact_match: float  # fraction of samples bit-identical
     nonfinite: int = 0  # elements with NaN/Inf on either side, left out of SQNR and cosine
-    agreement: float | None = None  # kind "other" (class ids, masks): fraction of elements equal
+    agreement: float | None = None  # kind per_element (class ids, masks): fraction of elements equal
+    reason: str = ""  # why the output is of its kind
+    sequence_agreement: float | None = None  # sequence: whole (CTC-collapsed) argmax sequences unchanged
+    position_agreement: float | None = None  # sequence: positions whose argmax is unchanged
+    mask_agreement: float | None = None  # mask: elements on the same side of the threshold
+    mask_iou: float | None = None  # mask: mean per-sample IoU of the thresholded masks
 
 
 @dataclass

@@ -59,9 +59,15 @@ def headline(report: Report) -> str:
         parts.append(f"top-1 {pct(acc.float.top1)} -> {pct(acc.quantized.top1)} ({points(acc.top1_drop)}) "
                      f"on {acc.samples} labelled samples")
     for f in report.fidelity:
-        if f.top1_agreement is not None:
+        if f.kind == "top1" and f.top1_agreement is not None:
             parts.append(f"top-1 agreement {pct(f.top1_agreement)} on {f.output}")
-        elif f.cosine is not None:
+        elif f.kind == "sequence" and f.sequence_agreement is not None:
+            parts.append(f"sequence agreement {pct(f.sequence_agreement)} (positions {pct(f.position_agreement)}) "
+                         f"on {f.output}")
+        elif f.kind == "mask" and f.mask_agreement is not None:
+            parts.append(f"mask agreement {pct(f.mask_agreement)}, IoU {pct(f.mask_iou)}, cosine {f.cosine:.5f} "
+                         f"on {f.output}")
+        elif f.kind == "cosine" and f.cosine is not None:
             parts.append(f"cosine {f.cosine:.5f}, SQNR {db(f.sqnr_db)} on {f.output}")
     parts += [g.message for g in report.gates if g.name == "max_accuracy_drop"]
     return "; ".join(parts) if parts else f"{report.data.samples} samples compared"
@@ -99,15 +105,28 @@ def summary_rows(report: Report) -> list[tuple[str, ...]]:
     return rows
 
 
-FIDELITY_HEADER = ("output", "top-1 agreement", "cosine (mean / min)", "SQNR", "max abs error", "samples")
+FIDELITY_HEADER = ("output", "kind", "agreement", "cosine (mean / min)", "SQNR", "max abs error", "samples")
+
+
+def agreement_text(f: Fidelity) -> str:
+    """The agreement of the output's kind, with its detail (positions, IoU)."""
+    if f.kind == "top1":
+        return pct(f.top1_agreement)
+    if f.kind == "sequence":
+        return f"{pct(f.sequence_agreement)} of sequences ({pct(f.position_agreement)} of positions)"
+    if f.kind == "mask":
+        return f"{pct(f.mask_agreement)} of elements (IoU {pct(f.mask_iou)})"
+    if f.kind == "per_element" or f.agreement is not None:
+        return pct(f.agreement) if f.agreement is not None else "–"  # of the elements (ids, mask pixels)
+    return "–"
 
 
 def fidelity_row(f: Fidelity) -> tuple[str, ...]:
-    if f.kind == "other":
-        agree = pct(f.agreement) if f.agreement is not None else "–"  # of the elements (ids, mask pixels)
-        return (f.output, agree, "–", "–", "–", f"{f.samples} ({pct(f.exact_match)} identical)")
+    kind = f.kind + (" (not gated)" if f.kind == "ignore" else "")
+    if f.sqnr_db is None and f.max_abs_error is None:  # integer outputs
+        return (f.output, kind, agreement_text(f), "–", "–", "–", f"{f.samples} ({pct(f.exact_match)} identical)")
     cosine = f"{f.cosine:.5f} / {f.cosine_min:.5f}" if f.cosine is not None else "–"
-    return (f.output, pct(f.top1_agreement), cosine, db(f.sqnr_db), num(f.max_abs_error or 0.0), str(f.samples))
+    return (f.output, kind, agreement_text(f), cosine, db(f.sqnr_db), num(f.max_abs_error or 0.0), str(f.samples))
 
 
 GATE_HEADER = ("gate", "measure", "value", "threshold", "result")

@@ -32,7 +32,7 @@ def render(console: Console, report: Report) -> None:
         summary.add_row(*(escape(c.replace("`", "")) for c in row))
     console.print(summary)
 
-    fidelity = _table("Fidelity to the float model", s.FIDELITY_HEADER, {1, 2, 3, 4, 5})
+    fidelity = _table("Fidelity to the float model", s.FIDELITY_HEADER, {2, 3, 4, 5, 6})
     for f in report.fidelity:
         fidelity.add_row(*map(escape, s.fidelity_row(f)))
     for ref in report.reference:
@@ -40,6 +40,8 @@ def render(console: Console, report: Report) -> None:
             row = s.fidelity_row(fid)
             fidelity.add_row(*map(escape, (f"{row[0]} ({model} vs reference)", *row[1:])))
     console.print(fidelity)
+    for f in report.fidelity:
+        console.print(escape(f"output {f.output!r}: {f.kind}, {f.reason}"))
 
     layers = report.layers
     if layers is not None and layers.tensors:

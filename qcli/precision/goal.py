@@ -1,7 +1,9 @@
 """The goal: what a search's result must satisfy, read from the config's criterion and floors.
 
-An accuracy budget (the drop of the fidelity metric at most `max_drop`, or a share of it) and
-the verification floors, and a ceiling on the latency ratio to the float model. A Goal only
+An accuracy budget (the drop of the fidelity metric at most `max_drop`, or a share of it), the
+verification floors (each output judged by its kind: `Fidelity.top1_agreement` is the lowest
+agreement of the outputs gated on one, `Fidelity.cosine` the lowest gated cosine) and the
+`verify.metric` plug-in's own floor, and a ceiling on the latency ratio to the float model. A Goal only
 judges measurements; it never measures.
 """
 
@@ -35,7 +37,7 @@ class Goal:
             return False
         if self.min_cosine is not None and f.cosine is not None and f.cosine < self.min_cosine:
             return False
-        return True
+        return f.custom is None or f.custom.passed
 
     def fast(self, ratio: float | None) -> bool:
         return self.max_latency_ratio is None or ratio is None or ratio <= self.max_latency_ratio

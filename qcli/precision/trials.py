@@ -237,7 +237,7 @@ def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
         _WORKER_TRIALS.clear()
         model = onnx.load_from_string(context.model)
         prepared = prepare_for(model, context.config, force=context.force)
-        probe = Probe(model, context.batches, context.inputs, threads)
+        probe = Probe(model, context.batches, context.inputs, threads, verify=context.config.verify)
         units = find_units(prepared.model, make_plan(prepared.model, context.config))
         trials = Trials(model, prepared, context.config, context.table, probe, units,
                         max_trials=1 << 30, time_budget=float("inf"), quick_probe=probe.head(context.quick))

@@ -1,0 +1,296 @@
+"""What each model output is, so it is compared by a metric that means something for it.
+
+The kind of an output is decided once, from the graph (the op that computes it, looking through
+data movement) and from the float model's values on the compared samples, in this order:
+
+1. `verify.outputs` names it: that kind.
+2. Not float (class ids, token ids, bool masks): `per_element`, the share of elements equal.
+3. A recurrent state (an LSTM/GRU/RNN Y_h or Y_c, or the shape of a float input named like a
+   state: `state`, `hidden`, `h0`, `c0`...): `ignore`, reported and never gated: the next call's
+   outputs, not this one's, show what its error does.
+4. Sigmoid: `[N, C]` with C >= 2 is `top1` (class scores); anything else, one probability per
+   sample, per frame or per pixel, is a `mask` (thresholded at 0.5).
+5. Softmax or LogSoftmax (also written out as Exp / ReduceSum(Exp)): `[N, C]` is `top1`,
+   `[N, T, C]` or `[T, N, C]` a `sequence`, rank 4 (a per-pixel class map) a `mask`.
+6. One value per sample within [0, 1] (a detector's decision): a `mask`.
+7. A trailing normalization (LpNormalization, a Div by ReduceL2 / Sqrt / a norm) or pooling
+   (ReduceMean, GlobalAveragePool, a Div of a ReduceSum: mean over tokens) of more than one value
+   per sample: `cosine`, an embedding.
+8. Rows of unit norm (every `[N, D]` row within 1e-3 of 1): `cosine`.
+9. A final linear layer with a bias (Gemm, MatMul + Add), not normalized or pooled after:
+   `[N, C]` is `top1`, `[N, T, C]` a `sequence` (a tagger's or a CTC head's logits). A bias-less
+   final MatMul on `[N, T, D]` is as often a projection of hidden states: rule 10.
+10. Otherwise `[N, C]` is `top1` (class scores, as before kinds existed) and every other float
+   output `cosine` (feature maps, hidden states, regressions).
+
+A sequence's blank (CTC) is `verify.ctc_blank`, else detected: class 0 or the last class when it
+is the argmax of most positions in the float outputs (a CTC head predicts blank between
+characters); with a blank, sequences are compared after CTC collapse.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import onnx
+
+from qcli.errors import ConfigError
+
+
+class Kind(str, Enum):
+    TOP1 = "top1"  # class scores: argmax over the last axis agrees
+    SEQUENCE = "sequence"  # class scores per position: the whole argmax sequence agrees
+    COSINE = "cosine"  # embeddings, feature maps: mean per-sample cosine
+    MASK = "mask"  # probability / score maps: cosine and thresholded masks agree
+    PER_ELEMENT = "per_element"  # integer / bool outputs: the share of elements equal
+    IGNORE = "ignore"  # recurrent state: reported, not gated
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    kind: Kind
+    reason: str
+    blank: int | None = None  # sequence: the CTC blank class (collapse before comparing)
+    threshold: float | None = None  # mask: values above it are "on"
+
+
+# Ops that move or reshape data without computing: an output's meaning is its producer's.
+DATA_MOVEMENT = frozenset({
+    "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Cast", "Slice", "Gather",
+    "Concat", "Expand", "Split", "Tile", "CastLike", "DepthToSpace", "SpaceToDepth",
+})
+RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
+SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
+NORMS = frozenset({"LpNormalization", "ReduceL2", "Sqrt", "ReduceSumSquare"})
+POOLS = frozenset({"ReduceMean", "ReduceSum", "GlobalAveragePool", "GlobalMaxPool", "ReduceMax"})
+LINEAR = frozenset({"Gemm", "MatMul"})
+# Ops a norm's divisor passes through: clamping away from 0, adding epsilon, broadcasting.
+_DIVISOR_WRAPPERS = DATA_MOVEMENT | {"Clip", "Max", "Add", "Pow"}
+_STATE_NAME = re.compile(r"(state|hidden|^[hc]\d*$|^[hc]_|_[hc]\d*$|^h[nx]$|^c[nx]$)", re.IGNORECASE)
+UNIT_NORM_TOLERANCE = 1e-3
+
+
+class _Graph:
+    """Producers of the main graph's tensors (an If's outputs read through its then-branch)."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self.producer: dict[str, tuple[onnx.NodeProto, int]] = {}
+        self._add(graph)
+
+    def _add(self, graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            for i, out in enumerate(node.output):
+                self.producer[out] = (node, i)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    self._add(attr.g)
+
+    def source(self, name: str) -> tuple[onnx.NodeProto, int] | None:
+        """The node computing `name`, looking through data movement and If branches."""
+        seen = set()
+        while name in self.producer and name not in seen:
+            seen.add(name)
+            node, index = self.producer[name]
+            if node.op_type == "If":
+                branch = next(a.g for a in node.attribute if a.name == "then_branch")
+                name = branch.output[index].name
+            elif node.op_type in DATA_MOVEMENT and node.input and node.input[0]:
+                name = node.input[0]
+            else:
+                return node, index
+        return None
+
+    def op(self, name: str) -> str | None:
+        found = self.source(name)
+        return found[0].op_type if found else None
+
+
+def _evidence(graph: _Graph, name: str) -> tuple[str, str] | None:
+    """(what computes the output, in words; the rule it points to) from the graph, or None."""
+    found = graph.source(name)
+    if found is None:
+        return None
+    node, index = found
+    op, at = node.op_type, f" {node.name!r}" if node.name else ""
+    if op in RECURRENT and index in (1, 2):
+        return f"the {('Y_h', 'Y_c')[index - 1]} state output of {op}{at}", "state"
+    if op in ("Sigmoid", "HardSigmoid"):
+        return f"computed by {op}{at}", "sigmoid"
+    if op in SOFTMAX:
+        return f"computed by {op}{at}", "softmax"
+    if op == "LpNormalization":
+        return f"normalized by LpNormalization{at}", "embedding"
+    if op == "Div" and len(node.input) == 2:
+        top, bottom = graph.op(node.input[0]), _divisor(graph, node.input[1])
+        if top == "Exp":
+            return f"Exp / ReduceSum (a written-out softmax){at and ' at' + at}", "softmax"
+        if bottom in NORMS:
+            return f"divided by its norm ({bottom}){at and ' at' + at}", "embedding"
+        if top in POOLS:
+            return f"pooled: {top} divided by a count{at and ' at' + at}", "embedding"
+    if op in POOLS:
+        return f"pooled by {op}{at}", "embedding"
+    if op == "Gemm" or (op == "Add" and any(graph.op(i) in LINEAR for i in node.input)):
+        return f"a final linear layer with a bias ({op}{at})", "linear"
+    if op == "MatMul":
+        return f"a final MatMul{at}", "matmul"
+    return None
+
+
+def _divisor(graph: _Graph, name: str) -> str | None:
+    """The op a divisor comes from, looking through clamps, epsilons and broadcasts."""
+    seen = set()
+    while name in graph.producer and name not in seen:
+        seen.add(name)
+        node, _ = graph.producer[name]
+        if node.op_type not in _DIVISOR_WRAPPERS or not node.input:
+            return node.op_type
+        name = node.input[0]
+    return None
+
+
+def _state_input(model: onnx.ModelProto, value: np.ndarray) -> str | None:
+    """A float graph input named like a recurrent state whose shape the output has."""
+    for i in model.graph.input:
+        t = i.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if (t.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16) and _STATE_NAME.search(i.name)
+                and len(dims) == value.ndim >= 2
+                and all(d is None or d == s for d, s in zip(dims, value.shape, strict=True))):
+            return i.name
+    return None
+
+
+def _unit_rows(values: Sequence[np.ndarray]) -> bool:
+    """Every row of these `[N, D]` float batches has norm 1 (within UNIT_NORM_TOLERANCE)."""
+    for v in values:
+        norms = np.linalg.norm(np.asarray(v, dtype=np.float64), axis=1)
+        if not (norms.size and np.all(np.abs(norms - 1.0) <= UNIT_NORM_TOLERANCE)):
+            return False
+    return True
+
+
+def _probabilities(values: Sequence[np.ndarray]) -> bool:
+    return all(v.size == 0 or (float(np.min(v)) >= 0.0 and float(np.max(v)) <= 1.0) for v in values)
+
+
+def mask_threshold(values: Sequence[np.ndarray]) -> float:
+    """0.5 for probabilities (values within [0, 1]), else 0 (the logit of 0.5)."""
+    return 0.5 if _probabilities(values) else 0.0
+
+
+def ctc_blank(values: Sequence[np.ndarray]) -> int | None:
+    """Class 0 or the last class when it is the argmax of most positions (a CTC head's blank).
+
+    >>> x = np.zeros((1, 5, 3)); x[0, [0, 1, 3], 0] = 1; x[0, 2, 1] = 1; x[0, 4, 2] = 1
+    >>> ctc_blank([x])
+    0
+    >>> ctc_blank([x[:, :, ::-1]])
+    2
+    """
+    counts = None
+    for v in values:
+        ids = np.asarray(v).argmax(axis=-1).ravel()
+        c = np.bincount(ids, minlength=np.asarray(v).shape[-1])
+        counts = c if counts is None else counts + c
+    if counts is None or counts.sum() == 0:
+        return None
+    top = int(counts.argmax())
+    return top if top in (0, counts.size - 1) and counts[top] * 2 > counts.sum() else None
+
+
+def decide(name: str, values: Sequence[np.ndarray], evidence: tuple[str, str] | None, state_input: str | None,
+           blank: int | None = None) -> OutputKind:
+    """The kind of one output from its float values (batches) and the graph's evidence (module
+    docstring, rules 2-10); `blank`: the configured CTC blank."""
+    first = np.asarray(values[0])
+    if not np.issubdtype(first.dtype, np.floating):
+        return OutputKind(Kind.PER_ELEMENT, f"{first.dtype} values: compared element by element")
+    why, rule = evidence if evidence else ("", "")
+    shape = "[" + ", ".join(str(s) for s in first.shape) + "]"
+    if rule == "state":
+        return OutputKind(Kind.IGNORE, f"{why}: a recurrent state, reported but not gated")
+    if state_input is not None:
+        return OutputKind(Kind.IGNORE, f"the shape of the state input {state_input!r}: a recurrent state fed back, "
+                                       "reported but not gated")
+    classes = first.ndim == 2 and first.shape[1] >= 2
+    if rule == "sigmoid":
+        if classes:
+            return OutputKind(Kind.TOP1, f"{why}: {shape} class scores")
+        return _mask(f"{why}: {shape} probabilities", values)
+    if rule == "softmax":
+        if first.ndim == 3:
+            return _sequence(f"{why}: {shape} class scores per position", values, blank)
+        if first.ndim >= 4:
+            return _mask(f"{why}: a {shape} per-pixel class map", values)
+        if classes:
+            return OutputKind(Kind.TOP1, f"{why}: {shape} class scores")
+    if first.ndim >= 1 and first.size == first.shape[0] and _probabilities(values):
+        return _mask(f"{why + ': ' if why else ''}one probability per sample {shape}", values)
+    if rule == "embedding" and first.size > max(first.shape[0], 1) and first.ndim >= 2:
+        return OutputKind(Kind.COSINE, f"{why}: {shape} embedding")
+    if classes and _unit_rows(values):
+        return OutputKind(Kind.COSINE, f"{shape} rows of unit norm: an embedding")
+    if rule == "linear" and first.ndim == 3 and first.shape[2] >= 2:  # a bias-less MatMul may project hidden states
+        return _sequence(f"{why}: {shape} class scores per position", values, blank)
+    if classes:
+        return OutputKind(Kind.TOP1, f"{why}: {shape} class scores" if why else f"{shape} float: class scores")
+    return OutputKind(Kind.COSINE, f"{why}: {shape} float values" if why else f"{shape} float values")
+
+
+def _sequence(reason: str, values: Sequence[np.ndarray], blank: int | None) -> OutputKind:
+    if blank is not None:
+        return OutputKind(Kind.SEQUENCE, f"{reason}; CTC blank {blank} (verify.ctc_blank)", blank=blank)
+    found = ctc_blank(values)
+    if found is not None:
+        return OutputKind(Kind.SEQUENCE, f"{reason}; CTC blank {found} (the argmax of most positions)", blank=found)
+    return OutputKind(Kind.SEQUENCE, reason)
+
+
+def _mask(reason: str, values: Sequence[np.ndarray]) -> OutputKind:
+    threshold = mask_threshold(values)
+    return OutputKind(Kind.MASK, f"{reason}; masks thresholded at {threshold:g}", threshold=threshold)
+
+
+def forced(name: str, kind: Kind, values: Sequence[np.ndarray], blank: int | None) -> OutputKind:
+    """The kind `verify.outputs` names, with its blank or threshold; a ConfigError for a float
+    metric on integer values."""
+    first = np.asarray(values[0])
+    if not np.issubdtype(first.dtype, np.floating) and kind not in (Kind.PER_ELEMENT, Kind.IGNORE):
+        raise ConfigError(f"verify.outputs: output {name!r} holds {first.dtype} values: {kind.value} does not apply",
+                          hint="integer and bool outputs are per_element or ignore")
+    why = f"verify.outputs says {kind.value}"
+    if kind is Kind.SEQUENCE:
+        return _sequence(why, values, blank)
+    if kind is Kind.MASK:
+        return _mask(why, values)
+    return OutputKind(kind, why)
+
+
+def check_outputs(model: onnx.ModelProto, named: Mapping[str, str]) -> None:
+    """A ConfigError when `verify.outputs` names an output the model does not have."""
+    names = [o.name for o in model.graph.output]
+    unknown = [n for n in named if n not in names]
+    if unknown:
+        raise ConfigError(f"verify.outputs: the model has no output {unknown[0]!r}",
+                          hint="its outputs: " + ", ".join(repr(n) for n in names))
+
+
+def output_kinds(model: onnx.ModelProto, values: Mapping[str, Sequence[np.ndarray]],
+                 named: Mapping[str, str] | None = None, blank: int | None = None) -> dict[str, OutputKind]:
+    """The kind of every output in `values` (its float batches); `named`: `verify.outputs`."""
+    named = named or {}
+    check_outputs(model, named)
+    graph = _Graph(model.graph)
+    kinds = {}
+    for name, batches in values.items():
+        batches = [np.asarray(v) for v in batches]
+        if name in named:
+            kinds[name] = forced(name, Kind(named[name]), batches, blank)
+        else:
+            kinds[name] = decide(name, batches, _evidence(graph, name), _state_input(model, batches[0]), blank)
+    return kinds

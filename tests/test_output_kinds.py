@@ -1,0 +1,291 @@
+"""Each output judged by the metric of its kind (qcli.analyze.kinds): detection on tiny models of
+each kind, the `verify.outputs` override and its errors, the sequence and mask metrics, analyze
+using the kinds, the drop following the kind, and the `verify.metric` plug-in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import parse_model, save, tensor_text, write_npz
+from qcli.analyze import analyze
+from qcli.analyze.gates import Gates
+from qcli.analyze.kinds import Kind, output_kinds
+from qcli.analyze.metrics import FidelityAccumulator, MaskAccumulator, SequenceAccumulator, ctc_collapse
+from qcli.analyze.plugin import CustomScore
+from qcli.analyze.probe import Fidelity, OutputFidelity
+from qcli.config import Config, OutputKindName, Verify
+from qcli.errors import ConfigError
+from qcli.precision.goal import Goal
+
+RNG = np.random.default_rng(0)
+W8x4 = tensor_text("w", RNG.standard_normal((8, 4)).astype(np.float32))
+B4 = tensor_text("b", RNG.standard_normal(4).astype(np.float32))
+
+MODELS = {
+    "softmax_classes": f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 8] x) => (float[N, 4] y) <{W8x4}> {{ m = MatMul (x, w)  y = Softmax <axis = -1> (m) }}""",
+    "linear_head": f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 8] x) => (float[N, 4] y) <{W8x4}, {B4}> {{ m = MatMul (x, w)  y = Add (m, b) }}""",
+    "written_softmax": f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 8] x) => (float[N, 4] y) <{W8x4}, int64[1] ax = {{1}}> {{
+            m = MatMul (x, w)  e = Exp (m)  s = ReduceSum <keepdims = 1> (e, ax)  y = Div (e, s) }}""",
+    "ctc_sequence": f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, T, 8] x) => (float[N, T, 4] y) <{W8x4}> {{ m = MatMul (x, w)  y = Softmax <axis = -1> (m) }}""",
+    "tagger": f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, T, 8] x) => (float[N, T, 4] y) <{W8x4}, {B4}> {{ m = MatMul (x, w)  y = Add (m, b) }}""",
+    "l2_normalized": f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 8] x) => (float[N, 4] y) <{W8x4}> {{ m = MatMul (x, w)  y = LpNormalization <p = 2> (m) }}""",
+    "divided_by_norm": f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 8] x) => (float[N, 4] y) <{W8x4}, int64[1] ax = {{1}}, float eps = {{1e-6}}> {{
+            m = MatMul (x, w)  n = ReduceL2 <keepdims = 1, axes = [1]> (m)  c = Max (n, eps)  y = Div (m, c) }}""",
+    "mean_pooled": f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, T, 8] x) => (float[N, 4] y) <{W8x4}, int64[1] ax = {{1}}> {{
+            m = MatMul (x, w)  y = ReduceMean <keepdims = 0, axes = [1]> (m) }}""",
+    "sum_over_count": f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, T, 8] x) => (float[N, 4] y) <{W8x4}, int64[1] ax = {{1}}, float[1] t = {{5.0}}> {{
+            m = MatMul (x, w)  s = ReduceSum <keepdims = 0> (m, ax)  y = Div (s, t) }}""",
+    "sigmoid_map": """<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 1, 6, 6] x) => (float[N, 1, 6, 6] y) { y = Sigmoid (x) }""",
+    "argmax_ids": f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 8] x) => (int64[N] y) <{W8x4}> {{ m = MatMul (x, w)  y = ArgMax <axis = 1, keepdims = 0> (m) }}""",
+    "feature_map": """<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 2, 6, 6] x) => (float[N, 2, 6, 6] y) { y = Relu (x) }""",
+}
+INPUTS = {"ctc_sequence": (4, 5, 8), "tagger": (4, 5, 8), "mean_pooled": (4, 5, 8), "sum_over_count": (4, 5, 8),
+          "sigmoid_map": (4, 1, 6, 6), "feature_map": (4, 2, 6, 6)}
+EXPECTED = {
+    "softmax_classes": (Kind.TOP1, "computed by Softmax"),
+    "linear_head": (Kind.TOP1, "a final linear layer with a bias"),
+    "written_softmax": (Kind.TOP1, "Exp / ReduceSum (a written-out softmax)"),
+    "ctc_sequence": (Kind.SEQUENCE, "computed by Softmax"),
+    "tagger": (Kind.SEQUENCE, "a final linear layer with a bias"),
+    "l2_normalized": (Kind.COSINE, "normalized by LpNormalization"),
+    "divided_by_norm": (Kind.COSINE, "divided by its norm (ReduceL2)"),
+    "mean_pooled": (Kind.COSINE, "pooled by ReduceMean"),
+    "sum_over_count": (Kind.COSINE, "pooled: ReduceSum divided by a count"),
+    "sigmoid_map": (Kind.MASK, "computed by Sigmoid"),
+    "argmax_ids": (Kind.PER_ELEMENT, "int64 values"),
+    "feature_map": (Kind.COSINE, "[4, 2, 6, 6] float values"),
+}
+
+
+def _kinds(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **kw):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in model.graph.output]
+    values = dict(zip(names, ([v] for v in session.run(names, feeds)), strict=True))
+    return output_kinds(model, values, **kw)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_each_kind_is_detected_from_the_graph_with_its_reason(name: str) -> None:
+    model = parse_model(MODELS[name])
+    x = RNG.standard_normal(INPUTS.get(name, (4, 8))).astype(np.float32)
+    found = _kinds(model, {"x": x})["y"]
+    kind, reason = EXPECTED[name]
+    assert found.kind is kind and reason in found.reason, found
+
+
+def test_the_kind_names_of_the_schema_are_the_kinds() -> None:
+    assert set(OutputKindName.__args__) == {k.value for k in Kind}
+
+
+def test_unit_norm_rows_are_an_embedding_and_a_mask_has_its_threshold() -> None:
+    model = parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 4] x, float[N, 1, 3, 3] p) => (float[N, 4] e, float[N, 1, 3, 3] m) { e = Relu (x)  m = Relu (p) }""")
+    rows = np.abs(RNG.standard_normal((6, 4))).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    kinds = _kinds(model, {"x": rows, "p": RNG.random((6, 1, 3, 3)).astype(np.float32)}, named={"m": "mask"})
+    assert kinds["e"].kind is Kind.COSINE and kinds["e"].reason == "[6, 4] rows of unit norm: an embedding"
+    assert kinds["m"].kind is Kind.MASK and kinds["m"].threshold == 0.5
+    assert kinds["m"].reason == "verify.outputs says mask; masks thresholded at 0.5"
+
+
+def test_a_ctc_head_has_its_blank_detected_and_a_configured_one_wins() -> None:
+    model = parse_model(MODELS["ctc_sequence"])
+    ids = np.array([[0, 1, 0, 0, 2, 0], [0, 0, 3, 0, 0, 0]])  # class 0 wins most positions
+    scores = np.eye(4, dtype=np.float32)[ids]  # the float model's values
+    values = {"y": [scores]}
+    assert output_kinds(model, values)["y"].blank == 0
+    assert output_kinds(model, {"y": [scores[..., ::-1].copy()]})["y"].blank == 3
+    forced = output_kinds(model, values, blank=2)["y"]
+    assert forced.blank == 2 and forced.reason.endswith("; CTC blank 2 (verify.ctc_blank)")
+
+
+def test_recurrent_state_outputs_are_ignored() -> None:
+    lstm = parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[T, N, 2] x) => (float[T, 1, N, 3] y, float[1, N, 3] h, float[1, N, 3] c)
+            <{tensor_text("w", RNG.standard_normal((1, 12, 2)).astype(np.float32))},
+             {tensor_text("r", RNG.standard_normal((1, 12, 3)).astype(np.float32))}> {{
+            y, h, c = LSTM <hidden_size = 3> (x, w, r) }}""")
+    kinds = _kinds(lstm, {"x": RNG.standard_normal((5, 2, 2)).astype(np.float32)})
+    assert kinds["h"].kind is kinds["c"].kind is Kind.IGNORE and kinds["y"].kind is Kind.COSINE
+    assert kinds["h"].reason == "the Y_h state output of LSTM: a recurrent state, reported but not gated"
+    fed_back = parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 4] x, float[2, N, 8] state) => (float[N, 4] y, float[2, N, 8] stateN) {
+            y = Relu (x)  stateN = Tanh (state) }""")
+    kinds = _kinds(fed_back, {"x": RNG.standard_normal((3, 4)).astype(np.float32),
+                              "state": RNG.standard_normal((2, 3, 8)).astype(np.float32)})
+    assert kinds["stateN"].kind is Kind.IGNORE and "'state'" in kinds["stateN"].reason
+
+
+def test_verify_outputs_is_strict() -> None:
+    model = parse_model(MODELS["argmax_ids"])
+    x = {"x": RNG.standard_normal((4, 8)).astype(np.float32)}
+    with pytest.raises(ConfigError) as err:
+        _kinds(model, x, named={"logits": "top1"})
+    assert str(err.value) == "verify.outputs: the model has no output 'logits'"
+    assert err.value.hint == "its outputs: 'y'"
+    with pytest.raises(ConfigError) as err:
+        _kinds(model, x, named={"y": "cosine"})
+    assert str(err.value) == "verify.outputs: output 'y' holds int64 values: cosine does not apply"
+    with pytest.raises(Exception, match="top1"):
+        Config.model_validate({"verify": {"outputs": {"y": "argmax"}}})
+
+
+def test_ctc_collapse_and_the_sequence_metric() -> None:
+    assert ctc_collapse(np.array([1, 1, 0, 1, 2, 2, 0, 0]), 0).tolist() == [1, 1, 2]
+    assert ctc_collapse(np.array([], dtype=np.int64), 0).tolist() == []
+    x = np.eye(3, dtype=np.float32)[[[1, 1, 0, 2], [2, 0, 0, 1], [1, 2, 0, 0]]]  # [N=3, T=4, C=3]
+    y = np.eye(3, dtype=np.float32)[[[1, 0, 0, 2], [2, 0, 1, 1], [1, 0, 2, 0]]]
+    collapsed = SequenceAccumulator(blank=0)
+    collapsed.update(x, y, 3)
+    # sample 1: "12" -> "12" (same); sample 2: "21" -> "21" (same: 0,1,1 collapses to 1);
+    # sample 3: "12" -> "12" (blank moved); 8 of 12 positions equal
+    assert collapsed.agreement == 1.0 and collapsed.position_agreement == pytest.approx(8 / 12)
+    raw = SequenceAccumulator()
+    raw.update(x, y, 3)
+    assert raw.agreement == 0.0 and raw.position_agreement == pytest.approx(8 / 12)
+    time_major = SequenceAccumulator(blank=0)  # [T, N, C]: the batch is axis 1
+    time_major.update(x.transpose(1, 0, 2), y.transpose(1, 0, 2), 3)
+    assert time_major.agreement == 1.0 and time_major.samples == 3
+    changed = y.copy()
+    changed[2, 3] = np.eye(3)[1]  # "12" -> "121"
+    acc = SequenceAccumulator(blank=0)
+    acc.update(x, changed, 3)
+    assert acc.agreement == pytest.approx(2 / 3)
+
+
+def test_the_mask_metric_thresholds_both_models() -> None:
+    acc = MaskAccumulator(0.5)
+    ref = np.array([[[0.9, 0.9], [0.1, 0.1]], [[0.1, 0.1], [0.1, 0.1]]], np.float32)
+    got = np.array([[[0.9, 0.4], [0.6, 0.1]], [[0.2, 0.1], [0.1, 0.3]]], np.float32)
+    acc.update(ref, got, 2)
+    assert acc.agreement == 6 / 8 and acc.iou == pytest.approx((1 / 3 + 1.0) / 2)  # an empty pair agrees
+
+
+def _fidelity(*outputs: OutputFidelity, custom: CustomScore | None = None) -> Fidelity:
+    return Fidelity(outputs, 0.0, custom=custom)
+
+
+def test_the_drop_follows_the_kind() -> None:
+    embedding = OutputFidelity("e", False, None, 0.997, 30.0, kind=Kind.COSINE)
+    assert _fidelity(embedding).drop == pytest.approx(0.003) and _fidelity(embedding).metric == "cosine (e)"
+    assert _fidelity(embedding).top1_agreement is None  # an embedding is never judged by argmax
+    text = OutputFidelity("t", False, None, 0.9999, 40.0, kind=Kind.SEQUENCE, sequence_agreement=0.9,
+                          position_agreement=0.995)
+    both = _fidelity(embedding, text)
+    assert both.drop == pytest.approx(0.1) and both.metric == "sequence agreement (t)"
+    assert both.top1_agreement == 0.9 and both.cosine == 0.997
+    state = OutputFidelity("h", False, None, 0.5, 3.0, kind=Kind.IGNORE)
+    assert _fidelity(embedding, state).drop == pytest.approx(0.003)  # not gated
+    goal = Goal(min_top1_agreement=0.99, min_cosine=0.99)
+    assert goal.accurate(_fidelity(embedding)) and not goal.accurate(both)
+    plugin = CustomScore("verify.metric m:f", 0.8, 0.9, 10)
+    assert not goal.accurate(_fidelity(embedding, custom=plugin))
+    assert _fidelity(embedding, custom=plugin).drop == pytest.approx(0.1)
+
+
+def _ctc_model(tmp_path: Path) -> tuple[Path, Path]:
+    w = RNG.standard_normal((8, 6)).astype(np.float32) * 2
+    b = np.array([9.0, 0, 0, 0, 0, 0], np.float32)  # class 0 (the blank) wins most positions
+    model = save(parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, T, 8] x) => (float[N, T, 6] y) <{tensor_text("w", w)}, {tensor_text("b", b)}> {{
+            m = MatMul (x, w)  a = Add (m, b)  y = Softmax <axis = -1> (a) }}"""), tmp_path / "ctc.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(24):
+        write_npz(data / f"{i:02d}.npz", x=RNG.standard_normal((1, 12, 8)).astype(np.float32))
+    return model, data
+
+
+def test_analyze_judges_each_output_by_its_kind(cli, tmp_path: Path) -> None:
+    model, data = _ctc_model(tmp_path)
+    q = tmp_path / "q.onnx"
+    cli.json("quantize", model, "-o", q, "--data", data, "--no-verify")
+    report = analyze(model, q, data, runs=0, layers=False, gates=Gates(max_accuracy_drop=1.0))
+    fid = report.fidelity[0]
+    assert fid.kind == "sequence" and "CTC blank 0" in fid.reason and fid.top1_agreement is None
+    assert fid.sequence_agreement is not None and fid.position_agreement is not None
+    assert report.gates[0].metric == "1 - sequence agreement (y)"
+    assert report.gates[0].value == pytest.approx(1 - fid.sequence_agreement, abs=1e-6)
+    as_cosine = analyze(model, q, data, runs=0, layers=False, verify=Verify(outputs={"y": "cosine"}))
+    assert as_cosine.fidelity[0].kind == "cosine" and as_cosine.fidelity[0].sequence_agreement is None
+    doc = cli.json("analyze", model, q, "--data", data, "--runs", "0")
+    assert doc["fidelity"][0]["kind"] == "sequence"
+
+
+def test_quantize_names_each_kind_and_an_unknown_output_is_exit_2(cli, tmp_path: Path) -> None:
+    model, data = _ctc_model(tmp_path)
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--no-rescue",
+                   "--min-top1-agreement", "0.5")
+    v = doc["verification"]
+    assert [c["name"] for c in v["checks"]][0] == "sequence agreement" and v["checks"][0]["output"] == "y"
+    assert v["outputs"][0]["kind"] == "sequence" and v["outputs"][0]["position_agreement"] is not None
+    config = tmp_path / "c.yaml"
+    config.write_text("verify: {outputs: {logits: top1}}\n")
+    result = cli("quantize", model, "-o", tmp_path / "q2.onnx", "--data", data, "--config", config)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[:2] == ["error: verify.outputs: the model has no output 'logits'",
+                                              "hint: its outputs: 'y'"]
+    text = cli("quantize", model, "-o", tmp_path / "q3.onnx", "--data", data, "--no-rescue", "--min-top1-agreement", "0.5")
+    assert "output 'y': sequence, computed by Softmax" in text.stdout
+
+
+PLUGIN = '''
+import numpy as np
+
+def decoded_same(float_outputs, quantized_outputs, sample):
+    """1 when the argmax path is unchanged, else 0; the floor is 0.5."""
+    assert set(sample) == {"x"} and sample["x"].shape == (1, 12, 8)
+    a, b = float_outputs["y"].argmax(-1), quantized_outputs["y"].argmax(-1)
+    return float(np.array_equal(a, b)), 0.5
+
+def impossible(float_outputs, quantized_outputs, sample):
+    return 0.0, 1.0
+'''
+
+
+def test_a_user_metric_is_a_plug_in(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, data = _ctc_model(tmp_path)
+    (tmp_path / "mymetrics.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "c.yaml"
+    config.write_text("verify: {metric: 'mymetrics:decoded_same', max_latency_ratio: null}\n")
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--config", config)
+    check = next(c for c in doc["verification"]["checks"] if c["name"] == "verify.metric mymetrics:decoded_same")
+    assert check["floor"] == 0.5 and check["passed"] and 0.5 <= check["value"] <= 1.0
+    config.write_text("verify: {metric: 'mymetrics:impossible', rescue: false, max_latency_ratio: null}\n")
+    missed = cli("quantize", model, "-o", tmp_path / "q2.onnx", "--data", data, "--config", config)
+    assert missed.exit_code == 1
+    assert "verify.metric mymetrics:impossible 0.0000 misses its floor 1 by 1.0000" in missed.stderr
+    config.write_text("verify: {metric: 'nomodule_here:cer'}\n")
+    result = cli("quantize", model, "-o", tmp_path / "q3.onnx", "--data", data, "--config", config)
+    assert result.exit_code == 2 and result.stderr.splitlines()[0] == (
+        "error: verify.metric 'nomodule_here:cer': cannot import 'nomodule_here': "
+        "ModuleNotFoundError: No module named 'nomodule_here'")
+    config.write_text("verify: {metric: 'mymetrics:missing'}\n")
+    result = cli("quantize", model, "-o", tmp_path / "q4.onnx", "--data", data, "--config", config)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0] == "error: verify.metric 'mymetrics:missing': module 'mymetrics' has no function 'missing'"
+
+
+def test_an_accumulator_without_a_kind_decides_from_the_values() -> None:
+    acc = FidelityAccumulator()
+    x = RNG.standard_normal((4, 3)).astype(np.float32)
+    acc.update(x, x, 4)
+    assert acc.kind is not None and acc.kind.kind is Kind.TOP1 and acc.top1_agreement == 1.0
