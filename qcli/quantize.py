@@ -45,6 +45,7 @@ class QuantizeResult:
     plan: Plan
     notes: list[str] = field(default_factory=list)  # what prepare changed, and warnings
     recovery: dict = field(default_factory=dict)  # step -> what it changed (summary, JSON)
+    planned: onnx.ModelProto | None = None  # the float graph the plan indexes (recovery may add nodes)
 
 
 def calibrate(
@@ -134,7 +135,7 @@ def quantize(
         entry.key, entry.value = key, value
     notes += plan.notes
     notes += [f"warning: config rule {text}" for text in plan.unmatched]
-    return QuantizeResult(out, plan, notes, recovery)
+    return QuantizeResult(out, plan, notes, recovery, work)
 
 
 def recovery_channels(work: onnx.ModelProto, config: Config, plan: Plan) -> dict[str, int]:

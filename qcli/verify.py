@@ -228,7 +228,7 @@ def quantize_checked(
             raise QcliError("auto-precision needs data to measure on", hint="give --eval-data DIR (or --data DIR)")
         return outcome
     probe = _probe(model, inputs, config, plan, labels if eval_data is not None else None)
-    units = find_units(prepared.model, result.plan)
+    units = find_units(result.planned or prepared.model, result.plan)
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
     with progress("verifying" if not ap.enabled else "searching precisions", None, unit="trials") as advance:
         trials = Trials(model, prepared, config, table, probe, units, *budget, progress=advance,

@@ -245,3 +245,18 @@ def test_summary_table_says_what_was_smoothed(cli, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     assert "SmoothQuant" in result.stdout and "explicit Mul" in result.stdout
     assert "SmoothQuant's per-channel 1/s" in result.stdout  # why the Mul runs in float
+
+
+def test_verification_and_the_rescue_index_the_smoothed_graph(cli, tmp_path: Path) -> None:
+    """The explicit Mul SmoothQuant adds shifts the nodes after it: verification's units came from
+    the prepared graph and the plan from the smoothed one (IndexError, exit 3; found by the
+    fuzzer). Units now come from the graph the plan indexes."""
+    model = save(ln_model(residual=True), tmp_path / "m.onnx")
+    cfg = tmp_path / "sq.yaml"
+    cfg.write_text("recovery: [{smoothquant: {alpha: 0.5}}]\nverify: {min_cosine: 0.99999, max_latency_ratio: null}\n")
+    result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data(tmp_path / "d", (4, C)),
+                 "--eval-data", data(tmp_path / "e", (4, C), n=24, seed=5), "--config", cfg, "--json")
+    assert result.exit_code in (0, 1), result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["recovery"]["smoothquant"][0]["into"] == "explicit Mul"
+    assert doc["precision"]["steps"][0]["action"] == "all int8"  # the rescue ran on the smoothed graph
