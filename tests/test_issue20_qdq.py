@@ -361,3 +361,32 @@ def test_int8_per_block_weights_of_a_weight_only_node_stay_blocked(tmp_path: Pat
     q, samples = quantized(model, tmp_path, config)
     assert {a.name: a.i for a in dequantize_node(q, "w").attribute}["block_size"] == 32
     assert_runs_like_float(model, q, samples)
+
+
+def test_data_movement_read_inside_an_if_body_reads_the_float_tensor(tmp_path: Path) -> None:
+    """x is quantized for the Conv; the Squeeze of x is read inside the If's branches. With the
+    Squeeze reading DequantizeLinear(x), onnxruntime 1.32's QDQ propagation aborted the process
+    loading the model (SIGABRT, found by the fuzzer): the Squeeze stays float, reading x, and the
+    model is loaded in a child process so that a regression fails this test, not the suite."""
+    import subprocess
+    import sys
+
+    model = save(parse_model(HEADER + """g (float[1, 2, 4] x) => (float[1, 2, 3] c, float[2, 4] y)
+        <float[2, 2, 2] w = {0.3, -1.0, 0.1, -0.3, -0.6, 0.2, -0.7, 0.4}, int64[1] ax = {0}, float zero = {0}> {
+        c = Conv <kernel_shape = [2]> (x, w)
+        s = Squeeze (x, ax)
+        m = ReduceMean <keepdims = 0> (s)
+        g = Greater (m, zero)
+        y = If (g) <then_branch = t () => (float[2, 4] o) { o = Relu (s) },
+                    else_branch = e () => (float[2, 4] o2) { o2 = Sigmoid (s) }>
+    }"""), tmp_path / "m.onnx")
+    folder = tmp_path / "d"
+    folder.mkdir()
+    for i in range(8):
+        np.save(folder / f"{i}.npy", np.random.default_rng(i).normal(0, 1, (1, 2, 4)).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    done = subprocess.run([sys.executable, "-m", "qcli.cli", "quantize", str(model), "-o", str(out), "--data",
+                           str(folder), "--no-verify"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-500:]
+    squeeze = next(n for n in onnx.load(out).graph.node if n.op_type == "Squeeze")
+    assert squeeze.input[0] == "x"
