@@ -30,7 +30,7 @@ from qcli.errors import ConfigError
 from qcli.executor import Executor, SerialExecutor
 from qcli.graph import GraphIndex
 from qcli.model import fingerprint, opset_version
-from qcli.plan import Plan, assign_ranges, make_plan
+from qcli.plan import DynamicNode, Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
 from qcli.recovery import bias, check_table, graph_steps
@@ -291,10 +291,14 @@ def summary(result: QuantizeResult) -> dict:
 
 
 def dynamic_precisions(plan: Plan) -> dict[str, str]:
-    """Node name -> "dynamic uint8 act, int8 weights" for the plan's dynamic nodes."""
+    """Node name -> "dynamic uint8 act, int8 weights" for the plan's dynamic nodes ("int8 table"
+    for a Gather's: its activation is not quantized)."""
     names = {d.index: d.name for d in plan.nodes}
-    return {names[i]: f"dynamic uint8 act, {'/'.join(sorted({w.scheme.dtype.name for w in d.weights}))} weights"
-            for i, d in plan.dynamic.items()}
+
+    def label(d: DynamicNode) -> str:
+        dtypes = "/".join(sorted({w.scheme.dtype.name for w in d.weights}))
+        return f"{dtypes} table" if d.form == "gather" else f"dynamic uint8 act, {dtypes} weights"
+    return {names[i]: label(d) for i, d in plan.dynamic.items()}
 
 
 def dynamic_activations(model: onnx.ModelProto) -> list[str]:

@@ -245,6 +245,35 @@ def test_an_embedding_table_is_stored_int8_and_only_the_rows_read_dequantized(cl
     assert np.all(np.abs(got - want) <= step / 2 + 1e-6)
 
 
+def test_a_static_config_stores_a_float_embedding_table_int8(cli, tmp_path: Path) -> None:
+    """The default (static) config: an embedding Gather with no int8 kernel near it stays float
+    as an op, but its table goes int8 per column (the `gather` form); a table that another node
+    reads too (tied to a projection) stays as it is: one copy."""
+    table = np.random.default_rng(6).normal(0, 0.5, (64, 16)).astype(np.float32)
+    values = "{" + ", ".join(f"{v:.6f}" for v in table.ravel()) + "}"
+    text = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int64[N, T] ids) => (float[N, T, 16] y{TIED_OUT}) <float[64, 16] table = {V}, float[16] b = {B}> {
+            e = Gather (table, ids)
+            y = Add (e, b){TIED}
+        }
+    """.replace("{V}", values).replace("{B}", _floats((16,), 7))
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(8):
+        write_npz(data / f"{i}.npz", ids=np.random.default_rng(i).integers(0, 64, (2, 5)))
+    plain = _model(tmp_path, text.replace("{TIED_OUT}", "").replace("{TIED}", ""), "emb")
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", plain, "-o", out, "--data", data, "--no-verify")
+    assert doc["precisions"]["Gather"] == {"int8 table": 1}
+    assert [n.op_type for n in onnx.load(out).graph.node][:2] == ["Gather", "DequantizeLinear"]
+    assert out.stat().st_size < plain.stat().st_size / 2
+    tied = _model(tmp_path, text.replace("{TIED_OUT}", ", float[16, 64] t").replace(
+        "{TIED}", "\n            t = Transpose (table)"), "tied")
+    doc = cli.json("quantize", tied, "-o", tmp_path / "t.onnx", "--data", data, "--no-verify")
+    assert "Gather" not in doc["precisions"]
+
+
 def test_conv_stays_float_in_dynamic_mode(cli, tmp_path: Path) -> None:
     model = _model(tmp_path, CONV_GEMM, "cg")
     doc = _qcli_dynamic(cli, model, tmp_path / "q.onnx")

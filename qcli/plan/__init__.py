@@ -44,7 +44,7 @@ import onnx
 from qcli.config import Config
 from qcli.graph import GraphIndex, element_types
 from qcli.plan.context import Context, node_names
-from qcli.plan.dynamic import Dynamic, plan_dynamic
+from qcli.plan.dynamic import Dynamic, embedding_tables, plan_dynamic
 from qcli.plan.groups import assign_ranges, groups_of, requests_of
 from qcli.plan.match import Selection, pattern, select
 from qcli.plan.nodes import Candidates, feeding_excluded, screen, weights_read_in_float, without_anchor
@@ -73,7 +73,7 @@ def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | Non
     weights, block_notes = blocks_beside_quantized_activations(ctx, weights, weighted.readers, activations)
     biases = {key: b for key, b in weighted.biases.items() if b.weight in weights and b.name not in constants}
     static = set(weights) | {c for c in constants if c} | {b.name for b in biases.values()}
-    dynamic = without_static_weights(dynamic, static)
+    dynamic = without_static_weights(embedding_tables(ctx, candidates.nodes, dynamic), static)
     return Plan(
         groups=groups,
         weights=weights,

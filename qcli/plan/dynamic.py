@@ -7,6 +7,7 @@ nodes in dynamic mode stay float, each with its reason."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -94,3 +95,27 @@ def dynamic_weight(ctx: Context, i: int, name: str, section: Weights) -> WeightP
     if axis is None:
         scheme = replace(scheme, granularity=PerTensor())
     return WeightPlan(name, scheme, axis)
+
+
+EMBEDDING_MIN = 1024  # values in a Gather table worth an int8 copy (smaller ones stay float)
+
+
+def embedding_tables(ctx: Context, static: frozenset[int], planned: Dynamic) -> Dynamic:
+    """`planned` plus the float Gathers of large constant tables (embeddings) that the static
+    plan leaves float: their tables int8 per column, the rows read dequantized after the Gather
+    (the `gather` form: no activation is quantized, so it costs no Q/DQ pair), as onnxruntime's
+    quantize_dynamic stores them. A 30k-word table is most of a small encoder's file."""
+    reads = float_readers(ctx.index.graph)
+    readers = Counter(name for node in ctx.index.graph.node for name in node.input)
+    found = dict(planned.nodes)
+    for i, node in enumerate(ctx.index.graph.node):
+        if node.op_type != "Gather" or i in static or i in found or i in planned.reasons:
+            continue
+        table = ctx.index.initializers.get(node.input[0])
+        if table is None or len(table.dims) != 2 or table.dims[0] * table.dims[1] < EMBEDDING_MIN:
+            continue
+        if readers[node.input[0]] != 1:  # a tied table (read by a projection too): one copy, as planned
+            continue
+        if why_not_dynamic(ctx, i, reads) is None and node.input[0] not in reads:
+            found[i] = DynamicNode(i, "gather", (dynamic_weight(ctx, i, node.input[0], weights_of(ctx, i)),))
+    return Dynamic(found, planned.reasons)
