@@ -119,6 +119,13 @@ class _Source:
         return [(i, k) for i, k in self.index.read_at.get(name, ())
                 if (i in self.quantized if only_quantized else i not in self.keep_float)]
 
+    def moves_float(self, use: Use) -> bool:
+        """Data movement left float reads the float tensor, not its DequantizeLinear: onnxruntime
+        (1.32) moves such a DequantizeLinear past it and then fails (a QuantizeLinear whose zero
+        point type is not its output type; an abort when an If body reads the result)."""
+        rule = rule_for(self.index.graph.node[use[0]])
+        return use[0] not in self.quantized and rule is not None and rule.kind == "shares"
+
     def reads_shape_only(self, use: Use) -> bool:
         """Shape and Size read only the shape, which the integer tensor has too."""
         return is_kind(self.index.graph.node[use[0]], "shape")
@@ -269,12 +276,16 @@ def _activation_member(source: _Source, group: Group, t: str) -> _Edits:
     if t in source.outputs and t in source.producer:
         edits.outputs[source.producer[t]] = f"{t}_float"
         read, target = f"{t}_float", t
+        for use in source.uses(t, only_quantized=False):
+            if source.moves_float(use):
+                edits.inputs[use] = read
     else:
         read, target = t, f"{t}_dequantized"
         for use in source.uses(t, only_quantized=False):
             # Shape and Size read only the shape: the integer tensor has the same, and
             # reading it spares a DequantizeLinear that nothing else needs.
-            edits.inputs[use] = f"{t}_quantized" if source.reads_shape_only(use) else target
+            if not source.moves_float(use):
+                edits.inputs[use] = f"{t}_quantized" if source.reads_shape_only(use) else target
     edits.nodes += [
         helper.make_node("QuantizeLinear", [read, scale, zero], [f"{t}_quantized"], name=f"{t}_Q", domain=domain),
         _dequantize_node(f"{t}_quantized", scale, zero, target, domain=domain),

@@ -390,3 +390,32 @@ def test_data_movement_read_inside_an_if_body_reads_the_float_tensor(tmp_path: P
     assert done.returncode == 0, done.stderr[-500:]
     squeeze = next(n for n in onnx.load(out).graph.node if n.op_type == "Squeeze")
     assert squeeze.input[0] == "x"
+
+
+def test_data_movement_left_float_reads_the_float_tensor(tmp_path: Path) -> None:
+    """int8 activations at opset 21 (per-block weights): the ReduceMean output is quantized for
+    the Gemm (through the Unsqueeze) and also read by a float Reshape before a Softmax. With the
+    Reshape reading its DequantizeLinear, onnxruntime moved the pair past the Reshape and refused
+    its own QuantizeLinear (int8 output, uint8 zero point): exit 3 (found by the fuzzer)."""
+    model = parse_model(HEADER.replace('"" : 17', '"" : 13') + """g (float[2, 2, 4] x) => (float[1, 2] y, float[1, 1, 2] s)
+        <int64[1] ax = {0}, float[2, 2] w = {-0.1, 0.03, -0.5, -0.7}, float[1, 2] b = {-0.04, 0.05},
+         int64[3] shape = {1, 1, 2}> {
+        m = ReduceMean <axes = [1, 2], keepdims = 0> (x)
+        u = Unsqueeze (m, ax)
+        y = Gemm <transB = 1> (u, w, b)
+        r = Reshape (m, shape)
+        s = Softmax <axis = 2> (r)
+    }""")
+    config = load_config(None).merged(activations={"dtype": "int8", "symmetric": True},
+                                      weights={"granularity": "per_block", "block_size": 64})
+    folder = tmp_path / "d"
+    folder.mkdir()
+    np.save(folder / "0.npy", np.random.default_rng(0).normal(0, 1, (2, 2, 4)).astype(np.float32))
+    table = calibrate(model, DataFolder(folder, model_inputs(model)), config)
+    out = quantize(model, config, table).model
+    reshape = next(n for n in out.graph.node if n.op_type == "Reshape")
+    assert not reshape.input[0].endswith("_dequantized")
+    for level in LEVELS:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        ort.InferenceSession(out.SerializeToString(), options, providers=["CPUExecutionProvider"])
