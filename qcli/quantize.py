@@ -220,9 +220,9 @@ def measure_bias_shifts(model: onnx.ModelProto, config: Config, table: Calibrati
     assert step is not None
     table.bias_shifts = {}  # the int8 model as it is before any correction
     int8 = quantize(model, config, table, prepared=prepared)
-    found, _ = bias.targets(prepared.model, int8.plan, step.op_types)
-    table.bias_shifts = bias.measure(prepared.model, int8.model, found, folder, config.calibration.batch_size,
-                                       progress)
+    planned = int8.planned or prepared.model  # the graph the plan indexes (SmoothQuant may add nodes)
+    found, _ = bias.targets(planned, int8.plan, step.op_types)
+    table.bias_shifts = bias.measure(planned, int8.model, found, folder, config.calibration.batch_size, progress)
 
 
 def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: CalibrationTable, recovery: dict,

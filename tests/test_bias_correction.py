@@ -142,3 +142,24 @@ def test_calibration_file_without_data_is_refused(cli, tmp_path: Path, biased) -
         "hint: give --data DIR instead of --calib FILE, or drop bias_correction from recovery:\n"
     )
     assert not out.exists()
+
+
+def test_bias_correction_after_smoothquant_indexes_the_smoothed_graph(cli, tmp_path: Path) -> None:
+    """SmoothQuant's explicit Mul shifts the nodes after it: bias correction's targets came from
+    the prepared graph with the smoothed graph's plan (IndexError, exit 3; found by the fuzzer)."""
+    model = save(parse_model("""<ir_version: 8, opset_import: ["" : 18]>
+        g (float[2, 6, 3, 1] x) => (float[2, 6, 3, 1] r, float[2, 6, 3, 1] m, float[2, 4, 3, 1] c)
+            <float[1, 1] w = {0.26}, float[6, 2, 1, 1] wc = {0.15, -0.17, -0.19, 0.57, -0.15, 0.53, -0.11, 0.39,
+             0.14, 0.16, -0.68, 0.23}, float[4] b = {-0.23, -0.74, 0.18, 0.28}> {
+            r = Relu (x)
+            m = MatMul (r, w)
+            c = ConvTranspose <group = 2, kernel_shape = [1, 1]> (r, wc, b)
+        }"""), tmp_path / "m.onnx")
+    folder = tmp_path / "d"
+    folder.mkdir()
+    for i in range(12):
+        write_npz(folder / f"{i}.npz", x=np.random.default_rng(i).normal(0, 1, (2, 6, 3, 1)).astype(np.float32))
+    config = tmp_path / "c.yaml"
+    config.write_text("recovery: [{smoothquant: {alpha: 0.5}}, bias_correction]\n")
+    result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", folder, "--config", config, "--no-verify")
+    assert result.exit_code == 0, result.stderr
