@@ -9,14 +9,11 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from qcli.info import iter_graphs, names_used_inside, node_subgraphs
+from qcli.info import iter_graphs, node_subgraphs
 from qcli.plan.context import Context, UnionFind
 
 #: The reason of a node a config rule keeps float by naming one of its tensors.
 TENSOR_EXCLUDED = "a tensor of it is excluded by config"
-#: Data movement whose output an If/Loop body reads: onnxruntime's QDQ propagation (1.32) moves
-#: a DequantizeLinear past such a node and aborts the process on the body's outer-scope read.
-READ_IN_SUBGRAPH = "its output is read inside an If/Loop body: onnxruntime cannot move int8 data there"
 
 _OTHER_FLOATS: dict[int, str] = {
     onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.BFLOAT16: "bfloat16",
@@ -42,23 +39,18 @@ class Screened:
 
 
 def screen(ctx: Context) -> Screened:
-    """Every node judged on its own (`why_not_candidate`). The nodes the config excludes, those
-    it keeps float by excluding a tensor of theirs, and data movement whose output an If/Loop
-    body reads (`READ_IN_SUBGRAPH`) read their inputs unquantized."""
+    """Every node judged on its own (`why_not_candidate`). The nodes the config excludes, and
+    those it keeps float by excluding a tensor of theirs, read their inputs unquantized."""
     nodes: set[int] = set()
     reasons: dict[int, str] = {}
     keep_float = set(ctx.selections.off_nodes)
-    inside = {name for node in ctx.index.graph.node for name in names_used_inside(node)}
-    for i, node in enumerate(ctx.index.graph.node):
+    for i in range(len(ctx.index.graph.node)):
         reason = why_not_candidate(ctx, i)
-        rule = ctx.rules[i]
-        if reason is None and rule is not None and rule.kind == "shares" and inside & set(node.output):
-            reason = READ_IN_SUBGRAPH
         if reason is None:
             nodes.add(i)
             continue
         reasons[i] = reason
-        if reason in (TENSOR_EXCLUDED, READ_IN_SUBGRAPH):
+        if reason == TENSOR_EXCLUDED:
             keep_float.add(i)
     return Screened(Candidates(frozenset(nodes), reasons), frozenset(keep_float))
 
