@@ -544,6 +544,19 @@ def verdict_table(results: list[ModelResult]):
 # ============================================================================ main
 
 
+def bench_console(setting: str = ""):
+    """A wide rich console, onnxruntime's logging quieted, and the machine line every benchmark
+    starts with (onnxruntime version, CPUs, threads, `setting`, load average)."""
+    import onnxruntime
+    from rich.console import Console
+
+    onnxruntime.set_default_logger_severity(3)
+    console = Console(highlight=False, width=max(shutil.get_terminal_size((160, 24)).columns, 160))
+    console.print(f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs, {THREADS} intra-op threads, "
+                  + (f"{setting}, " if setting else "") + f"load average {os.getloadavg()[0]:.1f}")
+    return console
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
@@ -551,13 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="repetitions of the timed section (best median)")
     args = parser.parse_args(argv)
 
-    import onnxruntime
-    from rich.console import Console
-
-    onnxruntime.set_default_logger_severity(3)
-    console = Console(highlight=False, width=max(shutil.get_terminal_size((160, 24)).columns, 160))
-    console.print(f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs, {THREADS} intra-op threads, "
-                  f"{args.runs} timed runs x {args.rounds} rounds, load average {os.getloadavg()[0]:.1f}")
+    console = bench_console(f"{args.runs} timed runs x {args.rounds} rounds")
     start = time.perf_counter()
     results = []
     with tempfile.TemporaryDirectory(prefix="qcli-bench-quantize-") as tmp:

@@ -59,6 +59,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import inputs  # noqa: E402  (benchmarks/inputs.py)
 from quantize import (  # noqa: E402  (benchmarks/quantize.py)
+    bench_console,
     calibration_reader,
     error_line,
     optimized_ops,
@@ -347,13 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="repetitions of the timed section (best median)")
     args = parser.parse_args(argv)
 
-    import onnxruntime
-    from rich.console import Console
-
-    onnxruntime.set_default_logger_severity(3)
-    console = Console(highlight=False, width=max(shutil.get_terminal_size((160, 24)).columns, 160))
-    console.print(f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs, {THREADS} intra-op threads, "
-                  f"load average {os.getloadavg()[0]:.1f}")
+    console = bench_console()
     variants = [v for v in ROWS if v.key == "float" or v.key in args.rows]
     start, results = time.perf_counter(), []
     with tempfile.TemporaryDirectory(prefix="qcli-bench-recovery-") as tmp:
