@@ -274,6 +274,30 @@ def test_a_static_config_stores_a_float_embedding_table_int8(cli, tmp_path: Path
     assert "Gather" not in doc["precisions"]
 
 
+def test_the_rescue_can_keep_an_embedding_table_float(cli, tmp_path: Path) -> None:
+    """An int8 table is a unit the search can promote (to float, its only promotion): here one
+    outlier row sets every column's step, the rows read round to zero, and verification keeps
+    the table float rather than ship them (piper's diacritizer: a sequence changed 1 time in 16)."""
+    table = np.random.default_rng(8).normal(0, 0.5, (64, 16)).astype(np.float32)
+    table[0] = 300.0  # never read below, but it sets each column's scale
+    text = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int64[N, T] ids) => (float[N, T, 16] y) <float[64, 16] table = {V}> {
+            y = Gather (table, ids)
+        }
+    """.replace("{V}", "{" + ", ".join(f"{v:.6f}" for v in table.ravel()) + "}")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(8):
+        write_npz(data / f"{i}.npz", ids=np.random.default_rng(i).integers(1, 64, (2, 5)))
+    model = _model(tmp_path, text, "emb")
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", data)
+    assert doc["verification"]["passed"]
+    assert {n: p["precision"] for n, p in doc["precision"]["promoted"].items()} == {"Gather_0": "float"}
+    assert [n.op_type for n in onnx.load(out).graph.node] == ["Gather"]
+
+
 def test_conv_stays_float_in_dynamic_mode(cli, tmp_path: Path) -> None:
     model = _model(tmp_path, CONV_GEMM, "cg")
     doc = _qcli_dynamic(cli, model, tmp_path / "q.onnx")

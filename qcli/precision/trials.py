@@ -180,7 +180,7 @@ class Trials:
         # float first: another candidate replaces it only when clearly cheaper (ties go to float,
         # the more accurate one, so timing noise does not flip the choice)
         for precision in sorted((p for p in PROMOTIONS if p in candidates), key=lambda p: p != "float"):
-            takers = [u for u in self.units if precision != "dynamic" or u.dynamic]
+            takers = [u for u in self.units if precision == "float" or _takes(u, precision)]
             if not takers:
                 continue
             if precision == "float":
@@ -197,6 +197,11 @@ class Trials:
                 if u.node not in best or cost < best[u.node][1] - max(SPEED_TIE, 0.1 * abs(best[u.node][1])):
                     best[u.node] = (precision, cost)
         return best
+
+
+def _takes(unit: Unit, promotion: str) -> bool:
+    """Whether `unit` can take `promotion` besides float (a table none; dynamic needs its form)."""
+    return not unit.table and (promotion != "dynamic" or unit.dynamic)
 
 
 @contextmanager

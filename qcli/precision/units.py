@@ -2,8 +2,10 @@
 
 A unit is one compute node the plan quantizes (Conv, MatMul, Gemm, Add, Mul, ...: the nodes
 onnxruntime fuses into an int8 kernel); data-movement nodes follow their neighbours through the
-shared-qparams groups. Nodes that read one constant weight (an unrolled decoder's steps sharing a
-cell's weights) are one unit, so that the weight is stored once, in one precision. A unit stays
+shared-qparams groups; an embedding table stored int8 (the `gather` form) is a unit too, whose
+only promotion is float (its Gather computes nothing). Nodes that read one constant weight (an
+unrolled decoder's steps sharing a cell's weights) are one unit, so that the weight is stored
+once, in one precision. A unit stays
 int8 (the config's default) or is promoted (`dynamic`: int8 weights, activations quantized at run
 time, for ops with a dynamic form; `int16` activations, A16W8; or `float`), or gets `int4`
 weights. Every choice is an ordinary override on the nodes' names, appended after the user's, so
@@ -39,6 +41,7 @@ class Unit:
     weighted: bool = False  # has a constant weight (a candidate for int4 weights)
     dynamic: bool = False  # statically quantized and its op has a dynamic form (a `dynamic` candidate)
     mates: tuple[str, ...] = ()  # the other nodes reading its weight: they take its precision
+    table: bool = False  # an int8 embedding table (a Gather): float is its only promotion
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -59,6 +62,10 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
     for d in plan.nodes:
         node = graph.node[d.index]
         rule = rule_for(node)
+        table = d.dynamic and plan.dynamic[d.index].form == "gather"
+        if table:
+            units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in node.output if t), table=True))
+            continue
         if not d.quantized or d.reason or rule is None or rule.kind != "compute":
             continue
         tensors = set(node.input) | set(node.output)
