@@ -236,12 +236,11 @@ def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: Cal
         raise bias.needs_data()
     found, skipped = bias.targets(work, plan, step.op_types)
     source, done = bias.corrected(work, found, table.bias_shifts)
-    if table.bias_shifts:
-        recovery["bias_correction"] = done
-        notes.extend(skipped)
-        largest = done.get("largest_shift")
-        notes.append(f"bias correction: corrected {done['nodes']} node(s)" + (
-            f"; largest shift {largest['value']:.3g} ({largest['node']})" if largest else ""))
+    recovery["bias_correction"] = done
+    notes.extend(skipped)
+    largest = done.get("largest_shift")
+    notes.append(f"bias correction: corrected {done['nodes']} node(s)" + (
+        f"; largest shift {largest['value']:.3g} ({largest['node']})" if largest else ""))
     return source
 
 

@@ -163,3 +163,24 @@ def test_bias_correction_after_smoothquant_indexes_the_smoothed_graph(cli, tmp_p
     config.write_text("recovery: [{smoothquant: {alpha: 0.5}}, bias_correction]\n")
     result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", folder, "--config", config, "--no-verify")
     assert result.exit_code == 0, result.stderr
+
+
+def test_a_scalar_bias_broadcast_over_channels_is_left_uncorrected(cli, tmp_path: Path) -> None:
+    """Gemm's C may be a scalar broadcast over 4 output channels: a per-channel correction does
+    not fit it (ValueError reshaping 4 shifts into shape (), exit 3; found by the fuzzer). Such a
+    node is noted as having no bias of its own, and the model is written."""
+    model = save(parse_model("""<ir_version: 8, opset_import: ["" : 21]>
+        g (float[N, 6] x) => (float[N, 4] y) <float[4, 6] w = {-1.06, 1.42, 0.15, -0.43, 0.21, -0.36, -0.8, -0.13,
+         0.43, -0.03, -1.74, 0.11, 0.21, -0.01, -0.05, -0.83, -0.18, -0.65, -0.07, 0.64, 0.67, -1.0, 0.8, -0.48},
+         float c = {-0.3}> {
+            [fc] y = Gemm <transB = 1> (x, w, c)
+        }"""), tmp_path / "m.onnx")
+    folder = tmp_path / "d"
+    folder.mkdir()
+    for i in range(8):
+        write_npz(folder / f"{i}.npz", x=np.random.default_rng(i).normal(0, 1, (1, 6)).astype(np.float32))
+    config = tmp_path / "c.yaml"
+    config.write_text("recovery: [bias_correction]\n")
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", folder, "--config", config, "--no-verify")
+    assert any(n.startswith("bias correction: 1 node(s) have no bias of their own") and n.endswith(": fc")
+               for n in doc["notes"]), doc["notes"]

@@ -260,3 +260,39 @@ def test_verification_and_the_rescue_index_the_smoothed_graph(cli, tmp_path: Pat
     doc = json.loads(result.stdout)
     assert doc["recovery"]["smoothquant"][0]["into"] == "explicit Mul"
     assert doc["precision"]["steps"][0]["action"] == "all int8"  # the rescue ran on the smoothed graph
+
+
+def test_an_input_with_a_fixed_range_is_not_smoothed(cli, tmp_path: Path) -> None:
+    """A YAML `range:` fixes X's range; X / s would need another. Smoothing the input of a node
+    with such an override left the new Mul reading X, which nothing calibrated (exit 2 on a
+    valid model and config; found by the fuzzer). Such an input now stays unsmoothed."""
+    model = save(conv_model(), tmp_path / "m.onnx")
+    cfg = tmp_path / "sq.yaml"
+    cfg.write_text("recovery: [smoothquant]\noverrides:\n  - match: {op_types: [Conv]}\n    range: [-4, 4]\n")
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data(tmp_path / "d", (3, 8, 8)),
+                   "--config", cfg, "--no-verify")
+    assert doc["recovery"]["smoothquant"] == []
+
+
+FIXED_RANGE_AFTER_A_SHARED_OUTPUT = """<ir_version: 8, opset_import: ["" : 11]>
+g (float[N, 1, 5] x) => (float[N, 1, 4] s, float[N, 2, 4] y) <float[1, 1, 2] w0 = {-0.32, 0.72}, float[1] b0 = {-0.08},
+    float[2, 1, 1] w1 = {0.37, -0.16}, float[2] b1 = {-0.51, -0.004}> {
+  c = Conv(x, w0, b0)
+  s = LogSoftmax(c)
+  [last] y = Conv(c, w1, b1)
+}"""
+
+
+def test_the_fuzzers_case_of_a_fixed_range_quantizes(cli, tmp_path: Path) -> None:
+    """The fuzzer's smallest case: `c` feeds a float LogSoftmax too, so smoothing it needs an
+    explicit Mul, whose input `c` had no statistics ("the calibration has no statistics for
+    tensor 'c'", exit 2)."""
+    model = save(parse_model(FIXED_RANGE_AFTER_A_SHARED_OUTPUT), tmp_path / "m.onnx")
+    folder = tmp_path / "d"
+    folder.mkdir()
+    for i in range(16):
+        write_npz(folder / f"{i:02d}.npz", x=np.random.default_rng(i).normal(0, 1, (1, 1, 5)).astype(np.float32))
+    cfg = tmp_path / "sq.yaml"
+    cfg.write_text("recovery: [smoothquant]\noverrides:\n  - match: {nodes: [last]}\n    range: [-2, 2]\n")
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", folder, "--config", cfg, "--no-verify")
+    assert doc["recovery"]["smoothquant"] == []

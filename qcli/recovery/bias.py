@@ -141,8 +141,8 @@ def targets(model: onnx.ModelProto, plan: Plan, op_types: Iterable[str]) -> tupl
             continue
         place = _bias_place(graph, d.index, inits, uses, readers)
         channels = _channels(node, inits[weight])
-        if place is None or channels is None or inits[place[0]].dims and \
-                int(np.prod(inits[place[0]].dims)) != channels:
+        # a bias broadcast from fewer values (a scalar, [1]) cannot take a per-channel correction
+        if place is None or channels is None or int(np.prod(inits[place[0]].dims)) != channels:
             skipped.append(d.name)
             continue
         found.append(Target(d.index, node.output[0], weight, place[0], place[1], channels,

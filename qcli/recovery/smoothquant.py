@@ -3,7 +3,8 @@ into the weights, Y = (X / s) @ (s W), exact in float.
 
 Decisions (README "Recovery: smoothquant"):
 - Targets: every activation X read as input 0 by a statically quantized MatMul / Gemm (transA=0)
-  / 1x1 Conv (group 1) of `op_types` whose weight is a quantized initializer no other node reads.
+  / 1x1 Conv (group 1) of `op_types` whose weight is a quantized initializer no other node reads,
+  unless X's range is fixed (a YAML `range:`: it describes X, not X / s).
   All smoothed readers of one X share one s (so the division happens once): s_j = max|X_j|^alpha
   / max|W_j|^(1-alpha), the weight max over every reader; a channel never seen non-zero (in X or
   in every W) keeps s_j = 1, and s is clamped to [1e-4, 1e4] so that neither side overflows
@@ -121,7 +122,9 @@ def find_targets(model: onnx.ModelProto, config: Config, plan: Plan | None = Non
     index = index or GraphIndex.of(model)
     plan = plan or make_plan(model, config, index=index)
     quantized = {d.index for d in plan.nodes if d.quantized and not d.reason and not d.dynamic}
-    activations = set(plan.activations)
+    # a fixed range (a YAML `range:`, or one known without calibration) describes X, not X / s
+    fixed = {t for g in plan.groups if g.fixed_range is not None for t in g.tensors}
+    activations = set(plan.activations) - fixed
     readers: dict[str, list[Reader]] = {}
     axes: dict[str, set[int]] = {}
     for i, node in enumerate(index.graph.node):
