@@ -89,6 +89,15 @@ def write_npz(path: Path, **arrays: np.ndarray) -> Path:
     return path
 
 
+def normal_folder(folder: Path, n: int, **shapes: tuple[int, ...]) -> Path:
+    """`n` .npz files, sample i holding standard normal float32 arrays of `shapes` (seed i)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        rng = np.random.default_rng(i)
+        write_npz(folder / f"{i:03d}.npz", **{k: rng.normal(0, 1, s).astype(np.float32) for k, s in shapes.items()})
+    return folder
+
+
 def op_counts(path: Path) -> Counter:
     return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
 

@@ -16,7 +16,16 @@ from onnx import numpy_helper
 from qcli.config import Config
 from qcli.quantize import prepare_for, quantize
 from qcli.verify import quantize_checked
-from tests.conftest import fused_op_counts, parse_model, quantize_with, save, sqnr_db, tensor_text, write_npz
+from tests.conftest import (
+    fused_op_counts,
+    normal_folder,
+    parse_model,
+    quantize_with,
+    save,
+    sqnr_db,
+    tensor_text,
+    write_npz,
+)
 
 
 def _biased_weights() -> np.ndarray:
@@ -155,10 +164,7 @@ def test_bias_correction_after_smoothquant_indexes_the_smoothed_graph(cli, tmp_p
             m = MatMul (r, w)
             c = ConvTranspose <group = 2, kernel_shape = [1, 1]> (r, wc, b)
         }"""), tmp_path / "m.onnx")
-    folder = tmp_path / "d"
-    folder.mkdir()
-    for i in range(12):
-        write_npz(folder / f"{i}.npz", x=np.random.default_rng(i).normal(0, 1, (2, 6, 3, 1)).astype(np.float32))
+    folder = normal_folder(tmp_path / "d", 12, x=(2, 6, 3, 1))
     config = tmp_path / "c.yaml"
     config.write_text("recovery: [{smoothquant: {alpha: 0.5}}, bias_correction]\n")
     result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", folder, "--config", config, "--no-verify")
@@ -175,10 +181,7 @@ def test_a_scalar_bias_broadcast_over_channels_is_left_uncorrected(cli, tmp_path
          float c = {-0.3}> {
             [fc] y = Gemm <transB = 1> (x, w, c)
         }"""), tmp_path / "m.onnx")
-    folder = tmp_path / "d"
-    folder.mkdir()
-    for i in range(8):
-        write_npz(folder / f"{i}.npz", x=np.random.default_rng(i).normal(0, 1, (1, 6)).astype(np.float32))
+    folder = normal_folder(tmp_path / "d", 8, x=(1, 6))
     config = tmp_path / "c.yaml"
     config.write_text("recovery: [bias_correction]\n")
     doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", folder, "--config", config, "--no-verify")

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnxruntime.quantization import quantize_dynamic
 
-from conftest import fused_op_counts, parse_model, save, write_npz
+from conftest import fused_op_counts, normal_folder, parse_model, save, write_npz
 
 logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic's "consider pre-processing" warning
 
@@ -207,10 +207,7 @@ def test_a_dynamic_node_whose_output_is_a_static_graph_output(cli, tmp_path: Pat
             z = MatMul (y, b)
         }
     """.replace("{W}", _floats((4, 4), 21)), "gb")
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(8):
-        write_npz(data / f"{i}.npz", x=np.random.default_rng(i).normal(0, 1, (4, 4)).astype(np.float32))
+    data = normal_folder(tmp_path / "data", 8, x=(4, 4))
     config = tmp_path / "c.yaml"
     config.write_text("overrides:\n  - match: {op_types: [Gemm]}\n    precision: dynamic\n")
     out = tmp_path / "q.onnx"

@@ -20,7 +20,7 @@ from qcli.config import Config
 from qcli.data import DataFolder, model_inputs
 from qcli.quantize import calibrate, prepare_for, quantize
 from qcli.recovery.smoothquant import factors, smooth
-from tests.conftest import fused_op_counts, parse_model, save, write_npz
+from tests.conftest import fused_op_counts, normal_folder, parse_model, save, write_npz
 
 C = 16
 
@@ -288,10 +288,7 @@ def test_the_fuzzers_case_of_a_fixed_range_quantizes(cli, tmp_path: Path) -> Non
     explicit Mul, whose input `c` had no statistics ("the calibration has no statistics for
     tensor 'c'", exit 2)."""
     model = save(parse_model(FIXED_RANGE_AFTER_A_SHARED_OUTPUT), tmp_path / "m.onnx")
-    folder = tmp_path / "d"
-    folder.mkdir()
-    for i in range(16):
-        write_npz(folder / f"{i:02d}.npz", x=np.random.default_rng(i).normal(0, 1, (1, 1, 5)).astype(np.float32))
+    folder = normal_folder(tmp_path / "d", 16, x=(1, 1, 5))
     cfg = tmp_path / "sq.yaml"
     cfg.write_text("recovery: [smoothquant]\noverrides:\n  - match: {nodes: [last]}\n    range: [-2, 2]\n")
     doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", folder, "--config", cfg, "--no-verify")
