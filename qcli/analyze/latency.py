@@ -5,6 +5,11 @@ idle session steals the cores of the timed one, DESIGN.md §7) and get the same 
 alternate in an A B B A pattern, so drifts (turbo clocks, a busy neighbour, cache warmth) hit both
 models alike; the median and the 90th percentile are reported, and speedup = float median /
 quantized median.
+
+A verdict on a latency ratio (verification's floor) uses `Ratio`: the median of the per-round
+ratios quantized / float (a round times both models back to back, so drift cancels within it)
+with its distribution-free ~95% interval, the sign test's order statistics. A ratio whose
+interval still reaches the ceiling is not measurably above it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,49 @@ from qcli.analyze.report import Latency, Speed, rounded
 from qcli.data import Batch, InputSpec
 
 ORDER = "alternating, A B B A (float first on even rounds)"
+
+
+class Ratio(float):
+    """A latency ratio (quantized / float): the median of `rounds` per-round ratios, with the
+    ~95% interval [low, high] of that median. A float, so it compares and prints like one.
+
+    >>> r = Ratio.of([1.0, 1.1, 0.9] * 10)
+    >>> float(r), r.low, r.high, r.count
+    (1.0, 0.9, 1.1, 30)
+    """
+
+    low: float
+    high: float
+    rounds: tuple[float, ...]
+
+    def __new__(cls, rounds: tuple[float, ...]) -> Ratio:
+        ordered = tuple(sorted(float(r) for r in rounds))
+        n = len(ordered)
+        self = super().__new__(cls, float(np.median(ordered)) if n else float("inf"))
+        k = max(int(np.floor(n / 2 - 0.98 * np.sqrt(n))), 0)  # P(k < rank of the median <= n - k) ~ 0.95
+        self.rounds = ordered
+        self.low, self.high = (ordered[k], ordered[n - 1 - k]) if n else (float("inf"), float("inf"))
+        return self
+
+    @classmethod
+    def of(cls, rounds: list[float] | tuple[float, ...]) -> Ratio:
+        return cls(tuple(rounds))
+
+    @property
+    def count(self) -> int:
+        return len(self.rounds)
+
+    def pooled(self, other: Ratio) -> Ratio:
+        """Both measurements' rounds as one."""
+        return Ratio(self.rounds + other.rounds)
+
+    def __reduce__(self):  # pickles (to the executor's workers) with its rounds
+        return (Ratio, (self.rounds,))
+
+
+def paired(speed: Speed) -> Ratio:
+    """The per-round ratios of a `measure` (round i: quantized run i / float run i)."""
+    return Ratio.of([q / f for f, q in zip(speed.float.runs_ms, speed.quantized.runs_ms, strict=True) if f > 0])
 
 
 def timed_inputs(first: Batch, specs: list[InputSpec], batch: int) -> tuple[dict[str, np.ndarray], int]:

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 
 from qcli.analyze.kinds import Kind, OutputKind, output_kinds
-from qcli.analyze.latency import measure, timed_inputs
+from qcli.analyze.latency import Ratio, measure, paired, timed_inputs
 from qcli.analyze.metrics import FidelityAccumulator, TopKAccumulator, as_array
 from qcli.analyze.plugin import CustomScore, load_metric
 from qcli.config import Verify
@@ -229,15 +229,16 @@ class Probe:
         feeds, _ = timed_inputs(self.batches[0], self.inputs, 1)
         return feeds
 
-    def latency_ratio(self, candidate: onnx.ModelProto, runs: int = 40, warmup: int = 5) -> float:
-        """Median latency of `candidate` / median latency of the float model (batch 1)."""
+    def latency_ratio(self, candidate: onnx.ModelProto, runs: int = 40, warmup: int = 5) -> Ratio:
+        """Latency of `candidate` / latency of the float model (batch 1): the median of `runs`
+        alternating rounds' ratios, with its interval (`latency.Ratio`)."""
         session = make_session(candidate, self.threads)
         feeds = self.feeds()
         speed = measure(
             lambda: self._float_session.run(None, feeds), lambda: session.run(None, feeds),
             runs=runs, warmup=warmup, batch=1, threads=self.threads,
         )
-        return 1.0 / speed.speedup if speed.speedup else float("inf")
+        return paired(speed)
 
     def float_ms(self) -> float:
         """Latency of the float model in ms: its fastest run at batch 1 (measured once).

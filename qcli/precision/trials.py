@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
+from qcli.analyze.latency import Ratio
 from qcli.analyze.probe import Fidelity, Probe
 from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
@@ -29,6 +30,7 @@ from qcli.prepare import PrepareResult
 if TYPE_CHECKING:
     from qcli.quantize import QuantizeResult
 
+SETTLE_TIMINGS = 3  # timings of 40 rounds at most for one latency verdict
 SPEED_TIE = 2.0  # µs: a unit whose int8 form is slower by less than this is a tie (stays int8)
 
 
@@ -52,7 +54,7 @@ class Trials:
     executor: Any = None  # qcli.executor: independent trials run on its workers
     force: bool = False  # prepare's --force, for workers that prepare the model again
     _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict)
-    _latency: dict[frozenset, float] = field(default_factory=dict)
+    _latency: dict[frozenset, Ratio] = field(default_factory=dict)
     _demoted: dict[frozenset, int] = field(default_factory=dict)
     _shared: _Context | None = None  # what workers set up from
     _built: dict[frozenset, QuantizeResult] = field(default_factory=dict)  # recent candidates, by choices
@@ -151,17 +153,21 @@ class Trials:
         neighbours along (a node whose output only feeds float nodes stays float too)."""
         return self._demoted.get(frozenset(choices.items()), len(choices))
 
-    def latency(self, choices: Choices) -> float:
-        """Latency ratio to the float model. A ratio above `ceiling` is measured twice more and
-        the median kept: one timing on a busy machine can be off by several percent."""
+    def latency(self, choices: Choices) -> Ratio:
+        """Latency ratio to the float model, with its interval (`latency.Ratio`). A ratio above
+        `ceiling` whose interval reaches it is timed again, up to SETTLE_TIMINGS times in all, the
+        rounds pooled: one timing on a busy machine can be off by several percent, and more
+        rounds narrow the interval until it is clear of the ceiling, or it is not measurably above it."""
         key = frozenset(choices.items())
         if key not in self._latency:
             model = self.build(choices).model
             with built_by_qcli():
-                ratios = [self.probe.latency_ratio(model)]
-                if self.ceiling is not None and ratios[0] > self.ceiling:
-                    ratios += [self.probe.latency_ratio(model) for _ in range(2)]
-            self._latency[key] = sorted(ratios)[len(ratios) // 2]
+                ratio = self.probe.latency_ratio(model)
+                for _ in range(SETTLE_TIMINGS - 1):
+                    if self.ceiling is None or not ratio.low <= self.ceiling < ratio:
+                        break
+                    ratio = ratio.pooled(self.probe.latency_ratio(model))
+            self._latency[key] = ratio
         return self._latency[key]
 
     def costs(self, candidates: Collection[str], base: Choices | None = None) -> Costs:

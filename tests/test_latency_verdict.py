@@ -1,0 +1,133 @@
+"""The latency verdict (issue 17, "stable verdicts"): a ratio is the median of per-round ratios
+with a distribution-free interval; the floor is missed only when the interval is clear of it;
+a ratio above the floor whose interval reaches it is timed again (rounds pooled), at most
+SETTLE_TIMINGS times."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import normal_folder, save
+from qcli.analyze.latency import Ratio
+from qcli.precision.goal import Goal
+from qcli.precision.trials import SETTLE_TIMINGS, Trials
+
+
+def rounds(median: float, noise: float, n: int = 40, seed: int = 0) -> list[float]:
+    """Per-round ratios of a model `median` times float's, each round off by lognormal noise."""
+    return list(median * np.exp(np.random.default_rng(seed).normal(0, noise, n)))
+
+
+def test_the_interval_holds_the_true_median_about_19_times_in_20() -> None:
+    """Coverage of the sign test's interval over 2,000 simulated timings of 40 rounds (a skewed,
+    heavy-tailed noise: the interval assumes nothing about its shape)."""
+    rng = np.random.default_rng(1)
+    held = 0
+    for _ in range(2000):
+        r = Ratio.of(list(1.05 * np.exp(rng.standard_t(3, 40) * 0.04)))
+        held += r.low <= 1.05 <= r.high
+    assert 0.93 <= held / 2000 <= 0.99
+
+
+def test_pooled_rounds_narrow_the_interval() -> None:
+    one = Ratio.of(rounds(1.05, 0.05))
+    three = one.pooled(Ratio.of(rounds(1.05, 0.05, seed=1))).pooled(Ratio.of(rounds(1.05, 0.05, seed=2)))
+    assert three.count == 120
+    assert three.high - three.low < 0.7 * (one.high - one.low)
+
+
+@pytest.mark.parametrize(("median", "noise", "fast"), [
+    (0.98, 0.05, True),   # below the ceiling
+    (1.05, 0.10, True),   # above it, within its noise: not measurably slower
+    (1.30, 0.05, False),  # clearly slower
+])
+def test_the_ceiling_is_missed_only_when_the_interval_is_clear_of_it(median: float, noise: float,
+                                                                       fast: bool) -> None:
+    assert Goal(max_latency_ratio=1.03).fast(Ratio.of(rounds(median, noise))) is fast
+
+
+def test_a_plain_float_is_its_own_interval() -> None:
+    goal = Goal(max_latency_ratio=1.0)
+    assert goal.fast(0.99) and not goal.fast(1.01)
+
+
+@dataclass
+class StubProbe:
+    """Hands out the timings of `medians` in turn, 40 rounds each."""
+
+    medians: list[float]
+    noise: float
+    calls: list[int] = field(default_factory=list)
+
+    def latency_ratio(self, model) -> Ratio:
+        self.calls.append(len(self.calls))
+        return Ratio.of(rounds(self.medians[len(self.calls) - 1], self.noise, seed=len(self.calls)))
+
+
+def trials_with(probe: StubProbe, ceiling: float | None) -> Trials:
+    trials = Trials(None, None, None, None, probe, [], ceiling=ceiling)  # type: ignore[arg-type]
+    trials.build = lambda choices: SimpleNamespace(model=None)  # type: ignore[method-assign]
+    return trials
+
+
+def test_a_clear_timing_is_taken_once() -> None:
+    probe = StubProbe([0.8, 0.8, 0.8], 0.05)
+    ratio = trials_with(probe, 1.03).latency({})
+    assert len(probe.calls) == 1 and ratio.count == 40
+
+
+def test_a_ratio_above_the_ceiling_within_its_noise_is_timed_again_and_pooled() -> None:
+    probe = StubProbe([1.04] * 5, 0.15)
+    trials = trials_with(probe, 1.03)
+    ratio = trials.latency({})
+    assert len(probe.calls) == SETTLE_TIMINGS and ratio.count == 40 * SETTLE_TIMINGS
+    assert trials.latency({}) is ratio  # cached: one verdict per candidate
+    assert len(probe.calls) == SETTLE_TIMINGS
+
+
+def test_a_clearly_slower_model_is_not_timed_again() -> None:
+    probe = StubProbe([1.5] * 3, 0.05)
+    ratio = trials_with(probe, 1.03).latency({})
+    assert len(probe.calls) == 1 and ratio.low > 1.03
+
+
+def near_parity(folder: Path) -> Path:
+    """Four blocks of a 3x3 depthwise Conv + Relu + 1x1 Conv (32 channels, 40x40): int8 runs
+    within a few percent of float here (1.01-1.02 measured), the case one timing flips."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(4):
+        inits += [numpy_helper.from_array(rng.normal(0, 0.3, (32, 1, 3, 3)).astype(np.float32), f"w{i}"),
+                  numpy_helper.from_array(rng.normal(0, 0.1, (32,)).astype(np.float32), f"b{i}"),
+                  numpy_helper.from_array(rng.normal(0, 0.2, (32, 32, 1, 1)).astype(np.float32), f"p{i}")]
+        nodes += [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], group=32, pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"]),
+                  helper.make_node("Conv", [f"r{i}", f"p{i}"], [f"y{i}"])]
+        x = f"y{i}"
+    graph = helper.make_graph(nodes, "near_parity", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 32, 40, 40])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["N", 32, 40, 40])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return save(model, folder / "near_parity.onnx")
+
+
+def test_a_model_near_parity_gives_the_same_exit_code_and_bytes_each_run(cli, tmp_path: Path) -> None:
+    model = near_parity(tmp_path)
+    data = normal_folder(tmp_path / "data", 24, x=(1, 32, 40, 40))
+    codes, files = [], []
+    for k in range(3):
+        out = tmp_path / f"q{k}.onnx"
+        result = cli("quantize", model, "-o", out, "--data", data, "--json")
+        codes.append(result.exit_code)
+        files.append(out.read_bytes())
+        doc = json.loads(result.stdout)
+        assert doc["verification"]["latency_interval"]["rounds"] >= 40
+    assert codes == [0, 0, 0]
+    assert files[0] == files[1] == files[2]
