@@ -22,7 +22,8 @@ into calib/, verify/ and holdout/ with nothing in common):
   float's. Skipped, with a message, where espeak-ng is missing.
 
 Rows (`ROWS`, one `Variant` each: a key for --rows, a label, and what writes the model): float;
-`qcli quantize M -o OUT --data calib --no-verify` (all int8); the default path (`--data calib
+`qcli quantize M -o OUT --data calib --no-verify` (all int8); int8 weights with float
+activations; all int8 with equalization and bias correction; the default path (`--data calib
 --eval-data verify`: verification, then rescue); `--config dynamic --eval-data verify` (no
 calibration data); onnxruntime's `quant_pre_process` + `quantize_static` (QDQ, per channel,
 MinMax, QUInt8 activations, QInt8 weights, the same calibration samples; a model of opset < 13
@@ -175,6 +176,10 @@ class Variant:
 ROWS = [
     Variant("float", "float", None),
     Variant("int8", "qcli all-int8 (--no-verify)", qcli("--no-verify")),
+    Variant("weights", "qcli int8 weights, float activations (--no-verify)",
+            qcli("--no-verify", config="activations: {dtype: float}\n")),
+    Variant("cle-bc", "qcli all-int8 + equalization + bias correction (--no-verify)",
+            qcli("--no-verify", config="recovery: [equalization, bias_correction]\n")),
     Variant("default", "qcli default (verify + rescue)", qcli(eval_data=True)),
     Variant("dynamic", "qcli --config dynamic", qcli("--config", "dynamic", data=False, eval_data=True)),
     Variant("ort-static", "ort quantize_static (QDQ, per-channel, MinMax)", ort_static),
