@@ -297,13 +297,18 @@ def verification(console: Console, doc: dict) -> None:
     table.add_column("check")
     table.add_column("output", overflow="fold")
     table.add_column("value", justify="right")
+    table.add_column("95% interval (samples)", justify="right")
     table.add_column("floor", justify="right")
     table.add_column("")
     for c in v["checks"]:
         sign = ">=" if c["kind"] == "at_least" else "<="
-        table.add_row(c["name"], c.get("output") or "", f"{c['value']:.4f}", f"{sign} {c['floor']:g}",
+        within = f"{c['interval'][0]:.4f}-{c['interval'][1]:.4f} ({c['samples']})" if c.get("interval") else ""
+        table.add_row(c["name"], c.get("output") or "", f"{c['value']:.4f}", within, f"{sign} {c['floor']:g}",
                       "[green]ok[/green]" if c["passed"] else "[bold red]missed[/bold red]")
     console.print(table)
+    for c in v["checks"]:
+        if c.get("interval") and c["interval"][0] < c["floor"] <= c["interval"][1] and c["value"] >= c["floor"]:
+            console.print(f"{c['name']} of {c['output']}: {c['how']}")
     for note in v["notes"]:
         console.print(note)
 

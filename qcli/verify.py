@@ -43,6 +43,7 @@ from qcli.analyze.kinds import check_outputs
 from qcli.analyze.latency import Ratio
 from qcli.analyze.plugin import load_metric
 from qcli.analyze.probe import AGREEMENT, Fidelity, Probe
+from qcli.analyze.verdict import verdicts
 from qcli.calibrate.table import CalibrationTable, RangeSettings
 from qcli.config import Config
 from qcli.data import DataFolder, InputSpec, model_inputs
@@ -122,12 +123,16 @@ class Check:
     at_least: bool  # value >= floor (else value <= floor)
     passed: bool
     output: str | None = None  # the output the value comes from (the lowest of its kind)
+    interval: tuple[float, float] | None = None  # its ~95% interval (qcli.analyze.verdict)
+    samples: int | None = None
+    how: str = ""  # how the verdict was reached
 
     @property
     def message(self) -> str:
         sign = ">=" if self.at_least else "<="
         verdict = "ok" if self.passed else "MISSED"
-        return f"{self.name} {self.value:.4f} (floor {sign} {self.floor:g}): {verdict}"
+        within = f" [{self.interval[0]:.4f}, {self.interval[1]:.4f}] on {self.samples}" if self.interval else ""
+        return f"{self.name} {self.value:.4f}{within} (floor {sign} {self.floor:g}): {verdict}"
 
 
 @dataclass
@@ -153,7 +158,9 @@ class Verification:
             "drop": round(self.fidelity.drop, 6),
             "checks": [
                 {"name": c.name, "output": c.output, "value": round(c.value, 6), "floor": c.floor,
-                 "kind": "at_least" if c.at_least else "at_most", "passed": c.passed}
+                 "kind": "at_least" if c.at_least else "at_most", "passed": c.passed,
+                 "interval": None if c.interval is None else [round(c.interval[0], 6), round(c.interval[1], 6)],
+                 "samples": c.samples, "how": c.how}
                 for c in self.checks
             ],
             "outputs": [o.to_dict() for o in self.fidelity.outputs],
@@ -418,16 +425,16 @@ def _verification(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | None
 
 
 def fidelity_checks(f: Fidelity, min_agreement: float, min_cosine: float) -> list[Check]:
-    """One check per metric the outputs are gated on, each on the lowest output of its kind
-    (agreements against `min_agreement`, cosines against `min_cosine`), then the plug-in's."""
+    """One check per metric the outputs are gated on (agreements against `min_agreement`,
+    cosines against `min_cosine`, each by qcli.analyze.verdict's rule), on the output of its
+    kind that misses, else the lowest; then the plug-in's."""
     checks = []
-    gated = [(AGREEMENT[o.kind], o.name, a, min_agreement) for o in f.outputs if (a := o.gated_agreement) is not None]
-    gated += [("cosine", o.name, c, min_cosine) for o in f.outputs if (c := o.gated_cosine) is not None]
+    found = verdicts(f, min_agreement, min_cosine)
     for metric in (*AGREEMENT.values(), "cosine"):
-        mine = [g for g in gated if g[0] == metric]
+        mine = [v for v in found if v.metric == metric]
         if mine:
-            _, output, value, floor = min(mine, key=lambda g: g[2])
-            checks.append(Check(metric, value, floor, True, value >= floor, output))
+            v = min(mine, key=lambda v: (v.passed, v.value))
+            checks.append(Check(metric, v.value, v.floor, True, v.passed, v.output, v.interval, v.samples, v.how))
     if f.custom is not None:
         checks.append(Check(f.custom.name, f.custom.score, f.custom.floor, True, f.custom.passed))
     return checks

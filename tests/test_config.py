@@ -210,8 +210,10 @@ def test_presets_on_the_sample_cnn(cli, tmp_path: Path, preset: str) -> None:
     promoted = doc["precision"]["promoted"] if doc["precision"] else {}
     if preset == "tensorrt":
         # int8 symmetric activations + KL on 64 samples lose ~12 top-1 points on this model in
-        # onnxruntime (--no-verify: 88.5% vs 100%); verification catches it, the rescue fixes it
-        assert 0 < len(promoted) <= 4
+        # onnxruntime (--no-verify: 88.5% vs 100%); verification catches it, the rescue fixes it.
+        # 64 of 64 agreeing cannot show 99% on its own (Wilson interval [0.943, 1]): the logits'
+        # cosine decides too, which takes 5 units float where agreement alone took 4
+        assert 0 < len(promoted) <= 5
     else:
         assert promoted == {}
     float_convs = sum(r["count"] for r in doc["float"] if r["op_type"] == "Conv")

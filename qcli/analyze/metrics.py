@@ -9,7 +9,9 @@ The math, on a float reference `x` and a quantized result `y`:
   blank is known) is the same; position agreement = fraction of positions;
 - mask agreement = fraction of elements on the same side of the threshold; IoU = mean over
   samples of |A ∩ B| / |A ∪ B| of the thresholded masks (1 when both are empty).
-The metric an output is judged by follows its kind (qcli.analyze.kinds).
+The metric an output is judged by follows its kind (qcli.analyze.kinds). Each gated figure has
+a ~95% interval: a share of samples (top-1, sequence) the Wilson score interval, a mean over
+samples (cosine; element and mask agreement, per sample) mean ± 1.96 standard errors.
 
 >>> sqnr_db(100.0, 1.0)
 20.0
@@ -134,11 +136,16 @@ class MaskAccumulator:
     equal: int = 0
     iou_sum: float = 0.0
     samples: int = 0
+    agree_rows: float = 0.0  # Σ over samples of their share of elements agreeing
+    agree_rows_squares: float = 0.0
 
     def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
         a, b = _rows(np.asarray(reference) > self.threshold, batch), _rows(np.asarray(value) > self.threshold, batch)
         self.elements += a.size
         self.equal += int(np.count_nonzero(a == b))
+        shares = (a == b).mean(axis=1) if a.shape[1] else np.ones(a.shape[0])
+        self.agree_rows += float(shares.sum())
+        self.agree_rows_squares += float((shares * shares).sum())
         inter, union = np.count_nonzero(a & b, axis=1), np.count_nonzero(a | b, axis=1)
         self.iou_sum += float(np.where(union > 0, inter / np.maximum(union, 1), 1.0).sum())
         self.samples += a.shape[0]
@@ -179,6 +186,41 @@ def _rows(value: np.ndarray, batch: int) -> np.ndarray:
     if value.ndim >= 1 and value.shape[0] == batch:
         return value.reshape(batch, -1)
     return value.reshape(1, -1)
+
+
+Z95 = 1.959964  # the standard normal's 97.5th percentile: two-sided 95%
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """The ~95% Wilson score interval of the share k/n; it stays inside [0, 1] and is not
+    empty at k = n, unlike k/n ± 1.96 standard errors.
+
+    >>> [round(v, 3) for v in wilson(16, 16)], [round(v, 3) for v in wilson(15, 16)]
+    ([0.806, 1.0], [0.717, 0.989])
+    """
+    if n <= 0:
+        return 0.0, 1.0
+    p, z2 = k / n, Z95 * Z95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_interval(total: float, squares: float, n: int) -> tuple[float, float]:
+    """The ~95% interval of a mean over n samples from their sum and sum of squares (mean ± 1.96
+    standard errors); one sample: the mean alone.
+
+    >>> [round(v, 4) for v in mean_interval(3 * 0.99, 0.98 ** 2 + 0.99 ** 2 + 1.0, 3)]
+    [0.9787, 1.0013]
+    """
+    if n <= 0:
+        return 0.0, 1.0
+    mean = total / n
+    if n == 1:
+        return mean, mean
+    var = max(squares - n * mean * mean, 0.0) / (n - 1)
+    half = Z95 * math.sqrt(var / n)
+    return mean - half, mean + half
 
 
 @dataclass
@@ -235,7 +277,10 @@ class FidelityAccumulator:
     equal: int = 0  # elements equal (integer/bool outputs)
     compared: int = 0
     cosine_sum: float = 0.0
+    cosine_squares: float = 0.0
     cosine_min: float = 1.0
+    equal_rows: float = 0.0  # per-element outputs: Σ over samples of their share of elements equal
+    equal_rows_squares: float = 0.0
     cosine_rows: int = 0
     floating: bool | None = None
 
@@ -267,6 +312,9 @@ class FidelityAccumulator:
         if self._per_element:
             self.equal += int(np.count_nonzero(equal))
             self.compared += equal.size
+            shares = equal.mean(axis=1) if equal.shape[1] else np.ones(equal.shape[0])
+            self.equal_rows += float(shares.sum())
+            self.equal_rows_squares += float((shares * shares).sum())
         if not self.floating:
             return
         self.sqnr.update(x, y)
@@ -281,6 +329,7 @@ class FidelityAccumulator:
         finite = np.isfinite(x64).all(axis=1) & np.isfinite(y64).all(axis=1) & np.isfinite(cosine)
         if finite.any():
             self.cosine_sum += float(cosine[finite].sum())
+            self.cosine_squares += float((cosine[finite] ** 2).sum())
             self.cosine_min = min(self.cosine_min, float(cosine[finite].min()))
         self.cosine_rows += int(np.count_nonzero(finite))
         if self.class_scores:
@@ -308,6 +357,30 @@ class FidelityAccumulator:
     @property
     def cosine(self) -> float | None:
         return self.cosine_sum / self.cosine_rows if self.floating and self.cosine_rows else None
+
+    @property
+    def cosine_interval(self) -> tuple[float, float] | None:
+        if not (self.floating and self.cosine_rows):
+            return None
+        return mean_interval(self.cosine_sum, self.cosine_squares, self.cosine_rows)
+
+    @property
+    def agreement_interval(self) -> tuple[float, float] | None:
+        """The interval of the agreement this output's kind is gated on."""
+        if self.sequence is not None and self.sequence.samples:
+            return wilson(self.sequence.same, self.sequence.samples)
+        if self.mask is not None and self.mask.samples:
+            return _share(mean_interval(self.mask.agree_rows, self.mask.agree_rows_squares, self.mask.samples))
+        if self.class_scores and self.samples:
+            return wilson(self.agree, self.samples)
+        if self._per_element and self.samples:
+            return _share(mean_interval(self.equal_rows, self.equal_rows_squares, self.samples))
+        return None
+
+
+def _share(interval: tuple[float, float]) -> tuple[float, float]:
+    """An interval of a share, kept inside [0, 1]."""
+    return max(0.0, interval[0]), min(1.0, interval[1])
 
 
 @dataclass

@@ -63,6 +63,9 @@ class OutputFidelity:
     position_agreement: float | None = None  # sequence: positions whose argmax is unchanged (detail)
     mask_agreement: float | None = None  # mask: elements on the same side of the threshold
     mask_iou: float | None = None  # mask: mean per-sample IoU of the thresholded masks (detail)
+    samples: int = 0  # the samples compared
+    agreement_interval: tuple[float, float] | None = None  # ~95% interval of the gated agreement
+    cosine_interval: tuple[float, float] | None = None  # ~95% interval of the mean cosine
 
     @property
     def gated_agreement(self) -> float | None:
@@ -80,7 +83,13 @@ class OutputFidelity:
                 "top1_agreement": self.top1_agreement, "cosine": self.cosine, "sqnr_db": self.sqnr_db,
                 "agreement": self.agreement, "sequence_agreement": self.sequence_agreement,
                 "position_agreement": self.position_agreement, "mask_agreement": self.mask_agreement,
-                "mask_iou": self.mask_iou}
+                "mask_iou": self.mask_iou, "samples": self.samples,
+                "agreement_interval": _rounded(self.agreement_interval),
+                "cosine_interval": _rounded(self.cosine_interval)}
+
+
+def _rounded(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None else [round(interval[0], 6), round(interval[1], 6)]
 
 
 @dataclass(frozen=True)
@@ -283,6 +292,7 @@ def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
         kind=kind.kind, reason=kind.reason,
         sequence_agreement=seq.agreement if seq else None, position_agreement=seq.position_agreement if seq else None,
         mask_agreement=mask.agreement if mask else None, mask_iou=mask.iou if mask else None,
+        samples=acc.samples, agreement_interval=acc.agreement_interval, cosine_interval=acc.cosine_interval,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qcli.analyze.probe import Fidelity
+from qcli.analyze.verdict import meets
 from qcli.config import Config, Criterion
 from qcli.errors import ConfigError
 
@@ -27,15 +28,13 @@ class Goal:
     max_latency_ratio: float | None = None  # quantized / float latency at most this
 
     def accurate(self, f: Fidelity | None, scale: float = 1.0) -> bool:
-        """Whether `f` meets the floors and `scale` times the accuracy budget."""
+        """Whether `f` meets the floors (each gated figure by qcli.analyze.verdict's rule, which
+        weighs its interval) and `scale` times the accuracy budget."""
         if f is None:
             return False
         if self.max_drop is not None and f.drop > self.max_drop * scale + 1e-12:
             return False
-        if (self.min_top1_agreement is not None and f.top1_agreement is not None
-                and f.top1_agreement < self.min_top1_agreement):
-            return False
-        if self.min_cosine is not None and f.cosine is not None and f.cosine < self.min_cosine:
+        if not meets(f, self.min_top1_agreement, self.min_cosine):
             return False
         return f.custom is None or f.custom.passed
 

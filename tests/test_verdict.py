@@ -1,0 +1,72 @@
+"""The verdict with its uncertainty (issue 17): each gated figure's ~95% interval from its
+sample count, and the rule for an interval that straddles the floor, on synthetic counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from qcli.analyze.kinds import Kind
+from qcli.analyze.metrics import mean_interval, wilson
+from qcli.analyze.probe import Fidelity, OutputFidelity
+from qcli.analyze.verdict import meets, verdicts
+from qcli.precision.goal import Goal
+
+
+def top1(agree: int, n: int, cosines: list[float] | None = None) -> OutputFidelity:
+    """A class-score output: `agree` of `n` samples with float's argmax; `cosines` per sample."""
+    cos = cosines if cosines is not None else [0.999] * n
+    return OutputFidelity("scores", True, agree / n, sum(cos) / n, 30.0, kind=Kind.TOP1, samples=n,
+                          agreement_interval=wilson(agree, n),
+                          cosine_interval=mean_interval(sum(cos), sum(c * c for c in cos), n))
+
+
+def embedding(cosines: list[float]) -> OutputFidelity:
+    n = len(cosines)
+    return OutputFidelity("emb", False, None, sum(cosines) / n, 20.0, kind=Kind.COSINE, samples=n,
+                          cosine_interval=mean_interval(sum(cosines), sum(c * c for c in cosines), n))
+
+
+def ids(equal: int, n: int) -> OutputFidelity:
+    """An integer output (one id per sample): no cosine to break a tie."""
+    low, high = mean_interval(equal, equal, n)  # shares of 1 and 0: Σx = Σx² = equal
+    return OutputFidelity("ids", False, None, None, None, equal / n, kind=Kind.PER_ELEMENT, samples=n,
+                          agreement_interval=(max(low, 0.0), min(high, 1.0)))
+
+
+def test_wilson_matches_its_formula_at_the_edges() -> None:
+    assert wilson(400, 400)[0] == pytest.approx(0.99049, abs=1e-4)  # 400 of 400 clear 0.99
+    assert wilson(0, 10) == (0.0, pytest.approx(0.27753, abs=1e-4))
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+@pytest.mark.parametrize(("agree", "n", "cosines", "passed", "how"), [
+    (400, 400, None, True, "its interval is clear of the floor"),
+    (16, 16, [0.999] * 16, True, "its cosine (0.9990-0.9990) is clear of 0.99"),  # straddles: the cosine decides
+    (16, 16, [0.995, 0.975] * 8, False, "is not clear of 0.99"),  # 16 of 16, but the scores moved
+    (15, 16, None, False, "below the floor"),  # 0.9375 < 0.99, whatever the cosine
+    (64, 64, [0.9921] * 64, True, "is clear of 0.99"),
+])
+def test_an_agreement_straddling_the_floor_is_decided_by_the_cosine(agree: int, n: int, cosines, passed: bool,
+                                                                      how: str) -> None:
+    (v,) = verdicts(Fidelity((top1(agree, n, cosines),), 0.0), 0.99, None if cosines is None and passed else 0.99)
+    assert v.passed is passed and how in v.how
+    assert v.samples == n and v.interval == wilson(agree, n)
+
+
+def test_without_a_cosine_a_straddling_agreement_is_missed() -> None:
+    (v,) = verdicts(Fidelity((ids(16, 16),), 0.0), 0.99, 0.99)
+    assert v.passed  # every sample equal: no spread, the interval is [1, 1]
+    (v,) = verdicts(Fidelity((ids(63, 64),), 0.0), 0.97, 0.99)
+    assert v.interval is not None and v.interval[0] < 0.97 < v.value
+    assert not v.passed and "has no cosine" in v.how
+
+
+@pytest.mark.parametrize(("cosines", "passed"), [
+    ([0.9913 + 0.0005 * (-1) ** i for i in range(16)], True),  # the encoder: narrow, clear of 0.99
+    ([0.9905 + 0.01 * (-1) ** i for i in range(16)], False),  # mean 0.9905 but wide: could be below
+    ([0.985] * 16, False),
+])
+def test_a_cosine_must_be_clear_of_its_floor(cosines: list[float], passed: bool) -> None:
+    f = Fidelity((embedding(cosines),), 0.0)
+    assert meets(f, 0.99, 0.99) is passed
+    assert Goal(min_top1_agreement=0.99, min_cosine=0.99).accurate(f) is passed  # the search's goal: the same rule
