@@ -1,0 +1,171 @@
+"""Does qcli's verdict hold on data it never saw? For each trained model with real inputs, a
+32-sample calibration folder and >= 200 held-out samples: `qcli quantize MODEL -o OUT --data
+calib/` as a new user runs it (default config), its exit code and verdict, next to the
+held-out fidelity of the model it wrote, per output, judged by qcli's own kinds, floors and
+verdict rule (qcli.analyze.verdict) on the held-out samples.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout.py                    # every model (~10 min, 2 cores)
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --models magika ocr-rec
+
+Models: those of benchmarks/recovery.py (their input writers, other split sizes) and magika
+(the first and last 1,024 bytes of Python's standard-library files; the files of the two
+splits are different). Silero VAD needs espeak-ng on PATH (skipped, with a message, without
+it). Columns: what qcli compared on and its checks (value, 95% interval, samples); the
+held-out figure of every gated output (value, interval, samples) and whether it meets the
+floor there: "holds" when the held-out value reaches the floor, "holds by the rule" when the
+verdict rule (interval or cosine tie-break) says met as well. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import inputs  # noqa: E402  (benchmarks/inputs.py)
+from quantize import bench_console  # noqa: E402  (benchmarks/quantize.py)
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+MAGIKA = inputs.REAL / "magika" / "models" / "standard_v3_3" / "model.onnx"
+PADDLE = inputs.REAL / "rapidocr_onnxruntime" / "models"
+CALIB, HELD_OUT = 32, 208
+
+
+def write_files(out: Path, sizes: dict[str, int]) -> dict[str, Path]:
+    """magika's input per file (int32 [1, 2048]: the first and last 1,024 bytes, padded with
+    its token 256) from Python's standard library, each split its own files (a fixed shuffle)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.rglob("*") if p.is_file() and p.stat().st_size
+                   and not {"__pycache__", "site-packages"} & set(p.relative_to(stdlib).parts))
+    order = np.random.default_rng(5).permutation(len(files))
+    folders, start = {}, 0
+    for split, n in sizes.items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, k in enumerate(order[start:start + n]):
+            b = list(files[k].read_bytes())
+            pad = [256] * max(0, 1024 - len(b))
+            np.save(folder / f"{i:04d}.npy", np.array([b[:1024] + pad + pad + b[-1024:]], np.int32))
+        start += n
+    return folders
+
+
+# name -> (model, writer of {"calib": ..., "holdout": ...}, a program the writer needs)
+MODELS: dict[str, tuple[Path, Callable[[Path], dict[str, Path]], str | None]] = {
+    "encoder": (inputs.ENCODER, partial(inputs.write_encoder, sizes={"calib": CALIB, "holdout": 256}), None),
+    "cnn-pages": (inputs.CNN, partial(inputs.write_pages, pages={"calib": CALIB // 4, "holdout": HELD_OUT // 4}),
+                  None),
+    "cnn-photos": (inputs.CNN, partial(inputs.write_photos, splits={k: inputs.PHOTO_SPLITS[k]
+                                                                    for k in ("calib", "holdout")}), None),
+    "ocr-rec": (PADDLE / "ch_PP-OCRv4_rec_infer.onnx",
+                partial(inputs.write_lines, lines={"calib": CALIB, "holdout": HELD_OUT}), None),
+    "ocr-cls": (PADDLE / "ch_ppocr_mobile_v2.0_cls_infer.onnx",
+                partial(inputs.write_lines, lines={"calib": CALIB, "holdout": HELD_OUT}, width=192, flip=True), None),
+    "ddddocr": (inputs.REAL / "ddddocr" / "common.onnx",
+                partial(inputs.write_captchas, splits={"calib": CALIB, "holdout": 256}), None),
+    "magika": (MAGIKA, partial(write_files, sizes={"calib": CALIB, "holdout": 256}), None),
+    "silero-vad": (inputs.VAD, partial(inputs.write_speech, splits={"calib": 6, "holdout": 12},
+                                       samples={"calib": CALIB}), "espeak-ng"),
+}
+
+
+def run_qcli(model: Path, calib: Path, out: Path) -> tuple[int, dict | None, str]:
+    """`qcli quantize MODEL -o OUT --data CALIB --json` in its own process: exit code, JSON, error line."""
+    done = subprocess.run([sys.executable, "-m", "qcli.cli", "quantize", str(model), "-o", str(out), "--data",
+                           str(calib), "--json"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = done.stderr.strip().splitlines()
+    error = next((line for line in lines if line.startswith("error")), lines[-1] if lines else "")
+    try:
+        return done.returncode, json.loads(done.stdout), error
+    except json.JSONDecodeError:
+        return done.returncode, None, error
+
+
+def held_out(model: Path, quantized: Path, folder: Path) -> list:
+    """The verdicts on every gated output of `quantized` against `model` on `folder` (default floors)."""
+    import onnx
+
+    from qcli.analyze.probe import Probe
+    from qcli.analyze.verdict import verdicts
+    from qcli.config import Verify
+    from qcli.data import DataFolder, model_inputs
+
+    float_model = onnx.load(model)
+    specs = model_inputs(float_model)
+    probe = Probe(float_model, list(DataFolder(folder, specs).batches(32)), specs, verify=Verify())
+    vf = Verify()
+    return verdicts(probe.measure(onnx.load(quantized)), vf.min_top1_agreement, vf.min_cosine)
+
+
+def figure(metric: str, output: str | None, value: float, interval, samples, passed: bool | None = None) -> str:
+    within = f" [{interval[0]:.4f}, {interval[1]:.4f}] n={samples}" if interval else ""
+    mark = "" if passed is None else (" ok" if passed else " [red]missed[/red]")
+    return f"{metric} ({output}) {value:.4f}{within}{mark}"
+
+
+def row(name: str, model: Path, work: Path) -> tuple[str, str, str, str]:
+    folders = MODELS[name][1](work / "inputs")
+    counts = ", ".join(f"{split} {len(list(folder.glob('*.np[yz]')))}" for split, folder in folders.items())
+    out = work / f"{name}.onnx"
+    code, doc, error = run_qcli(model, folders["calib"], out)
+    verification = (doc or {}).get("verification")
+    if verification is None:
+        said = error or "no verification"
+    else:
+        said = f"compared on {verification['data']}\n" + "\n".join(
+            figure(c["name"], c.get("output"), c["value"], c.get("interval"), c.get("samples"), c["passed"])
+            for c in verification["checks"])
+    if not out.is_file():
+        return f"{name}\n[dim]{counts}[/dim]", f"exit {code}", said, "[red]no model written[/red]"
+    found = held_out(model, out, folders["holdout"])
+    holds = all(v.value >= v.floor for v in found)
+    by_rule = all(v.passed for v in found)
+    lines = [figure(v.metric, v.output, v.value, v.interval, v.samples, v.value >= v.floor) for v in found]
+    verdict = "holds" + (" by the rule" if by_rule else " (not by the rule)") if holds else "[red]does not hold[/red]"
+    return f"{name}\n[dim]{counts}[/dim]", f"exit {code}", said, "\n".join([*lines, verdict])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    args = parser.parse_args(argv)
+    from rich.table import Table
+
+    console = bench_console()
+    table = Table(title="qcli's verdict (32 calibration samples) beside the held-out truth", title_justify="left")
+    for col in ("model (samples)", "qcli", "qcli's checks", "held-out, same floors"):
+        table.add_column(col)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="qcli-bench-heldout-") as tmp:
+        for name in args.models:
+            model, _, needs = MODELS[name]
+            missing = [str(model)] if not model.is_file() else []
+            missing += [needs] if needs and shutil.which(needs) is None else []
+            if missing:
+                console.print(f"[yellow]skipped {name}: {', '.join(missing)} not found "
+                              f"(`make real-models`; Debian: apt-get install espeak-ng)[/yellow]")
+                continue
+            began = time.perf_counter()
+            table.add_row(*row(name, model, Path(tmp) / name), end_section=True)
+            console.print(f"{name}: {time.perf_counter() - began:.0f} s")
+    console.print(table)
+    console.print(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
