@@ -7,9 +7,10 @@ verdict rule (qcli.analyze.verdict) on the held-out samples.
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py                    # every model (~10 min, 2 cores)
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --models magika ocr-rec
 
-Models: those of benchmarks/recovery.py (their input writers, other split sizes) and magika
+Models: those of benchmarks/recovery.py (their input writers, other split sizes), magika
 (the first and last 1,024 bytes of Python's standard-library files; the files of the two
-splits are different). Silero VAD needs espeak-ng on PATH (skipped, with a message, without
+splits are different), PaddleOCR's text detector (pages of text, 448 x 320) and NudeNet's
+YOLOv8 detector (crops of the photos, 320 x 320). Silero VAD needs espeak-ng on PATH (skipped, with a message, without
 it). Columns: what qcli compared on and its checks (value, 95% interval, samples); the
 held-out figure of every gated output (value, interval, samples) and whether it meets the
 floor there: "holds" when the held-out value reaches the floor, "holds by the rule" when the
@@ -77,6 +78,11 @@ MODELS: dict[str, tuple[Path, Callable[[Path], dict[str, Path]], str | None]] = 
     "ddddocr": (inputs.REAL / "ddddocr" / "common.onnx",
                 partial(inputs.write_captchas, splits={"calib": CALIB, "holdout": 256}), None),
     "magika": (MAGIKA, partial(write_files, sizes={"calib": CALIB, "holdout": 256}), None),
+    "ocr-det": (PADDLE / "ch_PP-OCRv4_det_infer.onnx",
+                partial(inputs.write_det_pages, pages={"calib": CALIB, "holdout": HELD_OUT}), None),
+    "nudenet": (inputs.REAL / "nudenet" / "320n.onnx",
+                partial(inputs.write_detector_photos, splits={k: inputs.PHOTO_SPLITS[k] for k in ("calib", "holdout")}),
+                None),
     "silero-vad": (inputs.VAD, partial(inputs.write_speech, splits={"calib": 6, "holdout": 12},
                                        samples={"calib": CALIB}), "espeak-ng"),
 }

@@ -265,6 +265,43 @@ def write_pages(out: Path, pages: dict[str, int] = PAGE_SPLITS) -> dict[str, Pat
     return folders
 
 
+
+def write_det_pages(out: Path, pages: dict[str, int], size: tuple[int, int] = (448, 320)) -> dict[str, Path]:
+    """Pages of text as PaddleOCR's text detector reads them (x: float32 [1, 3, H, W], resized
+    to `size` (H, W), multiples of 32; ImageNet mean / std), one `.npz` per page in
+    out/<split>/; each split draws from its own sentences."""
+    texts = sentence_splits({split: max(8, 2 * n) for split, n in pages.items()})
+    rng, folders = np.random.default_rng(6), {}
+    for split, n in pages.items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            img = page(texts[split], rng).resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            x = (np.asarray(img, dtype=np.float32) / 255.0 - MEAN) / STD
+            np.savez(folder / f"{i:04d}.npz", x=np.ascontiguousarray(x.transpose(2, 0, 1)[None]))
+    return folders
+
+
+def write_detector_photos(out: Path, splits: dict = PHOTO_SPLITS, size: int = 320) -> dict[str, Path]:
+    """Square crops of the photos (each split its own) as YOLOv8 detectors read them (images:
+    float32 [1, 3, size, size], RGB / 255), one `.npz` per crop in out/<split>/."""
+    rng, folders = np.random.default_rng(7), {}
+    for split, (names, per_photo) in splits.items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        i = 0
+        for name in names:
+            img = photo(name)
+            for _ in range(per_photo):
+                side = int(min(img.size) * rng.uniform(0.6, 1.0))
+                left, top = (int(rng.integers(0, d - side + 1)) for d in img.size)
+                crop = img.crop((left, top, left + side, top + side)).resize((size, size), Image.Resampling.BILINEAR)
+                x = np.asarray(crop, dtype=np.float32).transpose(2, 0, 1)[None] / 255.0
+                np.savez(folder / f"{i:04d}.npz", images=np.ascontiguousarray(x))
+                i += 1
+    return folders
+
+
 # --------------------------------------------------------------------------- text lines, captchas
 
 FONTS = tuple(p for p in sorted(Path("/usr/share/fonts").rglob("*.ttf")) if "Math" not in p.name)
