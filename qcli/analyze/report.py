@@ -98,6 +98,8 @@ class Fidelity:
     position_agreement: float | None = None  # sequence: positions whose argmax is unchanged
     mask_agreement: float | None = None  # mask: elements on the same side of the threshold
     mask_iou: float | None = None  # mask: mean per-sample IoU of the thresholded masks
+    agreement_interval: list[float] | None = None  # ~95% interval of the agreement of its kind (analyze.verdict)
+    cosine_interval: list[float] | None = None  # ~95% interval of the mean cosine
 
 
 @dataclass

@@ -105,19 +105,21 @@ def summary_rows(report: Report) -> list[tuple[str, ...]]:
     return rows
 
 
-FIDELITY_HEADER = ("output", "kind", "agreement", "cosine (mean / min)", "SQNR", "max abs error", "samples")
+FIDELITY_HEADER = ("output", "kind", "agreement [95%]", "cosine (mean [95%] / min)", "SQNR", "max abs error",
+                   "samples")
 
 
 def agreement_text(f: Fidelity) -> str:
-    """The agreement of the output's kind, with its detail (positions, IoU)."""
+    """The agreement of the output's kind, with its ~95% interval and its detail (positions, IoU)."""
+    within = f" [{pct(f.agreement_interval[0])}, {pct(f.agreement_interval[1])}]" if f.agreement_interval else ""
     if f.kind == "top1":
-        return pct(f.top1_agreement)
+        return pct(f.top1_agreement) + within
     if f.kind == "sequence":
-        return f"{pct(f.sequence_agreement)} of sequences ({pct(f.position_agreement)} of positions)"
+        return f"{pct(f.sequence_agreement)}{within} of sequences ({pct(f.position_agreement)} of positions)"
     if f.kind == "mask":
-        return f"{pct(f.mask_agreement)} of elements (IoU {pct(f.mask_iou)})"
+        return f"{pct(f.mask_agreement)}{within} of elements (IoU {pct(f.mask_iou)})"
     if f.kind == "per_element" or f.agreement is not None:
-        return pct(f.agreement) if f.agreement is not None else "–"  # of the elements (ids, mask pixels)
+        return pct(f.agreement) + within if f.agreement is not None else "–"  # of the elements (ids, mask pixels)
     return "–"
 
 
@@ -125,7 +127,8 @@ def fidelity_row(f: Fidelity) -> tuple[str, ...]:
     kind = f.kind + (" (not gated)" if f.kind == "ignore" else "")
     if f.sqnr_db is None and f.max_abs_error is None:  # integer outputs
         return (f.output, kind, agreement_text(f), "–", "–", "–", f"{f.samples} ({pct(f.exact_match)} identical)")
-    cosine = f"{f.cosine:.5f} / {f.cosine_min:.5f}" if f.cosine is not None else "–"
+    within = f" [{f.cosine_interval[0]:.5f}, {f.cosine_interval[1]:.5f}]" if f.cosine_interval else ""
+    cosine = f"{f.cosine:.5f}{within} / {f.cosine_min:.5f}" if f.cosine is not None else "–"
     return (f.output, kind, agreement_text(f), cosine, db(f.sqnr_db), num(f.max_abs_error or 0.0), str(f.samples))
 
 
