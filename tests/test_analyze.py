@@ -26,7 +26,7 @@ from qcli.analyze import (
     sample_count,
     write_report,
 )
-from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, sqnr_db
+from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, sqnr_db, wilson
 from qcli.errors import ConfigError, DataError, GateFailed, ModelError, QcliError
 from qcli.runtime import make_session
 
@@ -209,6 +209,9 @@ def test_without_labels_reports_fidelity_only(quantized, tmp_path):
     assert r.accuracy is None and r.data.labelled == 0 and r.data.samples == 40
     fid = r.fidelity[0]
     assert fid.top1_agreement is not None and fid.cosine > 0.99 and fid.sqnr_db > 20 and fid.max_abs_error > 0
+    agree = round(fid.top1_agreement * 40)
+    assert fid.agreement_interval == [pytest.approx(v, abs=1e-6) for v in wilson(agree, 40)]  # 40 samples
+    assert fid.cosine_interval[0] < fid.cosine <= fid.cosine_interval[1]
     (gate,) = r.gates
     assert gate.metric == "1 - top-1 agreement (logits)" and gate.value == pytest.approx(1 - fid.top1_agreement)
     from qcli.analyze import report_text
