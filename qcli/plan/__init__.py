@@ -24,7 +24,7 @@ Decisions (README "What gets quantized" and "Configuration" say the same for use
 - Data-movement ops (`shares`) are quantized when a neighbouring tensor is, sharing its scale,
   so onnxruntime runs them on int8 or drops their Q/DQ pair.
 - A node whose weight control flow (If/Loop/Scan) or the graph's outputs also read stays
-  float unless an override names it: the weight would be stored twice (`nodes.float_readers`).
+  float unless an override names it: the weight would be stored twice (`context.float_readers`).
 - Int8 pays off in the kernels of Conv, ConvTranspose, MatMul and Gemm (`anchor` in rules.py).
   A group of connected quantizable nodes without an anchor (say a lone Add between float ops)
   stays float: its Q/DQ pairs would cost more time than its int8 kernel saves.

@@ -1,5 +1,6 @@
 """What every planning phase reads (`Context`: the graph index, node names and rules, the
-config and its selections), and the union-find two phases group with."""
+config and its selections, the tensors that stay float whatever is quantized), and the
+union-find two phases group with."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import onnx
 from qcli.config import Config
 from qcli.errors import InternalError
 from qcli.graph import GraphIndex
+from qcli.info import iter_graphs, node_subgraphs
 from qcli.plan.match import Selections
 from qcli.rules import Kind, OpRule, activation_inputs, rule_for
 
@@ -29,13 +31,14 @@ class Context:
     rules: list[OpRule | None]  # each node's rule (`rule_for`)
     config: Config
     selections: Selections
+    float_reads: dict[str, str]  # tensors that stay float whatever is quantized, and who reads them
 
     @classmethod
     def of(cls, model: onnx.ModelProto, config: Config, index: GraphIndex | None = None) -> Context:
         index = index if index is not None else GraphIndex.of(model)
         names = node_names(model)
         rules = [rule_for(node) for node in model.graph.node]
-        return cls(index, names, rules, config, Selections.of(config, names, index))
+        return cls(index, names, rules, config, Selections.of(config, names, index), float_readers(model.graph))
 
     def node(self, i: int) -> onnx.NodeProto:
         return self.index.graph.node[i]
@@ -55,6 +58,28 @@ class Context:
         """The names node `i` reads as activations (by its rule; initializers included)."""
         node = self.node(i)
         return [node.input[k] for k in activation_inputs(node, self.rule(i))]
+
+
+def float_readers(graph: onnx.GraphProto) -> dict[str, str]:
+    """Tensors that stay float whatever is quantized, and who reads them: inputs of If/Loop/Scan
+    nodes and names their bodies read ("a Loop", "a Loop body"), and graph outputs.
+
+    A weight among them would be held twice if a quantized node read it (float for them, int8
+    for it), and the model would grow: piper's nakdimon, whose Keras LSTMs pass their weights to
+    a Loop and to a first-step MatMul, grew by a fifth with those MatMuls quantized. Other float
+    readers in the main graph do not count: a tied embedding's Gather (float when no anchor is
+    near) shares its table with the output projection, and that projection's int8 kernel is
+    worth a second copy of a quarter of the table's size."""
+    reads: dict[str, str] = {}
+    for node in graph.node:
+        for body in node_subgraphs(node):  # outer-scope names read at any depth stay float
+            reads.update((name, f"a {node.op_type} body") for _, g in iter_graphs(body) for n in g.node
+                         for name in n.input)
+    for node in graph.node:
+        if any(True for _ in node_subgraphs(node)):
+            reads.update((name, f"a {node.op_type}") for name in node.input if name)
+    reads.update((name, "a graph output") for name in (o.name for o in graph.output))
+    return reads
 
 
 T = TypeVar("T", int, str)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 
 from qcli.config import Weights
 from qcli.plan.context import Context
-from qcli.plan.nodes import float_readers
 from qcli.plan.result import DynamicNode, WeightPlan
 from qcli.plan.weights import weight_scheme
 from qcli.rules import RULES, dynamic_rule, weight_axis
@@ -29,7 +28,7 @@ class Dynamic:
 def plan_dynamic(ctx: Context) -> Dynamic:
     """The dynamic nodes with their weights' plans, and why the other nodes in dynamic mode stay float."""
     out = Dynamic()
-    reads = float_readers(ctx.index.graph)
+    reads = ctx.float_reads
     for i in sorted(ctx.selections.dynamic):
         reason = why_not_dynamic(ctx, i, reads)
         if reason is not None:
@@ -105,7 +104,7 @@ def embedding_tables(ctx: Context, static: frozenset[int], planned: Dynamic) -> 
     plan leaves float: their tables int8 per column, the rows read dequantized after the Gather
     (the `gather` form: no activation is quantized, so it costs no Q/DQ pair), as onnxruntime's
     quantize_dynamic stores them. A 30k-word table is most of a small encoder's file."""
-    reads = float_readers(ctx.index.graph)
+    reads = ctx.float_reads
     readers = Counter(name for node in ctx.index.graph.node for name in node.input)
     found = dict(planned.nodes)
     for i, node in enumerate(ctx.index.graph.node):

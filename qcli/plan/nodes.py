@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from qcli.info import iter_graphs, node_subgraphs
 from qcli.plan.context import Context, UnionFind
 
 #: The reason of a node a config rule keeps float by naming one of its tensors.
@@ -92,7 +91,7 @@ def weights_read_in_float(ctx: Context, candidates: frozenset[int]) -> dict[int,
     """Candidates whose weight control flow or the graph's outputs also read: the weight stays
     float for those readers, and quantized readers would store it a second time
     (`float_readers`). They stay float too, unless an override asks for them."""
-    float_reads = float_readers(ctx.index.graph)
+    float_reads = ctx.float_reads
     rejected = {}
     for i in sorted(candidates):
         node = ctx.node(i)
@@ -170,26 +169,3 @@ def _source(ctx: Context, name: str) -> int | None:
     while j is not None and ctx.is_kind(j, "fold"):
         j = ctx.index.producer(ctx.node(j).input[0])
     return j
-
-
-def float_readers(graph: onnx.GraphProto) -> dict[str, str]:
-    """Tensors that stay float whatever is quantized, and who reads them: inputs of If/Loop/Scan
-    nodes and names their bodies read ("a Loop", "a Loop body"), and graph outputs.
-
-    A weight among them would be held twice if a quantized node read it (float for them, int8
-    for it), and the model would grow: piper's nakdimon, whose Keras LSTMs pass their weights to
-    a Loop and to a first-step MatMul, grew by a fifth with those MatMuls quantized. Other float
-    readers in the main graph do not count: a tied embedding's Gather (float when no anchor is
-    near) shares its table with the output projection, and that projection's int8 kernel is
-    worth a second copy of a quarter of the table's size."""
-    reads: dict[str, str] = {}
-    for node in graph.node:
-        for body in node_subgraphs(node):  # outer-scope names read at any depth stay float
-            reads.update((name, f"a {node.op_type} body") for _, g in iter_graphs(body) for n in g.node
-                         for name in n.input)
-    for node in graph.node:
-        if any(True for _ in node_subgraphs(node)):
-            reads.update((name, f"a {node.op_type}") for name in node.input if name)
-    reads.update((name, "a graph output") for name in (o.name for o in graph.output))
-    return reads
-
