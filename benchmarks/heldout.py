@@ -25,7 +25,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
@@ -46,20 +45,16 @@ CALIB, HELD_OUT = 32, 208
 
 
 def write_files(out: Path, sizes: dict[str, int]) -> dict[str, Path]:
-    """magika's input per file (int32 [1, 2048]: the first and last 1,024 bytes, padded with
-    its token 256) from Python's standard library, each split its own files (a fixed shuffle)."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in stdlib.rglob("*") if p.is_file() and p.stat().st_size
-                   and not {"__pycache__", "site-packages"} & set(p.relative_to(stdlib).parts))
+    """magika's input per file (`inputs.magika_tokens`) from Python's standard library, each
+    split its own files (a fixed shuffle)."""
+    files = inputs.stdlib_files()
     order = np.random.default_rng(5).permutation(len(files))
     folders, start = {}, 0
     for split, n in sizes.items():
         folder = folders[split] = out / split
         folder.mkdir(parents=True, exist_ok=True)
         for i, k in enumerate(order[start:start + n]):
-            b = list(files[k].read_bytes())
-            pad = [256] * max(0, 1024 - len(b))
-            np.save(folder / f"{i:04d}.npy", np.array([b[:1024] + pad + pad + b[-1024:]], np.int32))
+            np.save(folder / f"{i:04d}.npy", inputs.magika_tokens(files[k]))
         start += n
     return folders
 
@@ -112,8 +107,8 @@ def held_out(model: Path, quantized: Path, folder: Path) -> list:
 
     float_model = onnx.load(model)
     specs = model_inputs(float_model)
-    probe = Probe(float_model, list(DataFolder(folder, specs).batches(32)), specs, verify=Verify())
     vf = Verify()
+    probe = Probe(float_model, list(DataFolder(folder, specs).batches(32)), specs, verify=vf)
     return verdicts(probe.measure(onnx.load(quantized)), vf.min_top1_agreement, vf.min_cosine)
 
 

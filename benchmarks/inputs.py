@@ -209,9 +209,14 @@ def photo_views(img: Image.Image, n: int, rng: np.random.Generator) -> Iterator[
     """`n` views of a photo: a random square part (60-100% of the short side), turned 0-3
     quarter turns."""
     for i in range(n):
-        size = int(min(img.size) * rng.uniform(0.6, 1.0))
-        left, top = (int(rng.integers(0, d - size + 1)) for d in img.size)
-        yield preprocess(img.crop((left, top, left + size, top + size)).rotate(90 * (i % 4), expand=True))
+        yield preprocess(square_crop(img, rng).rotate(90 * (i % 4), expand=True))
+
+
+def square_crop(img: Image.Image, rng: np.random.Generator) -> Image.Image:
+    """A random square part of `img`, 60-100% of its short side."""
+    size = int(min(img.size) * rng.uniform(0.6, 1.0))
+    left, top = (int(rng.integers(0, d - size + 1)) for d in img.size)
+    return img.crop((left, top, left + size, top + size))
 
 
 def write_photos(out: Path, splits: dict = PHOTO_SPLITS) -> dict[str, Path]:
@@ -293,13 +298,28 @@ def write_detector_photos(out: Path, splits: dict = PHOTO_SPLITS, size: int = 32
         for name in names:
             img = photo(name)
             for _ in range(per_photo):
-                side = int(min(img.size) * rng.uniform(0.6, 1.0))
-                left, top = (int(rng.integers(0, d - side + 1)) for d in img.size)
-                crop = img.crop((left, top, left + side, top + side)).resize((size, size), Image.Resampling.BILINEAR)
+                crop = square_crop(img, rng).resize((size, size), Image.Resampling.BILINEAR)
                 x = np.asarray(crop, dtype=np.float32).transpose(2, 0, 1)[None] / 255.0
                 np.savez(folder / f"{i:04d}.npz", images=np.ascontiguousarray(x))
                 i += 1
     return folders
+
+
+
+def stdlib_files() -> list[Path]:
+    """Python's own standard-library files, sorted; compiled caches and installed packages are
+    left out (they come and go between runs)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in stdlib.rglob("*") if p.is_file() and p.stat().st_size
+                  and not {"__pycache__", "site-packages"} & set(p.relative_to(stdlib).parts))
+
+
+def magika_tokens(path: Path) -> np.ndarray:
+    """magika's input for a file, as magika reads it: int32 [1, 2048], the first and the last
+    1,024 bytes, padded with its token 256."""
+    b = list(path.read_bytes())
+    pad = [256] * max(0, 1024 - len(b))
+    return np.array([b[:1024] + pad + pad + b[-1024:]], np.int32)
 
 
 # --------------------------------------------------------------------------- text lines, captchas

@@ -230,19 +230,11 @@ piper = pytest.mark.skipif(not PIPER.exists(), reason="no piper models: run `mak
 
 
 def write_file_bytes(folder: Path, n: int, skip: int = 0) -> Path:
-    """magika's input: the first and the last 1024 bytes of real files (here Python's own
-    standard library, sorted), padded with its token 256, as magika reads them. Compiled
-    caches and installed packages are left out: they come and go between runs."""
-    import sysconfig
-
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in stdlib.rglob("*") if p.is_file() and p.stat().st_size
-                   and not {"__pycache__", "site-packages"} & set(p.relative_to(stdlib).parts))
+    """magika's input (`inputs.magika_tokens`) for `n` of Python's own standard-library files."""
+    files = inputs.stdlib_files()
     folder.mkdir()
     for i, path in enumerate(files[skip::max(len(files) // (n + skip), 1)][:n]):
-        b = list(path.read_bytes())
-        pad = [256] * max(0, 1024 - len(b))
-        np.save(folder / f"{i:04d}.npy", np.array([b[:1024] + pad + pad + b[-1024:]], np.int32))
+        np.save(folder / f"{i:04d}.npy", inputs.magika_tokens(path))
     return folder
 
 
