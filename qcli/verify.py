@@ -43,6 +43,7 @@ from qcli.analyze.kinds import check_outputs
 from qcli.analyze.latency import Ratio
 from qcli.analyze.plugin import load_metric
 from qcli.analyze.probe import AGREEMENT, Fidelity, Probe
+from qcli.analyze.report import rounded_pair
 from qcli.analyze.verdict import verdicts
 from qcli.calibrate.table import CalibrationTable, RangeSettings
 from qcli.config import Config
@@ -159,7 +160,7 @@ class Verification:
             "checks": [
                 {"name": c.name, "output": c.output, "value": round(c.value, 6), "floor": c.floor,
                  "kind": "at_least" if c.at_least else "at_most", "passed": c.passed,
-                 "interval": None if c.interval is None else [round(c.interval[0], 6), round(c.interval[1], 6)],
+                 "interval": rounded_pair(c.interval),
                  "samples": c.samples, "how": c.how}
                 for c in self.checks
             ],

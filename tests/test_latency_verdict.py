@@ -31,14 +31,14 @@ def test_the_interval_holds_the_true_median_about_19_times_in_20() -> None:
     rng = np.random.default_rng(1)
     held = 0
     for _ in range(2000):
-        r = Ratio.of(list(1.05 * np.exp(rng.standard_t(3, 40) * 0.04)))
+        r = Ratio(list(1.05 * np.exp(rng.standard_t(3, 40) * 0.04)))
         held += r.low <= 1.05 <= r.high
     assert 0.93 <= held / 2000 <= 0.99
 
 
 def test_pooled_rounds_narrow_the_interval() -> None:
-    one = Ratio.of(rounds(1.05, 0.05))
-    three = one.pooled(Ratio.of(rounds(1.05, 0.05, seed=1))).pooled(Ratio.of(rounds(1.05, 0.05, seed=2)))
+    one = Ratio(rounds(1.05, 0.05))
+    three = one.pooled(Ratio(rounds(1.05, 0.05, seed=1))).pooled(Ratio(rounds(1.05, 0.05, seed=2)))
     assert three.count == 120
     assert three.high - three.low < 0.7 * (one.high - one.low)
 
@@ -50,7 +50,7 @@ def test_pooled_rounds_narrow_the_interval() -> None:
 ])
 def test_the_ceiling_is_missed_only_when_the_interval_is_clear_of_it(median: float, noise: float,
                                                                        fast: bool) -> None:
-    assert Goal(max_latency_ratio=1.03).fast(Ratio.of(rounds(median, noise))) is fast
+    assert Goal(max_latency_ratio=1.03).fast(Ratio(rounds(median, noise))) is fast
 
 
 def test_a_plain_float_is_its_own_interval() -> None:
@@ -68,7 +68,7 @@ class StubProbe:
 
     def latency_ratio(self, model) -> Ratio:
         self.calls.append(len(self.calls))
-        return Ratio.of(rounds(self.medians[len(self.calls) - 1], self.noise, seed=len(self.calls)))
+        return Ratio(rounds(self.medians[len(self.calls) - 1], self.noise, seed=len(self.calls)))
 
 
 def trials_with(probe: StubProbe, ceiling: float | None) -> Trials:

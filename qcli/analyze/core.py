@@ -42,6 +42,7 @@ from qcli.analyze.report import (
     Settings,
     Speed,
     rounded,
+    rounded_pair,
 )
 from qcli.analyze.size import compare_sizes, model_size, proto_size
 from qcli.calibrate.collect import RUN_OUTPUT_BYTES, RunSize, parts, prefetch, session_with_outputs
@@ -498,13 +499,9 @@ def _fidelity(name: str, acc: FidelityAccumulator) -> Fidelity:
         exact_match=rounded(acc.exact / acc.samples) if acc.samples else 0.0,
         nonfinite=acc.sqnr.nonfinite,
         agreement=rounded(acc.element_agreement),
-        agreement_interval=_interval(acc.agreement_interval),
-        cosine_interval=_interval(acc.cosine_interval),
+        agreement_interval=rounded_pair(acc.agreement_interval),
+        cosine_interval=rounded_pair(acc.cosine_interval),
     )
-
-
-def _interval(interval: tuple[float, float] | None) -> list[float] | None:
-    return None if interval is None else [rounded(interval[0]), rounded(interval[1])]
 
 
 def _layer(p, acc: SqnrAccumulator) -> LayerError:

@@ -15,7 +15,7 @@ interval still reaches the ceiling is not measurably above it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -29,7 +29,7 @@ class Ratio(float):
     """A latency ratio (quantized / float): the median of `rounds` per-round ratios, with the
     ~95% interval [low, high] of that median. A float, so it compares and prints like one.
 
-    >>> r = Ratio.of([1.0, 1.1, 0.9] * 10)
+    >>> r = Ratio([1.0, 1.1, 0.9] * 10)
     >>> float(r), r.low, r.high, r.count
     (1.0, 0.9, 1.1, 30)
     """
@@ -38,7 +38,7 @@ class Ratio(float):
     high: float
     rounds: tuple[float, ...]
 
-    def __new__(cls, rounds: tuple[float, ...]) -> Ratio:
+    def __new__(cls, rounds: Iterable[float]) -> Ratio:
         ordered = tuple(sorted(float(r) for r in rounds))
         n = len(ordered)
         self = super().__new__(cls, float(np.median(ordered)) if n else float("inf"))
@@ -46,10 +46,6 @@ class Ratio(float):
         self.rounds = ordered
         self.low, self.high = (ordered[k], ordered[n - 1 - k]) if n else (float("inf"), float("inf"))
         return self
-
-    @classmethod
-    def of(cls, rounds: list[float] | tuple[float, ...]) -> Ratio:
-        return cls(tuple(rounds))
 
     @property
     def count(self) -> int:
@@ -59,13 +55,13 @@ class Ratio(float):
         """Both measurements' rounds as one."""
         return Ratio(self.rounds + other.rounds)
 
-    def __reduce__(self):  # pickles (to the executor's workers) with its rounds
+    def __reduce__(self):  # copy and pickle rebuild it from its rounds (float.__getnewargs__ gives the median)
         return (Ratio, (self.rounds,))
 
 
 def paired(speed: Speed) -> Ratio:
     """The per-round ratios of a `measure` (round i: quantized run i / float run i)."""
-    return Ratio.of([q / f for f, q in zip(speed.float.runs_ms, speed.quantized.runs_ms, strict=True) if f > 0])
+    return Ratio([q / f for f, q in zip(speed.float.runs_ms, speed.quantized.runs_ms, strict=True) if f > 0])
 
 
 def timed_inputs(first: Batch, specs: list[InputSpec], batch: int) -> tuple[dict[str, np.ndarray], int]:

@@ -22,7 +22,7 @@ samples (cosine; element and mask agreement, per sample) mean ± 1.96 standard e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -83,6 +83,77 @@ def sequence_ids(value: np.ndarray, batch: int) -> np.ndarray:
     return ids.reshape(batch, -1) if ids.size and ids.shape[0] == batch else ids.reshape(1, -1)
 
 
+Z95 = 1.959964  # the standard normal's 97.5th percentile: two-sided 95%
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """The ~95% Wilson score interval of the share k/n; it stays inside [0, 1] and is not
+    empty at k = n, unlike k/n ± 1.96 standard errors.
+
+    >>> [round(v, 3) for v in wilson(16, 16)], [round(v, 3) for v in wilson(15, 16)]
+    ([0.806, 1.0], [0.717, 0.989])
+    """
+    if n <= 0:
+        return 0.0, 1.0
+    p, z2 = k / n, Z95 * Z95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_interval(total: float, squares: float, n: int) -> tuple[float, float]:
+    """The ~95% interval of a mean over n samples from their sum and sum of squares (mean ± 1.96
+    standard errors); one sample: the mean alone.
+
+    >>> [round(v, 4) for v in mean_interval(3 * 0.99, 0.98 ** 2 + 0.99 ** 2 + 1.0, 3)]
+    [0.9787, 1.0013]
+    """
+    if n <= 0:
+        return 0.0, 1.0
+    mean = total / n
+    if n == 1:
+        return mean, mean
+    var = max(squares - n * mean * mean, 0.0) / (n - 1)
+    half = Z95 * math.sqrt(var / n)
+    return mean - half, mean + half
+
+
+@dataclass
+class Mean:
+    """A running mean over samples, with the sum of squares its interval needs.
+
+    >>> m = Mean(); m.add(np.array([1.0, 0.0, 1.0, 1.0])); m.value, [round(v, 3) for v in m.interval()]
+    (0.75, [0.26, 1.24])
+    """
+
+    n: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+
+    def add(self, values: np.ndarray) -> None:
+        v = np.asarray(values, dtype=np.float64)
+        self.n += v.size
+        self.total += float(v.sum())
+        self.squares += float((v * v).sum())
+
+    @property
+    def value(self) -> float | None:
+        return self.total / self.n if self.n else None
+
+    def interval(self) -> tuple[float, float] | None:
+        return mean_interval(self.total, self.squares, self.n) if self.n else None
+
+    def share_interval(self) -> tuple[float, float] | None:
+        """The interval of a mean of shares, kept inside [0, 1]."""
+        found = self.interval()
+        return None if found is None else (max(0.0, found[0]), min(1.0, found[1]))
+
+
+def row_shares(equal: np.ndarray) -> np.ndarray:
+    """Per sample (row), the share of its elements that are True (an empty row: 1)."""
+    return equal.mean(axis=1) if equal.shape[1] else np.ones(equal.shape[0])
+
+
 @dataclass
 class SequenceAccumulator:
     """Samples whose whole argmax sequence (CTC-collapsed with `blank`) is unchanged, and
@@ -136,16 +207,13 @@ class MaskAccumulator:
     equal: int = 0
     iou_sum: float = 0.0
     samples: int = 0
-    agree_rows: float = 0.0  # Σ over samples of their share of elements agreeing
-    agree_rows_squares: float = 0.0
+    per_sample: Mean = field(default_factory=Mean)  # each sample's share of elements agreeing
 
     def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
         a, b = _rows(np.asarray(reference) > self.threshold, batch), _rows(np.asarray(value) > self.threshold, batch)
         self.elements += a.size
         self.equal += int(np.count_nonzero(a == b))
-        shares = (a == b).mean(axis=1) if a.shape[1] else np.ones(a.shape[0])
-        self.agree_rows += float(shares.sum())
-        self.agree_rows_squares += float((shares * shares).sum())
+        self.per_sample.add(row_shares(a == b))
         inter, union = np.count_nonzero(a & b, axis=1), np.count_nonzero(a | b, axis=1)
         self.iou_sum += float(np.where(union > 0, inter / np.maximum(union, 1), 1.0).sum())
         self.samples += a.shape[0]
@@ -186,41 +254,6 @@ def _rows(value: np.ndarray, batch: int) -> np.ndarray:
     if value.ndim >= 1 and value.shape[0] == batch:
         return value.reshape(batch, -1)
     return value.reshape(1, -1)
-
-
-Z95 = 1.959964  # the standard normal's 97.5th percentile: two-sided 95%
-
-
-def wilson(k: int, n: int) -> tuple[float, float]:
-    """The ~95% Wilson score interval of the share k/n; it stays inside [0, 1] and is not
-    empty at k = n, unlike k/n ± 1.96 standard errors.
-
-    >>> [round(v, 3) for v in wilson(16, 16)], [round(v, 3) for v in wilson(15, 16)]
-    ([0.806, 1.0], [0.717, 0.989])
-    """
-    if n <= 0:
-        return 0.0, 1.0
-    p, z2 = k / n, Z95 * Z95
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def mean_interval(total: float, squares: float, n: int) -> tuple[float, float]:
-    """The ~95% interval of a mean over n samples from their sum and sum of squares (mean ± 1.96
-    standard errors); one sample: the mean alone.
-
-    >>> [round(v, 4) for v in mean_interval(3 * 0.99, 0.98 ** 2 + 0.99 ** 2 + 1.0, 3)]
-    [0.9787, 1.0013]
-    """
-    if n <= 0:
-        return 0.0, 1.0
-    mean = total / n
-    if n == 1:
-        return mean, mean
-    var = max(squares - n * mean * mean, 0.0) / (n - 1)
-    half = Z95 * math.sqrt(var / n)
-    return mean - half, mean + half
 
 
 @dataclass
@@ -276,12 +309,9 @@ class FidelityAccumulator:
     exact: int = 0
     equal: int = 0  # elements equal (integer/bool outputs)
     compared: int = 0
-    cosine_sum: float = 0.0
-    cosine_squares: float = 0.0
+    cosines: Mean = field(default_factory=Mean)  # per sample (rows without NaN/Inf)
     cosine_min: float = 1.0
-    equal_rows: float = 0.0  # per-element outputs: Σ over samples of their share of elements equal
-    equal_rows_squares: float = 0.0
-    cosine_rows: int = 0
+    equal_rows: Mean = field(default_factory=Mean)  # per-element outputs: each sample's share of elements equal
     floating: bool | None = None
 
     def __post_init__(self) -> None:
@@ -312,9 +342,7 @@ class FidelityAccumulator:
         if self._per_element:
             self.equal += int(np.count_nonzero(equal))
             self.compared += equal.size
-            shares = equal.mean(axis=1) if equal.shape[1] else np.ones(equal.shape[0])
-            self.equal_rows += float(shares.sum())
-            self.equal_rows_squares += float((shares * shares).sum())
+            self.equal_rows.add(row_shares(equal))
         if not self.floating:
             return
         self.sqnr.update(x, y)
@@ -327,11 +355,9 @@ class FidelityAccumulator:
             cosine = np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0), empty)
         # Rows holding NaN/Inf (or whose norms overflow) have no cosine; the SQNR counts them.
         finite = np.isfinite(x64).all(axis=1) & np.isfinite(y64).all(axis=1) & np.isfinite(cosine)
+        self.cosines.add(cosine[finite])
         if finite.any():
-            self.cosine_sum += float(cosine[finite].sum())
-            self.cosine_squares += float((cosine[finite] ** 2).sum())
             self.cosine_min = min(self.cosine_min, float(cosine[finite].min()))
-        self.cosine_rows += int(np.count_nonzero(finite))
         if self.class_scores:
             self.agree += int((x.argmax(axis=1) == y.argmax(axis=1)).sum())
         if self.sequence is not None:
@@ -356,13 +382,11 @@ class FidelityAccumulator:
 
     @property
     def cosine(self) -> float | None:
-        return self.cosine_sum / self.cosine_rows if self.floating and self.cosine_rows else None
+        return self.cosines.value if self.floating else None
 
     @property
     def cosine_interval(self) -> tuple[float, float] | None:
-        if not (self.floating and self.cosine_rows):
-            return None
-        return mean_interval(self.cosine_sum, self.cosine_squares, self.cosine_rows)
+        return self.cosines.interval() if self.floating else None
 
     @property
     def agreement_interval(self) -> tuple[float, float] | None:
@@ -370,17 +394,12 @@ class FidelityAccumulator:
         if self.sequence is not None and self.sequence.samples:
             return wilson(self.sequence.same, self.sequence.samples)
         if self.mask is not None and self.mask.samples:
-            return _share(mean_interval(self.mask.agree_rows, self.mask.agree_rows_squares, self.mask.samples))
+            return self.mask.per_sample.share_interval()
         if self.class_scores and self.samples:
             return wilson(self.agree, self.samples)
-        if self._per_element and self.samples:
-            return _share(mean_interval(self.equal_rows, self.equal_rows_squares, self.samples))
+        if self._per_element:
+            return self.equal_rows.share_interval()
         return None
-
-
-def _share(interval: tuple[float, float]) -> tuple[float, float]:
-    """An interval of a share, kept inside [0, 1]."""
-    return max(0.0, interval[0]), min(1.0, interval[1])
 
 
 @dataclass

@@ -35,6 +35,7 @@ from qcli.analyze.kinds import Kind, OutputKind, output_kinds
 from qcli.analyze.latency import Ratio, measure, paired, timed_inputs
 from qcli.analyze.metrics import FidelityAccumulator, TopKAccumulator, as_array
 from qcli.analyze.plugin import CustomScore, load_metric
+from qcli.analyze.report import rounded_pair
 from qcli.config import Verify
 from qcli.data import Batch, InputSpec
 from qcli.errors import DataError
@@ -84,12 +85,8 @@ class OutputFidelity:
                 "agreement": self.agreement, "sequence_agreement": self.sequence_agreement,
                 "position_agreement": self.position_agreement, "mask_agreement": self.mask_agreement,
                 "mask_iou": self.mask_iou, "samples": self.samples,
-                "agreement_interval": _rounded(self.agreement_interval),
-                "cosine_interval": _rounded(self.cosine_interval)}
-
-
-def _rounded(interval: tuple[float, float] | None) -> list[float] | None:
-    return None if interval is None else [round(interval[0], 6), round(interval[1], 6)]
+                "agreement_interval": rounded_pair(self.agreement_interval),
+                "cosine_interval": rounded_pair(self.cosine_interval)}
 
 
 @dataclass(frozen=True)

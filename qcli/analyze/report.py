@@ -38,6 +38,11 @@ def rounded(x: float | None, digits: int = 6) -> float | None:
     return float(f"{x:.{digits}g}")
 
 
+def rounded_pair(pair: tuple[float, float] | None, digits: int = 6) -> list[float] | None:
+    """An interval for JSON: [low, high], each `rounded` (None stays None)."""
+    return None if pair is None else [rounded(pair[0], digits), rounded(pair[1], digits)]
+
+
 @dataclass
 class ModelInfo:
     path: str

@@ -36,42 +36,36 @@ class Verdict:
     passed: bool
     how: str  # how the rule decided, in words
 
-    @property
-    def straddles(self) -> bool:
-        return self.interval is not None and self.interval[0] < self.floor <= self.interval[1]
+
+# Where an interval lies against its floor, and how the verdict says it
+_HOW = {"above": "its interval is clear of the floor", "below": "below the floor",
+        "straddles": "its interval reaches below the floor"}
+
+
+def _side(interval: Interval | None, value: float, floor: float) -> str:
+    """"above" the floor, "below" it (the value or the whole interval), or "straddles" it."""
+    low, high = interval if interval is not None else (value, value)
+    return "above" if low >= floor else "below" if high < floor or value < floor else "straddles"
 
 
 def agreement_verdict(o: OutputFidelity, metric: str, value: float, floor: float, min_cosine: float | None) -> Verdict:
     """The verdict on an output's agreement (module docstring)."""
-    interval = o.agreement_interval
-    if interval is None or interval[0] >= floor:
-        passed = value >= floor
-        return Verdict(metric, o.name, value, floor, interval, o.samples, passed, _clear(interval, value, floor))
-    if interval[1] < floor or value < floor:
-        return Verdict(metric, o.name, value, floor, interval, o.samples, False, "below the floor")
+    interval, side = o.agreement_interval, _side(o.agreement_interval, value, floor)
     cos = o.cosine_interval
+    if side != "straddles":
+        return Verdict(metric, o.name, value, floor, interval, o.samples, side == "above", _HOW[side])
     if cos is None or min_cosine is None:
         return Verdict(metric, o.name, value, floor, interval, o.samples, False,
-                       "its interval reaches below the floor and the output has no cosine to decide")
+                       f"{_HOW[side]} and the output has no cosine to decide")
     close = cos[0] >= min_cosine
-    how = (f"its interval reaches below the floor; its cosine ({cos[0]:.4f}-{cos[1]:.4f}) "
-           f"{'is' if close else 'is not'} clear of {min_cosine:g}")
+    how = f"{_HOW[side]}; its cosine ({cos[0]:.4f}-{cos[1]:.4f}) {'is' if close else 'is not'} clear of {min_cosine:g}"
     return Verdict(metric, o.name, value, floor, interval, o.samples, close, how)
 
 
 def cosine_verdict(o: OutputFidelity, value: float, floor: float) -> Verdict:
-    """The verdict on an output's mean cosine (module docstring)."""
-    interval = o.cosine_interval
-    passed = value >= floor if interval is None else interval[0] >= floor
-    how = _clear(interval, value, floor) if interval is None or interval[1] < floor or passed else \
-        "its interval reaches below the floor"
-    return Verdict("cosine", o.name, value, floor, interval, o.samples, passed, how)
-
-
-def _clear(interval: Interval | None, value: float, floor: float) -> str:
-    if interval is None:
-        return "met" if value >= floor else "below the floor"
-    return "its interval is clear of the floor" if interval[0] >= floor else "below the floor"
+    """The verdict on an output's mean cosine (module docstring): met only above the floor."""
+    side = _side(o.cosine_interval, value, floor)
+    return Verdict("cosine", o.name, value, floor, o.cosine_interval, o.samples, side == "above", _HOW[side])
 
 
 def verdicts(f: Fidelity, min_agreement: float | None, min_cosine: float | None) -> list[Verdict]:

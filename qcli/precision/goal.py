@@ -41,12 +41,7 @@ class Goal:
     def fast(self, ratio: float | None) -> bool:
         """Whether `ratio` is not measurably above the ceiling: its interval reaches it (a
         `latency.Ratio`; a plain float is its own interval)."""
-        return self.max_latency_ratio is None or ratio is None or lowest(ratio) <= self.max_latency_ratio
-
-
-def lowest(ratio: float) -> float:
-    """The low end of a latency ratio's interval (`latency.Ratio.low`; a plain float: itself)."""
-    return min(float(ratio), getattr(ratio, "low", float(ratio)))
+        return self.max_latency_ratio is None or ratio is None or getattr(ratio, "low", ratio) <= self.max_latency_ratio
 
 
 def goal_of(config: Config) -> Goal:
