@@ -34,11 +34,11 @@ OutputKindName = Literal["top1", "sequence", "cosine", "mask", "per_element", "i
 Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic"]  # int4: weights, to shrink
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # .nan/.inf: no setting means them
 
 
-class Calibration(_Section):
+class Calibration(Section):
     method: Method = "percentile"
     percentile: float = Field(99.999, gt=50, le=100)
     samples: int = Field(256, ge=1)
@@ -46,7 +46,7 @@ class Calibration(_Section):
     bins: int = Field(2048, ge=128, le=1 << 16)
 
 
-class Activations(_Section):
+class Activations(Section):
     """`mode: dynamic` quantizes activations at run time (README "Dynamic quantization"): to
     uint8 with an asymmetric range per tensor, which is what onnxruntime's DynamicQuantizeLinear
     computes, so other dtypes and `symmetric` cannot go with it."""
@@ -67,7 +67,7 @@ class Activations(_Section):
         return mode
 
 
-class Weights(_Section):
+class Weights(Section):
     dtype: WeightDtype = "int8"
     symmetric: bool = True
     granularity: GranularityName = "per_channel"
@@ -81,7 +81,7 @@ class Weights(_Section):
         return v
 
 
-class Match(_Section):
+class Match(Section):
     """Selects nodes (by name pattern AND op type when both are given) and tensors by name.
     Patterns are globs (`/encoder/*`) or `re:<regex>` (full match)."""
 
@@ -101,12 +101,12 @@ class Match(_Section):
         return patterns
 
 
-class CalibrationOverride(_Section):
+class CalibrationOverride(Section):
     method: Method | None = None
     percentile: float | None = Field(None, gt=50, le=100)
 
 
-class Override(_Section):
+class Override(Section):
     match: Match
 
     @field_validator("match")
@@ -154,7 +154,7 @@ def check_dynamic_weights(w: Weights) -> Weights:
 RECOVERY_STEPS = ("smoothquant", "bias_correction", "equalization")
 
 
-class SmoothQuant(_Section):
+class SmoothQuant(Section):
     """Per-input-channel scales that move activation outliers into the weights of MatMul/Gemm
     and 1x1 Conv (README "Recovery"). `alpha`: the share of the outlier moved (0: none, 1: all),
     or `auto`: chosen per layer by measured error."""
@@ -170,21 +170,21 @@ class SmoothQuant(_Section):
         return alpha
 
 
-class BiasCorrection(_Section):
+class BiasCorrection(Section):
     """Empirical bias correction (README "Recovery"): the mean output shift int8 causes in each
     quantized node of these types, measured on the calibration data, taken out of its bias."""
 
     op_types: list[Literal["Conv", "ConvTranspose", "Gemm", "MatMul"]] = ["Conv", "Gemm", "MatMul"]
 
 
-class Equalization(_Section):
+class Equalization(Section):
     """Cross-layer equalization of Conv -> (Relu/Clip) -> Conv pairs, depthwise included (README
     "Recovery"): per-channel weight ranges balanced across each pair before calibration."""
 
     iterations: int = Field(1, ge=1, le=100)  # passes over the chains (each balances every pair once)
 
 
-class Recovery(_Section):
+class Recovery(Section):
     """The `recovery:` steps, each absent (off) or with its knobs. Written in YAML as a list of
     step names or one-key mappings (`[smoothquant, {equalization: {iterations: 2}}]`) or as a
     mapping; the order they run in is fixed (equalization, smoothquant, bias correction), not
@@ -227,7 +227,7 @@ class Recovery(_Section):
         return [s for s in ("equalization", "smoothquant", "bias_correction") if getattr(self, s) is not None]
 
 
-class Verify(_Section):
+class Verify(Section):
     enabled: bool = True
     min_top1_agreement: float = Field(0.99, ge=0, le=1)
     min_cosine: float = Field(0.99, ge=-1, le=1)
@@ -243,7 +243,7 @@ class Verify(_Section):
     metric: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # package.module:function
 
 
-class AutoPrecision(_Section):
+class AutoPrecision(Section):
     enabled: bool = False
     criteria: Criterion = "balanced"
     max_accuracy_drop: float = Field(0.01, ge=0)
@@ -254,11 +254,11 @@ class AutoPrecision(_Section):
     time_budget: float = Field(600.0, gt=0)  # seconds
 
 
-class Data(_Section):
+class Data(Section):
     preprocess: Preprocess | None = None  # a pydantic model of its own: its errors carry the key's line
 
 
-class Config(_Section):
+class Config(Section):
     version: Literal[1] = 1
     calibration: Calibration = Calibration()
     activations: Activations = Activations()
@@ -304,7 +304,7 @@ def parse_config(raw: Any, source: str = "config", lines: dict[tuple, int] | Non
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise _config_error(exc, raw, source, lines or {}) from None
+        raise config_error(exc, raw, source, lines or {}) from None
 
 
 PRESETS = Path(__file__).parent / "presets"  # the repository's configs/, shipped in wheels
@@ -348,7 +348,7 @@ def load_preprocess(path: str | os.PathLike | None) -> Preprocess | None:
     return load_config(path).data.preprocess
 
 
-def _config_error(
+def config_error(
     exc: ValidationError, raw: dict, source: str, lines: dict[tuple, int], schema: type[BaseModel] | None = None
 ) -> ConfigError:
     first = exc.errors()[0]
@@ -446,10 +446,10 @@ def config_yaml(config: Config) -> str:
     return yaml.safe_dump(config_document(config), sort_keys=False)
 
 
-# --------------------------------------------------------------------------- analysis and pipelines
+# --------------------------------------------------------------------------- analysis
 
 
-class AnalyzeOptions(_Section):
+class AnalyzeOptions(Section):
     """What `qcli.analyze.analyze` measures and how long: the `analyze:` section of a pipeline
     file and the `qcli analyze` flags both build it. `samples`: the first N (None: all); `runs`
     timed runs per model (0: no latency) after `warmup` untimed ones, on `latency_batch` samples
@@ -481,61 +481,3 @@ class AnalyzeOptions(_Section):
                 name = cls.model_fields[key].title or key
                 raise ConfigError(f"{name} must be at least {first['ctx']['ge']}, got {first['input']}") from None
             raise ConfigError(f"{key}: {first['msg']}") from None
-
-
-class PipelineGates(_Section):
-    max_accuracy_drop: float | None = Field(None, ge=0, le=1)
-    min_speedup: float | None = Field(None, gt=0)
-    min_compression: float | None = Field(None, gt=0)
-
-
-class Pipeline(_Section):
-    """`qcli run PIPELINE.yaml`: calibrate -> quantize -> analyze, paths relative to the file."""
-
-    version: Literal[1] = 1
-    model: str
-    output: str
-    calibration_data: str
-    eval_data: str | None = None
-    labels: str | None = None
-    config: str | dict | None = None  # a file, a preset name, or the config itself inline
-    calibration_file: str | None = None
-    reports: list[str] = []
-    gates: PipelineGates = PipelineGates()
-    analyze: AnalyzeOptions = AnalyzeOptions()
-
-    @field_validator("reports")
-    @classmethod
-    def _known_formats(cls, paths: list[str]) -> list[str]:
-        for p in paths:
-            if Path(p).suffix not in (".json", ".md", ".html"):
-                raise ValueError(f"report {p!r} must end in .json, .md or .html")
-        return paths
-
-
-def load_pipeline(path: str | os.PathLike) -> tuple[Pipeline, Config]:
-    """A pipeline file and the config it names (or holds), both validated."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"pipeline file not found: {path}")
-    raw, lines = read_yaml(path, "pipeline file")
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a pipeline is a mapping (model, output, calibration_data, ...)")
-    try:
-        pipeline = Pipeline.model_validate(raw)
-    except ValidationError as exc:
-        raise _config_error(exc, raw, str(path), lines, schema=Pipeline) from None
-    gates = any(v is not None for v in pipeline.gates.model_dump().values())
-    measured = [key for key, given in (("reports", pipeline.reports), ("gates", gates)) if given]
-    if measured and pipeline.eval_data is None:
-        raise ConfigError(f"{path}:{lines[(measured[0],)]}: reports and gates need eval_data (the data to measure on)")
-    base = path.parent
-    if isinstance(pipeline.config, dict):
-        sub = {k[1:]: v for k, v in lines.items() if k and k[0] == "config"}
-        config = parse_config(pipeline.config, f"{path} (config)", sub)
-    elif pipeline.config is not None:
-        local = base / pipeline.config
-        config = load_config(local if local.exists() else pipeline.config)
-    else:
-        config = Config()
-    return pipeline, config

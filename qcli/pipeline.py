@@ -1,6 +1,7 @@
 """`qcli run PIPELINE.yaml`: calibrate -> quantize -> analyze in one call, for CI.
 
-Paths in the pipeline file are relative to the file's folder. The steps are the library's
+The pipeline file's schema (`Pipeline`, validated like a config: strict keys, errors with
+their line) lives here too. Paths in the pipeline file are relative to the file's folder. The steps are the library's
 own (`quantize_checked`: calibrate, quantize, verify; then `analyze`); this module only wires
 them and collects the results.
 """
@@ -10,15 +11,77 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
 
 from qcli.analyze import Gates, Report, analyze, sample_count, write_report
 from qcli.calibrate.table import METHODS, save_table
-from qcli.config import Config, Pipeline, load_pipeline
+from qcli.config import AnalyzeOptions, Config, Section, config_error, load_config, parse_config
 from qcli.errors import ConfigError
 from qcli.files import check_writable
 from qcli.model import load_model, save_model
 from qcli.quantize import QuantizeResult
 from qcli.verify import Outcome, ProgressFactory, no_progress, quantize_checked
+from qcli.yamlfile import read_yaml
+
+
+class PipelineGates(Section):
+    max_accuracy_drop: float | None = Field(None, ge=0, le=1)
+    min_speedup: float | None = Field(None, gt=0)
+    min_compression: float | None = Field(None, gt=0)
+
+
+class Pipeline(Section):
+    """`qcli run PIPELINE.yaml`: calibrate -> quantize -> analyze, paths relative to the file."""
+
+    version: Literal[1] = 1
+    model: str
+    output: str
+    calibration_data: str
+    eval_data: str | None = None
+    labels: str | None = None
+    config: str | dict | None = None  # a file, a preset name, or the config itself inline
+    calibration_file: str | None = None
+    reports: list[str] = []
+    gates: PipelineGates = PipelineGates()
+    analyze: AnalyzeOptions = AnalyzeOptions()
+
+    @field_validator("reports")
+    @classmethod
+    def _known_formats(cls, paths: list[str]) -> list[str]:
+        for p in paths:
+            if Path(p).suffix not in (".json", ".md", ".html"):
+                raise ValueError(f"report {p!r} must end in .json, .md or .html")
+        return paths
+
+
+def load_pipeline(path: str | os.PathLike) -> tuple[Pipeline, Config]:
+    """A pipeline file and the config it names (or holds), both validated."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"pipeline file not found: {path}")
+    raw, lines = read_yaml(path, "pipeline file")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a pipeline is a mapping (model, output, calibration_data, ...)")
+    try:
+        pipeline = Pipeline.model_validate(raw)
+    except ValidationError as exc:
+        raise config_error(exc, raw, str(path), lines, schema=Pipeline) from None
+    gates = any(v is not None for v in pipeline.gates.model_dump().values())
+    measured = [key for key, given in (("reports", pipeline.reports), ("gates", gates)) if given]
+    if measured and pipeline.eval_data is None:
+        raise ConfigError(f"{path}:{lines[(measured[0],)]}: reports and gates need eval_data (the data to measure on)")
+    base = path.parent
+    if isinstance(pipeline.config, dict):
+        sub = {k[1:]: v for k, v in lines.items() if k and k[0] == "config"}
+        config = parse_config(pipeline.config, f"{path} (config)", sub)
+    elif pipeline.config is not None:
+        local = base / pipeline.config
+        config = load_config(local if local.exists() else pipeline.config)
+    else:
+        config = Config()
+    return pipeline, config
 
 
 @dataclass

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from qcli.analyze import AnalyzeOptions
-from qcli.config import load_pipeline
 from qcli.errors import ConfigError, QcliError
+from qcli.pipeline import load_pipeline
 
 
 def test_values_are_laid_over_a_base_and_checked() -> None:

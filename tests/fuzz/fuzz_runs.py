@@ -19,8 +19,9 @@ from pydantic import ValidationError
 
 from fuzz_configs import PRESETS, Names, bounded, config_files, documents
 from fuzz_stats import LONG, STATS
-from qcli.config import AnalyzeOptions, Pipeline, PipelineGates
+from qcli.config import AnalyzeOptions
 from qcli.model import clamp_ir_version
+from qcli.pipeline import Pipeline, PipelineGates
 
 
 @dataclass
