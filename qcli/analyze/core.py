@@ -28,12 +28,9 @@ from qcli.analyze.kinds import Kind, OutputKind, check_outputs, output_kinds
 from qcli.analyze.latency import measure, timed_inputs
 from qcli.analyze.layers import QuantizedTensor, quantized_tensors
 from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, TopKAccumulator, as_array
+from qcli.analyze.records import accuracy_record, fidelity_record, layer_record
 from qcli.analyze.report import (
-    Accuracy,
-    ClassAccuracy,
     DataInfo,
-    Fidelity,
-    LayerError,
     Layers,
     ModelInfo,
     ModelSize,
@@ -41,8 +38,6 @@ from qcli.analyze.report import (
     Report,
     Settings,
     Speed,
-    rounded,
-    rounded_pair,
 )
 from qcli.analyze.size import compare_sizes, model_size, proto_size
 from qcli.calibrate.collect import RUN_OUTPUT_BYTES, RunSize, parts, prefetch, session_with_outputs
@@ -248,10 +243,11 @@ def _report(
 ) -> Report:
     """The measures summed up, sizes compared and gates checked."""
     m, fm, qm = sessions.measures, sessions.fm, sessions.qm
-    accuracy = _accuracy(m.class_output, m.topk)
-    fidelity = [_fidelity(n, acc) for n, acc in m.fidelity.items()]
-    reference = [ReferenceFidelity(n, _fidelity(n, a), _fidelity(n, b)) for n, (a, b) in m.reference.items()]
-    layers = Layers([_layer(p, m.layers[p.tensor]) for p in m.pairs], sessions.skipped) if opts.layers else None
+    accuracy = accuracy_record(m.class_output, m.topk)
+    fidelity = [fidelity_record(n, acc) for n, acc in m.fidelity.items()]
+    reference = [ReferenceFidelity(n, fidelity_record(n, a), fidelity_record(n, b))
+                 for n, (a, b) in m.reference.items()]
+    layers = Layers([layer_record(p, m.layers[p.tensor]) for p in m.pairs], sessions.skipped) if opts.layers else None
     notes = notes + [f"output {f.output!r}: {f.nonfinite} NaN/Inf values left out of SQNR and cosine"
                      for f in fidelity if f.nonfinite]
     notes += [f"tensor {t.tensor!r}: {t.nonfinite} NaN/Inf values left out of its SQNR"
@@ -455,67 +451,3 @@ def _quantization_metadata(model: onnx.ModelProto) -> dict | None:
             except json.JSONDecodeError:
                 found[key.removeprefix("qcli.")] = meta[key]
     return found or None
-
-
-# --------------------------------------------------------------------------- results
-
-
-def _accuracy(output: str | None, topk: tuple[TopKAccumulator, TopKAccumulator] | None) -> Accuracy | None:
-    """Top-1 (and top-5) of both models against the labels; None without a labelled sample."""
-    if topk is None:
-        return None
-    f, q = topk
-    f1, q1, f5, q5 = f.top1_rate, q.top1_rate, f.top5_rate, q.top5_rate
-    if f1 is None or q1 is None:
-        return None
-    return Accuracy(
-        output=output or "",
-        classes=f.classes,
-        samples=f.samples,
-        float=ClassAccuracy(rounded(f1), rounded(f5)),
-        quantized=ClassAccuracy(rounded(q1), rounded(q5)),
-        top1_drop=rounded(f1 - q1),
-        top5_drop=rounded(f5 - q5) if f5 is not None and q5 is not None else None,
-    )
-
-
-def _fidelity(name: str, acc: FidelityAccumulator) -> Fidelity:
-    kind = acc.kind or OutputKind(Kind.COSINE, "")
-    seq, mask = acc.sequence, acc.mask
-    return Fidelity(
-        output=name,
-        kind=kind.kind.value,
-        reason=kind.reason,
-        sequence_agreement=rounded(seq.agreement) if seq else None,
-        position_agreement=rounded(seq.position_agreement) if seq else None,
-        mask_agreement=rounded(mask.agreement) if mask else None,
-        mask_iou=rounded(mask.iou) if mask else None,
-        samples=acc.samples,
-        top1_agreement=rounded(acc.top1_agreement),
-        cosine=rounded(acc.cosine),
-        cosine_min=rounded(acc.cosine_min) if acc.floating and acc.samples else None,
-        sqnr_db=rounded(acc.sqnr.db, 5) if acc.floating else None,
-        max_abs_error=rounded(acc.sqnr.max_abs) if acc.floating else None,
-        exact_match=rounded(acc.exact / acc.samples) if acc.samples else 0.0,
-        nonfinite=acc.sqnr.nonfinite,
-        agreement=rounded(acc.element_agreement),
-        agreement_interval=rounded_pair(acc.agreement_interval),
-        cosine_interval=rounded_pair(acc.cosine_interval),
-    )
-
-
-def _layer(p, acc: SqnrAccumulator) -> LayerError:
-    n = max(acc.elements, 1)
-    return LayerError(
-        tensor=p.tensor,
-        quantized_tensor=p.quantized_tensor,
-        node=p.node,
-        op_type=p.op_type,
-        dtype=p.dtype,
-        elements=acc.elements,
-        sqnr_db=rounded(acc.db, 5),
-        mse=rounded(acc.noise / n),
-        signal_power=rounded(acc.signal / n),
-        max_abs_error=rounded(acc.max_abs),
-        nonfinite=acc.nonfinite,
-    )
