@@ -1,4 +1,5 @@
-"""The `qcli` command line: parse options, call the library, render. The only typer module.
+"""The `qcli` command line: parse options, call the library, render. The only typer module
+but clihelp.py (how its help is written).
 
 One error boundary (`_guard`) turns QcliError into `error: ...` plus a hint on stderr and the
 error's exit code (2 bad input, 1 a quality gate); anything else is a bug, reported as an
@@ -18,60 +19,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from qcli import __version__, render
+from qcli.clihelp import ClickStyleTyper
 from qcli.errors import QcliError
 
 if TYPE_CHECKING:
     from qcli.commands import QuantizeRun
 
 
-def _click_style(params: list) -> list:
-    """Name parameters in help as click does: a flag takes no value (typer's help prints `--json
-    <bool>`; an empty metavar prints nothing), an argument is named in capitals (MODEL)."""
-    for param in params:
-        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
-            param.metavar = ""
-        elif isinstance(param, TyperArgument) and param.metavar is None and param.name:
-            param.metavar = param.name.upper()
-    return params
-
-
-class _Command(TyperCommand):
-    """A command whose help shows flags without a value and arguments by name (`_click_style`)."""
-
-    def get_params(self, ctx: Any) -> list[Any]:  # typer's own (vendored) click types
-        return _click_style(super().get_params(ctx))  # includes the --help option typer adds
-
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        """The usage line as click writes it: `MODEL` for a required argument (typer: `{model}`)."""
-        pieces = [self.options_metavar] if self.options_metavar else []
-        for param in self.get_params(ctx):
-            if isinstance(param, TyperArgument):
-                name = param.metavar if param.required else f"[{param.metavar}]"
-                pieces.append(f"{name}..." if param.nargs != 1 else str(name))
-            else:
-                pieces.extend(param.get_usage_pieces(ctx))
-        return pieces
-
-
-class _Group(TyperGroup):
-    def get_params(self, ctx: Any) -> list[Any]:  # typer's own (vendored) click types
-        return _click_style(super().get_params(ctx))
-
-
-class _Typer(typer.Typer):
-    """typer.Typer whose commands and groups write click-style help (`_Command`, `_Group`)."""
-
-    def __init__(self, **kwargs: Any):
-        super().__init__(cls=_Group, **kwargs)
-
-    def command(self, *args: Any, **kwargs: Any):
-        return super().command(*args, cls=_Command, **kwargs)
-
-
-app = _Typer(
+app = ClickStyleTyper(
     name="qcli",
     help="Quantize float ONNX models into fast, small, accurate QDQ models, and prove it.",
     no_args_is_help=True,
@@ -87,7 +44,7 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")]
 ConfigOpt = Annotated[
     str | None,
-    typer.Option("--config", help="YAML config file, or a preset: default, tensorrt, accuracy, weights-int4."),
+    typer.Option("--config", help="YAML config file, or a preset: default, dynamic, tensorrt, accuracy, weights-int4."),
 ]
 DropOpt = Annotated[
     float | None,
@@ -432,7 +389,7 @@ def run_pipeline(
     _guard(debug, work)
 
 
-config_app = _Typer(help="Show, check and create YAML configs.", no_args_is_help=True)
+config_app = ClickStyleTyper(help="Show, check and create YAML configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 
