@@ -83,10 +83,12 @@ MODELS: dict[str, tuple[Path, Callable[[Path], dict[str, Path]], str | None]] = 
 }
 
 
-def run_qcli(model: Path, calib: Path, out: Path) -> tuple[int, dict | None, str]:
-    """`qcli quantize MODEL -o OUT --data CALIB --json` in its own process: exit code, JSON, error line."""
+def run_qcli(model: Path, calib: Path, out: Path, config: Path | None = None) -> tuple[int, dict | None, str]:
+    """`qcli quantize MODEL -o OUT --data CALIB --json [--config CONFIG]` in its own process: exit
+    code, JSON, error line."""
+    extra = ["--config", str(config)] if config is not None else []
     done = subprocess.run([sys.executable, "-m", "qcli.cli", "quantize", str(model), "-o", str(out), "--data",
-                           str(calib), "--json"], capture_output=True, text=True,
+                           str(calib), "--json", *extra], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = done.stderr.strip().splitlines()
     error = next((line for line in lines if line.startswith("error")), lines[-1] if lines else "")
@@ -118,11 +120,17 @@ def figure(metric: str, output: str | None, value: float, interval, samples, pas
     return f"{metric} ({output}) {value:.4f}{within}{mark}"
 
 
-def row(name: str, model: Path, work: Path) -> tuple[str, str, str, str]:
+def row(name: str, model: Path, work: Path, folds: int | None) -> tuple[str, str, str, str]:
     folders = MODELS[name][1](work / "inputs")
     counts = ", ".join(f"{split} {len(list(folder.glob('*.np[yz]')))}" for split, folder in folders.items())
     out = work / f"{name}.onnx"
-    code, doc, error = run_qcli(model, folders["calib"], out)
+    config = None
+    if folds is not None:
+        config = work / "folds.yaml"
+        config.write_text(f"version: 1\nverify: {{folds: {folds}}}\n")
+    began = time.perf_counter()
+    code, doc, error = run_qcli(model, folders["calib"], out, config)
+    took = time.perf_counter() - began
     verification = (doc or {}).get("verification")
     if verification is None:
         said = error or "no verification"
@@ -131,18 +139,20 @@ def row(name: str, model: Path, work: Path) -> tuple[str, str, str, str]:
             figure(c["name"], c.get("output"), c["value"], c.get("interval"), c.get("samples"), c["passed"])
             for c in verification["checks"])
     if not out.is_file():
-        return f"{name}\n[dim]{counts}[/dim]", f"exit {code}", said, "[red]no model written[/red]"
+        return f"{name}\n[dim]{counts}[/dim]", f"exit {code}\n{took:.0f} s", said, "[red]no model written[/red]"
     found = held_out(model, out, folders["holdout"])
     holds = all(v.value >= v.floor for v in found)
     by_rule = all(v.passed for v in found)
     lines = [figure(v.metric, v.output, v.value, v.interval, v.samples, v.value >= v.floor) for v in found]
     verdict = "holds" + (" by the rule" if by_rule else " (not by the rule)") if holds else "[red]does not hold[/red]"
-    return f"{name}\n[dim]{counts}[/dim]", f"exit {code}", said, "\n".join([*lines, verdict])
+    size = f"\n{doc['compression']:.2f}x smaller" if doc and doc.get("compression") else ""
+    return f"{name}\n[dim]{counts}[/dim]", f"exit {code}\n{took:.0f} s{size}", said, "\n".join([*lines, verdict])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--folds", type=int, default=None, help="verify.folds for qcli (default: qcli's)")
     args = parser.parse_args(argv)
     from rich.table import Table
 
@@ -161,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"(`make real-models`; Debian: apt-get install espeak-ng)[/yellow]")
                 continue
             began = time.perf_counter()
-            table.add_row(*row(name, model, Path(tmp) / name), end_section=True)
+            table.add_row(*row(name, model, Path(tmp) / name, args.folds), end_section=True)
             console.print(f"{name}: {time.perf_counter() - began:.0f} s")
     console.print(table)
     console.print(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")

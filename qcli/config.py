@@ -234,6 +234,7 @@ class Verify(Section):
     max_latency_ratio: float | None = Field(1.0, gt=0)  # None: no latency floor
     min_float_ms: float = Field(0.1, ge=0)  # the latency floor applies when float takes this long
     samples: int = Field(64, ge=1)  # held-back samples compared
+    folds: int = Field(4, ge=1)  # a folder too small to hold samples back: k-fold (1: compare on calibration's)
     rescue: bool = True
     max_trials: int = Field(64, ge=1)  # the rescue's budget
     time_budget: float = Field(120.0, gt=0)  # seconds

@@ -21,8 +21,8 @@ from typing import Any
 import onnx
 
 from qcli import __version__
-from qcli.calibrate.collect import collect
-from qcli.calibrate.shards import collect_sharded
+from qcli.calibrate.collect import Collected, collect
+from qcli.calibrate.shards import Fold, collect_folds, collect_sharded, merged_except
 from qcli.calibrate.table import METHODS, CalibrationTable, RangeSettings, build_table
 from qcli.config import Config, config_document
 from qcli.data import DataFolder
@@ -71,6 +71,48 @@ def calibrate(
     and the shards' statistics are merged, exactly: the table is the same as one process's.
     None, or a `SerialExecutor`: the pass runs here.
     """
+    work, plan, options = _observing(model, config, progress, force, strict, prepared)
+    if executor is None or isinstance(executor, SerialExecutor):
+        collected = collect(work, folder, reference=model, **options)
+    else:
+        collected = collect_sharded(work, folder, executor, **options)
+    return _table(collected, model, config, methods, plan.unmatched)
+
+
+@dataclass
+class Folded:
+    """k-fold calibration: the table of every sample, and each fold's table from the others."""
+
+    table: CalibrationTable
+    folds: list[Fold]
+    tables: list[CalibrationTable]  # fold k's: calibrated on every fold but k
+
+
+def calibrate_folds(
+    model: onnx.ModelProto,
+    folder: DataFolder,
+    config: Config,
+    folds: list[Fold],
+    *,
+    progress: Callable[[int], None] | None = None,
+    force: bool = False,
+    strict: bool = False,
+    methods: tuple[str, ...] = METHODS,
+    prepared: PrepareResult | None = None,
+    executor: Executor | None = None,
+) -> Folded:
+    """`calibrate` in one pass over `folder` whose statistics are kept per fold (`folds`, from
+    `plan_folds`): the table of all of them (exactly `calibrate`'s) and, per fold, the table of
+    the other folds' samples alone, merged exactly (qcli.calibrate.shards)."""
+    work, plan, options = _observing(model, config, progress, force, strict, prepared)
+    parts = collect_folds(work, folder, folds, executor, reference=model, **options)
+    tables = [_table(merged_except(parts, k), model, config, methods, plan.unmatched) for k in range(len(parts))]
+    return Folded(_table(merged_except(parts), model, config, methods, plan.unmatched), folds, tables)
+
+
+def _observing(model: onnx.ModelProto, config: Config, progress: Callable[[int], None] | None, force: bool,
+               strict: bool, prepared: PrepareResult | None) -> tuple[onnx.ModelProto, Plan, dict[str, Any]]:
+    """The graph calibration runs and the options of its pass (what `collect` observes)."""
     work = (prepared or prepare_for(model, config, force=force)).model
     plan = make_plan(work, config)
     check_unmatched(plan, strict)
@@ -81,16 +123,18 @@ def calibrate(
         progress=progress,
         channels=recovery_channels(work, config, plan),
     )
-    if executor is None or isinstance(executor, SerialExecutor):
-        collected = collect(work, folder, reference=model, **options)
-    else:
-        collected = collect_sharded(work, folder, executor, **options)
+    return work, plan, options
+
+
+def _table(collected: Collected, model: onnx.ModelProto, config: Config, methods: tuple[str, ...],
+           unmatched: list[str]) -> CalibrationTable:
+    """The calibration table of what a pass collected (its ranges solved for `methods`)."""
     table = build_table(
         collected.observers, fingerprint(model), collected.samples, RangeSettings.of(config), methods,
         collected.aliases,
     )
     table.channels = collected.channels
-    table.warnings += [f"config rule {text}" for text in plan.unmatched]
+    table.warnings += [f"config rule {text}" for text in unmatched]
     table.graph_steps = graph_steps(config)
     return table
 

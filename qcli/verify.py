@@ -45,6 +45,7 @@ from qcli.analyze.plugin import load_metric
 from qcli.analyze.probe import AGREEMENT, Fidelity, Probe
 from qcli.analyze.report import rounded_pair
 from qcli.analyze.verdict import verdicts
+from qcli.calibrate.shards import Fold, plan_folds
 from qcli.calibrate.table import CalibrationTable, RangeSettings
 from qcli.config import Config
 from qcli.data import DataFolder, InputSpec, model_inputs
@@ -64,7 +65,15 @@ from qcli.precision import (
     search,
 )
 from qcli.prepare import PrepareResult
-from qcli.quantize import QuantizeResult, calibrate, check_unmatched, measure_bias_shifts, prepare_for, quantize
+from qcli.quantize import (
+    QuantizeResult,
+    calibrate,
+    calibrate_folds,
+    check_unmatched,
+    measure_bias_shifts,
+    prepare_for,
+    quantize,
+)
 from qcli.recovery.bias import needs_data as bias_needs_data
 
 MIN_SAMPLES = 16
@@ -88,6 +97,13 @@ class DataPlan:
     verify_start: int = 0
     verify_count: int = 0
     description: str = ""
+    folds: int = 1  # > 1: k-fold over the calibration samples (`fold_plan` settles it)
+    spans: tuple[tuple[int, int], ...] = ()  # k-fold: (first, count) compared per fold
+
+    @property
+    def compared(self) -> tuple[tuple[int, int], ...]:
+        """(first sample, count) of each run of samples compared (one per fold when folded)."""
+        return self.spans or ((self.verify_start, self.verify_count),)
 
 
 def plan_data(data: Path | None, data_total: int | None, eval_data: Path | None, config: Config,
@@ -111,9 +127,26 @@ def plan_data(data: Path | None, data_total: int | None, eval_data: Path | None,
         return DataPlan(calibration, data, n - held, held,
                         f"{data} samples {n - held + 1}-{n} (held back from calibration, which reads {calibration})")
     take = min(n, count)
+    folds = min(config.verify.folds, calibration)
     return DataPlan(calibration, data, 0, take,
                     f"{data} samples 1-{take}: also calibration samples (the folder is too small to hold "
-                    f"{MIN_SAMPLES} back; give --eval-data for an independent check)")
+                    f"{MIN_SAMPLES} back; give --eval-data for an independent check)", folds if folds > 1 else 1)
+
+
+def fold_plan(plan: DataPlan, samples: int, batch_size: int) -> tuple[DataPlan, list[Fold]]:
+    """The folds of a k-fold plan over the `samples` calibration reads (`plan_folds`), each
+    compared on up to its share of `verify_count`; none when the plan has no folds."""
+    if plan.folds < 2:
+        return plan, []
+    folds = plan_folds(samples, plan.folds, batch_size)
+    n, k = samples, len(folds)
+    each = n if plan.verify_count >= n else -(-plan.verify_count // k)
+    spans = tuple((f.first, min(f.samples, each)) for f in folds)
+    compared = sum(count for _, count in spans)
+    why = (f"{plan.verify_path} samples 1-{n} in {k} folds: {compared} compared, each fold on a model calibrated "
+           f"on the other {k - 1} folds (at least {n - max(f.samples for f in folds)} samples); the model written "
+           f"is calibrated on all {n} (the folder is too small to hold {MIN_SAMPLES} back)")
+    return replace(plan, folds=k, verify_count=compared, description=why, spans=spans), folds
 
 
 @dataclass(frozen=True)
@@ -226,16 +259,25 @@ def quantize_checked(
     if data is None and table is None:  # a config that calibrates nothing (dynamic, weight-only)
         table, why = _no_calibration(model, prepared, config, strict)
         plan = replace(plan, description=why) if plan.verify_path is None else plan
+    folds: list[Fold] = []
+    fold_tables: list[CalibrationTable] | None = None
     if table is None:
         assert data is not None  # one of the two
         folder = DataFolder(data, inputs, preprocess=config.data.preprocess, samples=plan.calibration_samples)
+        plan, folds = fold_plan(plan, len(folder), config.calibration.batch_size)
+        options = dict(force=force, strict=strict, methods=methods or (config.calibration.method,),
+                       prepared=prepared, executor=executor)
         with progress("calibrating", len(folder)) as advance:
-            table = calibrate(model, folder, config, progress=advance, force=force, strict=strict,
-                              methods=methods or (config.calibration.method,), prepared=prepared,
-                              executor=executor)
+            if folds:
+                folded = calibrate_folds(model, folder, config, folds, progress=advance, **options)
+                table, fold_tables = folded.table, folded.tables
+            else:
+                table = calibrate(model, folder, config, progress=advance, **options)
         if config.recovery.bias_correction is not None:
             with progress("measuring bias shifts", len(folder)) as advance:
                 measure_bias_shifts(model, config, table, folder, prepared=prepared, progress=advance)
+            for t in fold_tables or []:  # measured on every sample: the folds share them (README)
+                t.bias_shifts = table.bias_shifts
     result = quantize(model, config, table, force=force, strict=strict, prepared=prepared)
     outcome = Outcome(result, config, table, plan, searched_for_goal=ap.enabled)
     if not (ap.enabled or vf.enabled):
@@ -250,7 +292,8 @@ def quantize_checked(
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
     with progress("verifying" if not ap.enabled else "searching precisions", None, unit="trials") as advance:
         trials = Trials(model, prepared, config, table, probe, units, *budget, progress=advance,
-                        quick_probe=probe.head(QUICK_SAMPLES), executor=executor, force=force)
+                        quick_probe=probe.head(QUICK_SAMPLES), executor=executor, force=force,
+                        fold_tables=fold_tables)
         trials.seed(result)  # the all-int8 candidate is the model just made
         base, ratio, floors = _measure_and_rescue(outcome, trials)
     if vf.enabled:
@@ -291,11 +334,18 @@ def _samples(data: Path | None, eval_data: Path | None, config: Config, inputs: 
 
 def _probe(model: onnx.ModelProto, inputs: list[InputSpec], config: Config, plan: DataPlan,
            labels: Path | None) -> Probe:
-    """The probe comparing candidates with the float model on the samples `plan` holds back."""
+    """The probe comparing candidates with the float model on the samples `plan` holds back;
+    k-fold: each fold's share, its batches tagged with the fold."""
     assert plan.verify_path is not None  # checked by the caller
-    folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=plan.verify_count,
-                        start=plan.verify_start, labels=labels)
-    return Probe(model, list(folder.batches(PROBE_BATCH)), inputs, source=plan.description, verify=config.verify)
+    batches, tags = [], []
+    for k, (start, count) in enumerate(plan.compared):
+        folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=count, start=start,
+                            labels=labels)
+        part = list(folder.batches(PROBE_BATCH))
+        batches += part
+        tags += [k] * len(part)
+    return Probe(model, batches, inputs, source=plan.description, verify=config.verify,
+                 folds=tags if plan.spans else None)
 
 
 def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, float | None, Goal]:

@@ -155,6 +155,9 @@ class Probe:
     session: Any = field(default=None, repr=False)
     verify: Verify | None = None  # verify.outputs, ctc_blank and metric (None: the defaults)
     kinds: dict[str, OutputKind] | None = None  # given by `head`: the same kinds as the whole probe
+    # k-fold verification: the fold of each batch (its samples are compared on that fold's
+    # candidate, calibrated without them: `measure`); None: one candidate for every batch
+    folds: list[int] | None = None
     reference: list[list[np.ndarray]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -175,14 +178,23 @@ class Probe:
     def samples(self) -> int:
         return sum(b.size for b in self.batches)
 
-    def measure(self, candidate: onnx.ModelProto) -> Fidelity:
-        session = make_session(candidate, self.threads)
+    @property
+    def fold_indices(self) -> list[int]:
+        """The folds this probe's batches come from ([0] when it is not folded)."""
+        return sorted(set(self.folds)) if self.folds is not None else [0]
+
+    def measure(self, candidate: onnx.ModelProto | dict[int, onnx.ModelProto]) -> Fidelity:
+        """`candidate` compared with the float model on every batch; folded (`folds`): a
+        candidate per fold, each run on its own fold's batches, into one set of figures."""
+        models = candidate if isinstance(candidate, dict) else dict.fromkeys(self.fold_indices, candidate)
+        sessions = {k: make_session(models[k], self.threads) for k in self.fold_indices}
         assert self.kinds is not None  # set in __post_init__
         accs = [FidelityAccumulator(self.kinds[n]) for n in self.names]
         topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
         custom = self._metric.start() if self._metric else None
         k = next((j for j, n in enumerate(self.names) if self.kinds[n].kind is Kind.TOP1), None)
-        for batch, reference in zip(self.batches, self.reference, strict=True):
+        for j, (batch, reference) in enumerate(zip(self.batches, self.reference, strict=True)):
+            session = sessions[self.folds[j] if self.folds is not None else 0]
             values = [as_array(v) for v in session.run(self.names, batch.inputs)]
             for acc, ref, value in zip(accs, reference, values, strict=True):
                 acc.update(ref, value, batch.size)
@@ -227,8 +239,9 @@ class Probe:
                 )
             batches.append(batch)
             taken += k
+        folds = self.folds[:len(batches)] if self.folds is not None else None
         return Probe(self.float_model, batches, self.inputs, self.threads, f"{self.source} (first {taken})",
-                     session=self._float_session, verify=self.verify, kinds=self.kinds)
+                     session=self._float_session, verify=self.verify, kinds=self.kinds, folds=folds)
 
     def feeds(self) -> dict[str, np.ndarray]:
         """One sample (batch 1 when the inputs allow it): what latency is timed on."""

@@ -22,7 +22,7 @@ import queue
 import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -50,6 +50,12 @@ def session_with_outputs(model: onnx.ModelProto, names: list[str], threads: int 
         return make_session(model, threads=threads)
     finally:
         del model.graph.output[kept:]
+
+
+def observing_session(model: onnx.ModelProto, tensors: list[str], channels: dict[str, int] | None = None,
+                      threads: int | None = None):
+    """The session `collect` runs: `model` also outputting `tensors` and `channels`' tensors."""
+    return session_with_outputs(model, [*dict.fromkeys(tensors), *(channels or {})], threads)
 
 
 #: Batches a pipeline stage may run ahead of the next (memory: this many batches per stage).
@@ -126,6 +132,7 @@ def collect(
     first_sample: int = 0,
     reference: onnx.ModelProto | None = None,
     channels: dict[str, int] | None = None,
+    session: Any = None,
 ) -> Collected:
     """Run `model` over `folder` once and observe `tensors` (names given twice count once).
 
@@ -145,10 +152,11 @@ def collect(
     `reference`: the model as the user gave it (before preparation): when a run fails, it is
     run on the same inputs to tell the user's model failing from qcli's changes failing.
     `channels`: tensor -> axis, tensors whose per-channel statistics are kept too (SmoothQuant's),
-    in the same pass.
+    in the same pass. `session`: `observing_session(model, tensors, channels, threads)` when the
+    caller runs several folders through one (k-fold calibration's folds).
     """
     names = list(dict.fromkeys(tensors))
-    session = session_with_outputs(model, [*names, *(channels or {})], threads)
+    session = session or observing_session(model, tensors, channels, threads)
     observers = {name: TensorObserver(max_bins=max_bins, name=name, sample_values=sample_values) for name in names}
     sink = _ObserverSink(names, observers, value_aliases(model, names), background, first_sample)
     sink.add_channels(channels or {})

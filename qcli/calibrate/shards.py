@@ -16,16 +16,17 @@ sample in the whole folder: which values of a sample the histograms bin depends 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
 import onnx
 
-from qcli.calibrate.collect import Collected, collect
+from qcli.calibrate.collect import Collected, collect, observing_session
 from qcli.data import DataFolder
 from qcli.errors import CalibrationError, WorkerLost
-from qcli.executor import Executor
+from qcli.executor import Executor, SerialExecutor
 
 _PROTOBUF_LIMIT = 2**31  # a model this large cannot be serialized in one message
 
@@ -129,31 +130,100 @@ def collect_sharded(
 ) -> Collected:
     """`collect` over `folder` in one shard per worker of `executor`, merged."""
     shards = plan_shards(folder, executor.workers, batch_size)
+    parts = [(folder.subset(s.start, s.stop, s.samples), s.first) for s in shards]
+    return merge(_collect_tasks(model, parts, executor, tensors=tensors, batch_size=batch_size, max_bins=max_bins,
+                                progress=progress, channels=channels))
+
+
+def _collect_tasks(
+    model: onnx.ModelProto,
+    parts: list[tuple[DataFolder, int]],
+    executor: Executor,
+    *,
+    tensors: list[str],
+    batch_size: int,
+    max_bins: int,
+    progress: Callable[[int], None] | None = None,
+    channels: dict[str, int] | None = None,
+) -> list[Collected]:
+    """Each part's statistics (a folder and the index of its first sample in the whole stream),
+    one task per part on `executor`'s workers, in order."""
     if model.ByteSize() >= _PROTOBUF_LIMIT:
         raise CalibrationError(
             "models of 2 GB or more calibrate in one process",
             hint="use --workers 1",
         )
     blob = model.SerializeToString()
-    tasks = [
-        ShardTask(
-            blob, folder.subset(s.start, s.stop, s.samples), tensors, batch_size, max_bins, executor.threads, s.first,
-            channels,
-        )
-        for s in shards
-    ]
+    tasks = [ShardTask(blob, part, tensors, batch_size, max_bins, executor.threads, first, channels)
+             for part, first in parts]
 
     def done(index: int, part: Collected) -> None:
         if progress is not None:
             progress(part.samples)
 
     try:
-        parts = executor.map(collect_shard, tasks, done=done)
+        return executor.map(collect_shard, tasks, done=done)
     except WorkerLost as exc:
-        shard = shards[exc.index]
+        part, first = parts[exc.index]
         raise CalibrationError(
-            f"a calibration worker died twice on shard {exc.index + 1} of {len(shards)}: samples "
-            f"{shard.first}..{shard.first + shard.samples - 1}, from {folder.path / folder.entries[shard.start].rel}",
+            f"a calibration worker died twice on shard {exc.index + 1} of {len(parts)}: samples "
+            f"{first}..{first + len(part) - 1}, from {part.first_file()}",
             hint=exc.hint,
         ) from None
-    return merge(parts)
+
+
+@dataclass(frozen=True)
+class Fold:
+    """Samples `first..first+samples-1` of the calibration stream (k-fold verification)."""
+
+    first: int
+    samples: int
+
+
+def plan_folds(samples: int, count: int, batch_size: int) -> list[Fold]:
+    """`samples` split into `count` contiguous folds of about equal size (fewer when there are
+    fewer samples), cut where one pass starts a batch when that keeps every fold non-empty.
+
+    >>> plan_folds(32, 4, 8)
+    [Fold(first=0, samples=8), Fold(first=8, samples=8), Fold(first=16, samples=8), Fold(first=24, samples=8)]
+    >>> [f.samples for f in plan_folds(10, 4, 8)]
+    [2, 3, 3, 2]
+    """
+    count = min(count, samples)
+    cuts = [round(samples * k / count / batch_size) * batch_size for k in range(count + 1)]
+    cuts[-1] = samples
+    if len(set(cuts)) < len(cuts) or sorted(cuts) != cuts:
+        cuts = [round(samples * k / count) for k in range(count + 1)]
+    return [Fold(a, b - a) for a, b in pairwise(cuts)]
+
+
+def collect_folds(
+    model: onnx.ModelProto,
+    folder: DataFolder,
+    folds: list[Fold],
+    executor: Executor | None,
+    *,
+    tensors: list[str],
+    batch_size: int,
+    max_bins: int,
+    progress: Callable[[int], None] | None = None,
+    channels: dict[str, int] | None = None,
+    reference: onnx.ModelProto | None = None,
+) -> list[Collected]:
+    """One pass over `folder` keeping each fold's statistics apart (k-fold verification):
+    merging all of them gives one pass's statistics exactly (observers.py; each fold is told the
+    index of its first sample, as a shard is). In this process the folds share one session;
+    with a parallel executor each fold is a worker's task."""
+    parts = [(folder.window(f.first, f.samples), f.first) for f in folds]
+    if executor is not None and not isinstance(executor, SerialExecutor):
+        return _collect_tasks(model, parts, executor, tensors=tensors, batch_size=batch_size, max_bins=max_bins,
+                              progress=progress, channels=channels)
+    session = observing_session(model, tensors, channels)
+    return [collect(model, part, tensors=tensors, batch_size=batch_size, max_bins=max_bins, progress=progress,
+                    first_sample=first, reference=reference, channels=channels, session=session)
+            for part, first in parts]
+
+
+def merged_except(parts: list[Collected], left_out: int | None = None) -> Collected:
+    """Copies of `parts` but `left_out` merged (None: all of them); `parts` are not changed."""
+    return merge([copy.deepcopy(p) for k, p in enumerate(parts) if k != left_out])

@@ -117,6 +117,22 @@ class DataFolder:
         part.labels_csv = {k: v for k, v in self.labels_csv.items() if k in names}
         return part
 
+    def window(self, first: int, samples: int) -> DataFolder:
+        """This folder's samples `first..first+samples-1` (counted from its own first)."""
+        part = copy.copy(self)
+        part.start, part.limit = self.start + first, samples
+        return part
+
+    def first_file(self) -> Path:
+        """The file holding this folder's first sample (for messages)."""
+        skip = self.start
+        for entry in self.entries:
+            size = self._entry_size(entry) if skip else 1
+            if size > skip:
+                return self.path / entry.rel
+            skip -= size
+        return self.path
+
     def __iter__(self) -> Iterator[Sample]:
         """Validated samples in sorted file order, one file in memory at a time."""
         remaining, skip = self.limit, self.start

@@ -53,6 +53,9 @@ class Trials:
     quick_probe: Probe | None = None  # a few of the probe's samples, for ranking
     executor: Any = None  # qcli.executor: independent trials run on its workers
     force: bool = False  # prepare's --force, for workers that prepare the model again
+    # k-fold verification: fold k's table (calibrated without fold k), for the probe's fold k
+    # (`Probe.folds`); None: candidates are measured as built with `table`
+    fold_tables: list[CalibrationTable] | None = None
     _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict)
     _latency: dict[frozenset, Ratio] = field(default_factory=dict)
     _demoted: dict[frozenset, int] = field(default_factory=dict)
@@ -82,6 +85,20 @@ class Trials:
                                         prepared=self.prepared)
         return self._built[key]
 
+    def measured(self, choices: Choices, probe: Probe) -> tuple[onnx.ModelProto | dict[int, onnx.ModelProto],
+                                                                  QuantizeResult]:
+        """What `probe` measures of the candidate: the model built with `table`, or with fold
+        tables one model per fold the probe holds; and one of them built (for its plan)."""
+        if self.fold_tables is None:
+            built = self.build(choices)
+            return built.model, built
+        from qcli.quantize import quantize
+
+        config = promoted_config(self.config, choices, self.units)
+        folds = {k: quantize(self.model, config, self.fold_tables[k], prepared=self.prepared)
+                 for k in probe.fold_indices}
+        return {k: r.model for k, r in folds.items()}, next(iter(folds.values()))
+
     def seed(self, int8: QuantizeResult) -> None:
         """The all-int8 candidate (choices {}) when the caller built it already."""
         self._built[frozenset()] = int8
@@ -93,10 +110,10 @@ class Trials:
         if key not in self._fidelity:
             self.count += 1
             try:
-                built = self.build(choices)
                 probe = self.quick_probe if quick and self.quick_probe is not None else self.probe
+                models, built = self.measured(choices, probe)
                 with built_by_qcli():
-                    self._fidelity[key] = probe.measure(built.model)
+                    self._fidelity[key] = probe.measure(models)
                 kept = {d.name for d in built.plan.nodes if d.quantized and not d.reason}
                 self._demoted[key[0]] = sum(1 for u in self.units if u.node not in kept)
             except CalibrationError:
@@ -136,7 +153,8 @@ class Trials:
 
             quick = self.quick_probe.samples if self.quick_probe is not None else self.probe.samples
             self._shared = _Context(uuid.uuid4().hex, self.model.SerializeToString(), self.config, self.table,
-                                    self.probe.batches, self.probe.inputs, quick, self.force)
+                                    self.probe.batches, self.probe.inputs, quick, self.force, self.fold_tables,
+                                    self.probe.folds)
         return self._shared
 
     def affordable(self, n: int) -> bool:
@@ -233,6 +251,8 @@ class _Context:
     inputs: list
     quick: int
     force: bool
+    fold_tables: list[CalibrationTable] | None = None
+    folds: list[int] | None = None  # the fold of each batch
 
 
 _WORKER_TRIALS: dict[str, Trials] = {}
@@ -249,10 +269,12 @@ def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
         _WORKER_TRIALS.clear()
         model = onnx.load_from_string(context.model)
         prepared = prepare_for(model, context.config, force=context.force)
-        probe = Probe(model, context.batches, context.inputs, threads, verify=context.config.verify)
+        probe = Probe(model, context.batches, context.inputs, threads, verify=context.config.verify,
+                      folds=context.folds)
         units = find_units(prepared.model, make_plan(prepared.model, context.config))
         trials = Trials(model, prepared, context.config, context.table, probe, units,
-                        max_trials=1 << 30, time_budget=float("inf"), quick_probe=probe.head(context.quick))
+                        max_trials=1 << 30, time_budget=float("inf"), quick_probe=probe.head(context.quick),
+                        fold_tables=context.fold_tables)
         _WORKER_TRIALS[context.key] = trials
     results = []
     for items in chunk:
