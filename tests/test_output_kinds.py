@@ -105,6 +105,19 @@ def test_unit_norm_rows_are_an_embedding_and_a_mask_has_its_threshold() -> None:
     assert kinds["m"].reason == "verify.outputs says mask; masks thresholded at 0.5"
 
 
+def test_a_sigmoid_map_is_thresholded_at_a_half_even_when_it_rounds_above_one() -> None:
+    """PaddleOCR's text detector: on 1 of 7 batches of pages onnxruntime's Sigmoid gave 1.0000001,
+    the map was taken for logits and thresholded at 0, so near-zero background decided the mask
+    agreement (0.97 instead of 0.995)."""
+    model = parse_model(MODELS["sigmoid_map"])
+    x = np.full((2, 1, 6, 6), 40.0, np.float32)
+    x[0, 0, 0, :] = -3.0
+    values = [ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]]
+    values[0][1, 0, 0, 0] = np.float32(1.0000001)
+    found = output_kinds(model, {"y": values})["y"]
+    assert found.kind is Kind.MASK and found.threshold == 0.5
+
+
 def test_a_ctc_head_has_its_blank_detected_and_a_configured_one_wins() -> None:
     model = parse_model(MODELS["ctc_sequence"])
     ids = np.array([[0, 1, 0, 0, 2, 0], [0, 0, 3, 0, 0, 0]])  # class 0 wins most positions

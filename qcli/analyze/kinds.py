@@ -174,12 +174,22 @@ def _unit_rows(values: Sequence[np.ndarray]) -> bool:
     return True
 
 
+# float32 rounding: onnxruntime's Sigmoid gives 1.0000001 on large inputs
+_ROUNDING = 1e-6
+
+
 def _probabilities(values: Sequence[np.ndarray]) -> bool:
-    return all(v.size == 0 or (float(np.min(v)) >= 0.0 and float(np.max(v)) <= 1.0) for v in values)
+    return all(v.size == 0 or (float(np.min(v)) >= -_ROUNDING and float(np.max(v)) <= 1.0 + _ROUNDING)
+               for v in values)
 
 
 def mask_threshold(values: Sequence[np.ndarray]) -> float:
-    """0.5 for probabilities (values within [0, 1]), else 0 (the logit of 0.5)."""
+    """0.5 for probabilities (values within [0, 1], up to float32 rounding), else 0 (the logit
+    of 0.5).
+
+    >>> mask_threshold([np.array([0.0, 0.3, 1.0000001], np.float32)]), mask_threshold([np.array([-2.0, 3.0])])
+    (0.5, 0.0)
+    """
     return 0.5 if _probabilities(values) else 0.0
 
 
@@ -221,7 +231,7 @@ def decide(name: str, values: Sequence[np.ndarray], evidence: tuple[str, str] | 
     if rule == "sigmoid":
         if classes:
             return OutputKind(Kind.TOP1, f"{why}: {shape} class scores")
-        return _mask(f"{why}: {shape} probabilities", values)
+        return _mask(f"{why}: {shape} probabilities", values, 0.5)  # a Sigmoid's, whatever its rounding
     if rule == "softmax":
         if first.ndim == 3:
             return _sequence(f"{why}: {shape} class scores per position", values, blank)
@@ -251,8 +261,8 @@ def _sequence(reason: str, values: Sequence[np.ndarray], blank: int | None) -> O
     return OutputKind(Kind.SEQUENCE, reason)
 
 
-def _mask(reason: str, values: Sequence[np.ndarray]) -> OutputKind:
-    threshold = mask_threshold(values)
+def _mask(reason: str, values: Sequence[np.ndarray], threshold: float | None = None) -> OutputKind:
+    threshold = mask_threshold(values) if threshold is None else threshold
     return OutputKind(Kind.MASK, f"{reason}; masks thresholded at {threshold:g}", threshold=threshold)
 
 
