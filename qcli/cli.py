@@ -180,6 +180,9 @@ def calibrate(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Calibration file (default ./<model>.calib.json).")
     ] = None,
+    trt_cache: Annotated[
+        Path | None, typer.Option("--trt-cache", help="Also write TensorRT's calibration cache of the ranges.")
+    ] = None,
     executor: ExecutorOpt = "local",
     workers: WorkersOpt = None,
     ray_address: RayAddressOpt = None,
@@ -195,7 +198,7 @@ def calibrate(
 
         flags = CalibrateFlags(
             model, data, output, CalibrationFlags(config, method, percentile, samples, batch_size), strict,
-            ScaleFlags(executor, workers, ray_address),
+            ScaleFlags(executor, workers, ray_address), trt_cache,
         )
         doc = commands.calibrate_command(flags, progress=_progress(quiet or json_out))
         if json_out:

@@ -18,6 +18,7 @@ from qcli import __version__
 from qcli.analyze import FORMATS, AnalyzeOptions, Report, analyze, evaluate, headline, sample_count, write_report
 from qcli.analyze.gates import Gates
 from qcli.calibrate.table import METHODS, CalibrationTable, load_table, save_table
+from qcli.calibrate.trtcache import write_trt_cache
 from qcli.config import PRESETS, config_yaml, load_config, load_preprocess
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import GateFailed, QcliError
@@ -57,7 +58,10 @@ def calibrate_command(flags: CalibrateFlags, *, progress: ProgressFactory = no_p
     with flags.scale.make() as pool, progress("calibrating", len(folder)) as advance:
         table = calibrate(model, folder, config, progress=advance, strict=flags.strict, executor=pool)
     save_table(table, out)
-    return calibration_document(table, out, time.perf_counter() - start)
+    doc = calibration_document(table, out, time.perf_counter() - start)
+    if flags.trt_cache is not None:
+        doc["trt_cache"] = str(write_trt_cache(table, flags.trt_cache))
+    return doc
 
 
 def calibration_document(table: CalibrationTable, path: Path, seconds: float) -> dict:

@@ -66,14 +66,17 @@ class CalibrateFlags:
     calibration: CalibrationFlags = field(default_factory=CalibrationFlags)
     strict: bool = False
     scale: ScaleFlags = field(default_factory=ScaleFlags)
+    trt_cache: Path | None = None  # also TensorRT's calibration cache
 
     @property
     def calibration_file(self) -> Path:
         return self.output or Path.cwd() / f"{self.model.name.removesuffix('.onnx')}.calib.json"
 
     def check(self) -> None:
-        """The calibration file can be written (checked before the work)."""
+        """The calibration file (and the TensorRT cache) can be written (checked before the work)."""
         check_writable(self.calibration_file, "the calibration file")
+        if self.trt_cache is not None:
+            check_writable(self.trt_cache, "the TensorRT calibration cache")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from qcli.analyze import Gates, Report, analyze, sample_count, write_report
 from qcli.calibrate.table import METHODS, save_table
+from qcli.calibrate.trtcache import write_trt_cache
 from qcli.config import AnalyzeOptions, Config, Section, config_error, load_config, parse_config
 from qcli.errors import ConfigError
 from qcli.files import check_writable
@@ -43,6 +44,7 @@ class Pipeline(Section):
     labels: str | None = None
     config: str | dict | None = None  # a file, a preset name, or the config itself inline
     calibration_file: str | None = None
+    trt_cache: str | None = None  # TensorRT's calibration cache of the ranges (qcli.calibrate.trtcache)
     reports: list[str] = []
     gates: PipelineGates = PipelineGates()
     analyze: AnalyzeOptions = AnalyzeOptions()
@@ -114,6 +116,8 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -
     calibration_file = None
     if pipeline.calibration_file:
         calibration_file = save_table(outcome.table, local(pipeline.calibration_file))
+    if pipeline.trt_cache:
+        write_trt_cache(outcome.table, local(pipeline.trt_cache))
     quantized = outcome.result
     output = save_model(quantized.model, local(pipeline.output), check=True)
     result = PipelineResult(output, quantized, outcome, outcome.config, calibration_file)
@@ -142,5 +146,7 @@ def check_outputs(pipeline: Pipeline, path: Path) -> None:
     check_writable(output, "the quantized model")
     if pipeline.calibration_file:
         check_writable(local(pipeline.calibration_file), "the calibration file")
+    if pipeline.trt_cache:
+        check_writable(local(pipeline.trt_cache), "the TensorRT calibration cache")
     for report in pipeline.reports:
         check_writable(local(report), "the report")

@@ -203,6 +203,8 @@ def calibration(console: Console, doc: dict, rows: int = 30) -> None:
         console.print(f"[yellow]warning:[/yellow] {warning}")
     rate = doc["samples"] / max(doc["seconds"], 1e-9)
     console.print(f"wrote {doc['calibration_file']} ({doc['seconds']:.1f} s, {rate:.0f} samples/s)")
+    if doc.get("trt_cache"):
+        console.print(f"wrote {doc['trt_cache']} (TensorRT calibration cache, {doc['tensors']} tensors)")
 
 
 def _counts(counts: dict[str, int]) -> str:
