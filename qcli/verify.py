@@ -17,7 +17,12 @@ Which samples are compared (decided once by `plan_data`, stated in the summary):
   MIN_SAMPLES of them;
 - else the last eighth of `--data` (at most `verify.samples`) is held back from calibration,
   when that is at least MIN_SAMPLES;
-- else (a folder too small to split) the calibration samples themselves, and the summary says so;
+- else (a folder too small to split) k-fold over the calibration samples (`verify.folds`,
+  `fold_plan`): one calibration pass keeps each fold's statistics (qcli.quantize.calibrate_folds),
+  every candidate is built once per fold from the other folds' table and each fold's samples
+  are run on their own fold's model (Probe.folds), so nothing compared was calibrated on; the
+  model written is calibrated on every sample; `verify.folds: 1`: the calibration samples
+  themselves, and the summary says so;
 - with `--calib` and no `--eval-data` there is nothing to compare on: verification is skipped,
   with a note; so it is with neither `--data` nor `--calib`, which a config that calibrates
   nothing (every quantized node dynamic, or weights only) allows.
