@@ -59,6 +59,7 @@ def calibrate(
     methods: tuple[str, ...] = METHODS,
     prepared: PrepareResult | None = None,
     executor: Executor | None = None,
+    folds: list[Fold] | None = None,
 ) -> CalibrationTable:
     """Observe the activations `config`'s quantization needs over `folder` and solve the
     ranges of `methods` (default all four) for the configured activation dtype.
@@ -70,44 +71,21 @@ def calibrate(
     `executor`: the pass runs in its workers, split into one shard of the folder per worker,
     and the shards' statistics are merged, exactly: the table is the same as one process's.
     None, or a `SerialExecutor`: the pass runs here.
+    `folds` (k-fold verification, `plan_folds`): the same pass keeps each fold's statistics
+    apart; the table is the same, and `table.folds[k]` is the table of every fold but k.
     """
     work, plan, options = _observing(model, config, progress, force, strict, prepared)
+    if folds:
+        parts = collect_folds(work, folder, folds, executor, reference=model, **options)
+        table = _table(merged_except(parts), model, config, methods, plan.unmatched)
+        table.folds = [_table(merged_except(parts, k), model, config, methods, plan.unmatched)
+                       for k in range(len(parts))]
+        return table
     if executor is None or isinstance(executor, SerialExecutor):
         collected = collect(work, folder, reference=model, **options)
     else:
         collected = collect_sharded(work, folder, executor, **options)
     return _table(collected, model, config, methods, plan.unmatched)
-
-
-@dataclass
-class Folded:
-    """k-fold calibration: the table of every sample, and each fold's table from the others."""
-
-    table: CalibrationTable
-    folds: list[Fold]
-    tables: list[CalibrationTable]  # fold k's: calibrated on every fold but k
-
-
-def calibrate_folds(
-    model: onnx.ModelProto,
-    folder: DataFolder,
-    config: Config,
-    folds: list[Fold],
-    *,
-    progress: Callable[[int], None] | None = None,
-    force: bool = False,
-    strict: bool = False,
-    methods: tuple[str, ...] = METHODS,
-    prepared: PrepareResult | None = None,
-    executor: Executor | None = None,
-) -> Folded:
-    """`calibrate` in one pass over `folder` whose statistics are kept per fold (`folds`, from
-    `plan_folds`): the table of all of them (exactly `calibrate`'s) and, per fold, the table of
-    the other folds' samples alone, merged exactly (qcli.calibrate.shards)."""
-    work, plan, options = _observing(model, config, progress, force, strict, prepared)
-    parts = collect_folds(work, folder, folds, executor, reference=model, **options)
-    tables = [_table(merged_except(parts, k), model, config, methods, plan.unmatched) for k in range(len(parts))]
-    return Folded(_table(merged_except(parts), model, config, methods, plan.unmatched), folds, tables)
 
 
 def _observing(model: onnx.ModelProto, config: Config, progress: Callable[[int], None] | None, force: bool,

@@ -11,21 +11,7 @@
 4. return the model and everything measured; the caller writes the model (and, when units were
    promoted, the precision config that reproduces it) and exits 1 when a floor is still missed.
 
-Which samples are compared (decided once by `plan_data`, stated in the summary):
-- `--eval-data`: its first `verify.samples` (auto-precision: `auto_precision.samples`);
-- else the samples of `--data` after the ones calibration reads, when there are at least
-  MIN_SAMPLES of them;
-- else the last eighth of `--data` (at most `verify.samples`) is held back from calibration,
-  when that is at least MIN_SAMPLES;
-- else (a folder too small to split) k-fold over the calibration samples (`verify.folds`,
-  `fold_plan`): one calibration pass keeps each fold's statistics (qcli.quantize.calibrate_folds),
-  every candidate is built once per fold from the other folds' table and each fold's samples
-  are run on their own fold's model (Probe.folds), so nothing compared was calibrated on; the
-  model written is calibrated on every sample; `verify.folds: 1`: the calibration samples
-  themselves, and the summary says so;
-- with `--calib` and no `--eval-data` there is nothing to compare on: verification is skipped,
-  with a note; so it is with neither `--data` nor `--calib`, which a config that calibrates
-  nothing (every quantized node dynamic, or weights only) allows.
+Which samples are compared: qcli.holdout (decided once, stated in the summary).
 The latency floor applies when the float model takes at least `verify.min_float_ms` per run
 (its fastest run at batch 1, `Probe.float_ms`: noise only adds time):
 below that, onnxruntime's fixed cost per node, not arithmetic, decides the ratio. The ratio is a
@@ -50,11 +36,11 @@ from qcli.analyze.plugin import load_metric
 from qcli.analyze.probe import AGREEMENT, Fidelity, Probe
 from qcli.analyze.report import rounded_pair
 from qcli.analyze.verdict import verdicts
-from qcli.calibrate.shards import Fold, plan_folds
 from qcli.calibrate.table import CalibrationTable, RangeSettings
 from qcli.config import Config
-from qcli.data import DataFolder, InputSpec, model_inputs
+from qcli.data import DataFolder, model_inputs
 from qcli.errors import InternalError, QcliError
+from qcli.holdout import DataPlan, fold_plan, make_probe, plan_samples
 from qcli.model import fingerprint
 from qcli.plan import make_plan
 from qcli.precision import (
@@ -73,7 +59,6 @@ from qcli.prepare import PrepareResult
 from qcli.quantize import (
     QuantizeResult,
     calibrate,
-    calibrate_folds,
     check_unmatched,
     measure_bias_shifts,
     prepare_for,
@@ -81,9 +66,7 @@ from qcli.quantize import (
 )
 from qcli.recovery.bias import needs_data as bias_needs_data
 
-MIN_SAMPLES = 16
 LATENCY_TOLERANCE = 0.03
-PROBE_BATCH = 32
 QUICK_SAMPLES = 16  # samples the search ranks units on (floors are checked on all of them)
 
 # progress(description, total, unit="samples") -> a context manager giving an `advance(n)`
@@ -93,65 +76,6 @@ ProgressFactory = Callable[..., AbstractContextManager[Callable[[int], None]]]
 
 def no_progress(description: str, total: int | None, unit: str = "samples"):
     return nullcontext(lambda n: None)
-
-
-@dataclass(frozen=True)
-class DataPlan:
-    calibration_samples: int | None  # first N of --data calibration reads (None: no --data)
-    verify_path: Path | None  # None: nothing to compare on
-    verify_start: int = 0
-    verify_count: int = 0
-    description: str = ""
-    folds: int = 1  # > 1: k-fold over the calibration samples (`fold_plan` settles it)
-    spans: tuple[tuple[int, int], ...] = ()  # k-fold: (first, count) compared per fold
-
-    @property
-    def compared(self) -> tuple[tuple[int, int], ...]:
-        """(first sample, count) of each run of samples compared (one per fold when folded)."""
-        return self.spans or ((self.verify_start, self.verify_count),)
-
-
-def plan_data(data: Path | None, data_total: int | None, eval_data: Path | None, config: Config,
-              count: int) -> DataPlan:
-    """Which samples calibration reads and which verification compares (module docstring)."""
-    wanted = config.calibration.samples
-    if eval_data is not None:
-        return DataPlan(wanted, eval_data, 0, count, f"{eval_data} (first {count} samples at most)")
-    if data is None or data_total is None:
-        return DataPlan(None, None, description="no data to compare on: give --eval-data DIR")
-    n = data_total
-    calibration = min(wanted, n)
-    spare = n - calibration
-    if spare >= MIN_SAMPLES:
-        take = min(spare, count)
-        return DataPlan(calibration, data, calibration, take,
-                        f"{data} samples {calibration + 1}-{calibration + take} (not used by calibration)")
-    held = min(count, n // 8)
-    if held >= MIN_SAMPLES:
-        calibration = min(wanted, n - held)
-        return DataPlan(calibration, data, n - held, held,
-                        f"{data} samples {n - held + 1}-{n} (held back from calibration, which reads {calibration})")
-    take = min(n, count)
-    folds = min(config.verify.folds, calibration)
-    return DataPlan(calibration, data, 0, take,
-                    f"{data} samples 1-{take}: also calibration samples (the folder is too small to hold "
-                    f"{MIN_SAMPLES} back; give --eval-data for an independent check)", folds if folds > 1 else 1)
-
-
-def fold_plan(plan: DataPlan, samples: int, batch_size: int) -> tuple[DataPlan, list[Fold]]:
-    """The folds of a k-fold plan over the `samples` calibration reads (`plan_folds`), each
-    compared on up to its share of `verify_count`; none when the plan has no folds."""
-    if plan.folds < 2:
-        return plan, []
-    folds = plan_folds(samples, plan.folds, batch_size)
-    n, k = samples, len(folds)
-    each = n if plan.verify_count >= n else -(-plan.verify_count // k)
-    spans = tuple((f.first, min(f.samples, each)) for f in folds)
-    compared = sum(count for _, count in spans)
-    why = (f"{plan.verify_path} samples 1-{n} in {k} folds: {compared} compared, each fold on a model calibrated "
-           f"on the other {k - 1} folds (at least {n - max(f.samples for f in folds)} samples); the model written "
-           f"is calibrated on all {n} (the folder is too small to hold {MIN_SAMPLES} back)")
-    return replace(plan, folds=k, verify_count=compared, description=why, spans=spans), folds
 
 
 @dataclass(frozen=True)
@@ -259,29 +183,23 @@ def quantize_checked(
     if vf.metric and (vf.enabled or ap.enabled):
         load_metric(vf.metric)  # an import error before the work, not after calibration
     inputs = model_inputs(model)
-    plan = _samples(data, eval_data, config, inputs)
+    plan = plan_samples(data, eval_data, config, inputs)
     prepared = prepare_for(model, config, force=force)
     if data is None and table is None:  # a config that calibrates nothing (dynamic, weight-only)
         table, why = _no_calibration(model, prepared, config, strict)
         plan = replace(plan, description=why) if plan.verify_path is None else plan
-    folds: list[Fold] = []
-    fold_tables: list[CalibrationTable] | None = None
     if table is None:
         assert data is not None  # one of the two
         folder = DataFolder(data, inputs, preprocess=config.data.preprocess, samples=plan.calibration_samples)
         plan, folds = fold_plan(plan, len(folder), config.calibration.batch_size)
-        options = dict(force=force, strict=strict, methods=methods or (config.calibration.method,),
-                       prepared=prepared, executor=executor)
         with progress("calibrating", len(folder)) as advance:
-            if folds:
-                folded = calibrate_folds(model, folder, config, folds, progress=advance, **options)
-                table, fold_tables = folded.table, folded.tables
-            else:
-                table = calibrate(model, folder, config, progress=advance, **options)
+            table = calibrate(model, folder, config, progress=advance, force=force, strict=strict,
+                              methods=methods or (config.calibration.method,), prepared=prepared,
+                              executor=executor, folds=folds)
         if config.recovery.bias_correction is not None:
             with progress("measuring bias shifts", len(folder)) as advance:
                 measure_bias_shifts(model, config, table, folder, prepared=prepared, progress=advance)
-            for t in fold_tables or []:  # measured on every sample: the folds share them (README)
+            for t in table.folds:  # measured on every sample: the folds share them (README)
                 t.bias_shifts = table.bias_shifts
     result = quantize(model, config, table, force=force, strict=strict, prepared=prepared)
     outcome = Outcome(result, config, table, plan, searched_for_goal=ap.enabled)
@@ -292,13 +210,12 @@ def quantize_checked(
         if ap.enabled:
             raise QcliError("auto-precision needs data to measure on", hint="give --eval-data DIR (or --data DIR)")
         return outcome
-    probe = _probe(model, inputs, config, plan, labels if eval_data is not None else None)
+    probe = make_probe(model, inputs, config, plan, labels if eval_data is not None else None)
     units = find_units(result.planned or prepared.model, result.plan)
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
     with progress("verifying" if not ap.enabled else "searching precisions", None, unit="trials") as advance:
         trials = Trials(model, prepared, config, table, probe, units, *budget, progress=advance,
-                        quick_probe=probe.head(QUICK_SAMPLES), executor=executor, force=force,
-                        fold_tables=fold_tables)
+                        quick_probe=probe.head(QUICK_SAMPLES), executor=executor, force=force)
         trials.seed(result)  # the all-int8 candidate is the model just made
         base, ratio, floors = _measure_and_rescue(outcome, trials)
     if vf.enabled:
@@ -326,31 +243,6 @@ def _no_calibration(model: onnx.ModelProto, prepared: PrepareResult, config: Con
            "this config calibrates nothing, so no --data was given")
     table = CalibrationTable(fingerprint(model), {}, 0, RangeSettings.of(config))
     return table, f"{why}; give --eval-data to verify"
-
-
-def _samples(data: Path | None, eval_data: Path | None, config: Config, inputs: list[InputSpec]) -> DataPlan:
-    """`plan_data` for this run: what calibration reads, and what the checks compare (when on)."""
-    ap, vf = config.auto_precision, config.verify
-    if not (ap.enabled or vf.enabled):
-        return DataPlan(config.calibration.samples, None)
-    total = len(DataFolder(data, inputs, preprocess=config.data.preprocess)) if data is not None else None
-    return plan_data(data, total, eval_data, config, ap.samples if ap.enabled else vf.samples)
-
-
-def _probe(model: onnx.ModelProto, inputs: list[InputSpec], config: Config, plan: DataPlan,
-           labels: Path | None) -> Probe:
-    """The probe comparing candidates with the float model on the samples `plan` holds back;
-    k-fold: each fold's share, its batches tagged with the fold."""
-    assert plan.verify_path is not None  # checked by the caller
-    batches, tags = [], []
-    for k, (start, count) in enumerate(plan.compared):
-        folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=count, start=start,
-                            labels=labels)
-        part = list(folder.batches(PROBE_BATCH))
-        batches += part
-        tags += [k] * len(part)
-    return Probe(model, batches, inputs, source=plan.description, verify=config.verify,
-                 folds=tags if plan.spans else None)
 
 
 def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, float | None, Goal]:

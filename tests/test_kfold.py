@@ -13,7 +13,7 @@ from qcli.calibrate.shards import plan_folds
 from qcli.calibrate.table import METHODS
 from qcli.config import Config
 from qcli.data import DataFolder, model_inputs
-from qcli.quantize import calibrate, calibrate_folds
+from qcli.quantize import calibrate
 
 MLP = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -59,17 +59,17 @@ def test_fold_tables_equal_calibrating_on_the_other_folds_alone(tmp_path: Path) 
     write_npz(tmp_path / "all" / "data.npz", x=x)
     inputs, config = model_inputs(model), Config()
     folds = plan_folds(32, 4, config.calibration.batch_size)
-    folded = calibrate_folds(model, DataFolder(tmp_path / "all", inputs), config, folds, methods=METHODS)
+    folded = calibrate(model, DataFolder(tmp_path / "all", inputs), config, methods=METHODS, folds=folds)
     whole = calibrate(model, DataFolder(tmp_path / "all", inputs), config, methods=METHODS)
-    assert folded.table.ranges == whole.ranges and folded.table.samples == 32
+    assert folded.ranges == whole.ranges and folded.samples == 32 and not whole.folds
     for k, fold in enumerate(folds):
         others = np.concatenate([x[: fold.first], x[fold.first + fold.samples:]])
         (tmp_path / f"without{k}").mkdir()
         write_npz(tmp_path / f"without{k}" / "data.npz", x=others)
         alone = calibrate(model, DataFolder(tmp_path / f"without{k}", inputs), config, methods=METHODS)
-        assert folded.tables[k].ranges == alone.ranges, k
-        assert folded.tables[k].samples == 24
-    assert folded.tables[0].ranges["minmax"]["x"] != whole.ranges["minmax"]["x"]  # the outlier left out
+        assert folded.folds[k].ranges == alone.ranges, k
+        assert folded.folds[k].samples == 24
+    assert folded.folds[0].ranges["minmax"]["x"] != whole.ranges["minmax"]["x"]  # the outlier left out
 
 
 def test_plan_folds_cut_at_batches_and_never_leave_a_fold_empty() -> None:

@@ -3,17 +3,28 @@
 
 from __future__ import annotations
 
-import json
 import re
+import struct
 from pathlib import Path
 
 import pytest
 
 from conftest import SAMPLE_MODELS
-from qcli.calibrate.trtcache import HEADER, read_trt_cache
-from qcli.errors import QcliError
+from qcli.calibrate.trtcache import HEADER
 
 CNN = SAMPLE_MODELS / "cnn"
+
+
+def read_trt_cache(path: Path) -> tuple[str, dict[str, float]]:
+    """The header and tensor -> scale of a TensorRT calibration cache, as TensorRT reads it:
+    `TRT-<version>-<calibrator>`, then `tensor: <float32 bits in 8 hex digits>` per line."""
+    header, *lines = path.read_text(encoding="utf-8").splitlines()
+    assert re.fullmatch(r"TRT-\d+-\w+", header), header
+    scales = {}
+    for line in lines:
+        name, value = re.fullmatch(r"(.+): ([0-9a-f]{8})", line).groups()  # type: ignore[union-attr]
+        scales[name] = struct.unpack(">f", bytes.fromhex(value))[0]
+    return header, scales
 
 
 def test_the_cache_has_the_format_and_the_minmax_scales(cli, tmp_path: Path) -> None:
@@ -45,13 +56,3 @@ trt_cache: out/cnn.cache
     assert result.exit_code == 0, result.stderr
     header, scales = read_trt_cache(tmp_path / "out" / "cnn.cache")
     assert header == HEADER and len(scales) > 10 and all(s > 0 for s in scales.values())
-
-
-def test_a_file_that_is_not_a_cache_is_refused_with_its_line(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.cache"
-    bad.write_text(f"{HEADER}\ninput: 3c01\n")
-    with pytest.raises(QcliError, match=r"bad.cache:2: expected 'tensor: <8 hex digits>', got 'input: 3c01'"):
-        read_trt_cache(bad)
-    bad.write_text(json.dumps({"x": 1}))
-    with pytest.raises(QcliError, match="not a TensorRT calibration cache"):
-        read_trt_cache(bad)

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import SAMPLE_MODELS, op_counts, save, write_npz
 from qcli.config import Config
 from qcli.model import clamp_ir_version
-from qcli.verify import MIN_SAMPLES, plan_data
+from qcli.holdout import MIN_SAMPLES, plan_data
 
 
 def mlp(outliers: bool) -> onnx.ModelProto:

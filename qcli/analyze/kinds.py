@@ -231,7 +231,7 @@ def decide(name: str, values: Sequence[np.ndarray], evidence: tuple[str, str] | 
     if rule == "sigmoid":
         if classes:
             return OutputKind(Kind.TOP1, f"{why}: {shape} class scores")
-        return _mask(f"{why}: {shape} probabilities", values, 0.5)  # a Sigmoid's, whatever its rounding
+        return _mask(f"{why}: {shape} probabilities", values)
     if rule == "softmax":
         if first.ndim == 3:
             return _sequence(f"{why}: {shape} class scores per position", values, blank)
@@ -261,8 +261,8 @@ def _sequence(reason: str, values: Sequence[np.ndarray], blank: int | None) -> O
     return OutputKind(Kind.SEQUENCE, reason)
 
 
-def _mask(reason: str, values: Sequence[np.ndarray], threshold: float | None = None) -> OutputKind:
-    threshold = mask_threshold(values) if threshold is None else threshold
+def _mask(reason: str, values: Sequence[np.ndarray]) -> OutputKind:
+    threshold = mask_threshold(values)
     return OutputKind(Kind.MASK, f"{reason}; masks thresholded at {threshold:g}", threshold=threshold)
 
 

@@ -76,6 +76,8 @@ class CalibrationTable:
     # the recovery steps that changed the float graph before it was observed (equalization):
     # a table is valid only for a config running the same ones (qcli.recovery.graph_steps)
     graph_steps: tuple[str, ...] = ()
+    # k-fold verification: fold k's table, from every fold but k (in memory only; empty: no folds)
+    folds: list[CalibrationTable] = field(default_factory=list)
 
     def covers(self, tensor: str) -> bool:
         """Whether the table gives `tensor` a range (observed or derived)."""

@@ -20,7 +20,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from qcli.calibrate.table import CalibrationTable
-from qcli.errors import QcliError
 from qcli.files import write_text_atomic
 
 HEADER = "TRT-8601-EntropyCalibration2"  # TensorRT 8.6.1's numbering
@@ -46,20 +45,6 @@ def hex_scale(scale: float) -> str:
 
 
 def write_trt_cache(table: CalibrationTable, path: str | os.PathLike) -> Path:
-    """Write the cache atomically; returns its path."""
+    """Write the cache atomically; returns its path (tests/test_trt_cache.py parses it back)."""
     lines = [HEADER, *(f"{name}: {hex_scale(s)}" for name, s in trt_scales(table).items())]
     return write_text_atomic(path, "\n".join(lines) + "\n")
-
-
-def read_trt_cache(path: str | os.PathLike) -> tuple[str, dict[str, float]]:
-    """The header and tensor -> scale of a TensorRT calibration cache."""
-    text = Path(path).read_text(encoding="utf-8").splitlines()
-    if not text or not text[0].startswith("TRT-"):
-        raise QcliError(f"{path}: not a TensorRT calibration cache (its first line is not TRT-<version>-<calibrator>)")
-    scales = {}
-    for k, line in enumerate(text[1:], start=2):
-        name, sep, value = line.rpartition(": ")
-        if not sep or len(value) != 8:
-            raise QcliError(f"{path}:{k}: expected 'tensor: <8 hex digits>', got {line!r}")
-        scales[name] = struct.unpack(">f", bytes.fromhex(value))[0]
-    return text[0], scales

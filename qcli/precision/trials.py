@@ -53,9 +53,6 @@ class Trials:
     quick_probe: Probe | None = None  # a few of the probe's samples, for ranking
     executor: Any = None  # qcli.executor: independent trials run on its workers
     force: bool = False  # prepare's --force, for workers that prepare the model again
-    # k-fold verification: fold k's table (calibrated without fold k), for the probe's fold k
-    # (`Probe.folds`); None: candidates are measured as built with `table`
-    fold_tables: list[CalibrationTable] | None = None
     _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict)
     _latency: dict[frozenset, Ratio] = field(default_factory=dict)
     _demoted: dict[frozenset, int] = field(default_factory=dict)
@@ -87,15 +84,16 @@ class Trials:
 
     def measured(self, choices: Choices, probe: Probe) -> tuple[onnx.ModelProto | dict[int, onnx.ModelProto],
                                                                   QuantizeResult]:
-        """What `probe` measures of the candidate: the model built with `table`, or with fold
-        tables one model per fold the probe holds; and one of them built (for its plan)."""
-        if self.fold_tables is None:
+        """What `probe` measures of the candidate: the model built with `table`, or (k-fold:
+        `table.folds`, the probe's batches tagged by fold) one model per fold the probe holds,
+        each from the table without that fold; and one of them built (for its plan)."""
+        if not self.table.folds:
             built = self.build(choices)
             return built.model, built
         from qcli.quantize import quantize
 
         config = promoted_config(self.config, choices, self.units)
-        folds = {k: quantize(self.model, config, self.fold_tables[k], prepared=self.prepared)
+        folds = {k: quantize(self.model, config, self.table.folds[k], prepared=self.prepared)
                  for k in probe.fold_indices}
         return {k: r.model for k, r in folds.items()}, next(iter(folds.values()))
 
@@ -153,8 +151,7 @@ class Trials:
 
             quick = self.quick_probe.samples if self.quick_probe is not None else self.probe.samples
             self._shared = _Context(uuid.uuid4().hex, self.model.SerializeToString(), self.config, self.table,
-                                    self.probe.batches, self.probe.inputs, quick, self.force, self.fold_tables,
-                                    self.probe.folds)
+                                    self.probe.batches, self.probe.inputs, quick, self.force, self.probe.folds)
         return self._shared
 
     def affordable(self, n: int) -> bool:
@@ -251,7 +248,6 @@ class _Context:
     inputs: list
     quick: int
     force: bool
-    fold_tables: list[CalibrationTable] | None = None
     folds: list[int] | None = None  # the fold of each batch
 
 
@@ -273,8 +269,7 @@ def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
                       folds=context.folds)
         units = find_units(prepared.model, make_plan(prepared.model, context.config))
         trials = Trials(model, prepared, context.config, context.table, probe, units,
-                        max_trials=1 << 30, time_budget=float("inf"), quick_probe=probe.head(context.quick),
-                        fold_tables=context.fold_tables)
+                        max_trials=1 << 30, time_budget=float("inf"), quick_probe=probe.head(context.quick))
         _WORKER_TRIALS[context.key] = trials
     results = []
     for items in chunk:

@@ -1,0 +1,116 @@
+"""Which samples verification compares, and which calibration reads (README "Verification"),
+decided once by `plan_data` and stated in the summary:
+- `--eval-data`: its first `verify.samples` (auto-precision: `auto_precision.samples`);
+- else the samples of `--data` after the ones calibration reads, when there are at least
+  MIN_SAMPLES of them;
+- else the last eighth of `--data` (at most `verify.samples`) is held back from calibration,
+  when that is at least MIN_SAMPLES;
+- else (a folder too small to split) k-fold over the calibration samples (`verify.folds`,
+  `fold_plan`): one calibration pass keeps each fold's statistics (`calibrate(..., folds=)`),
+  every candidate is built once per fold from the other folds' table and each fold's samples
+  are run on their own fold's model (Probe.folds), so nothing compared was calibrated on; the
+  model written is calibrated on every sample; `verify.folds: 1`: the calibration samples
+  themselves, and the summary says so;
+- with `--calib` and no `--eval-data` there is nothing to compare on: verification is skipped,
+  with a note; so it is with neither `--data` nor `--calib`, which a config that calibrates
+  nothing (every quantized node dynamic, or weights only) allows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import onnx
+
+from qcli.analyze.probe import Probe
+from qcli.calibrate.shards import Fold, plan_folds
+from qcli.config import Config
+from qcli.data import DataFolder, InputSpec
+
+MIN_SAMPLES = 16
+PROBE_BATCH = 32
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    calibration_samples: int | None  # first N of --data calibration reads (None: no --data)
+    verify_path: Path | None  # None: nothing to compare on
+    verify_start: int = 0
+    verify_count: int = 0
+    description: str = ""
+    folds: int = 1  # > 1: k-fold over the calibration samples (`fold_plan` settles it)
+    spans: tuple[tuple[int, int], ...] = ()  # k-fold: (first, count) compared per fold
+
+    @property
+    def compared(self) -> tuple[tuple[int, int], ...]:
+        """(first sample, count) of each run of samples compared (one per fold when folded)."""
+        return self.spans or ((self.verify_start, self.verify_count),)
+
+
+def plan_data(data: Path | None, data_total: int | None, eval_data: Path | None, config: Config,
+              count: int) -> DataPlan:
+    """Which samples calibration reads and which verification compares (module docstring)."""
+    wanted = config.calibration.samples
+    if eval_data is not None:
+        return DataPlan(wanted, eval_data, 0, count, f"{eval_data} (first {count} samples at most)")
+    if data is None or data_total is None:
+        return DataPlan(None, None, description="no data to compare on: give --eval-data DIR")
+    n = data_total
+    calibration = min(wanted, n)
+    spare = n - calibration
+    if spare >= MIN_SAMPLES:
+        take = min(spare, count)
+        return DataPlan(calibration, data, calibration, take,
+                        f"{data} samples {calibration + 1}-{calibration + take} (not used by calibration)")
+    held = min(count, n // 8)
+    if held >= MIN_SAMPLES:
+        calibration = min(wanted, n - held)
+        return DataPlan(calibration, data, n - held, held,
+                        f"{data} samples {n - held + 1}-{n} (held back from calibration, which reads {calibration})")
+    take = min(n, count)
+    folds = min(config.verify.folds, calibration)
+    return DataPlan(calibration, data, 0, take,
+                    f"{data} samples 1-{take}: also calibration samples (the folder is too small to hold "
+                    f"{MIN_SAMPLES} back; give --eval-data for an independent check)", folds if folds > 1 else 1)
+
+
+def fold_plan(plan: DataPlan, samples: int, batch_size: int) -> tuple[DataPlan, list[Fold]]:
+    """The folds of a k-fold plan over the `samples` calibration reads (`plan_folds`), each
+    compared on up to its share of `verify_count`; none when the plan has no folds."""
+    if plan.folds < 2:
+        return plan, []
+    folds = plan_folds(samples, plan.folds, batch_size)
+    n, k = samples, len(folds)
+    each = n if plan.verify_count >= n else -(-plan.verify_count // k)
+    spans = tuple((f.first, min(f.samples, each)) for f in folds)
+    compared = sum(count for _, count in spans)
+    why = (f"{plan.verify_path} samples 1-{n} in {k} folds: {compared} compared, each fold on a model calibrated "
+           f"on the other {k - 1} folds (at least {n - max(f.samples for f in folds)} samples); the model written "
+           f"is calibrated on all {n} (the folder is too small to hold {MIN_SAMPLES} back)")
+    return replace(plan, folds=k, verify_count=compared, description=why, spans=spans), folds
+
+
+def plan_samples(data: Path | None, eval_data: Path | None, config: Config, inputs: list[InputSpec]) -> DataPlan:
+    """`plan_data` for this run: what calibration reads, and what the checks compare (when on)."""
+    ap, vf = config.auto_precision, config.verify
+    if not (ap.enabled or vf.enabled):
+        return DataPlan(config.calibration.samples, None)
+    total = len(DataFolder(data, inputs, preprocess=config.data.preprocess)) if data is not None else None
+    return plan_data(data, total, eval_data, config, ap.samples if ap.enabled else vf.samples)
+
+
+def make_probe(model: onnx.ModelProto, inputs: list[InputSpec], config: Config, plan: DataPlan,
+           labels: Path | None) -> Probe:
+    """The probe comparing candidates with the float model on the samples `plan` holds back;
+    k-fold: each fold's share, its batches tagged with the fold."""
+    assert plan.verify_path is not None  # checked by the caller
+    batches, tags = [], []
+    for k, (start, count) in enumerate(plan.compared):
+        folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=count, start=start,
+                            labels=labels)
+        part = list(folder.batches(PROBE_BATCH))
+        batches += part
+        tags += [k] * len(part)
+    return Probe(model, batches, inputs, source=plan.description, verify=config.verify,
+                 folds=tags if plan.spans else None)
