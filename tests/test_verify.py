@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import SAMPLE_MODELS, op_counts, save, write_npz
 from qcli.config import Config
-from qcli.model import clamp_ir_version
 from qcli.holdout import MIN_SAMPLES, plan_data
+from qcli.model import clamp_ir_version
 
 
 def mlp(outliers: bool) -> onnx.ModelProto:
