@@ -28,7 +28,10 @@ ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float"]  # float:
 WeightDtype = Literal["int8", "uint8", "int4", "uint4"]
 GranularityName = Literal["per_tensor", "per_channel", "per_block"]  # the core types it: scheme.granularity_of
 Criterion = Literal["performance", "balanced", "accuracy", "custom"]
-Precision = Literal["float", "int8", "uint8", "int16", "uint16", "dynamic"]  # dynamic: run-time activation scales
+# dynamic: run-time activation scales; float16/bfloat16: run in that type, unquantized
+Precision = Literal["float", "int8", "uint8", "int16", "uint16", "dynamic", "float16", "bfloat16"]
+HALF_PRECISIONS = ("float16", "bfloat16")  # float nodes run in a 16-bit float type (qcli/half.py)
+NO_QDQ = ("float", "dynamic", *HALF_PRECISIONS)  # precisions whose nodes get no static Q/DQ pair
 Mode = Literal["static", "dynamic"]
 OutputKindName = Literal["top1", "sequence", "cosine", "mask", "per_element", "ignore"]  # qcli.analyze.kinds.Kind
 Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic"]  # int4: weights, to shrink
@@ -125,8 +128,11 @@ class Override(Section):
     @model_validator(mode="after")
     def _dynamic_selects_nodes(self) -> Override:
         dynamic = self.precision == "dynamic"
-        if dynamic and not (self.match.nodes or self.match.op_types):
-            raise ValueError("precision dynamic applies to nodes: give match.nodes or match.op_types")
+        if self.precision in ("dynamic", *HALF_PRECISIONS) and not (self.match.nodes or self.match.op_types):
+            raise ValueError(f"precision {self.precision} applies to nodes: give match.nodes or match.op_types")
+        if self.precision in HALF_PRECISIONS and (self.activations or self.weights):
+            raise ValueError(f"precision {self.precision} runs the nodes in {self.precision}, unquantized: "
+                             "drop activations and weights here")
         if dynamic and self.activations is not None:
             raise ValueError("precision dynamic sets the activations (uint8 at run time): drop activations here")
         made_dynamic = dynamic or (self.activations is not None and self.activations.mode == "dynamic")
@@ -261,6 +267,8 @@ class Data(Section):
 
 class Config(Section):
     version: Literal[1] = 1
+    # what a node no override gives a precision runs in: quantized (activations, weights), or float16/bfloat16
+    default_precision: Literal["quantized", "float16", "bfloat16"] = "quantized"
     calibration: Calibration = Calibration()
     activations: Activations = Activations()
     weights: Weights = Weights()
@@ -271,6 +279,21 @@ class Config(Section):
     auto_precision: AutoPrecision = AutoPrecision()
     recovery: Recovery = Recovery()
     data: Data = Data()
+
+    @model_validator(mode="after")
+    def _one_half_type(self) -> Config:
+        if len(self._halves()) > 1:
+            raise ValueError("float16 and bfloat16 in one model: choose one (default_precision, overrides' precision)")
+        return self
+
+    def _halves(self) -> set[str]:
+        found: set[str] = {o.precision for o in self.overrides if o.precision in HALF_PRECISIONS}
+        return found | ({self.default_precision} & set(HALF_PRECISIONS))
+
+    @property
+    def half(self) -> str | None:
+        """The 16-bit float type this config runs nodes in (float16, bfloat16), if any."""
+        return next(iter(self._halves()), None)
 
     @field_validator("weights")
     @classmethod
@@ -434,6 +457,8 @@ def _known_keys(loc: tuple, root: type[BaseModel]) -> list[str]:
 def config_document(config: Config) -> dict:
     """The resolved config as plain data (for `qcli config show`, metadata and reports)."""
     doc = config.model_dump(mode="json", exclude={"data", "recovery"})
+    if config.default_precision == "quantized":  # the default: models made without it keep their bytes
+        del doc["default_precision"]
     steps = config.recovery.model_dump(mode="json", exclude_none=True)
     if steps:  # only when a step is on: models made without recovery keep their bytes
         doc["recovery"] = steps

@@ -200,7 +200,28 @@ def check_model(path: str | os.PathLike, *, shown_as: str | os.PathLike | None =
     try:
         ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-        raise InternalError(f"onnxruntime cannot load the model written to {name}: {exc}") from exc
+        if not _loads_as_twin(path):
+            raise InternalError(f"onnxruntime cannot load the model written to {name}: {exc}") from exc
+
+
+def _loads_as_twin(path: Path) -> bool:
+    """Whether a model onnxruntime's CPU provider cannot load is a bfloat16 one (no CPU kernels)
+    that passes onnx's full type check and whose float32 twin (`qcli.half.emulated`) loads."""
+    import onnxruntime as ort
+
+    from qcli.half import emulated
+
+    model = onnx.load(str(path))
+    if not any(t.data_type == onnx.TensorProto.BFLOAT16 for t in model.graph.initializer) and not any(
+            a.name == "to" and a.i == onnx.TensorProto.BFLOAT16 for n in model.graph.node for a in n.attribute):
+        return False
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        twin = emulated(model)
+        return twin is not None and bool(ort.InferenceSession(twin.SerializeToString(),
+                                                              providers=["CPUExecutionProvider"]))
+    except Exception:  # the type check's or onnxruntime's: the model is not fit either way
+        return False
 
 
 def tensor_from_attribute(node: onnx.NodeProto) -> onnx.TensorProto | None:

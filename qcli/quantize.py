@@ -29,6 +29,7 @@ from qcli.data import DataFolder
 from qcli.errors import ConfigError
 from qcli.executor import Executor, SerialExecutor
 from qcli.graph import GraphIndex
+from qcli.half import BFLOAT16_OPSET, HalfResult, to_half
 from qcli.model import fingerprint, opset_version
 from qcli.plan import DynamicNode, Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
@@ -46,6 +47,7 @@ class QuantizeResult:
     notes: list[str] = field(default_factory=list)  # what prepare changed, and warnings
     recovery: dict = field(default_factory=dict)  # step -> what it changed (summary, JSON)
     planned: onnx.ModelProto | None = None  # the float graph the plan indexes (recovery may add nodes)
+    half: HalfResult | None = None  # the nodes run in float16/bfloat16, and those kept float32
 
 
 def calibrate(
@@ -96,7 +98,7 @@ def _observing(model: onnx.ModelProto, config: Config, progress: Callable[[int],
     check_unmatched(plan, strict)
     options: dict[str, Any] = dict(
         batch_size=config.calibration.batch_size,
-        tensors=plan.calibrated_tensors,
+        tensors=plan.observed_tensors,
         max_bins=2 * config.calibration.bins,
         progress=progress,
         channels=recovery_channels(work, config, plan),
@@ -146,6 +148,12 @@ def quantize(
     recovery = {**prepared.recovery, **smoothed}
     source = correct_biases(work, plan, config, table, recovery, notes)
     out = materialize(source, plan, index if source is work else GraphIndex.of(source))
+    half = None
+    if plan.half and config.half:
+        wanted = {work.graph.node[i].output[0] for i in plan.half}
+        half = to_half(out, wanted, config.half, table if table.observers else None)
+        out = half.model
+        notes += half.notes()
     _keep_own_value_info(out, model)
     calibration = {"method": settings.method, "samples": table.samples, "fingerprint": table.fingerprint}
     for key, value in (
@@ -157,7 +165,7 @@ def quantize(
         entry.key, entry.value = key, value
     notes += plan.notes
     notes += [f"warning: config rule {text}" for text in plan.unmatched]
-    return QuantizeResult(out, plan, notes, recovery, work)
+    return QuantizeResult(out, plan, notes, recovery, work, half)
 
 
 def recovery_channels(work: onnx.ModelProto, config: Config, plan: Plan) -> dict[str, int]:
@@ -209,13 +217,17 @@ def check_unmatched(plan: Plan, strict: bool) -> None:
 
 def prepare_for(model: onnx.ModelProto, config: Config, *, force: bool = False) -> PrepareResult:
     """`prepare(model)` for quantizing with `config`: at opset BLOCK_OPSET when the config asks
-    for per-block weights anywhere (DequantizeLinear's block_size), else at prepare's default.
+    for per-block weights anywhere (DequantizeLinear's block_size), at BFLOAT16_OPSET for
+    bfloat16 nodes (Conv, Gemm, Relu... take bfloat16 from it), else at prepare's default.
     The opset converter may add nodes (ReduceMean's axes become a Constant input at 18), so the
     upgrade is a preparation step and every stage gets this one graph. Decided on the config,
     not its plan: the precision config a search writes (the same weights sections, some nodes
     promoted) then prepares the same graph and reproduces the model exactly. The recovery steps
     that change the float graph run last (`recover_graph`)."""
-    prepared = prepare(model, force=force, opset=BLOCK_OPSET if _asks_blocks(config) else TARGET_OPSET)
+    opset = BLOCK_OPSET if _asks_blocks(config) else TARGET_OPSET
+    if config.half == "bfloat16":
+        opset = max(opset, BFLOAT16_OPSET)
+    prepared = prepare(model, force=force, opset=opset)
     return recover_graph(prepared, config)
 
 
@@ -282,7 +294,10 @@ def summary(result: QuantizeResult) -> dict:
     plan = result.plan
     quantized = Counter(d.op_type for d in plan.nodes if d.quantized and not d.reason)
     folded = Counter(d.op_type for d in plan.nodes if d.quantized and d.reason)
-    floats: Counter[tuple[str, str]] = Counter((d.op_type, d.reason) for d in plan.nodes if not d.quantized)
+    half = result.half
+    converted = set(half.converted) if half else set()
+    floats: Counter[tuple[str, str]] = Counter((d.op_type, _float_reason(d.name, d.reason, half))
+                                               for d in plan.nodes if not d.quantized and d.name not in converted)
     labels = {**node_precisions(result.model), **dynamic_precisions(plan)}
     precisions: dict[str, Counter[str]] = {}
     for d in plan.nodes:
@@ -301,6 +316,8 @@ def summary(result: QuantizeResult) -> dict:
             for (op, reason), n in sorted(floats.items(), key=lambda kv: (-kv[1], kv[0]))
         ],
         "folded": dict(sorted(folded.items())),
+        **({"half": {"type": half.kind, "nodes": dict(sorted(Counter(
+            d.op_type for d in plan.nodes if d.name in converted).items())), **half.to_dict()}} if half else {}),
         "quantized_tensors": len(plan.activations),
         "activations": dict(sorted(activations.items())),
         "groups": len(plan.groups),
@@ -309,6 +326,13 @@ def summary(result: QuantizeResult) -> dict:
         "notes": result.notes,
         **({"recovery": result.recovery} if result.recovery else {}),
     }
+
+
+def _float_reason(name: str, reason: str, half: HalfResult | None) -> str:
+    """Why a node stays float: the plan's reason, or why a node asked to run in float16 stays float32."""
+    if half is None or not reason.endswith(" asked for"):
+        return reason
+    return f"float32: {half.kept[name]}" if name in half.kept else f"no float values to run in {half.kind}"
 
 
 def dynamic_precisions(plan: Plan) -> dict[str, str]:

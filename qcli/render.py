@@ -228,12 +228,15 @@ def quantization(console: Console, doc: dict) -> None:
             table.add_row(op, str(count), precision, "")
     for op, n in doc["folded"].items():
         table.add_row(op, str(n), "folded", "")
+    for op, n in doc.get("half", {}).get("nodes", {}).items():
+        table.add_row(op, str(n), doc["half"]["type"], "")
     for row in doc["float"]:
         table.add_row(row["op_type"], str(row["count"]), "float", row["reason"])
     console.print(table)
     smoothquant(console, doc.get("recovery", {}).get("smoothquant", []))
+    half = doc.get("half", {}).get("type", "float")
     console.print(
-        f"activations: {_counts(doc['activations']) or 'float'}; weights: {_counts(doc['weights']) or 'float'}; "
+        f"activations: {_counts(doc['activations']) or half}; weights: {_counts(doc['weights']) or half}; "
         f"ranges by {doc['method']}"
     )
     console.print(

@@ -332,3 +332,29 @@ def _int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
 
 def _float_attribute(node: onnx.NodeProto, name: str, default: float) -> float:
     return next((a.f for a in node.attribute if a.name == name), default)
+
+
+# --------------------------------------------------------------------------- float16 / bfloat16
+
+# The third table: ops that stay float32 in a float16/bfloat16 model whatever their values
+# (qcli/half.py adds the rules that read the calibrated values: range, long reductions).
+FLOAT32_IN_HALF: dict[str, str] = {
+    "Exp": "Exp overflows float16 above 11 and loses its small values",
+    "Log": "Log of values float16 flushes to zero is -inf",
+    "Pow": "a power's range grows with its input's",
+    "Softplus": "Softplus is an Exp and a Log",
+    "LogSoftmax": "a log-probability of a rounded sum",
+    "LayerNormalization": "normalisation statistics (mean and variance) need float32",
+    "InstanceNormalization": "normalisation statistics (mean and variance) need float32",
+    "GroupNormalization": "normalisation statistics (mean and variance) need float32",
+    "LpNormalization": "normalisation statistics (a norm over the axis) need float32",
+    "ReduceSumSquare": "a sum of squares outgrows the type",
+    "ReduceL2": "a sum of squares outgrows the type",
+    "ReduceLogSumExp": "an Exp inside a reduction",
+    "CumSum": "a running sum over the axis",
+    "QuantizeLinear": "qcli's quantized nodes keep float32 scales",
+    "DequantizeLinear": "qcli's quantized nodes keep float32 scales",
+    "DynamicQuantizeLinear": "qcli's quantized nodes keep float32 scales",
+}
+# Reductions whose accumulated length qcli checks against the type's precision.
+HALF_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceLogSum", "Softmax"})

@@ -3,6 +3,10 @@
 Spinning is off (`session.intra_op.allow_spinning = 0`) because two sessions in one process
 (float and quantized, timed alternately) otherwise steal each other's cores: measured 50-200%
 slower float timings on a 2-core machine (DESIGN.md §7).
+
+A model holding float16/bfloat16 tensors runs as its float32 twin (`qcli.half.emulated`): each
+value rounded to its 16-bit type as a GPU stores it, which onnxruntime's CPU provider would
+otherwise not do (no bfloat16 kernels; float16 run through Casts its optimizer removes).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import onnx
 import onnxruntime as ort
 
 from qcli.errors import ModelError
+from qcli.half import emulated
 from qcli.model import clamp_ir_version, save_model
 
 _INLINE_LIMIT = 2**31 - 256 * 2**20  # models bigger than this go through a temporary file
@@ -43,6 +48,8 @@ def make_session(
         options.enable_profiling = True
         options.profile_file_prefix = str(profile)
     providers = ["CPUExecutionProvider"]
+    if isinstance(model, onnx.ModelProto):
+        model = emulated(model) or model  # float16/bfloat16 nodes: measured on a float32 twin
     try:
         if isinstance(model, (str, Path)):
             return ort.InferenceSession(str(model), options, providers=providers)

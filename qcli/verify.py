@@ -320,6 +320,8 @@ def _no_promotion(config: Config, candidates: Sequence[str]) -> str:
 
 def _all_float(int8: QuantizeResult, outcome: Outcome) -> str | None:
     """Why the model written has no quantized node left, if so."""
+    if int8.half is not None and int8.half.converted:
+        return None
     if not int8.plan.groups and not int8.plan.weights and not int8.plan.dynamic:
         return ("nothing to quantize: no node of this model has an int8 form here (the node table says why "
                 "each stays float); the model written computes like the original")

@@ -83,7 +83,16 @@ def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | Non
         keep_float=set(screened.keep_float),
         notes=notes + block_notes,
         dynamic=dynamic.nodes,
+        half=sorted(ctx.selections.half),
+        half_tensors=half_activations(ctx),
     )
+
+
+def half_activations(ctx: Context) -> list[str]:
+    """The float32 activations the half nodes read and write, in graph order."""
+    graph, index = ctx.index.graph, ctx.index
+    names = (t for i in sorted(ctx.selections.half) for t in (*graph.node[i].input, *graph.node[i].output))
+    return list(dict.fromkeys(t for t in names if t and index.is_float(t) and t not in index.initializers))
 
 
 def decisions(ctx: Context, candidates: Candidates, folded: Mapping[int, int], dynamic: Dynamic) -> list[NodeDecision]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 import onnx
 
 from qcli.calibrate.table import CalibrationTable, RangeSettings
+from qcli.config import NO_QDQ
 from qcli.errors import CalibrationError
 from qcli.graph import GraphIndex
 from qcli.plan.context import Context
@@ -32,7 +33,7 @@ def requests_of(ctx: Context, shared: Shared) -> Requests:
     names and the quantized tensors of the nodes it selects."""
     requests = Requests()
     for k, o, sel in ctx.selections.overrides:
-        if o.precision in ("float", "dynamic"):  # dynamic nodes have no Q/DQ (plan/dynamic.py)
+        if o.precision in NO_QDQ:  # dynamic nodes have no Q/DQ (plan/dynamic.py), float16 ones none
             continue
         act = None
         if o.activations is not None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from qcli.config import Config, Match, Override
+from qcli.config import HALF_PRECISIONS, NO_QDQ, Config, Match, Override
 from qcli.graph import GraphIndex
 
 
@@ -65,6 +65,7 @@ class Selections:
     asked_tensors: frozenset[str]  # named by an override that does not keep them float
     dynamic: frozenset[int] = frozenset()  # nodes whose activations the config quantizes at run time
     asked_dynamic: frozenset[int] = frozenset()  # selected by an override with precision dynamic
+    half: frozenset[int] = frozenset()  # nodes run in config.half (float16/bfloat16), float to the plan
 
     @classmethod
     def of(cls, config: Config, names: list[str], index: GraphIndex) -> Selections:
@@ -75,20 +76,22 @@ class Selections:
             for k, o in enumerate(config.overrides)
         ]
         off = [exclude] + [sel for _, o, sel in overrides if o.precision == "float"]
-        static = ("float", "dynamic", None)
+        static = (None, *NO_QDQ)
+        half = half_nodes(config, len(graph.node), overrides)
         return cls(
             exclude=exclude,
             overrides=overrides,
-            off_nodes=frozenset().union(*(s.nodes for s in off)),
+            off_nodes=frozenset().union(*(s.nodes for s in off)) | half,
             off_tensors=frozenset().union(*(s.tensors for s in off)),
             asked_nodes=frozenset().union(
                 *(sel.nodes for _, o, sel in overrides if o.precision not in static)
             ),
             asked_tensors=frozenset().union(
-                *(sel.tensors for _, o, sel in overrides if o.precision not in ("float", "dynamic"))
+                *(sel.tensors for _, o, sel in overrides if o.precision not in NO_QDQ)
             ),
             dynamic=dynamic_nodes(config, len(graph.node), overrides),
             asked_dynamic=frozenset().union(*(sel.nodes for _, o, sel in overrides if o.precision == "dynamic")),
+            half=half,
         )
 
     def asked_for(self, i: int) -> bool:
@@ -117,6 +120,19 @@ def dynamic_nodes(config: Config, count: int, overrides: list[tuple[int, Overrid
         elif o.activations is not None or o.precision not in (None, "float"):
             dynamic -= sel.nodes
     return frozenset(dynamic)
+
+
+def half_nodes(config: Config, count: int, overrides: list[tuple[int, Override, Selection]]) -> frozenset[int]:
+    """The nodes run in float16/bfloat16: all of them under `default_precision: float16` (or
+    bfloat16), then each override in order (later wins): `precision: float16` adds its nodes, any
+    other precision or an `activations`/`weights` section takes them out."""
+    half = set(range(count)) if config.default_precision in HALF_PRECISIONS else set()
+    for _, o, sel in overrides:
+        if o.precision in HALF_PRECISIONS:
+            half |= sel.nodes
+        elif o.precision is not None or o.activations is not None or o.weights is not None:
+            half -= sel.nodes
+    return frozenset(half)
 
 
 def _unmatched(match: Match, where: str, names: list[str], graph: onnx.GraphProto, tensors: set[str]) -> str:

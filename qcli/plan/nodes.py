@@ -59,6 +59,8 @@ def why_not_candidate(ctx: Context, i: int) -> str | None:
     be when its rule says so, its activation inputs and outputs are float32 tensors, its weight
     is a float32 constant where its kernel needs one, and the config excludes none of it."""
     node, rule, index, sel = ctx.node(i), ctx.rules[i], ctx.index, ctx.selections
+    if i in sel.half:
+        return f"{ctx.config.half} asked for"
     if rule is None or rule.kind == "shape":
         return "no int8 kernel for this op" if node.domain in ("", "ai.onnx") else f"custom domain {node.domain}"
     if i in sel.off_nodes:

@@ -77,6 +77,8 @@ class Plan:
     keep_float: set[int] = field(default_factory=set)  # nodes excluded by config: read float inputs
     notes: list[str] = field(default_factory=list)  # conflicts resolved, and the like
     dynamic: dict[int, DynamicNode] = field(default_factory=dict)  # node -> its dynamic form
+    half: list[int] = field(default_factory=list)  # nodes run in float16/bfloat16 (qcli/half.py)
+    half_tensors: list[str] = field(default_factory=list)  # their float activations: observed for range
 
     @property
     def activations(self) -> list[str]:
@@ -87,3 +89,10 @@ class Plan:
     def calibrated_tensors(self) -> list[str]:
         """Tensors whose range must come from calibration."""
         return [t for g in self.groups if g.constant is None and g.fixed_range is None for t in g.tensors]
+
+    @property
+    def observed_tensors(self) -> list[str]:
+        """What calibration observes: the calibrated tensors, then the half nodes' activations
+        (whose ranges decide which of them stay float32; without data they go unchecked)."""
+        calibrated = self.calibrated_tensors
+        return calibrated + sorted(set(self.half_tensors) - set(calibrated))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import onnx
 
-from qcli.config import Activations, Weights
+from qcli.config import NO_QDQ, Activations, Weights
 from qcli.plan.context import Context
 from qcli.plan.result import BiasPlan, WeightPlan
 from qcli.plan.tensors import operands
@@ -122,7 +122,7 @@ def overridden_weights(ctx: Context, weighted: Weighted) -> dict[str, WeightPlan
     and to those of the nodes it selects (operands too, per tensor)."""
     weights = dict(weighted.weights)
     for _, o, sel in ctx.selections.overrides:
-        if o.precision in ("float", "dynamic") or o.weights is None:
+        if o.precision in NO_QDQ or o.weights is None:
             continue
         scheme = weight_scheme(o.weights)
         for name, readers in weighted.readers.items():

@@ -13,6 +13,7 @@ import onnx
 import onnxruntime as ort
 
 from fuzz_graphs import FLOAT, GraphCase, Input
+from qcli.half import emulated
 
 
 class GeneratorBug(AssertionError):
@@ -83,6 +84,12 @@ def session(model: onnx.ModelProto | Path) -> ort.InferenceSession:
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.log_severity_level = 4  # refusals are expected: the graph is discarded
+    if isinstance(model, Path):  # a float16/bfloat16 model runs as its float32 twin, as qcli runs it
+        loaded = onnx.load(str(model))
+        twin = emulated(loaded)
+        model = model if twin is None else twin
+    elif (twin := emulated(model)) is not None:
+        model = twin
     data = str(model) if isinstance(model, Path) else model.SerializeToString()
     return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
 

@@ -1,0 +1,173 @@
+"""float16 / bfloat16 (qcli/half.py): the conversion, the nodes kept float32 and why, the Casts,
+the float32 twin CPU measures, and the presets and per-node overrides end to end."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import SAMPLE_MODELS, normal_folder, parse_model, save
+from qcli.half import emulated, to_half
+
+CHAIN = """
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[2, 4] x) => (float[2, 3] y, float[2, 3] z)
+    <float[4, 3] w = {0.5, -1, 2, 0.25, 1.5, -0.75, 1, 2, -2, 0.125, 3, -1},
+     float[3] eps = {1e-12, 1e-12, 1e-12}> {
+    m = MatMul (x, w)
+    r = Relu (m)
+    e = Exp (r)
+    s = Softmax (r)
+    a = Add (s, e)
+    y = Mul (a, r)
+    t = Tanh (r)
+    u = Sigmoid (r)
+    v = Add (t, u)
+    z = Add (v, eps)
+}
+"""
+
+
+def _run(model: onnx.ModelProto, **feeds: np.ndarray) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _chain() -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(parse_model(CHAIN))
+
+
+def test_every_node_asked_for_converts_but_those_float16_breaks() -> None:
+    model = _chain()
+    result = to_half(model, {n.output[0] for n in model.graph.node}, "float16")
+    assert result.converted == ["MatMul_0", "Relu_1", "Softmax_3", "Add_4", "Mul_5", "Tanh_6", "Sigmoid_7", "Add_8"]
+    assert result.kept == {
+        "Exp_2": "Exp overflows float16 above 11 and loses its small values",
+        "Add_9": "constant 'eps' holds 1e-12, which float16 rounds to 0",
+    }
+    graph = result.model.graph
+    types = {t.name: t.data_type for t in graph.initializer}
+    assert types == {"w": onnx.TensorProto.FLOAT16, "eps": onnx.TensorProto.FLOAT}
+    assert [v.type.tensor_type.elem_type for v in (*graph.input, *graph.output)] == [onnx.TensorProto.FLOAT] * 3
+    # one Cast per tensor and direction: x in; r out to Exp (and nothing else: Add_9 reads v, a
+    # float16 tensor, through the one Cast of v); e back in; y out; v out
+    casts = [(n.input[0], n.attribute[0].i) for n in graph.node if n.op_type == "Cast"]
+    assert sorted(casts) == [("e", 10), ("r", 1), ("v", 1), ("x", 10), ("y/float16", 1)]
+    assert result.casts == 5
+    onnx.checker.check_model(result.model, full_check=True)
+
+
+def test_the_twin_rounds_each_value_as_float16_stores_it() -> None:
+    """The twin's outputs equal numpy's float16 arithmetic step by step (each op in float32,
+    each written value rounded), where onnxruntime's own run of the float16 model does not
+    round at all (its CPU optimizer drops the Casts it puts around float16 nodes)."""
+    model = _chain()
+    half = to_half(model, {n.output[0] for n in model.graph.node if n.op_type != "Softmax"}, "float16").model
+    x = np.random.default_rng(0).normal(0, 1, (2, 4)).astype(np.float32)
+    w = np.array([0.5, -1, 2, 0.25, 1.5, -0.75, 1, 2, -2, 0.125, 3, -1], np.float32).reshape(4, 3)
+
+    def r16(a):
+        return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+
+    r = r16(np.maximum(r16(r16(x) @ w), 0))
+    v = r16(r16(np.tanh(r)) + r16(1 / (1 + np.exp(-r))))
+    twin = emulated(half)
+    assert twin is not None and emulated(model) is None
+    z = _run(twin, x=x)[1]
+    np.testing.assert_allclose(z, v + np.float32(1e-12), rtol=0, atol=1e-6)
+    plain = _run(half, x=x)[1]
+    assert np.abs(plain - z).max() > 1e-4  # the float16 model itself runs as float32 on CPU
+
+
+def test_a_value_beyond_float16_keeps_its_nodes_float32_and_says_so(cli, tmp_path: Path) -> None:
+    """Activations of 1e5 (float16 holds 65504): the nodes that read or write them stay float32,
+    the summary says so, and the written model gives no inf on the data."""
+    model = save(parse_model("""
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[N, 8] x) => (float[N, 8] y) <float[8, 8] w = {W}, float scale = {1e5}, float back = {1e-5}> {
+    h = MatMul (x, w)
+    big = Mul (h, scale)
+    r = Relu (big)
+    small = Mul (r, back)
+    y = Tanh (small)
+}""".replace("{W}", "{" + ", ".join(f"{v:.4f}" for v in np.random.default_rng(1).normal(0, 0.5, 64)) + "}")),
+                 tmp_path / "big.onnx")
+    data = normal_folder(tmp_path / "data", 64, x=(8,))
+    out = tmp_path / "big16.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", data, "--config", "float16")
+    kept = doc["half"]["kept_float32"]
+    assert set(kept) == {"Mul_1", "Relu_2", "Mul_3"}
+    assert kept["Relu_2"].startswith("'r' reaches ") and kept["Relu_2"].endswith(
+        " in calibration (float16 keeps float32 above 16376)")
+    assert doc["half"]["converted"] == 2 and doc["verification"]["passed"]
+    x = np.random.default_rng(7).normal(0, 1, (16, 8)).astype(np.float32)
+    got = _run(emulated(onnx.load(str(out))), x=x)[0]
+    want = _run(onnx.load(str(model)), x=x)[0]
+    assert np.isfinite(got).all() and np.abs(got - want).max() < 0.01
+
+
+def test_float16_preset_without_data_skips_the_range_rule(cli, tmp_path: Path) -> None:
+    cnn = SAMPLE_MODELS / "cnn"
+    doc = cli.json("quantize", cnn / "model.onnx", "-o", tmp_path / "c.onnx", "--config", "float16")
+    assert doc["half"]["ranges_checked"] is False
+    assert "float16: 24 nodes, 2 Casts; 0 kept float32 (ranges not checked: no calibration data)" in doc["notes"]
+
+
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_presets_on_the_sample_transformer(cli, tmp_path: Path, kind: str) -> None:
+    """The whole model in the type: verified, about half the file, onnx's full type check
+    passes; bfloat16 runs at opset 22 (Gemm, Relu... take it there), which onnxruntime's CPU
+    provider cannot load but its twin can."""
+    t = SAMPLE_MODELS / "transformer"
+    out = tmp_path / f"{kind}.onnx"
+    doc = cli.json("quantize", t / "model.onnx", "-o", out, "--data", t / "calib", "--config", kind)
+    assert doc["verification"]["passed"]
+    assert doc["bytes_before"] / doc["bytes_after"] > 1.85
+    written = onnx.load(str(out))
+    onnx.checker.check_model(written, full_check=True)
+    code = onnx.TensorProto.FLOAT16 if kind == "float16" else onnx.TensorProto.BFLOAT16
+    weights = Counter(t.data_type for t in written.graph.initializer if len(t.dims) == 2)
+    assert set(weights) == {code}
+    # the attention mask's fill (-3.4e38) exists in neither type: its Where and the Softmax
+    # reading it stay float32
+    reasons = " ".join(doc["half"]["kept_float32"].values())
+    assert "holds 3.403e+38, beyond" in reasons
+    casts = sum(1 for n in written.graph.node if n.op_type == "Cast")
+    assert casts == doc["half"]["casts"] + sum(1 for n in onnx.load(str(t / "model.onnx")).graph.node
+                                               if n.op_type == "Cast")
+
+
+def test_the_classifier_head_in_float16_while_the_body_is_int8(cli, tmp_path: Path) -> None:
+    cnn = SAMPLE_MODELS / "cnn"
+    (tmp_path / "mixed.yaml").write_text(
+        "version: 1\noverrides:\n  - match: {op_types: [Gemm]}\n    precision: float16\n")
+    out = tmp_path / "mixed.onnx"
+    doc = cli.json("quantize", cnn / "model.onnx", "-o", out, "--data", cnn / "calib", "--config", tmp_path / "mixed.yaml")
+    assert doc["verification"]["passed"] and doc["half"]["nodes"] == {"Gemm": 1} and doc["quantized"]["Conv"] == 9
+    written = onnx.load(str(out))
+    assert {t.name for t in written.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16} == {"fc.weight", "fc.bias"}
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    fused = Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
+    assert fused["QLinearConv"] == 9  # the body still runs int8 kernels
+
+
+@pytest.mark.parametrize("text, message", [
+    ("overrides:\n  - match: {nodes: [a]}\n    precision: float16\n    activations: {dtype: int8}\n",
+     "precision float16 runs the nodes in float16, unquantized: drop activations and weights here"),
+    ("default_precision: bfloat16\noverrides:\n  - match: {nodes: [a]}\n    precision: float16\n",
+     "float16 and bfloat16 in one model: choose one (default_precision, overrides' precision)"),
+    ("overrides:\n  - match: {tensors: [a]}\n    precision: float16\n",
+     "precision float16 applies to nodes: give match.nodes or match.op_types"),
+])
+def test_half_config_errors(cli, tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("version: 1\n" + text)
+    result = cli("config", "validate", path)
+    assert result.exit_code == 2
+    assert message in result.stderr
