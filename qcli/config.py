@@ -24,8 +24,9 @@ from qcli.errors import ConfigError
 from qcli.yamlfile import read_yaml
 
 Method = Literal["minmax", "percentile", "kl", "mse"]
-ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float"]  # float: weight-only
-WeightDtype = Literal["int8", "uint8", "int4", "uint4"]
+ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float8e4m3fn", "float8e5m2", "float"]  # float: w-only
+WeightDtype = Literal["int8", "uint8", "int4", "uint4", "float8e4m3fn", "float8e5m2"]
+FLOAT8 = ("float8e4m3fn", "float8e5m2")  # FP8: symmetric only (zero point 0), opset 19
 GranularityName = Literal["per_tensor", "per_channel", "per_block"]  # the core types it: scheme.granularity_of
 Criterion = Literal["performance", "balanced", "accuracy", "custom"]
 # dynamic: run-time activation scales; float16/bfloat16: run in that type, unquantized
@@ -69,6 +70,10 @@ class Activations(Section):
                                  f"DynamicQuantizeLinear): not with {given}")
         return mode
 
+    @model_validator(mode="after")
+    def _float8_is_symmetric(self) -> Activations:
+        return check_float8(self.dtype, self.symmetric, self)
+
 
 class Weights(Section):
     dtype: WeightDtype = "int8"
@@ -82,6 +87,19 @@ class Weights(Section):
         if v & (v - 1):
             raise ValueError(f"block_size must be a power of two, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _float8_is_symmetric(self) -> Weights:
+        if self.dtype in FLOAT8 and self.granularity == "per_block":
+            raise ValueError(f"{self.dtype} weights are per channel or per tensor, not per block")
+        return check_float8(self.dtype, self.symmetric, self)
+
+
+def check_float8(dtype: str, symmetric: bool, section: Any) -> Any:
+    """A float8 scheme is symmetric: its zero point is 0 (scale = range / the type's largest)."""
+    if dtype in FLOAT8 and not symmetric:
+        raise ValueError(f"{dtype} is symmetric only (zero point 0): set symmetric: true")
+    return section
 
 
 class Match(Section):

@@ -182,7 +182,7 @@ def _weight_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.nda
         for use in source.uses(wp.name, only_quantized=True):
             edits.inputs[use] = f"{wp.name}_dequantized"
         for use in source.uses(wp.name, only_quantized=False):
-            if source.reads_shape_only(use):  # the integer copy has the shape
+            if source.reads_shape_only(use) and not dtype.is_float:  # the integer copy has the shape
                 edits.inputs[use] = f"{wp.name}_quantized"
     return edits, scales
 
@@ -284,8 +284,10 @@ def _activation_member(source: _Source, group: Group, t: str) -> _Edits:
         for use in source.uses(t, only_quantized=False):
             # Shape and Size read only the shape: the integer tensor has the same, and
             # reading it spares a DequantizeLinear that nothing else needs.
+            # (onnxruntime's Shape has no float8 kernel: those read the float copy.)
             if not source.moves_float(use):
-                edits.inputs[use] = f"{t}_quantized" if source.reads_shape_only(use) else target
+                integer = source.reads_shape_only(use) and not group.scheme.dtype.is_float
+                edits.inputs[use] = f"{t}_quantized" if integer else target
     edits.nodes += [
         helper.make_node("QuantizeLinear", [read, scale, zero], [f"{t}_quantized"], name=f"{t}_Q", domain=domain),
         _dequantize_node(f"{t}_quantized", scale, zero, target, domain=domain),

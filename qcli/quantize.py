@@ -24,7 +24,7 @@ from qcli import __version__
 from qcli.calibrate.collect import Collected, collect
 from qcli.calibrate.shards import Fold, collect_folds, collect_sharded, merged_except
 from qcli.calibrate.table import METHODS, CalibrationTable, RangeSettings, build_table
-from qcli.config import Config, config_document
+from qcli.config import FLOAT8, Config, config_document
 from qcli.data import DataFolder
 from qcli.errors import ConfigError
 from qcli.executor import Executor, SerialExecutor
@@ -37,7 +37,7 @@ from qcli.qdq import materialize
 from qcli.recovery import bias, check_table, graph_steps
 from qcli.recovery.equalize import equalize
 from qcli.recovery.smoothquant import channel_requests, find_targets, smooth
-from qcli.scheme import PerBlock, PerChannel, QuantScheme
+from qcli.scheme import FLOAT8_OPSET, PerBlock, PerChannel, QuantScheme
 
 
 @dataclass
@@ -218,7 +218,8 @@ def check_unmatched(plan: Plan, strict: bool) -> None:
 def prepare_for(model: onnx.ModelProto, config: Config, *, force: bool = False) -> PrepareResult:
     """`prepare(model)` for quantizing with `config`: at opset BLOCK_OPSET when the config asks
     for per-block weights anywhere (DequantizeLinear's block_size), at BFLOAT16_OPSET for
-    bfloat16 nodes (Conv, Gemm, Relu... take bfloat16 from it), else at prepare's default.
+    bfloat16 nodes (Conv, Gemm, Relu... take bfloat16 from it), at FLOAT8_OPSET for float8
+    Q/DQ, else at prepare's default.
     The opset converter may add nodes (ReduceMean's axes become a Constant input at 18), so the
     upgrade is a preparation step and every stage gets this one graph. Decided on the config,
     not its plan: the precision config a search writes (the same weights sections, some nodes
@@ -227,6 +228,8 @@ def prepare_for(model: onnx.ModelProto, config: Config, *, force: bool = False) 
     opset = BLOCK_OPSET if _asks_blocks(config) else TARGET_OPSET
     if config.half == "bfloat16":
         opset = max(opset, BFLOAT16_OPSET)
+    if _asks_float8(config):
+        opset = max(opset, FLOAT8_OPSET)
     prepared = prepare(model, force=force, opset=opset)
     return recover_graph(prepared, config)
 
@@ -281,6 +284,12 @@ def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: Cal
 def _asks_blocks(config: Config) -> bool:
     sections = [config.weights, *(o.weights for o in config.overrides)]
     return any(w is not None and w.granularity == "per_block" for w in sections)
+
+
+def _asks_float8(config: Config) -> bool:
+    """Whether the config quantizes anything to a float8 type (Q/DQ take them from opset 19)."""
+    sections = [config.activations, config.weights, *(s for o in config.overrides for s in (o.activations, o.weights))]
+    return any(s is not None and s.dtype in FLOAT8 for s in sections)
 
 
 def _per_block(plan: Plan) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
@@ -33,13 +34,23 @@ class QuantDtype:
     signed: bool
     numpy_dtype: np.dtype
     onnx_type: int
+    largest: int = 0  # a float8 type's largest finite value (0: an integer type)
+
+    @property
+    def is_float(self) -> bool:
+        """A float8 type: values on its own non-uniform grid, symmetric scales only."""
+        return self.largest > 0
 
     @property
     def qmin(self) -> int:
+        if self.is_float:
+            return -self.largest
         return -(1 << (self.bits - 1)) if self.signed else 0
 
     @property
     def qmax(self) -> int:
+        if self.is_float:
+            return self.largest
         return (1 << (self.bits - 1)) - 1 if self.signed else (1 << self.bits) - 1
 
     @property
@@ -47,6 +58,8 @@ class QuantDtype:
         """Number of representable integers, 2**bits."""
         return 1 << self.bits
 
+
+FLOAT8_OPSET = 19  # QuantizeLinear/DequantizeLinear take float8 from opset 19
 
 QUANT_DTYPES: dict[str, QuantDtype] = {
     d.name: d
@@ -57,6 +70,10 @@ QUANT_DTYPES: dict[str, QuantDtype] = {
         QuantDtype("int16", 16, True, np.dtype(np.int16), TensorProto.INT16),
         QuantDtype("uint4", 4, False, np.dtype(np.uint8), TensorProto.UINT4),
         QuantDtype("int4", 4, True, np.dtype(np.int8), TensorProto.INT4),
+        # FP8 (opset 19+, FLOAT8_OPSET): scale = range / largest, zero point 0, values rounded to
+        # the type's grid; for TensorRT on GPUs with FP8 (onnxruntime's CPU runs the Q/DQ pairs).
+        QuantDtype("float8e4m3fn", 8, True, np.dtype(ml_dtypes.float8_e4m3fn), TensorProto.FLOAT8E4M3FN, 448),
+        QuantDtype("float8e5m2", 8, True, np.dtype(ml_dtypes.float8_e5m2), TensorProto.FLOAT8E5M2, 57344),
         # Only for biases (their scale is input_scale * weight_scale, no calibration).
         QuantDtype("int32", 32, True, np.dtype(np.int32), TensorProto.INT32),
     )
@@ -199,6 +216,8 @@ def quantize(x, scale, zero_point, qdtype: QuantDtype, axis: int | None = None, 
     """
     x = np.asarray(x, dtype=np.float32)
     scale, zero_point = _broadcast(scale, x.ndim, axis), _broadcast(zero_point, x.ndim, axis)
+    if qdtype.is_float:  # saturate, then round to the float8 grid (to nearest, ties to even)
+        return np.clip(np.asarray(x / scale), -qdtype.largest, qdtype.largest).astype(qdtype.numpy_dtype)
     qmin, qmax = integer_range(qdtype, symmetric)
     # In place, in x / scale's float type: rint gives whole numbers, and adding a zero point of
     # at most 16 bits to one below 2**24 is exact in float32; a larger one clips either way.
@@ -214,6 +233,8 @@ def dequantize(q, scale, zero_point, axis: int | None = None) -> np.ndarray:
     """(q - zero_point) * scale, as ONNX DequantizeLinear computes it."""
     q = np.asarray(q)
     scale, zero_point = _broadcast(scale, q.ndim, axis), _broadcast(zero_point, q.ndim, axis)
+    if q.dtype.kind == "V" or q.dtype in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+        return (q.astype(np.float32) * scale).astype(np.float32)
     return ((q.astype(np.int64) - zero_point.astype(np.int64)) * scale).astype(np.float32)
 
 

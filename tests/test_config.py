@@ -34,7 +34,7 @@ def _error(cli, tmp_path: Path, text: str) -> str:
         ("calibration:\n  metod: kl\n", ":2: unknown key calibration.metod", "hint: did you mean 'method'?"),
         ("activations:\n  symmetric: maybe\n", ":2: activations.symmetric: Input should be a valid boolean", None),
         ("calibration:\n  percentile: -5\n", ":2: calibration.percentile: Input should be greater than 50 (got -5)", None),
-        ("activations: {dtype: int4}\n", ":1: activations.dtype: Input should be 'uint8', 'int8', 'uint16', 'int16' or 'float' (got 'int4')", None),
+        ("activations: {dtype: int4}\n", ":1: activations.dtype: Input should be 'uint8', 'int8', 'uint16', 'int16', 'float8e4m3fn', 'float8e5m2' or 'float' (got 'int4')", None),
         ("exclude:\n  nodes: ['re:(unclosed']\n", ":2: exclude.nodes: Value error, regular expression '(unclosed' does not compile", None),
         ("overrides:\n  - match: {nodes: [a]}\n    activatons: {dtype: uint16}\n", ":3: unknown key overrides[0].activatons", "hint: did you mean 'activations'?"),
         ("overrides:\n  - match: {}\n    precision: float\n", ":2: overrides[0].match: Value error, match needs at least one of nodes, op_types, tensors", None),
@@ -91,7 +91,7 @@ def test_unknown_preset(cli) -> None:
 
 def test_presets_validate_and_show(cli) -> None:
     names = sorted(p.stem for p in PRESETS.glob("*.yaml"))
-    assert names == ["accuracy", "bfloat16", "default", "dynamic", "float16", "tensorrt", "weights-int4"]
+    assert names == ["accuracy", "bfloat16", "default", "dynamic", "float16", "fp8", "tensorrt", "weights-int4"]
     for name in names:
         assert cli("config", "validate", name).exit_code == 0
     shown = yaml.safe_load(cli("config", "show", "--config", "tensorrt").stdout)

@@ -45,9 +45,12 @@ class RangeSettings:
         """The settings a `Config` asks for (its calibration and activations sections). A
         weight-only config (`activations: {dtype: float}`) has no activation type: the ranges
         the table keeps are then solved for uint8, the default; a node an override quantizes
-        has its range solved for its own type on demand (`range`)."""
+        has its range solved for its own type on demand (`range`). A float8 type's range is solved
+        as int8's (symmetric, 8 bits): the KL and MSE solvers model a uniform grid, float8's is
+        not, and its scale is range / largest whatever solved the range."""
         c, a = config.calibration, config.activations
-        return cls(c.method, c.percentile, c.bins, "uint8" if a.dtype == "float" else a.dtype, a.symmetric)
+        dtype = "uint8" if a.dtype == "float" else "int8" if a.dtype.startswith("float8") else a.dtype
+        return cls(c.method, c.percentile, c.bins, dtype, a.symmetric)
 
     def params(self, method: str) -> dict[str, Any]:
         if method == "percentile":

@@ -114,6 +114,8 @@ def bias_grid(ctx: Context, i: int, weights: dict[str, WeightPlan]) -> BiasPlan 
     if name not in ctx.index.initializers or name in weights or not ctx.index.is_float(name) or factor is None:
         return None
     weight = node.input[rule.weights[0]]
+    if weight in weights and weights[weight].scheme.dtype.is_float:
+        return None  # float8 weights: the bias stays float32, as TensorRT's FP8 recipes keep it
     return BiasPlan(name, node.input[0], weight, factor, channel_repeats(node)) if weight in weights else None
 
 
