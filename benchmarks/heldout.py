@@ -7,14 +7,18 @@ verdict rule (qcli.analyze.verdict) on the held-out samples.
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py                    # every model (~10 min, 2 cores)
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --models magika ocr-rec
 
-Models: those of benchmarks/recovery.py (their input writers, other split sizes), magika
-(the first and last 1,024 bytes of Python's standard-library files; the files of the two
-splits are different), PaddleOCR's text detector (pages of text, 448 x 320) and NudeNet's
-YOLOv8 detector (crops of the photos, 320 x 320). Silero VAD needs espeak-ng on PATH (skipped, with a message, without
-it). Columns: what qcli compared on and its checks (value, 95% interval, samples); the
-held-out figure of every gated output (value, interval, samples) and whether it meets the
-floor there: "holds" when the held-out value reaches the floor, "holds by the rule" when the
-verdict rule (interval or cosine tie-break) says met as well. Nothing is asserted.
+Models: those of benchmarks/recovery.py (their input writers, other split sizes; Silero VAD's
+speech is spoken by the espeak-ng program when on PATH, else by the espeak-ng library of
+piper's wheel through ctypes), magika (the first and last 1,024 bytes of Python's
+standard-library files; the files of the two splits are different), PaddleOCR's text detector
+(pages of text, 448 x 320), NudeNet's YOLOv8 detector (crops of the photos, 320 x 320) and
+piper's diacritizers, nakdimon (Hebrew) and tashkeel (Arabic), on the Hebrew and Arabic
+messages of this machine's gettext catalogues (/usr/share/locale/{he,ar}), encoded as piper
+encodes text (the messages of the two splits are different). Columns: what qcli compared on
+and its checks (value, 95% interval, samples); the held-out figure of every gated output
+(value, interval, samples) and whether it meets the floor there: "holds" when the held-out
+value reaches the floor, "holds by the rule" when the verdict rule (interval or cosine
+tie-break) says met as well. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ def write_files(out: Path, sizes: dict[str, int]) -> dict[str, Path]:
     return folders
 
 
-# name -> (model, writer of {"calib": ..., "holdout": ...}, a program the writer needs)
+# name -> (model, writer of {"calib": ..., "holdout": ...}, a program the writer needs: `lacking`)
 MODELS: dict[str, tuple[Path, Callable[[Path], dict[str, Path]], str | None]] = {
     "encoder": (inputs.ENCODER, partial(inputs.write_encoder, sizes={"calib": CALIB, "holdout": 256}), None),
     "cnn-pages": (inputs.CNN, partial(inputs.write_pages, pages={"calib": CALIB // 4, "holdout": HELD_OUT // 4}),
@@ -80,7 +84,17 @@ MODELS: dict[str, tuple[Path, Callable[[Path], dict[str, Path]], str | None]] = 
                 None),
     "silero-vad": (inputs.VAD, partial(inputs.write_speech, splits={"calib": 6, "holdout": 12},
                                        samples={"calib": CALIB}), "espeak-ng"),
+    "nakdimon": (inputs.NAKDIMON, partial(inputs.write_nakdimon, sizes={"calib": CALIB, "holdout": 256}), None),
+    "tashkeel": (inputs.TASHKEEL, partial(inputs.write_tashkeel, sizes={"calib": CALIB, "holdout": 256}), None),
 }
+
+
+def lacking(needs: str | None) -> list[str]:
+    """What a writer needs and this machine lacks: espeak-ng is met by the program on PATH or by
+    piper's espeak-ng library (`inputs.can_speak`)."""
+    if needs is None or (inputs.can_speak() if needs == "espeak-ng" else shutil.which(needs)):
+        return []
+    return [needs]
 
 
 def run_qcli(model: Path, calib: Path, out: Path, config: Path | None = None) -> tuple[int, dict | None, str]:
@@ -165,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models:
             model, _, needs = MODELS[name]
             missing = [str(model)] if not model.is_file() else []
-            missing += [needs] if needs and shutil.which(needs) is None else []
+            missing += lacking(needs)
             if missing:
                 console.print(f"[yellow]skipped {name}: {', '.join(missing)} not found "
                               f"(`make real-models`; Debian: apt-get install espeak-ng)[/yellow]")

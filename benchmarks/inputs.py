@@ -1,6 +1,7 @@
 """Real inputs, built offline, for the trained models `make real-models` fetches from wheels.
 
-    .venv/bin/python benchmarks/inputs.py OUT      # OUT/encoder/, pages/, photos/, lines/, captchas/, speech/
+    .venv/bin/python benchmarks/inputs.py OUT      # OUT/encoder/, pages/, photos/, lines/, captchas/, speech/,
+                                                   # hebrew/, arabic/
 
 * encoder: paraphrase-MiniLM-L3-v2 (sentence embeddings, mean-pooled in the graph) fed English
   sentences of the licence texts on this machine (/usr/share/common-licenses, Python's
@@ -17,29 +18,37 @@
 * lines: those sentences cut into lines drawn in the TrueType fonts of /usr/share/fonts
   (DejaVu, Liberation), as rapidocr feeds PaddleOCR's recognizer and direction classifier;
 * captchas: 4-6 random letters and digits drawn as captchas, as ddddocr feeds its recognizer;
-* speech: the sentences spoken by espeak-ng (on PATH) in varied voices with pauses between,
-  cut into Silero VAD's chunks, each with the LSTM state the float model carries into it.
+* speech: the sentences spoken by espeak-ng in varied voices with pauses between, cut into
+  Silero VAD's chunks, each with the LSTM state the float model carries into it; the espeak-ng
+  program when on PATH, else the espeak-ng C library piper's wheel ships (`bridge_wav`, ctypes);
+* hebrew, arabic: the Hebrew and Arabic UI messages of this machine's gettext catalogues
+  (/usr/share/locale/{he,ar}/LC_MESSAGES/*.mo), encoded as piper encodes text for its
+  diacritizers, nakdimon (Hebrew BiLSTMs, Keras) and tashkeel (Arabic GRUs, PyTorch).
 
 Each is split into `calib/` (32 samples), `verify/` and `holdout/`: no sentence (or captcha
-text) is in two splits of one set, and the photos of each split are their own (the held-out
-inputs are never seen by calibration or verification). The same inputs come out of every run
-(the fonts and espeak-ng of the machine given).
+text, or message) is in two splits of one set, and the photos of each split are their own (the
+held-out inputs are never seen by calibration or verification). The same inputs come out of
+every run (the fonts, espeak-ng and catalogues of the machine given).
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
+import json
 import math
 import re
 import shutil
 import string
+import struct
 import subprocess
 import sys
 import sysconfig
 import textwrap
 import unicodedata
 import wave
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -437,6 +446,7 @@ VAD = REAL / "silero_vad" / "data" / "silero_vad_16k_op15.onnx"
 SPEECH_SPLITS = {"calib": 6, "verify": 10, "holdout": 12}  # sentences spoken, each split one stream
 VOICES = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-us+f2", "en-gb+f3", "en-us+m3", "en-gb-x-rp+f4")
 RATE, CHUNK, CONTEXT = 16000, 512, 64  # Silero VAD at 16 kHz: 512 new samples a call, 64 of context
+ESPEAK_BRIDGE = REAL / "piper" / "espeakbridge.so"  # espeak-ng's C API (piper's wheel), no program
 
 
 def espeak() -> str:
@@ -446,11 +456,94 @@ def espeak() -> str:
     return found
 
 
+def can_speak() -> bool:
+    """espeak-ng on PATH, or the espeak-ng library of piper's wheel (`bridge_wav`)."""
+    return shutil.which("espeak-ng") is not None or ESPEAK_BRIDGE.is_file()
+
+
+def speak_command(text: str, voice: str, speed: int, pitch: int) -> list[str]:
+    """The command that writes `text` spoken as a WAV file to stdout: `espeak-ng --stdout` when
+    on PATH, else `bridge_wav` in a fresh Python. A process per sentence either way: the library
+    carries state from one utterance to the next (its pitch flutter's phase), so in one process
+    a sentence would sound different after other sentences; this way each depends on its own
+    arguments only."""
+    if shutil.which("espeak-ng") or not ESPEAK_BRIDGE.is_file():
+        return [espeak(), "--stdout", "-v", voice, "-s", str(speed), "-p", str(pitch), text]
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import inputs; " \
+           "sys.stdout.buffer.write(inputs.bridge_wav(*sys.argv[2:]))"
+    return [sys.executable, "-c", code, str(Path(__file__).resolve().parent), text, voice, str(speed), str(pitch)]
+
+
+class _Voice(ctypes.Structure):
+    """espeak_VOICE (speak_lib.h): what espeak_SetVoiceByProperties selects by, and what
+    espeak_GetCurrentVoice returns."""
+    _fields_ = [("name", ctypes.c_char_p), ("languages", ctypes.c_char_p), ("identifier", ctypes.c_char_p),
+                ("gender", ctypes.c_ubyte), ("age", ctypes.c_ubyte), ("variant", ctypes.c_ubyte),
+                ("xx1", ctypes.c_ubyte), ("score", ctypes.c_int), ("spare", ctypes.c_void_p)]
+
+
+# speak_lib.h: int (*)(short *wav, int numsamples, espeak_EVENT *events); 0 continues
+_SYNTH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+_SYNCHRONOUS, _DONT_EXIT, _POS_CHARACTER, _UTF8, _END_PAUSE, _RATE, _PITCH = 2, 0x8000, 1, 1, 0x1000, 1, 3
+
+
+def _set_voice(lib: ctypes.CDLL, voice: str) -> None:
+    """As the espeak-ng program selects `-v VOICE`: by name, else by language (its data has no
+    voice named `en-gb`: British English is `gmw/en`), the `+variant` kept."""
+    lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+    if lib.espeak_SetVoiceByName(voice.encode()) == 0:
+        return
+    language, _, variant = voice.partition("+")
+    lib.espeak_GetCurrentVoice.restype = ctypes.POINTER(_Voice)
+    if lib.espeak_SetVoiceByProperties(ctypes.byref(_Voice(languages=language.encode()))) != 0:
+        raise SystemExit(f"espeak-ng ({ESPEAK_BRIDGE}): no voice {voice!r}")
+    found = lib.espeak_GetCurrentVoice().contents.identifier
+    if variant and lib.espeak_SetVoiceByName(found + b"+" + variant.encode()) != 0:
+        raise SystemExit(f"espeak-ng ({ESPEAK_BRIDGE}): no variant {variant!r} of {found.decode()!r}")
+
+
+def bridge_wav(text: str, voice: str, speed: str, pitch: str) -> bytes:
+    """`text` spoken by the espeak-ng C library in piper's wheel (ctypes; its data in
+    espeak-ng-data/ beside it), as `espeak-ng --stdout -v VOICE -s SPEED -p PITCH` writes it:
+    synchronous synthesis, UTF-8 text, a pause at the end; a mono 16-bit WAV at the library's
+    rate (22,050 Hz). Its random generator is seeded, so the same arguments give the same WAV."""
+    lib = ctypes.CDLL(str(ESPEAK_BRIDGE))
+    lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    rate = lib.espeak_Initialize(_SYNCHRONOUS, 0, str(ESPEAK_BRIDGE.parent).encode(), _DONT_EXIT)
+    if rate <= 0:
+        raise SystemExit(f"espeak-ng ({ESPEAK_BRIDGE}): no data in {ESPEAK_BRIDGE.parent / 'espeak-ng-data'}")
+    pieces: list[bytes] = []
+
+    @_SYNTH_CALLBACK
+    def collect(wav, n, _events):  # wav NULL: the end; n may be 0 mid-way
+        if wav and n > 0:
+            pieces.append(ctypes.string_at(wav, 2 * n))
+        return 0
+
+    lib.espeak_SetSynthCallback(collect)
+    lib.espeak_ng_SetRandSeed(ctypes.c_long(0))  # the noise of breathy voices (f2, f3...): else seeded by the clock
+    _set_voice(lib, voice)
+    lib.espeak_SetParameter(_RATE, int(speed), 0)
+    lib.espeak_SetParameter(_PITCH, int(pitch), 0)
+    data = text.encode()
+    lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
+                                 ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+    if lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _UTF8 | _END_PAUSE, None, None) != 0:
+        raise SystemExit(f"espeak-ng ({ESPEAK_BRIDGE}) could not speak {text!r}")
+    lib.espeak_Terminate()
+    out = io.BytesIO()
+    with wave.open(out, "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(b"".join(pieces))
+    return out.getvalue()
+
+
 def speak(text: str, voice: str, speed: int, pitch: int) -> np.ndarray:
-    """`text` spoken by espeak-ng, float32 at 16 kHz (its 22,050 Hz resampled in the frequency
-    domain: band-limited)."""
-    wav = subprocess.run([espeak(), "--stdout", "-v", voice, "-s", str(speed), "-p", str(pitch), text],
-                         capture_output=True, check=True).stdout
+    """`text` spoken by espeak-ng (`speak_command`), float32 at 16 kHz (its 22,050 Hz resampled
+    in the frequency domain: band-limited)."""
+    wav = subprocess.run(speak_command(text, voice, speed, pitch), capture_output=True, check=True).stdout
     with wave.open(io.BytesIO(wav)) as f:
         rate, x = f.getframerate(), np.frombuffer(f.readframes(f.getnframes()), np.int16) / 32768.0
     n = round(len(x) * RATE / rate)
@@ -508,6 +601,141 @@ def write_speech(out: Path, splits: dict[str, int] = SPEECH_SPLITS, model: Path 
     return folders
 
 
+# --------------------------------------------------------------------------- diacritizers (piper)
+
+NAKDIMON = REAL / "piper" / "hebrew" / "nakdimon.onnx"
+TASHKEEL = REAL / "piper" / "tashkeel" / "model.onnx"
+LOCALE = Path("/usr/share/locale")
+MESSAGE_SPLITS = {"calib": 32, "verify": 64, "holdout": 256}  # UI messages
+
+# piper/hebrew (Nakdimon's tables): id 0 the mask, 1-3 special tokens, 4-15 space and
+# punctuation, 16-42 the Hebrew letters; points are stripped, final forms read as the plain ones.
+NAKDIMON_CHARS = ("", "H", "O", "5", *' !"\'(),-.:;?', *map(chr, range(0x05D0, 0x05EB)))
+NIQQUD = re.compile("[\u05b0-\u05bc\u05bf\u05c1\u05c2\u05c7]")
+NAKDIMON_NORMALIZE = {**dict(zip("ךםןףץ", "כמנפצ", strict=True)), "\n": " ", "\t": " ", "[": "(", "]": ")", "…": ",",
+                      **dict.fromkeys("־‒–—―−", "-"), **dict.fromkeys("´‘’", "'"), **dict.fromkeys("“”״", '"'),
+                      **dict.fromkeys("ײװױ", "H")}
+# piper/tashkeel: the harakat (U+064B-U+0652) are hints, not characters; digits read as "#"
+HARAKAT = frozenset(map(chr, range(0x064B, 0x0653)))
+SHADDA_FIRST = {c + "\u0651": "\u0651" + c for c in "\u064e\u064b\u064f\u064c\u0650\u064d"}
+DIGITS = frozenset("0123456789٠١٢٣٤٥٦٧٨٩")
+VISUAL = re.compile(rb"charset=ISO-8859-8(?![-\w])", re.IGNORECASE)  # visual order: Hebrew stored reversed
+
+
+def catalogue(path: Path) -> list[str]:
+    """The translations in a gettext `.mo` file (each plural form its own; the header left out),
+    in the file's order, decoded in the charset its header names (some are ISO-8859-8)."""
+    data = path.read_bytes()
+    order = "<" if data[:4] == b"\xde\x12\x04\x95" else ">"
+    n, originals, translations = struct.unpack(order + "3I", data[8:20])
+    texts, charset = [], "utf-8"
+    for i in range(n):
+        size, at = struct.unpack_from(order + "2I", data, translations + 8 * i)
+        text = data[at:at + size]
+        if struct.unpack_from(order + "I", data, originals + 8 * i)[0] == 0:  # msgid "": the header
+            found = re.search(rb"charset=([-\w]+)", text)
+            charset = found.group(1).decode() if found else charset
+        else:
+            texts.append(text)
+    return [part for text in texts for part in text.decode(charset, errors="replace").split("\0")]
+
+
+def ui_sentences(language: str, letters: frozenset[str], ignore: re.Pattern[str]) -> list[str]:
+    """Distinct messages of the gettext catalogues of `language` on this machine (files read
+    sorted; those in ISO-8859-8, whose Hebrew is stored reversed, in visual order, left out),
+    mnemonic marks (`_`, `&`) removed and spaces collapsed: those of 3 words or more, without
+    format or markup characters, at least 90% of whose characters (spaces and what `ignore`
+    matches aside) are `letters`."""
+    folder = LOCALE / language / "LC_MESSAGES"
+    files = [p for p in sorted(folder.glob("*.mo")) if not VISUAL.search(p.read_bytes())]
+    if not files:
+        raise SystemExit(f"no gettext catalogues in {folder}")
+    seen: dict[str, None] = {}
+    for path in files:
+        for message in catalogue(path):
+            text = " ".join(message.replace("_", "").replace("&", "").split())
+            chars = [c for c in ignore.sub("", text) if not c.isspace()]
+            if len(text.split()) >= 3 and not set("%{}<>\\|=@/") & set(text) and \
+                    sum(c in letters for c in chars) >= 0.9 * len(chars):
+                seen.setdefault(text)
+    return list(seen)
+
+
+def message_splits(pool: list[str], sizes: dict[str, int], seed: int) -> dict[str, list[str]]:
+    """The messages shuffled once (`seed`) and cut into consecutive, disjoint splits."""
+    if len(pool) < sum(sizes.values()):
+        raise SystemExit(f"only {len(pool)} messages; the splits need {sum(sizes.values())}")
+    order = np.random.default_rng(seed).permutation(len(pool))
+    out, start = {}, 0
+    for name, n in sizes.items():
+        out[name] = [pool[i] for i in order[start:start + n]]
+        start += n
+    return out
+
+
+def nakdimon_ids(text: str) -> np.ndarray:
+    """Nakdimon's input for `text` as piper's `NakdimonDiacritizer` builds it: points stripped,
+    each character normalized (final letters to plain ones, dashes and quotes unified, digits
+    "5", unknown characters "O") and looked up; float32 [1, T] (its graph embeds float ids)."""
+    ids = {c: i for i, c in enumerate(NAKDIMON_CHARS)}
+
+    def normalize(c: str) -> str:  # a literal "H", "O" or "5" is no special token: "O"
+        return c if ids.get(c, 0) >= 4 else NAKDIMON_NORMALIZE.get(c, "5" if c.isdigit() else "O")
+
+    return np.array([[ids[normalize(c)] for c in NIQQUD.sub("", text)]], np.float32)
+
+
+def tashkeel_arrays(text: str, chars: dict[str, int], hints: dict[str, int]) -> dict[str, np.ndarray]:
+    """The Arabic diacritizer's inputs for `text` as piper's `TashkeelDiacritizer` builds them:
+    characters outside its alphabet dropped (digits become "#"), the harakat written after each
+    character its hint (none: ""; shadda + vowel normalized to its order), the length; int64."""
+    kept = "".join("#" if c in DIGITS else c for c in text.strip() if c in chars or c in HARAKAT or c in DIGITS)
+    letters, marks = [], []
+    for c in kept.lstrip("".join(HARAKAT)):
+        if c in HARAKAT:
+            marks[-1] += c
+        else:
+            letters.append(c)
+            marks.append("")
+    marks = [m if m in hints else SHADDA_FIRST.get(m, "") for m in marks]
+    ids = np.array([[chars[c] for c in letters]], np.int64)
+    return {"char_inputs": ids, "diac_inputs": np.array([[hints[m] for m in marks]], np.int64),
+            "input_lengths": np.array([ids.shape[1]], np.int64)}
+
+
+def write_messages(out: Path, texts: dict[str, list[str]], encode: Callable[[str], dict[str, np.ndarray]]
+                   ) -> dict[str, Path]:
+    """One `.npz` per message (`encode(text)`: the model's inputs) in out/<split>/, and the
+    messages in messages.txt."""
+    folders = {}
+    for split, split_texts in texts.items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, text in enumerate(split_texts):
+            np.savez(folder / f"{i:04d}.npz", **encode(text))
+        (folder / "messages.txt").write_text("\n".join(split_texts) + "\n", encoding="utf-8")
+    return folders
+
+
+def write_nakdimon(out: Path, sizes: dict[str, int] = MESSAGE_SPLITS) -> dict[str, Path]:
+    """Hebrew UI messages of this machine's gettext catalogues as piper's Hebrew diacritizer
+    reads them (input_1: float32 [1, T]); each split its own messages."""
+    pool = ui_sentences("he", frozenset(NAKDIMON_CHARS[16:]), NIQQUD)
+    return write_messages(out, message_splits(pool, sizes, 8), lambda text: {"input_1": nakdimon_ids(text)})
+
+
+def write_tashkeel(out: Path, sizes: dict[str, int] = MESSAGE_SPLITS) -> dict[str, Path]:
+    """Arabic UI messages of this machine's gettext catalogues as piper's Arabic diacritizer
+    reads them (char_inputs, diac_inputs: int64 [1, T]; input_lengths: int64 [1]); each split
+    its own messages."""
+    maps = TASHKEEL.parent
+    chars = json.loads((maps / "input_id_map.json").read_text(encoding="utf-8"))
+    hints = json.loads((maps / "hint_id_map.json").read_text(encoding="utf-8"))
+    letters = frozenset(c for c, i in chars.items() if i >= 18)  # 18-53: the letters, hamza to yeh
+    pool = ui_sentences("ar", letters, re.compile("[\u064b-\u0652]"))
+    return write_messages(out, message_splits(pool, sizes, 9), partial(tashkeel_arrays, chars=chars, hints=hints))
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         raise SystemExit(__doc__)
@@ -522,11 +750,17 @@ def main(argv: list[str]) -> int:
         print(f"lines {split}: {len(list(folder.glob('*.npz')))} text lines in {folder}")
     for split, folder in write_captchas(out / "captchas").items():
         print(f"captchas {split}: {len(list(folder.glob('*.npz')))} captchas in {folder}")
-    if shutil.which("espeak-ng") and VAD.is_file():
+    if can_speak() and VAD.is_file():
         for split, folder in write_speech(out / "speech").items():
             print(f"speech {split}: {len(list(folder.glob('*.npz')))} chunks in {folder}")
     else:
-        print("speech: skipped (needs espeak-ng on PATH and Silero VAD from `make real-models`)")
+        print("speech: skipped (needs espeak-ng on PATH or piper's, and Silero VAD from `make real-models`)")
+    for name, writer, model in (("hebrew", write_nakdimon, NAKDIMON), ("arabic", write_tashkeel, TASHKEEL)):
+        if model.is_file():
+            for split, folder in writer(out / name).items():
+                print(f"{name} {split}: {len(list(folder.glob('*.npz')))} messages in {folder}")
+        else:
+            print(f"{name}: skipped (needs piper's diacritizers from `make real-models`)")
     return 0
 
 
