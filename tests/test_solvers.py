@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -59,8 +60,9 @@ def test_quant_dtype_table():
     assert (INT16.qmin, INT16.qmax, INT16.numpy_dtype) == (-32768, 32767, np.dtype(np.int16))
     assert (INT4.qmin, INT4.qmax, quant_dtype("uint4").qmax) == (-8, 7, 15)
     for d in QUANT_DTYPES.values():
-        info = np.iinfo(d.numpy_dtype)
+        info = ml_dtypes.finfo(d.numpy_dtype) if d.is_float else np.iinfo(d.numpy_dtype)
         assert info.min <= d.qmin < d.qmax <= info.max
+    assert [(d.qmin, d.qmax) for d in QUANT_DTYPES.values() if d.is_float] == [(-448, 448), (-57344, 57344)]
     with pytest.raises(ConfigError, match="unknown quantized dtype 'unit8'") as e:
         quant_dtype("unit8")
     assert "uint8" in e.value.hint
