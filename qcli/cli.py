@@ -322,6 +322,19 @@ def analyze(
     latency_batch: Annotated[int, typer.Option("--latency-batch", help="Batch size of the timed runs.")] = 1,
     worst: Annotated[int, typer.Option("--worst", help="Layers listed in the worst-layers table.")] = 10,
     config: ConfigOpt = None,
+    sensitivity: Annotated[
+        bool, typer.Option("--sensitivity", help="Rank the quantized units: each alone, and each kept float "
+                           "(rebuilt from QUANTIZED's metadata, calibrated on DIR).")
+    ] = False,
+    max_trials: Annotated[
+        int | None, typer.Option("--max-trials", help="Candidate models --sensitivity may measure (default 200).")
+    ] = None,
+    time_budget: Annotated[
+        float | None, typer.Option("--time-budget", help="Seconds --sensitivity may measure for (default 600).")
+    ] = None,
+    executor: ExecutorOpt = "local",
+    workers: WorkersOpt = None,
+    ray_address: RayAddressOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -332,6 +345,7 @@ def analyze(
         from qcli import commands
         from qcli.analyze import AnalyzeOptions, Gates
         from qcli.analyze import render as show
+        from qcli.flags import ScaleFlags, SensitivityFlags
 
         options = AnalyzeOptions.of(
             samples=samples, batch_size=batch_size, runs=runs, warmup=warmup, threads=threads,
@@ -341,6 +355,8 @@ def analyze(
         result = commands.analyze_command(
             model, quantized, data, options, labels=labels, gates=gates, config=config, report=report,
             progress=_progress(quiet or json_out),
+            sensitivity=SensitivityFlags(sensitivity, max_trials, time_budget,
+                                         ScaleFlags(executor, workers, ray_address)),
         )
         if json_out:
             _print_json(result.to_dict())

@@ -23,7 +23,7 @@ from qcli.config import PRESETS, config_yaml, load_config, load_preprocess
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import GateFailed, QcliError
 from qcli.files import check_writable, write_text_atomic
-from qcli.flags import CalibrateFlags, QuantizeFlags
+from qcli.flags import CalibrateFlags, QuantizeFlags, SensitivityFlags
 from qcli.info import describe_data, describe_model, file_bytes
 from qcli.model import fingerprint, load_model, save_model
 from qcli.pipeline import PipelineResult, run_pipeline
@@ -228,12 +228,22 @@ def analyze_command(
     config: str | None = None,
     report: Path | None = None,
     progress: ProgressFactory = no_progress,
+    sensitivity: SensitivityFlags | None = None,
 ) -> Report:
     """`analyze` with the preprocessing of `config` (a file or preset), writing `report` when
-    given (.json, .md or .html). The caller checks `gate_error()`."""
+    given (.json, .md or .html); with `sensitivity.enabled`, each unit's sensitivity too
+    (qcli.precision.sensitivity; QUANTIZED's metadata is checked before any work). The caller
+    checks `gate_error()`."""
+    sensitivity = sensitivity or SensitivityFlags()
+    sensitivity.check()
     if report is not None:
         check_report(report)
     loaded = load_config(config)
+    if sensitivity.enabled:
+        from qcli.precision.sensitivity import read_recipe
+
+        models = load_model(float_model), load_model(quantized_model)
+        read_recipe(models[1], str(quantized_model), models[0])
     preprocess = loaded.data.preprocess
     total = sample_count(float_model, data, samples=options.samples, preprocess=preprocess)
     with progress("analyzing", total) as advance:
@@ -241,6 +251,14 @@ def analyze_command(
             float_model, quantized_model, data, options, labels=labels, gates=gates, preprocess=preprocess,
             progress=advance, verify=loaded.verify,
         )
+    if sensitivity.enabled:
+        from qcli.precision.sensitivity import measure_sensitivity
+
+        with sensitivity.scale.make() as pool:
+            result.sensitivity = measure_sensitivity(
+                *models, data, sensitivity.merge(loaded), label=str(quantized_model), progress=progress,
+                executor=pool,
+            )
     if report is not None:
         write_report(result, report)
     return result

@@ -1,7 +1,7 @@
-"""The `qcli calibrate` and `qcli quantize` flags as data, and their rules: which flags conflict,
-which need which, and how they lay over the config. Each field is the flag of the same name, so
-a Python caller gets the command line's behaviour and its errors (QcliError, exit code 2)
-without the CLI; `qcli.commands` runs the commands with them.
+"""The `qcli calibrate`, `qcli quantize` and `qcli analyze --sensitivity` flags as data, and their
+rules: which flags conflict, which need which, and how they lay over the config. Each field is
+the flag of the same name, so a Python caller gets the command line's behaviour and its errors
+(QcliError, exit code 2) without the CLI; `qcli.commands` runs the commands with them.
 """
 
 from __future__ import annotations
@@ -54,6 +54,25 @@ class ScaleFlags:
         """The executor these flags ask for (local defaults to one worker: README), closed after use."""
         workers = 1 if self.workers is None and self.executor == "local" else self.workers
         return closing(make_executor(self.executor, workers, self.ray_address))
+
+
+@dataclass(frozen=True)
+class SensitivityFlags:
+    """`qcli analyze --sensitivity`, its budget (`--max-trials`, `--time-budget`: else the
+    config's `auto_precision` keys, the precision search's) and where its trials run."""
+
+    enabled: bool = False
+    max_trials: int | None = None
+    time_budget: float | None = None
+    scale: ScaleFlags = field(default_factory=ScaleFlags)
+
+    def check(self) -> None:
+        if not self.enabled and (self.max_trials is not None or self.time_budget is not None or self.scale.given):
+            raise QcliError("--max-trials, --time-budget, --executor, --workers and --ray-address go with "
+                            "--sensitivity")
+
+    def merge(self, config: Config) -> Config:
+        return config.merged(auto_precision={"max_trials": self.max_trials, "time_budget": self.time_budget})
 
 
 @dataclass(frozen=True)

@@ -127,11 +127,13 @@ def quantize(
     force: bool = False,
     strict: bool = False,
     prepared: PrepareResult | None = None,
+    restrict: Callable[[Plan, onnx.ModelProto], Plan] | None = None,
 ) -> QuantizeResult:
     """Quantize `model` with the ranges of `table` (solved for `config`'s method and dtype).
     `strict`: a config rule that matches nothing raises ConfigError instead of a warning.
     `prepared`: the result of `prepare_for(model, config)` when the caller has it already (not
-    changed)."""
+    changed). `restrict(plan, graph)`: a last change to the plan, its ranges assigned, before it
+    is materialized (the sensitivity report's one-unit models: `qcli.precision.units.alone`)."""
     if table.observers:
         check_table(config, table.graph_steps)
     prepared = prepared or prepare_for(model, config, force=force)
@@ -145,6 +147,8 @@ def quantize(
                          "pass prepare_for(model, config)")
     settings = RangeSettings.of(config)
     assign_ranges(plan, work, table, settings)
+    if restrict is not None:
+        plan = restrict(plan, work)
     recovery = {**prepared.recovery, **smoothed}
     source = correct_biases(work, plan, config, table, recovery, notes)
     out = materialize(source, plan, index if source is work else GraphIndex.of(source))

@@ -198,6 +198,25 @@ def _layers(report: Report) -> list[str]:
     return parts
 
 
+def _sensitivity(report: Report) -> list[str]:
+    sens = report.sensitivity
+    if sens is None:
+        return []
+    parts = [f"<section><h2>Sensitivity per unit ({len(sens.units)} quantized units)</h2>",
+             f'<p class="muted">{escape(s.sensitivity_text(sens))}. Alone: the loss and noise of the float model '
+             "with only this unit quantized. Float: what keeping this unit float removes from the quantized "
+             "model's loss and noise. Hover a cell for details.</p>"]
+    if sens.units:
+        parts.append(f'<div class="chart">{svg.sensitivity_heatmap(sens, s.SENSITIVITY_MEASURES)}</div>')
+        rows = [(*r[:3], u.precision, *r[3:]) for r, u in zip(s.sensitivity_rows(sens), sens.units, strict=True)]
+        parts.append(_table((*s.SENSITIVITY_HEADER[:3], "runs as", *s.SENSITIVITY_HEADER[3:]), rows,
+                            {0, 4, 5, 6, 7, 8}, names={1}))
+    if sens.notes:
+        parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in sens.notes) + "</ul>")
+    parts.append("</section>")
+    return parts
+
+
 def _speed(report: Report) -> list[str]:
     sp = report.speed
     if sp is None:
@@ -256,7 +275,7 @@ def _settings(report: Report) -> list[str]:
 
 
 # The page from top to bottom; each part is a list of lines (empty when the report has no such data).
-SECTIONS = (_header, _summary, _gates, _fidelity, _layers, _speed, _size, _settings)
+SECTIONS = (_header, _summary, _gates, _fidelity, _layers, _sensitivity, _speed, _size, _settings)
 
 
 def to_html(report: Report) -> str:

@@ -64,6 +64,15 @@ def to_markdown(report: Report) -> str:
             out += [f"Not measured: {len(layers.skipped)} tensor(s) ({'; '.join(layers.skipped[:3])}"
                     + (", ..." if len(layers.skipped) > 3 else "") + ").", ""]
 
+    sens = report.sensitivity
+    if sens is not None:
+        shown = sens.units[: report.settings.worst]
+        out += [f"### Sensitivity ({len(shown)} of {len(sens.units)} units, most sensitive first)", "",
+                s.sensitivity_text(sens) + ".", ""]
+        rows = [(r[0], _code(r[1]), *r[2:]) for r in s.sensitivity_rows(sens)[: len(shown)]]
+        out += _table(s.SENSITIVITY_HEADER, rows, {0, 3, 4, 5, 6, 7})
+        out += [f"Note: {n}" for n in sens.notes] + ([""] if sens.notes else [])
+
     out += ["<details><summary>Settings and notes</summary>", ""]
     out.append(f"- float model: `{report.float_model.path}` ({report.float_model.fingerprint[:19]}…)")
     out.append(f"- quantized model: `{report.quantized_model.path}` ({report.quantized_model.fingerprint[:19]}…)")

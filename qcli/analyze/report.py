@@ -205,6 +205,43 @@ class GateResult:
 
 
 @dataclass
+class UnitSensitivity:
+    """One quantized unit (qcli.precision.units): what it costs on its own, and what keeping it
+    float gains. Losses are in the metric's units (`Sensitivity.metric`); noise shares are of
+    the quantized model's output noise. None: not measured (the budget ran out first)."""
+
+    node: str  # the unit: its first node (what `overrides[].match.nodes` matches)
+    op_type: str
+    nodes: list[str]  # all its nodes (nodes reading one weight are one unit)
+    precision: str  # how the quantized model runs it ("uint8 act, int8 weights", "dynamic ...")
+    rank: int | None  # 1: the most sensitive; None: not measured
+    alone_loss: float | None  # the float model with only this unit quantized: its loss
+    alone_noise: float | None  # ... its output noise, as a share of the quantized model's
+    float_gain: float | None  # the quantized model with this unit float: the loss it removes
+    float_noise: float | None  # ... the share of the output noise it removes
+    float_units: int | None  # units left unquantized then (keeping one float can take neighbours along)
+
+
+@dataclass
+class Sensitivity:
+    """Per-unit sensitivity of the quantized model, rebuilt from how qcli made it (its metadata),
+    measured on `samples` samples (`source`) against the float model (labels left out). Units
+    ranked: the noise keeping each float removes, then the loss it removes, then its noise and
+    loss alone, then its name; unmeasured last."""
+
+    metric: str  # what a loss measures (the largest loss over the gated outputs, each by its kind)
+    source: str  # which samples were compared, and which calibrated
+    samples: int
+    loss: float  # the quantized model's loss (as rebuilt)
+    noise: float  # its output noise: noise power / signal power, summed over the gated outputs
+    rebuilt: bool  # the rebuild has the quantized model's graph and weights exactly
+    trials: int
+    stopped: str | None  # why the budget ran out before every unit was measured
+    units: list[UnitSensitivity]  # by rank
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Settings:
     """The options the analysis ran with."""
 
@@ -234,6 +271,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     qcli_version: str = ""
     format: str = FORMAT
+    sensitivity: Sensitivity | None = None  # `--sensitivity`
 
     @property
     def passed(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from qcli.analyze.report import Fidelity, LayerError, Report
+from qcli.analyze.report import Fidelity, LayerError, Report, Sensitivity
 from qcli.render import human_bytes, num, size_change
 
 
@@ -165,6 +165,36 @@ def layer_rows(layers: list[LayerError]) -> list[tuple[str, ...]]:
         (str(i), t.tensor, t.node or "(graph input)", t.op_type, t.dtype, db(t.sqnr_db), num(t.max_abs_error))
         for i, t in enumerate(layers, start=1)
     ]
+
+
+SENSITIVITY_MEASURES = (("alone loss", "alone_loss"), ("alone noise", "alone_noise"),
+                        ("float gain", "float_gain"), ("float noise cut", "float_noise"))  # the heat-map's columns
+SENSITIVITY_HEADER = ("#", "unit", "op type", *(title for title, _ in SENSITIVITY_MEASURES), "units float")
+
+
+def measure_text(field: str, value: float | None) -> str:
+    """A sensitivity measure: a noise share as a percentage, a loss as a number ("–": not measured)."""
+    if value is None:
+        return "–"
+    return f"{100 * value:.1f}%" if field.endswith("noise") else num(value)
+
+
+def sensitivity_rows(sens: Sensitivity) -> list[tuple[str, ...]]:
+    """One row per unit, by rank (SENSITIVITY_HEADER)."""
+    return [
+        (str(u.rank) if u.rank else "–", u.node, u.op_type,
+         *(measure_text(f, getattr(u, f)) for _, f in SENSITIVITY_MEASURES),
+         "–" if u.float_units is None else str(u.float_units))
+        for u in sens.units
+    ]
+
+
+def sensitivity_text(sens: Sensitivity) -> str:
+    """What the sensitivity table measured, in one line."""
+    return (f"{len(sens.units)} units, each alone (the float model with only it quantized) and kept float (the "
+            f"quantized model with it float); loss: what {sens.metric} lost ({num(sens.loss)} in the quantized "
+            f"model); noise: share of the quantized model's output noise; {sens.trials} trials on {sens.samples} "
+            f"samples ({sens.source})")
 
 
 def settings_text(report: Report) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from qcli.analyze.report import LayerError, ModelSize, Speed
+from qcli.analyze.report import LayerError, ModelSize, Sensitivity, Speed
 
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',Roboto,'Helvetica Neue',Arial,sans-serif"
 MONO = "font-family:ui-monospace,'SFMono-Regular','DejaVu Sans Mono',Menlo,Consolas,monospace"
@@ -274,3 +274,60 @@ def size_chart(float_size: ModelSize, quantized_size: ModelSize) -> str:
         body.append(_text(x + 8, y + 24, human_bytes(size.file_bytes), size=12, weight="600"))
     body.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="{AXIS}"/>')
     return _svg(width, bottom + 8, body, "model file sizes")
+
+
+HEAT = (220, 38, 38)  # the hottest cell (POOR); zero is white
+NO_COST = "#f3f4f6"  # a measure at or below zero: costs nothing (or helps)
+NOT_MEASURED = "#e5e7eb"
+
+
+def heat(value: float | None, top: float) -> str:
+    """Cell colour: white to red as `value` goes from 0 to `top` (square root, so small costs
+    show); grey at or below 0, darker grey when not measured.
+
+    >>> heat(1.0, 1.0), heat(0.0, 1.0), heat(None, 1.0)
+    ('#dc2626', '#f3f4f6', '#e5e7eb')
+    """
+    if value is None:
+        return NOT_MEASURED
+    if value <= 0 or top <= 0:
+        return NO_COST
+    t = math.sqrt(min(value / top, 1.0))
+    return "#" + "".join(f"{round(255 + t * (c - 255)):02x}" for c in HEAT)
+
+
+def sensitivity_heatmap(sens: Sensitivity, measures: tuple[tuple[str, str], ...]) -> str:
+    """Units (rows, by rank) x measures (columns, `(title, field)`): each cell coloured by its
+    value against its column's largest, with the value written in it and the exact figures
+    as a tooltip."""
+    from qcli.analyze.summary import measure_text
+
+    width, row, label_w, op_w = 960, 20, 330, 90
+    left = label_w + op_w + 10
+    cell = (width - left) // len(measures)
+    top = 62
+    bottom = top + row * len(sens.units)
+    tops = {f: max([getattr(u, f) or 0.0 for u in sens.units] + [0.0]) for _, f in measures}
+    body = [_text(0, 16, "Sensitivity of each unit (by rank; redder costs more)", size=14, weight="600")]
+    _legend(body, 0, 36, [(heat(1.0, 1.0), "the column's largest"), (heat(0.1, 1.0), "a tenth of it"),
+                          (NO_COST, "none (or it helps)"), (NOT_MEASURED, "not measured")])
+    body.append(_text(label_w, top - 6, "unit", anchor="end", size=11, fill=MUTED, weight="600"))
+    for k, (title, _) in enumerate(measures):
+        body.append(_text(left + k * cell + cell / 2, top - 6, title, anchor="middle", size=11, fill=MUTED,
+                          weight="600"))
+    for i, u in enumerate(sens.units):
+        y = top + i * row
+        rank = f"#{u.rank}" if u.rank else "–"
+        body.append(_text(label_w, y + 14, f"{rank} {_shorten(u.node, 44)}", anchor="end", size=11, style=MONO))
+        body.append(_text(label_w + 10, y + 14, _shorten(u.op_type, 14), size=11, fill=MUTED))
+        for k, (title, f) in enumerate(measures):
+            value = getattr(u, f)
+            x = left + k * cell
+            tip = f"{u.node} ({u.op_type}, {u.precision})\n{title}: {measure_text(f, value)}"
+            body.append(f"<g><title>{escape(tip)}</title>"
+                        f'<rect x="{x + 1}" y="{y + 1}" width="{cell - 2}" height="{row - 2}" '
+                        f'fill="{heat(value, tops[f])}"/>')
+            dark = value is not None and tops[f] > 0 and value / tops[f] > 0.45
+            body.append(_text(x + cell / 2, y + 14, measure_text(f, value), anchor="middle", size=11,
+                              fill="#ffffff" if dark else AXIS) + "</g>")
+    return _svg(width, bottom + 10, body, "per-unit sensitivity heat-map")

@@ -62,6 +62,9 @@ def render(console: Console, report: Report) -> None:
         for skipped in layers.skipped:
             console.print(f"[yellow]not measured:[/yellow] {escape(skipped)}", markup=True, highlight=False)
 
+    if report.sensitivity is not None:
+        _sensitivity(console, report)
+
     if report.gates:
         gates = _table("Gates", s.GATE_HEADER, {2, 3})
         for row, g in zip(s.gate_rows(report), report.gates, strict=True):
@@ -74,3 +77,19 @@ def render(console: Console, report: Report) -> None:
         console.print(f"note: {note}", markup=False, highlight=False)
     if report.speed:
         console.print(f"[dim]{escape(s.settings_text(report))}[/dim]", highlight=False)
+
+
+def _sensitivity(console: Console, report: Report) -> None:
+    """The units by rank, what each costs alone and gains kept float; what was measured, and notes."""
+    sens = report.sensitivity
+    assert sens is not None
+    # Narrow terminals: the op type goes under the unit's name.
+    header = (s.SENSITIVITY_HEADER[0], "unit (op type)", *(h.replace(" ", "\n", 1) for h in s.SENSITIVITY_HEADER[3:]))
+    table = _table("Sensitivity per unit (most sensitive first)", header, {0, 2, 3, 4, 5, 6})
+    table.columns[1].min_width = 20
+    for row in s.sensitivity_rows(sens):
+        table.add_row(row[0], f"{escape(row[1])}\n[dim]{escape(row[2])}[/dim]", *map(escape, row[3:]))
+    console.print(table)
+    console.print(f"[dim]{escape(s.sensitivity_text(sens))}[/dim]", highlight=False)
+    for note in sens.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)

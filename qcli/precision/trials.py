@@ -1,4 +1,5 @@
-"""Trials: build a candidate (the model with some units promoted) and measure it, once.
+"""Trials: build a candidate (the model with some units promoted, or one unit alone: `Alone`)
+and measure it, once.
 
 Every measurement (fidelity, latency, kernel times) is cached by the candidate's choices, so a
 search never pays twice for one candidate; independent candidates run on the executor's workers
@@ -11,7 +12,7 @@ Q/DQ nodes of its tensors; cost = time promoted - time int8 (negative: faster un
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,11 +25,27 @@ from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
 from qcli.dynamic import NODE_SUFFIXES, QUANTIZER_SUFFIX
 from qcli.errors import CalibrationError, InternalError, ModelError
-from qcli.precision.units import PROMOTIONS, Choices, Costs, Unit, find_units, promoted_config
+from qcli.precision.units import PROMOTIONS, Choices, Costs, Unit, alone, find_units, promoted_config
 from qcli.prepare import PrepareResult
 
 if TYPE_CHECKING:
     from qcli.quantize import QuantizeResult
+
+
+@dataclass(frozen=True)
+class Alone:
+    """A candidate with one unit quantized as the config quantizes it and every other node float
+    (`units.alone`): what the unit costs on its own (the sensitivity report)."""
+
+    unit: str
+
+
+Candidate = Choices | Alone  # a candidate model: the config with these choices, or one unit alone
+
+
+def _key(candidate: Candidate) -> Alone | frozenset:
+    return candidate if isinstance(candidate, Alone) else frozenset(candidate.items())
+
 
 SETTLE_TIMINGS = 3  # timings of 40 rounds at most for one latency verdict
 SPEED_TIE = 2.0  # µs: a unit whose int8 form is slower by less than this is a tie (stays int8)
@@ -55,9 +72,9 @@ class Trials:
     force: bool = False  # prepare's --force, for workers that prepare the model again
     _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict)
     _latency: dict[frozenset, Ratio] = field(default_factory=dict)
-    _demoted: dict[frozenset, int] = field(default_factory=dict)
+    _demoted: dict[Alone | frozenset, int] = field(default_factory=dict)
     _shared: _Context | None = None  # what workers set up from
-    _built: dict[frozenset, QuantizeResult] = field(default_factory=dict)  # recent candidates, by choices
+    _built: dict[Alone | frozenset, QuantizeResult] = field(default_factory=dict)  # recent candidates, by choices
 
     def __post_init__(self) -> None:
         self.started = time.monotonic()
@@ -69,42 +86,45 @@ class Trials:
             self.stopped = f"time budget ({self.time_budget:g} s) spent"
         return self.stopped is not None
 
-    def build(self, choices: Choices) -> QuantizeResult:
+    def build(self, choices: Candidate) -> QuantizeResult:
         """The candidate quantized (a QuantizeResult). The last two are kept: a candidate's
         fidelity, latency and profile are asked for one after another."""
-        from qcli.quantize import quantize
-
-        key = frozenset(choices.items())
+        key = _key(choices)
         if key not in self._built:
             if len(self._built) >= 2:
                 del self._built[next(iter(self._built))]
-            self._built[key] = quantize(self.model, promoted_config(self.config, choices, self.units), self.table,
-                                        prepared=self.prepared)
+            self._built[key] = self._quantize(choices, self.table)
         return self._built[key]
 
-    def measured(self, choices: Choices, probe: Probe) -> tuple[onnx.ModelProto | dict[int, onnx.ModelProto],
-                                                                  QuantizeResult]:
+    def _quantize(self, candidate: Candidate, table: CalibrationTable) -> QuantizeResult:
+        from qcli.quantize import quantize
+
+        if isinstance(candidate, Alone):
+            unit = next(u for u in self.units if u.node == candidate.unit)
+            return quantize(self.model, self.config, table, prepared=self.prepared,
+                            restrict=lambda plan, graph: alone(plan, graph, unit))
+        return quantize(self.model, promoted_config(self.config, candidate, self.units), table,
+                        prepared=self.prepared)
+
+    def measured(self, choices: Candidate, probe: Probe) -> tuple[onnx.ModelProto | dict[int, onnx.ModelProto],
+                                                                    QuantizeResult]:
         """What `probe` measures of the candidate: the model built with `table`, or (k-fold:
         `table.folds`, the probe's batches tagged by fold) one model per fold the probe holds,
         each from the table without that fold; and one of them built (for its plan)."""
         if not self.table.folds:
             built = self.build(choices)
             return built.model, built
-        from qcli.quantize import quantize
-
-        config = promoted_config(self.config, choices, self.units)
-        folds = {k: quantize(self.model, config, self.table.folds[k], prepared=self.prepared)
-                 for k in probe.fold_indices}
+        folds = {k: self._quantize(choices, self.table.folds[k]) for k in probe.fold_indices}
         return {k: r.model for k, r in folds.items()}, next(iter(folds.values()))
 
     def seed(self, int8: QuantizeResult) -> None:
         """The all-int8 candidate (choices {}) when the caller built it already."""
         self._built[frozenset()] = int8
 
-    def fidelity(self, choices: Choices, quick: bool = False) -> Fidelity | None:
+    def fidelity(self, choices: Candidate, quick: bool = False) -> Fidelity | None:
         """The candidate's fidelity (on the quick probe's few samples with `quick`: enough to
         rank, not to check a floor); None when it cannot be built from the calibration."""
-        key = (frozenset(choices.items()), quick)
+        key = (_key(choices), quick)
         if key not in self._fidelity:
             self.count += 1
             try:
@@ -113,33 +133,34 @@ class Trials:
                 with built_by_qcli():
                     self._fidelity[key] = probe.measure(models)
                 kept = {d.name for d in built.plan.nodes if d.quantized and not d.reason}
-                self._demoted[key[0]] = sum(1 for u in self.units if u.node not in kept)
+                if not isinstance(choices, Alone):  # alone, every other unit is float (`demoted`)
+                    self._demoted[key[0]] = sum(1 for u in self.units if u.node not in kept)
             except CalibrationError:
                 self._fidelity[key] = None
             if self.progress is not None:
                 self.progress(1)
         return self._fidelity[key]
 
-    def fidelity_many(self, candidates: list[Choices], quick: bool = False) -> list[Fidelity | None]:
+    def fidelity_many(self, candidates: Sequence[Candidate], quick: bool = False) -> list[Fidelity | None]:
         """`fidelity` of independent candidates, on the executor's workers when there are
         several: each worker gets one contiguous chunk and sets up its own copy of the trials
         once (prepared model, probe, float outputs); results land in this cache in order, so
         what follows does not depend on the number of workers."""
-        todo: list[Choices] = []
+        todo: list[Candidate] = []
         for c in candidates:
-            if (frozenset(c.items()), quick) not in self._fidelity and c not in todo:
+            if (_key(c), quick) not in self._fidelity and c not in todo:
                 todo.append(c)
         workers = getattr(self.executor, "workers", 1)
         if workers > 1 and len(todo) > 1:
             context = self._context()
             size = -(-len(todo) // workers)
             chunks = [todo[i: i + size] for i in range(0, len(todo), size)]
-            tasks = [(context, [tuple(sorted(c.items())) for c in chunk], quick, self.executor.threads)
-                     for chunk in chunks]
+            tasks = [(context, [c if isinstance(c, Alone) else tuple(sorted(c.items())) for c in chunk], quick,
+                      self.executor.threads) for chunk in chunks]
             for chunk, results in zip(chunks, self.executor.map(_run_trials, tasks), strict=True):
                 for c, (f, demoted) in zip(chunk, results, strict=True):
-                    self._fidelity[(frozenset(c.items()), quick)] = f
-                    self._demoted[frozenset(c.items())] = demoted
+                    self._fidelity[(_key(c), quick)] = f
+                    self._demoted[_key(c)] = demoted
             self.count += len(todo)
             if self.progress is not None:
                 self.progress(len(todo))
@@ -163,9 +184,11 @@ class Trials:
         per_trial = spent / max(self.count, 1)
         return n * per_trial <= (self.time_budget - spent) / 2
 
-    def demoted(self, choices: Choices) -> int:
+    def demoted(self, choices: Candidate) -> int:
         """How many units the candidate leaves unquantized: promoting one node can take its
         neighbours along (a node whose output only feeds float nodes stays float too)."""
+        if isinstance(choices, Alone):
+            return len(self.units) - 1
         return self._demoted.get(frozenset(choices.items()), len(choices))
 
     def latency(self, choices: Choices) -> Ratio:
@@ -272,9 +295,9 @@ def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
                         max_trials=1 << 30, time_budget=float("inf"), quick_probe=probe.head(context.quick))
         _WORKER_TRIALS[context.key] = trials
     results = []
-    for items in chunk:
-        choices = dict(items)
-        results.append((trials.fidelity(choices, quick), trials.demoted(choices)))
+    for item in chunk:
+        candidate = item if isinstance(item, Alone) else dict(item)
+        results.append((trials.fidelity(candidate, quick), trials.demoted(candidate)))
     return results
 
 

@@ -9,7 +9,8 @@ once, in one precision. A unit stays
 int8 (the config's default) or is promoted (`dynamic`: int8 weights, activations quantized at run
 time, for ops with a dynamic form; `int16` activations, A16W8; or `float`), or gets `int4`
 weights. Every choice is an ordinary override on the nodes' names, appended after the user's, so
-the choices are a config that `qcli quantize --config` reproduces exactly.
+the choices are a config that `qcli quantize --config` reproduces exactly. `alone` cuts a plan
+down to one unit: what it costs on its own (the sensitivity report, qcli.precision.sensitivity).
 """
 
 from __future__ import annotations
@@ -84,6 +85,31 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
                                     dynamic=first.dynamic and unit.dynamic)
             owner.update(dict.fromkeys(weights, shared))
     return units
+
+
+def alone(plan: Plan, model: onnx.ModelProto, unit: Unit) -> Plan:
+    """`plan` (of `model`, ranges assigned) cut down to `unit`: what the unit costs on its own.
+    Kept: the Q/DQ pairs of the tensors the unit reads and writes, with the scales the whole
+    plan gave them (a tensor it shares with other units, say an input three projections read,
+    counts for each of them), its weights, biases and dynamic form; nothing else. Other nodes
+    reading its inputs read them in float; readers of its outputs read them quantized, as in
+    the whole model."""
+    mine = {d.index for d in plan.nodes if d.name in unit.nodes or d.folded_into in unit.nodes}
+    graph = model.graph
+    reads = {t for i in mine for t in graph.node[i].input if t}
+    writes = unit.tensors - reads
+    groups = [replace(g, tensors=kept, constant=g.constant if g.constant in kept else None)
+              for g in plan.groups if (kept := [t for t in g.tensors if t in unit.tensors])]
+    weights = {w: p for w, p in plan.weights.items() if w in unit.tensors}
+    float_readers = {j for j, node in enumerate(graph.node)
+                     if j not in mine and reads.intersection(node.input) and not writes.intersection(node.input)}
+    return replace(
+        plan, groups=groups, weights=weights,
+        biases={k: b for k, b in plan.biases.items() if b.name in unit.tensors and b.weight in weights},
+        dynamic={i: d for i, d in plan.dynamic.items() if i in mine},
+        keep_float=plan.keep_float | float_readers,
+        half=[], half_tensors=[],  # float16/bfloat16 nodes are not units: float32 in a one-unit model
+    )
 
 
 def _has_dynamic_form(node: onnx.NodeProto, inits: set[str]) -> bool:
