@@ -243,7 +243,7 @@ def analyze_command(
         from qcli.precision.sensitivity import read_recipe
 
         models = load_model(float_model), load_model(quantized_model)
-        read_recipe(models[1], str(quantized_model), models[0])
+        recipe = read_recipe(models[1], str(quantized_model), models[0])
     preprocess = loaded.data.preprocess
     total = sample_count(float_model, data, samples=options.samples, preprocess=preprocess)
     with progress("analyzing", total) as advance:
@@ -257,7 +257,7 @@ def analyze_command(
         with sensitivity.scale.make() as pool:
             result.sensitivity = measure_sensitivity(
                 *models, data, sensitivity.merge(loaded), label=str(quantized_model), progress=progress,
-                executor=pool,
+                executor=pool, recipe=recipe,
             )
     if report is not None:
         write_report(result, report)

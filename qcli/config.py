@@ -72,7 +72,8 @@ class Activations(Section):
 
     @model_validator(mode="after")
     def _float8_is_symmetric(self) -> Activations:
-        return check_float8(self.dtype, self.symmetric, self)
+        check_float8(self.dtype, self.symmetric)
+        return self
 
 
 class Weights(Section):
@@ -92,14 +93,14 @@ class Weights(Section):
     def _float8_is_symmetric(self) -> Weights:
         if self.dtype in FLOAT8 and self.granularity == "per_block":
             raise ValueError(f"{self.dtype} weights are per channel or per tensor, not per block")
-        return check_float8(self.dtype, self.symmetric, self)
+        check_float8(self.dtype, self.symmetric)
+        return self
 
 
-def check_float8(dtype: str, symmetric: bool, section: Any) -> Any:
+def check_float8(dtype: str, symmetric: bool) -> None:
     """A float8 scheme is symmetric: its zero point is 0 (scale = range / the type's largest)."""
     if dtype in FLOAT8 and not symmetric:
         raise ValueError(f"{dtype} is symmetric only (zero point 0): set symmetric: true")
-    return section
 
 
 class Match(Section):
@@ -332,7 +333,7 @@ class Config(Section):
             merged = Config.model_validate(raw)
         except ValidationError as exc:
             first = exc.errors()[0]
-            key = _key_path(first["loc"])
+            key = key_path(first["loc"])
             raise ConfigError(f"command line: {key}: {first['msg']}") from None
         return merged.model_copy(update={"data": self.data})
 
@@ -396,7 +397,7 @@ def config_error(
     first = exc.errors()[0]
     loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     loc = tuple(p for p in loc if p not in ("tuple[float, float]",))
-    key = _key_path(loc)
+    key = key_path(loc)
     line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), None)
     where = f"{source}:{line}" if line else source
     hint = None
@@ -406,7 +407,7 @@ def config_error(
         hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
         message = f"{where}: unknown key {key}"
     elif first["type"] == "invalid_key":  # `1: 2` (YAML keys may be numbers, ours are names)
-        message = f"{where}: {_key_path(loc[:-1])}: keys should be strings, got {loc[-1]!r}"
+        message = f"{where}: {key_path(loc[:-1])}: keys should be strings, got {loc[-1]!r}"
     else:
         given = _lookup(raw, loc)
         shown = f" (got {_shorten(repr(given))})" if given is not _MISSING else ""
@@ -433,7 +434,7 @@ def _shorten(text: str, width: int = 80) -> str:
     return (cut[: cut.rfind(",") + 1] if "," in cut else cut) + " ..."
 
 
-def _key_path(loc: tuple) -> str:
+def key_path(loc: tuple) -> str:
     """`overrides[0].activations.dtype` from pydantic's ('overrides', 0, 'activations', 'dtype')."""
     text = ""
     for part in loc:
@@ -488,40 +489,3 @@ def config_document(config: Config) -> dict:
 
 def config_yaml(config: Config) -> str:
     return yaml.safe_dump(config_document(config), sort_keys=False)
-
-
-# --------------------------------------------------------------------------- analysis
-
-
-class AnalyzeOptions(Section):
-    """What `qcli.analyze.analyze` measures and how long: the `analyze:` section of a pipeline
-    file and the `qcli analyze` flags both build it. `samples`: the first N (None: all); `runs`
-    timed runs per model (0: no latency) after `warmup` untimed ones, on `latency_batch` samples
-    with `threads` intra-op threads (None: onnxruntime's default); `worst` layers listed in the
-    reports; `layers=False` skips the per-layer pass."""
-
-    samples: int | None = Field(None, ge=1, title="the number of samples")  # the title names it in errors
-    batch_size: int = Field(32, ge=1)
-    runs: int = Field(50, ge=0)
-    warmup: int = Field(5, ge=0)
-    threads: int | None = Field(None, ge=1, le=1024)  # onnxruntime takes a 32-bit count
-    latency_batch: int = Field(1, ge=1)
-    worst: int = Field(10, ge=0)
-    layers: bool = True
-
-    @classmethod
-    def of(cls, base: AnalyzeOptions | None = None, /, **values: Any) -> AnalyzeOptions:
-        """`base` (None: the defaults) with `values` laid over it, validated; a bad value is a
-        ConfigError for Python callers and flags ("batch_size must be at least 1, got 0")."""
-        unknown = sorted(set(values) - set(cls.model_fields))
-        if unknown:
-            raise TypeError(f"unknown analyze option(s): {', '.join(unknown)}")
-        try:
-            return cls.model_validate({**(base.model_dump() if base else {}), **values})
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            key = _key_path(first["loc"])
-            if first["type"] == "greater_than_equal":
-                name = cls.model_fields[key].title or key
-                raise ConfigError(f"{name} must be at least {first['ctx']['ge']}, got {first['input']}") from None
-            raise ConfigError(f"{key}: {first['msg']}") from None

@@ -37,6 +37,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qcli.calibrate.table import CalibrationTable
 from qcli.graph import GraphIndex
 from qcli.model import opset_version
+from qcli.plan.context import node_names
 from qcli.rules import FLOAT32_IN_HALF, HALF_REDUCTIONS
 
 
@@ -105,9 +106,10 @@ def to_half(model: onnx.ModelProto, wanted: Collection[str], kind: str,
     out = onnx.ModelProto()
     out.CopyFrom(model)
     index = GraphIndex.of(out)
-    names = [n.name or f"{n.op_type}_{i}" for i, n in enumerate(out.graph.node)]
+    names = node_names(out)
     asked = [i for i, n in enumerate(out.graph.node) if n.output and n.output[0] in wanted]
-    kept = {i: why for i in asked if (why := _why_float32(out, index, i, half, table))}
+    in_subgraphs = _read_in_subgraphs(out)
+    kept = {i: why for i in asked if (why := _why_float32(out, index, i, half, table, in_subgraphs))}
     flips = _flips(out, index, [i for i in asked if i not in kept], half, kept)
     result = HalfResult(out, kind, ranges_checked=table is not None)
     result.casts = _rewrite(out, index, flips, half)
@@ -117,8 +119,9 @@ def to_half(model: onnx.ModelProto, wanted: Collection[str], kind: str,
 
 
 def _why_float32(model: onnx.ModelProto, index: GraphIndex, i: int, half: HalfType,
-                 table: CalibrationTable | None) -> str:
-    """Why node `i` must stay float32 ('' when it may convert), by the module docstring's rules."""
+                 table: CalibrationTable | None, in_subgraphs: set[str]) -> str:
+    """Why node `i` must stay float32 ('' when it may convert), by the module docstring's rules;
+    `in_subgraphs`: the names the main graph's subgraphs read."""
     node = model.graph.node[i]
     if node.op_type in FLOAT32_IN_HALF:
         return FLOAT32_IN_HALF[node.op_type]
@@ -128,7 +131,7 @@ def _why_float32(model: onnx.ModelProto, index: GraphIndex, i: int, half: HalfTy
         return "control flow: its subgraphs stay float32"
     if node.op_type in _TYPED_BY_ATTRIBUTE:
         return "an attribute sets its output type"
-    if set(node.output) & _read_in_subgraphs(model):
+    if set(node.output) & in_subgraphs:
         return "a subgraph reads its output"
     for name in node.input:
         init = index.initializers.get(name)

@@ -16,9 +16,10 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator
 
 from qcli.analyze import Gates, Report, analyze, sample_count, write_report
+from qcli.analyze.options import AnalyzeOptions
 from qcli.calibrate.table import METHODS, save_table
 from qcli.calibrate.trtcache import write_trt_cache
-from qcli.config import AnalyzeOptions, Config, Section, config_error, load_config, parse_config
+from qcli.config import Config, Section, config_error, load_config, parse_config
 from qcli.errors import ConfigError
 from qcli.files import check_writable
 from qcli.model import load_model, save_model

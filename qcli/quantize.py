@@ -329,7 +329,7 @@ def summary(result: QuantizeResult) -> dict:
             for (op, reason), n in sorted(floats.items(), key=lambda kv: (-kv[1], kv[0]))
         ],
         "folded": dict(sorted(folded.items())),
-        **({"half": {"type": half.kind, "nodes": dict(sorted(Counter(
+        **({"half": {"nodes": dict(sorted(Counter(
             d.op_type for d in plan.nodes if d.name in converted).items())), **half.to_dict()}} if half else {}),
         "quantized_tensors": len(plan.activations),
         "activations": dict(sorted(activations.items())),

@@ -23,6 +23,7 @@ import onnxruntime as ort
 from qcli.errors import ModelError
 from qcli.half import emulated
 from qcli.model import clamp_ir_version, save_model
+from qcli.scheme import FLOAT8_TYPES
 
 _INLINE_LIMIT = 2**31 - 256 * 2**20  # models bigger than this go through a temporary file
 
@@ -40,12 +41,9 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     return options
 
 
-_FLOAT8 = frozenset({onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E5M2})
-
-
 def _holds_float8(model: onnx.ModelProto) -> bool:
     """Whether the model has float8 Q/DQ (float8 zero points or weights)."""
-    return any(t.data_type in _FLOAT8 for t in model.graph.initializer)
+    return any(t.data_type in FLOAT8_TYPES for t in model.graph.initializer)
 
 
 def make_session(

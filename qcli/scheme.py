@@ -80,6 +80,10 @@ QUANT_DTYPES: dict[str, QuantDtype] = {
 }
 
 
+FLOAT8_TYPES = frozenset(d.onnx_type for d in QUANT_DTYPES.values() if d.is_float)  # ONNX enums
+_FLOAT8_NUMPY = frozenset(d.numpy_dtype for d in QUANT_DTYPES.values() if d.is_float)
+
+
 def quant_dtype(name: str) -> QuantDtype:
     """The quantized type called `name` ('int8', 'uint16', ...); ConfigError if unknown."""
     try:
@@ -233,7 +237,7 @@ def dequantize(q, scale, zero_point, axis: int | None = None) -> np.ndarray:
     """(q - zero_point) * scale, as ONNX DequantizeLinear computes it."""
     q = np.asarray(q)
     scale, zero_point = _broadcast(scale, q.ndim, axis), _broadcast(zero_point, q.ndim, axis)
-    if q.dtype.kind == "V" or q.dtype in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+    if q.dtype in _FLOAT8_NUMPY:
         return (q.astype(np.float32) * scale).astype(np.float32)
     return ((q.astype(np.int64) - zero_point.astype(np.int64)) * scale).astype(np.float32)
 

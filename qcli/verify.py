@@ -190,17 +190,8 @@ def quantize_checked(
         plan = replace(plan, description=why) if plan.verify_path is None else plan
     if table is None:
         assert data is not None  # one of the two
-        folder = DataFolder(data, inputs, preprocess=config.data.preprocess, samples=plan.calibration_samples)
-        plan, folds = fold_plan(plan, len(folder), config.calibration.batch_size)
-        with progress("calibrating", len(folder)) as advance:
-            table = calibrate(model, folder, config, progress=advance, force=force, strict=strict,
-                              methods=methods or (config.calibration.method,), prepared=prepared,
-                              executor=executor, folds=folds)
-        if config.recovery.bias_correction is not None:
-            with progress("measuring bias shifts", len(folder)) as advance:
-                measure_bias_shifts(model, config, table, folder, prepared=prepared, progress=advance)
-            for t in table.folds:  # measured on every sample: the folds share them (README)
-                t.bias_shifts = table.bias_shifts
+        plan, table = calibrate_planned(model, config, data, plan, prepared, progress=progress, executor=executor,
+                                        methods=methods, force=force, strict=strict)
     result = quantize(model, config, table, force=force, strict=strict, prepared=prepared)
     outcome = Outcome(result, config, table, plan, searched_for_goal=ap.enabled)
     if not (ap.enabled or vf.enabled):
@@ -221,6 +212,28 @@ def quantize_checked(
     if vf.enabled:
         outcome.verification = _verification(plan, probe, base, ratio, floors, config, _all_float(result, outcome))
     return outcome
+
+
+def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: DataPlan,
+                      prepared: PrepareResult, *, progress: ProgressFactory = no_progress, executor=None,
+                      methods: tuple[str, ...] | None = None, force: bool = False,
+                      strict: bool = False) -> tuple[DataPlan, CalibrationTable]:
+    """Calibrate on the samples of `data` that `plan` gives calibration, in folds when `plan`
+    compares on them (`fold_plan`), then bias correction's shifts when it is on (measured on
+    every sample: the folds share them, README); the plan as the folds left it, and the table."""
+    folder = DataFolder(data, model_inputs(model), preprocess=config.data.preprocess,
+                        samples=plan.calibration_samples)
+    plan, folds = fold_plan(plan, len(folder), config.calibration.batch_size)
+    with progress("calibrating", len(folder)) as advance:
+        table = calibrate(model, folder, config, progress=advance, force=force, strict=strict,
+                          methods=methods or (config.calibration.method,), prepared=prepared,
+                          executor=executor, folds=folds)
+    if config.recovery.bias_correction is not None:
+        with progress("measuring bias shifts", len(folder)) as advance:
+            measure_bias_shifts(model, config, table, folder, prepared=prepared, progress=advance)
+        for t in table.folds:
+            t.bias_shifts = table.bias_shifts
+    return plan, table
 
 
 def _no_calibration(model: onnx.ModelProto, prepared: PrepareResult, config: Config,

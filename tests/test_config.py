@@ -39,6 +39,19 @@ def _error(cli, tmp_path: Path, text: str) -> str:
         ("overrides:\n  - match: {nodes: [a]}\n    activatons: {dtype: uint16}\n", ":3: unknown key overrides[0].activatons", "hint: did you mean 'activations'?"),
         ("overrides:\n  - match: {}\n    precision: float\n", ":2: overrides[0].match: Value error, match needs at least one of nodes, op_types, tensors", None),
         ("calibration: {method: kl\n", ":2:1: YAML syntax error", None),
+        # float16/bfloat16 (qcli/half.py) and float8
+        ("overrides:\n  - match: {nodes: [a]}\n    precision: float16\n    activations: {dtype: int8}\n",
+         ":2: overrides[0]: Value error, precision float16 runs the nodes in float16, unquantized: drop activations "
+         "and weights here", None),
+        ("default_precision: bfloat16\noverrides:\n  - match: {nodes: [a]}\n    precision: float16\n",
+         ": (top level): Value error, float16 and bfloat16 in one model: choose one (default_precision, overrides' "
+         "precision)", None),
+        ("overrides:\n  - match: {tensors: [a]}\n    precision: float16\n",
+         ":2: overrides[0]: Value error, precision float16 applies to nodes: give match.nodes or match.op_types", None),
+        ("activations: {dtype: float8e4m3fn}\n",
+         ":1: activations: Value error, float8e4m3fn is symmetric only (zero point 0): set symmetric: true", None),
+        ("weights: {dtype: float8e5m2, symmetric: true, granularity: per_block}\n",
+         ":1: weights: Value error, float8e5m2 weights are per channel or per tensor, not per block", None),
     ],
 )
 def test_bad_configs(cli, tmp_path: Path, text: str, message: str, hint: str | None) -> None:

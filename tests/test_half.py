@@ -1,5 +1,6 @@
 """float16 / bfloat16 (qcli/half.py): the conversion, the nodes kept float32 and why, the Casts,
-the float32 twin CPU measures, and the presets and per-node overrides end to end."""
+the float32 twin CPU measures, and the presets and per-node overrides end to end (config
+errors: test_config.py)."""
 
 from __future__ import annotations
 
@@ -155,19 +156,3 @@ def test_the_classifier_head_in_float16_while_the_body_is_int8(cli, tmp_path: Pa
     ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
     fused = Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
     assert fused["QLinearConv"] == 9  # the body still runs int8 kernels
-
-
-@pytest.mark.parametrize("text, message", [
-    ("overrides:\n  - match: {nodes: [a]}\n    precision: float16\n    activations: {dtype: int8}\n",
-     "precision float16 runs the nodes in float16, unquantized: drop activations and weights here"),
-    ("default_precision: bfloat16\noverrides:\n  - match: {nodes: [a]}\n    precision: float16\n",
-     "float16 and bfloat16 in one model: choose one (default_precision, overrides' precision)"),
-    ("overrides:\n  - match: {tensors: [a]}\n    precision: float16\n",
-     "precision float16 applies to nodes: give match.nodes or match.op_types"),
-])
-def test_half_config_errors(cli, tmp_path: Path, text: str, message: str) -> None:
-    path = tmp_path / "bad.yaml"
-    path.write_text("version: 1\n" + text)
-    result = cli("config", "validate", path)
-    assert result.exit_code == 2
-    assert message in result.stderr

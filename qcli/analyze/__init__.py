@@ -9,11 +9,11 @@ error, latency, size and quality gates, as one `Report` written to JSON, Markdow
 
 from qcli.analyze.core import analyze, evaluate, open_data, sample_count
 from qcli.analyze.gates import Gates
+from qcli.analyze.options import AnalyzeOptions
 from qcli.analyze.report import FORMAT, Report, read_report
 from qcli.analyze.summary import headline
 from qcli.analyze.terminal import render
 from qcli.analyze.write import FORMATS, report_text, write_report
-from qcli.config import AnalyzeOptions
 
 __all__ = [
     "FORMAT", "FORMATS", "AnalyzeOptions", "Gates", "Report", "analyze", "evaluate", "headline", "open_data",

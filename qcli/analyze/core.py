@@ -28,6 +28,7 @@ from qcli.analyze.kinds import Kind, OutputKind, check_outputs, output_kinds
 from qcli.analyze.latency import measure, timed_inputs
 from qcli.analyze.layers import QuantizedTensor, quantized_tensors
 from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, TopKAccumulator, as_array
+from qcli.analyze.options import AnalyzeOptions
 from qcli.analyze.records import accuracy_record, fidelity_record, layer_record
 from qcli.analyze.report import (
     DataInfo,
@@ -41,7 +42,7 @@ from qcli.analyze.report import (
 )
 from qcli.analyze.size import compare_sizes, model_size, proto_size
 from qcli.calibrate.collect import RUN_OUTPUT_BYTES, RunSize, parts, prefetch, session_with_outputs
-from qcli.config import AnalyzeOptions, Verify
+from qcli.config import Verify
 from qcli.data import Batch, DataFolder, InputSpec, Preprocess, model_inputs
 from qcli.errors import DataError, ModelError, QcliError
 from qcli.model import external_data_files, fingerprint, load_model

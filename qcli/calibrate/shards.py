@@ -20,6 +20,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 import onnx
 
@@ -117,22 +118,13 @@ def merge(parts: list[Collected]) -> Collected:
     return merged
 
 
-def collect_sharded(
-    model: onnx.ModelProto,
-    folder: DataFolder,
-    executor: Executor,
-    *,
-    tensors: list[str],
-    batch_size: int,
-    max_bins: int,
-    progress: Callable[[int], None] | None = None,
-    channels: dict[str, int] | None = None,
-) -> Collected:
-    """`collect` over `folder` in one shard per worker of `executor`, merged."""
+def collect_sharded(model: onnx.ModelProto, folder: DataFolder, executor: Executor, *, batch_size: int,
+                    **options: Any) -> Collected:
+    """`collect` over `folder` in one shard per worker of `executor`, merged; `options`: the
+    rest of `_collect_tasks`'s (tensors, max_bins, progress, channels)."""
     shards = plan_shards(folder, executor.workers, batch_size)
     parts = [(folder.subset(s.start, s.stop, s.samples), s.first) for s in shards]
-    return merge(_collect_tasks(model, parts, executor, tensors=tensors, batch_size=batch_size, max_bins=max_bins,
-                                progress=progress, channels=channels))
+    return merge(_collect_tasks(model, parts, executor, batch_size=batch_size, **options))
 
 
 def _collect_tasks(

@@ -32,7 +32,7 @@ from qcli.calibrate.table import CalibrationTable, RangeSettings
 from qcli.config import Config, parse_config
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import ConfigError, QcliError
-from qcli.holdout import DataPlan, fold_plan, make_probe, plan_data
+from qcli.holdout import DataPlan, make_probe, plan_data
 from qcli.model import fingerprint
 from qcli.plan import make_plan
 from qcli.precision.trials import Alone, Candidate, Trials
@@ -40,14 +40,12 @@ from qcli.precision.units import Unit, find_units
 from qcli.prepare import PrepareResult
 from qcli.quantize import (
     QuantizeResult,
-    calibrate,
     dynamic_precisions,
-    measure_bias_shifts,
     node_precisions,
     prepare_for,
     quantize,
 )
-from qcli.verify import ProgressFactory, no_progress
+from qcli.verify import ProgressFactory, calibrate_planned, no_progress
 
 
 @dataclass(frozen=True)
@@ -94,11 +92,13 @@ def measure_sensitivity(
     label: str = "the quantized model",
     progress: ProgressFactory = no_progress,
     executor: Any = None,
+    recipe: Recipe | None = None,
 ) -> Sensitivity:
     """Each unit of `quantized` alone and kept float, measured on `data` (module docstring).
     `config` gives what the metadata does not hold: `verify` (output kinds, metric plug-in),
-    `data.preprocess` and the budget (`auto_precision.samples`, `.max_trials`, `.time_budget`)."""
-    recipe = read_recipe(quantized, label, model)
+    `data.preprocess` and the budget (`auto_precision.samples`, `.max_trials`, `.time_budget`).
+    `recipe`: `read_recipe`'s, when the caller has checked the models already."""
+    recipe = recipe or read_recipe(quantized, label, model)
     config = recipe.config.model_copy(update={
         "verify": config.verify, "auto_precision": config.auto_precision, "data": config.data,
         "calibration": recipe.config.calibration.model_copy(
@@ -158,17 +158,8 @@ def _rebuild(model: onnx.ModelProto, config: Config, data: Path, progress: Progr
     total = len(DataFolder(data, inputs, preprocess=config.data.preprocess))
     count = config.auto_precision.samples
     if make_plan(prepared.model, config).calibrated_tensors:
-        plan = plan_data(data, total, None, config, count)
-        folder = DataFolder(data, inputs, preprocess=config.data.preprocess, samples=plan.calibration_samples)
-        plan, folds = fold_plan(plan, len(folder), config.calibration.batch_size)
-        with progress("calibrating", len(folder)) as advance:
-            table = calibrate(model, folder, config, progress=advance, methods=(config.calibration.method,),
-                              prepared=prepared, executor=executor, folds=folds)
-        if config.recovery.bias_correction is not None:
-            with progress("measuring bias shifts", len(folder)) as advance:
-                measure_bias_shifts(model, config, table, folder, prepared=prepared, progress=advance)
-            for t in table.folds:  # measured on every sample: the folds share them (as verify does)
-                t.bias_shifts = table.bias_shifts
+        plan, table = calibrate_planned(model, config, data, plan_data(data, total, None, config, count), prepared,
+                                        progress=progress, executor=executor)
     else:  # every quantized node dynamic, or weights only
         table = CalibrationTable(fingerprint(model), {}, 0, RangeSettings.of(config))
         take = min(total, count)

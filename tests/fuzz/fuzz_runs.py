@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from fuzz_configs import PRESETS, Names, bounded, config_files, documents
 from fuzz_stats import LONG, STATS
-from qcli.config import AnalyzeOptions
+from qcli.analyze.options import AnalyzeOptions
 from qcli.model import clamp_ir_version
 from qcli.pipeline import Pipeline, PipelineGates
 
