@@ -35,7 +35,8 @@ HALF_PRECISIONS = ("float16", "bfloat16")  # float nodes run in a 16-bit float t
 NO_QDQ = ("float", "dynamic", *HALF_PRECISIONS)  # precisions whose nodes get no static Q/DQ pair
 Mode = Literal["static", "dynamic"]
 OutputKindName = Literal["top1", "sequence", "cosine", "mask", "per_element", "ignore"]  # qcli.analyze.kinds.Kind
-Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic"]  # int4: weights, to shrink
+# int4: weights, to shrink; float16/bfloat16: the node in that type (one of them per model)
+Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic", "float16", "bfloat16"]
 
 
 class Section(BaseModel):
@@ -302,11 +303,13 @@ class Config(Section):
     @model_validator(mode="after")
     def _one_half_type(self) -> Config:
         if len(self._halves()) > 1:
-            raise ValueError("float16 and bfloat16 in one model: choose one (default_precision, overrides' precision)")
+            raise ValueError("float16 and bfloat16 in one model: choose one (default_precision, overrides' "
+                             "precision, auto_precision.candidates)")
         return self
 
     def _halves(self) -> set[str]:
         found: set[str] = {o.precision for o in self.overrides if o.precision in HALF_PRECISIONS}
+        found |= set(HALF_PRECISIONS) & set(self.auto_precision.candidates) if self.auto_precision.enabled else set()
         return found | ({self.default_precision} & set(HALF_PRECISIONS))
 
     @property

@@ -394,13 +394,15 @@ def _retype_value_info(model: onnx.ModelProto, names: set[str], half: HalfType) 
 _HALF_ENUMS = {h.onnx_type: h for h in HALF_TYPES.values()}
 
 
-def emulated(model: onnx.ModelProto) -> onnx.ModelProto | None:
+def emulated(model: onnx.ModelProto, rounding: bool = True) -> onnx.ModelProto | None:
     """A float32 twin of a model that holds float16/bfloat16 tensors, for measuring it on CPU:
     its constants widened (exactly), every node computing in float32, and each value a node
     writes in a half type rounded to it (a Cast to it and back, which onnxruntime keeps).
     onnxruntime's CPU provider has no bfloat16 kernels, and runs float16 nodes through Casts
     to float32 that its optimizer then removes, so the float16 model itself would measure as
-    float32. None when the model holds no half tensors, or takes or gives one (it runs as is)."""
+    float32. Without `rounding`, the twin times as CPU runs the model (float32 throughout):
+    what latency is measured on. None when the model holds no half tensors, or takes or gives
+    one (it runs as is)."""
     graph = model.graph
     io_half = any(v.type.tensor_type.elem_type in _HALF_ENUMS for v in (*graph.input, *graph.output))
     has_half = any(t.data_type in _HALF_ENUMS for t in graph.initializer) or any(
@@ -421,6 +423,8 @@ def emulated(model: onnx.ModelProto) -> onnx.ModelProto | None:
         nodes.append(node)
         for name, kind in written.items():
             kinds[name] = kind
+            if not rounding:
+                continue
             node.output[list(node.output).index(name)] = f"{name}/exact"
             nodes += [helper.make_node("Cast", [f"{name}/exact"], [f"{name}/rounded"], to=kind),
                       helper.make_node("Cast", [f"{name}/rounded"], [name], to=_FLOAT)]

@@ -47,11 +47,13 @@ def _holds_float8(model: onnx.ModelProto) -> bool:
 
 
 def make_session(
-    model: onnx.ModelProto | str | Path, threads: int | None = None, profile: str | Path | None = None
+    model: onnx.ModelProto | str | Path, threads: int | None = None, profile: str | Path | None = None,
+    timing: bool = False,
 ) -> ort.InferenceSession:
     """An onnxruntime CPU session for a ModelProto (kept in memory when it fits) or a path.
     `profile`: a file-name prefix; the session then records onnxruntime's profile there
-    (`session.end_profiling()` writes it and returns its path)."""
+    (`session.end_profiling()` writes it and returns its path). `timing`: the session times the
+    model (a float16/bfloat16 model's twin computes in float32 without rounding, as CPU does)."""
     options = session_options(threads)
     if isinstance(model, onnx.ModelProto) and _holds_float8(model):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -60,7 +62,7 @@ def make_session(
         options.profile_file_prefix = str(profile)
     providers = ["CPUExecutionProvider"]
     if isinstance(model, onnx.ModelProto):
-        model = emulated(model) or model  # float16/bfloat16 nodes: measured on a float32 twin
+        model = emulated(model, rounding=not timing) or model  # float16/bfloat16 nodes: a float32 twin
     try:
         if isinstance(model, (str, Path)):
             return ort.InferenceSession(str(model), options, providers=providers)

@@ -303,7 +303,7 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
     outcome.config = promoted_config(config, found.choices, trials.units)  # search off: reproduces it
     if found.choices:
         outcome.result = trials.build(found.choices)  # quantized with outcome.config
-        _explain(outcome, _whys(found))
+        _explain(outcome, _whys(found), {u.node for u in trials.units if u.half})
     if not found.met and not found.costs:  # no unit has a promotion it could take
         outcome.notes.append(_no_promotion(config, ap.candidates))
     if found.stopped:
@@ -441,7 +441,7 @@ def _why(found: SearchResult, step: Step, n: str) -> tuple[Why, str]:
         return Why.UNMEASURED, "not measured (budget spent): promoted by rank"
     if gain <= 0:  # ranked last; the goal still needed it (or everything)
         return Why.WITH_RANKED, (f"promoted with the units ranked above it (alone it changes output "
-                                 f"noise by {-gain:+.3g}: not sensitive by itself)")
+                                 f"noise by {0.0 - gain:+.3g}: not sensitive by itself)")
     return Why.SENSITIVE, f"sensitive: promoting it alone cuts output noise by {gain:.3g}"
 
 
@@ -450,9 +450,11 @@ def _reasons(found: SearchResult) -> dict[str, str]:
     return {n: text for n, (_, text) in _whys(found).items()}
 
 
-def _explain(outcome: Outcome, whys: dict[str, tuple[Why, str]]) -> None:
-    """Nodes the search promoted to float say why in the plan (not "excluded by config")."""
+def _explain(outcome: Outcome, whys: dict[str, tuple[Why, str]], half: set[str]) -> None:
+    """Nodes the search promoted to float say why in the plan (not "excluded by config");
+    `half`: the units that were float16/bfloat16."""
     for k, d in enumerate(outcome.result.plan.nodes):
         if outcome.promoted.get(d.name) == "float":
             why = _IN_PLAN.get(whys[d.name][0], "promoted") if d.name in whys else "promoted"
+            why = why.replace("8 bits", str(outcome.config.half)) if d.name in half else why
             outcome.result.plan.nodes[k] = replace(d, reason=f"{why} (precision search)")

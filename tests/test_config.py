@@ -45,7 +45,10 @@ def _error(cli, tmp_path: Path, text: str) -> str:
          "and weights here", None),
         ("default_precision: bfloat16\noverrides:\n  - match: {nodes: [a]}\n    precision: float16\n",
          ": (top level): Value error, float16 and bfloat16 in one model: choose one (default_precision, overrides' "
-         "precision)", None),
+         "precision, auto_precision.candidates)", None),
+        ("default_precision: float16\nauto_precision: {enabled: true, candidates: [int8, bfloat16, float]}\n",
+         ": (top level): Value error, float16 and bfloat16 in one model: choose one (default_precision, overrides' "
+         "precision, auto_precision.candidates)", None),
         ("overrides:\n  - match: {tensors: [a]}\n    precision: float16\n",
          ":2: overrides[0]: Value error, precision float16 applies to nodes: give match.nodes or match.op_types", None),
         ("activations: {dtype: float8e4m3fn}\n",

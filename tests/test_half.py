@@ -156,3 +156,50 @@ def test_the_classifier_head_in_float16_while_the_body_is_int8(cli, tmp_path: Pa
     ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
     fused = Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
     assert fused["QLinearConv"] == 9  # the body still runs int8 kernels
+
+
+def test_the_rescue_keeps_float32_the_nodes_float16_breaks(cli, tmp_path: Path) -> None:
+    """(x + 2048) - 2048 in float16 keeps x to a step of 2 (cosine ~0.6): verification misses
+    its floor, and the rescue promotes the half nodes to float32 one unit at a time until it
+    holds; the Mul after them stays float16."""
+    model = save(parse_model("""
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[N, 8] x) => (float[N, 8] y) <float big = {2048}, float half = {0.5}> {
+    up = Add (x, big)
+    down = Sub (up, big)
+    y = Mul (down, half)
+}"""), tmp_path / "cancel.onnx")
+    data = normal_folder(tmp_path / "data", 64, x=(8,))
+    out = tmp_path / "cancel16.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", data, "--config", "float16")
+    assert doc["verification"]["passed"], doc["notes"]
+    promoted = {n: p["precision"] for n, p in doc["precision"]["promoted"].items()}
+    assert promoted == {"Add_0": "float", "Sub_1": "float"}
+    assert doc["precision"]["steps"][0]["action"] == "as configured (16-bit float)"
+    assert doc["half"]["nodes"] == {"Mul": 1}
+    assert {r["op_type"]: r["reason"] for r in doc["float"]} == {
+        "Add": "promoted (precision search)", "Sub": "promoted (precision search)"}
+    x = np.random.default_rng(7).normal(0, 1, (16, 8)).astype(np.float32)
+    got = _run(emulated(onnx.load(str(out))), x=x)[0]
+    assert np.abs(got - 0.5 * x).max() < 1e-3
+
+
+def test_auto_precision_tries_float16_before_float(cli, tmp_path: Path) -> None:
+    """The sample CNN with int8 symmetric KL activations misses a 0.5-point budget all-int8;
+    with float16 among the candidates the units the search promotes run in float16, not float32
+    (half the bytes: the file is smaller than with float alone), and the goal is met."""
+    cnn = SAMPLE_MODELS / "cnn"
+    sizes = {}
+    for name, candidates in (("half", "[int8, float16, float]"), ("float", "[int8, float]")):
+        (tmp_path / f"{name}.yaml").write_text(
+            "version: 1\ncalibration: {method: kl}\nactivations: {dtype: int8, symmetric: true}\n"
+            f"verify: {{max_latency_ratio: null}}\nauto_precision: {{enabled: true, candidates: {candidates}, "
+            "max_accuracy_drop: 0.005}\n")
+        out = tmp_path / f"{name}.onnx"
+        doc = cli.json("quantize", cnn / "model.onnx", "-o", out, "--data", cnn / "calib", "--eval-data", cnn / "eval",
+                       "--config", tmp_path / f"{name}.yaml")
+        assert doc["precision"]["goal_met"] and doc["verification"]["passed"]
+        precisions = {p["precision"] for p in doc["precision"]["promoted"].values()}
+        assert precisions == ({"float16"} if name == "half" else {"float"})
+        sizes[name] = doc["bytes_after"]
+    assert sizes["float"] / sizes["half"] > 1.3

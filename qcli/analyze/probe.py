@@ -251,7 +251,7 @@ class Probe:
     def latency_ratio(self, candidate: onnx.ModelProto, runs: int = 40, warmup: int = 5) -> Ratio:
         """Latency of `candidate` / latency of the float model (batch 1): the median of `runs`
         alternating rounds' ratios, with its interval (`latency.Ratio`)."""
-        session = make_session(candidate, self.threads)
+        session = make_session(candidate, self.threads, timing=True)
         feeds = self.feeds()
         speed = measure(
             lambda: self._float_session.run(None, feeds), lambda: session.run(None, feeds),
@@ -310,7 +310,7 @@ def node_times(model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int =
                threads: int | None = None) -> dict[str, float]:
     """onnxruntime's profiler on `model`: median µs per run of each node's kernel, by node name."""
     with tempfile.TemporaryDirectory(prefix="qcli-profile-") as tmp:
-        session = make_session(model, threads, profile=Path(tmp) / "profile")
+        session = make_session(model, threads, profile=Path(tmp) / "profile", timing=True)
         for _ in range(3):
             session.run(None, feeds)
         for _ in range(runs):

@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Protocol
+from typing import Protocol, cast
 
 from qcli.analyze.probe import Fidelity
+from qcli.config import HALF_PRECISIONS
 from qcli.precision.goal import Goal
 from qcli.precision.trials import SPEED_TIE
 from qcli.precision.units import Choice, Choices, Costs, Unit
@@ -127,9 +128,18 @@ class _Search:
         """What the accuracy search tries each promoted unit in before float: dynamic for the
         units with a dynamic form (int8 weights, 4x smaller than float; a fixed rule, so timing
         noise cannot flip it, and the result's latency is checked like any other), else the
-        cheapest promotion measured."""
+        cheapest promotion measured; where that is float, a float16/bfloat16 candidate (half the
+        bytes of float, and a speed CPU cannot show: also a fixed rule)."""
         dynamic = candidates is not None and "dynamic" in candidates
-        return {u.node: "dynamic" if dynamic and u.dynamic else self.costs[u.node][0] for u in self.units}
+        half = next((cast(Choice, c) for c in candidates or () if c in HALF_PRECISIONS), None)
+
+        def first(u: Unit) -> Choice:
+            cheapest = self.costs[u.node][0]
+            if dynamic and u.dynamic:
+                return "dynamic"
+            return half if half and cheapest == "float" and not (u.half or u.table) else cheapest
+
+        return {u.node: first(u) for u in self.units}
 
     def all_float(self, choices: Choices) -> bool:
         """Whether `choices` promote every unit to float (computing like the float model)."""
@@ -169,7 +179,8 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     accurate = {n: best or p for n, p in s.cheapest.items()}  # what the accuracy search promotes to
     timed = goal.max_latency_ratio is not None
     here = _Point({}, trials.fidelity({}), trials.latency({}) if timed else None)
-    s.log(StepKind.ALL_INT8, "all int8", [], here.choices, here.fidelity, here.ratio)
+    start = "all int8" if not units or not all(u.half for u in units) else "as configured (16-bit float)"
+    s.log(StepKind.ALL_INT8, start, [], here.choices, here.fidelity, here.ratio)
     met = goal.accurate(here.fidelity) and goal.fast(here.ratio)
     if (met and goal.criterion != "accuracy") or not promotable:  # not promotable: no candidate promotes a unit
         return s.result(_shrink(s, here) if shrink and met else here, met)

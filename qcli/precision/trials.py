@@ -245,8 +245,9 @@ class Trials:
 
 
 def _takes(unit: Unit, promotion: str) -> bool:
-    """Whether `unit` can take `promotion` besides float (a table none; dynamic needs its form)."""
-    return not unit.table and (promotion != "dynamic" or unit.dynamic)
+    """Whether `unit` can take `promotion` besides float (a table or a half node none; dynamic
+    needs its form)."""
+    return not unit.table and not unit.half and (promotion != "dynamic" or unit.dynamic)
 
 
 @contextmanager

@@ -3,14 +3,17 @@
 A unit is one compute node the plan quantizes (Conv, MatMul, Gemm, Add, Mul, ...: the nodes
 onnxruntime fuses into an int8 kernel); data-movement nodes follow their neighbours through the
 shared-qparams groups; an embedding table stored int8 (the `gather` form) is a unit too, whose
-only promotion is float (its Gather computes nothing). Nodes that read one constant weight (an
-unrolled decoder's steps sharing a cell's weights) are one unit, so that the weight is stored
-once, in one precision. A unit stays
-int8 (the config's default) or is promoted (`dynamic`: int8 weights, activations quantized at run
-time, for ops with a dynamic form; `int16` activations, A16W8; or `float`), or gets `int4`
-weights. Every choice is an ordinary override on the nodes' names, appended after the user's, so
-the choices are a config that `qcli quantize --config` reproduces exactly. `alone` cuts a plan
-down to one unit: what it costs on its own (the sensitivity report, qcli.precision.sensitivity).
+only promotion is float (its Gather computes nothing), and so is a node the config runs in
+float16/bfloat16 that computes (`half`: promoted, it runs in float32; data movement and clipping
+are exact in any float type, and the ops qcli.half keeps float32 by rule are float32 already).
+Nodes that read one constant weight (an unrolled decoder's steps sharing a cell's weights) are
+one unit, so that the weight is stored once, in one precision. A unit stays int8 (the config's
+default) or is promoted (`dynamic`: int8 weights, activations quantized at run time, for ops with
+a dynamic form; `int16` activations, A16W8; `float16`/`bfloat16`, the node in that type; or
+`float`), or gets `int4` weights. Every choice is an ordinary override on the nodes' names,
+appended after the user's, so the choices are a config that `qcli quantize --config` reproduces
+exactly. `alone` cuts a plan down to one unit: what it costs on its own (the sensitivity report,
+qcli.precision.sensitivity).
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ from typing import Literal
 
 import onnx
 
-from qcli.config import ActivationDtype, Activations, Config, Match, Override, Weights
+from qcli.config import HALF_PRECISIONS, ActivationDtype, Activations, Config, Match, Override, Weights
 from qcli.plan import Plan
-from qcli.rules import dynamic_rule, rule_for
+from qcli.rules import FLOAT32_IN_HALF, dynamic_rule, rule_for
 
-Promotion = Literal["dynamic", "int16", "float"]  # run-time int8 activations; 16-bit ones (int8 weights); float
-Choice = Literal["dynamic", "int16", "float", "int4"]  # a unit's precision other than int8: a promotion, or int4
-PROMOTIONS: tuple[Promotion, ...] = ("dynamic", "int16", "float")
+# run-time int8 activations; 16-bit ones (int8 weights); the node in float16/bfloat16; float
+Promotion = Literal["dynamic", "int16", "float16", "bfloat16", "float"]
+Choice = Literal["dynamic", "int16", "float16", "bfloat16", "float", "int4"]  # a promotion, or int4 weights
+PROMOTIONS: tuple[Promotion, ...] = ("dynamic", "int16", "float16", "bfloat16", "float")
 CHOICES: tuple[Choice, ...] = ("int4", *PROMOTIONS)  # the order of their overrides
 Choices = dict[str, Choice]  # unit (node name) -> its precision; a unit not in it stays int8
 Costs = dict[str, tuple[Promotion, float]]  # unit -> its cheapest promotion, and its cost in µs per run
@@ -43,6 +47,7 @@ class Unit:
     dynamic: bool = False  # statically quantized and its op has a dynamic form (a `dynamic` candidate)
     mates: tuple[str, ...] = ()  # the other nodes reading its weight: they take its precision
     table: bool = False  # an int8 embedding table (a Gather): float is its only promotion
+    half: bool = False  # runs in float16/bfloat16: float (float32) is its only promotion
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -60,12 +65,17 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
             folded.setdefault(d.folded_into, []).append(d.index)
     units: list[Unit] = []
     owner: dict[str, int] = {}  # weight -> the position in `units` of the first unit reading it
+    half = set(plan.half)
     for d in plan.nodes:
         node = graph.node[d.index]
         rule = rule_for(node)
         table = d.dynamic and plan.dynamic[d.index].form == "gather"
         if table:
             units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in node.output if t), table=True))
+            continue
+        if d.index in half:
+            if _rounds_in_half(node, inits):
+                units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in node.output if t), half=True))
             continue
         if not d.quantized or d.reason or rule is None or rule.kind != "compute":
             continue
@@ -87,15 +97,30 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
     return units
 
 
+def _rounds_in_half(node: onnx.NodeProto, inits: set[str]) -> bool:
+    """Whether a node run in float16/bfloat16 rounds anything float32 would not: it computes, or
+    reads a constant (stored in the half type); data movement, clipping and shape reading of
+    activations are exact. Not an op qcli.half keeps float32 by rule, nor control flow."""
+    rule = rule_for(node)
+    graphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    if node.op_type in FLOAT32_IN_HALF or any(a.type in graphs for a in node.attribute):
+        return False
+    return rule is None or rule.kind == "compute" or any(t in inits for t in node.input)
+
+
 def alone(plan: Plan, model: onnx.ModelProto, unit: Unit) -> Plan:
     """`plan` (of `model`, ranges assigned) cut down to `unit`: what the unit costs on its own.
-    Kept: the Q/DQ pairs of the tensors the unit reads and writes, with the scales the whole
-    plan gave them (a tensor it shares with other units, say an input three projections read,
-    counts for each of them), its weights, biases and dynamic form; nothing else. Other nodes
-    reading its inputs read them in float; readers of its outputs read them quantized, as in
-    the whole model."""
+    A half unit alone is the float model with that node in float16/bfloat16. Otherwise kept: the
+    Q/DQ pairs of the tensors the unit reads and writes, with the scales the whole plan gave them
+    (a tensor it shares with other units, say an input three projections read, counts for each
+    of them), its weights, biases and dynamic form; nothing else. Other nodes reading its inputs
+    read them in float; readers of its outputs read them quantized, as in the whole model."""
     mine = {d.index for d in plan.nodes if d.name in unit.nodes or d.folded_into in unit.nodes}
     graph = model.graph
+    if unit.half:
+        return replace(plan, groups=[], weights={}, biases={}, dynamic={}, half=sorted(mine),
+                       half_tensors=[t for t in plan.half_tensors if t in unit.tensors or
+                                     any(t in graph.node[i].input for i in mine)])
     reads = {t for i in mine for t in graph.node[i].input if t}
     writes = unit.tensors - reads
     groups = [replace(g, tensors=kept, constant=g.constant if g.constant in kept else None)
@@ -142,7 +167,7 @@ def _override(config: Config, precision: Choice, match: Match) -> Override:
     """The override giving the matched nodes `precision`."""
     if precision == "int4":
         return Override(match=match, weights=Weights(dtype="int4", symmetric=True, granularity="per_channel"))
-    if precision in ("float", "dynamic"):
+    if precision in ("float", "dynamic", *HALF_PRECISIONS):
         return Override(match=match, precision=precision)
     wide: ActivationDtype = "uint16" if config.activations.dtype in ("uint8", "uint16") else "int16"
     return Override(match=match, activations=Activations(dtype=wide, symmetric=config.activations.symmetric))
