@@ -295,6 +295,34 @@ def test_the_rescue_can_keep_an_embedding_table_float(cli, tmp_path: Path) -> No
     assert [n.op_type for n in onnx.load(out).graph.node] == ["Gather"]
 
 
+def test_a_static_table_read_by_a_quantized_node_is_a_unit_too(cli, tmp_path: Path) -> None:
+    """A Gather whose output a quantized MatMul reads shares its table's scale (a static group,
+    not the gather form): the table is a unit as well, whose promotion is float. Before, the
+    search promoted every other unit and still shipped the int8 table ("best reachable: all
+    promoted", exit 1: piper's tashkeel)."""
+    rng = np.random.default_rng(8)
+    table = rng.normal(0, 0.5, (64, 16)).astype(np.float32)
+    table[0] = 300.0  # never read below, but it sets the table's one scale
+    w = rng.normal(0, 0.5, (16, 8)).astype(np.float32)
+    text = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int64[N, T] ids) => (float[N, T, 8] y) <float[64, 16] table = {V}, float[16, 8] w = {W}> {
+            e = Gather (table, ids)
+            y = MatMul (e, w)
+        }
+    """.replace("{V}", "{" + ", ".join(f"{v:.6f}" for v in table.ravel()) + "}").replace(
+        "{W}", "{" + ", ".join(f"{v:.6f}" for v in w.ravel()) + "}")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(8):
+        write_npz(data / f"{i}.npz", ids=np.random.default_rng(i).integers(1, 64, (2, 5)))
+    model = _model(tmp_path, text, "emb")
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data)
+    assert doc["verification"]["passed"]
+    assert doc["precision"]["promoted"]["Gather_0"]["precision"] == "float"
+    assert "Gather" not in doc["quantized"]
+
+
 def test_conv_stays_float_in_dynamic_mode(cli, tmp_path: Path) -> None:
     model = _model(tmp_path, CONV_GEMM, "cg")
     doc = _qcli_dynamic(cli, model, tmp_path / "q.onnx")

@@ -2,10 +2,11 @@
 
 A unit is one compute node the plan quantizes (Conv, MatMul, Gemm, Add, Mul, ...: the nodes
 onnxruntime fuses into an int8 kernel); data-movement nodes follow their neighbours through the
-shared-qparams groups; an embedding table stored int8 (the `gather` form) is a unit too, whose
-only promotion is float (its Gather computes nothing), and so is a node the config runs in
-float16/bfloat16 that computes (`half`: promoted, it runs in float32; data movement and clipping
-are exact in any float type, and the ops qcli.half keeps float32 by rule are float32 already).
+shared-qparams groups; an embedding table stored int8 (the `gather` form, or a static Gather
+sharing its table's scale) is a unit too, whose only promotion is float (its Gather computes
+nothing), and so is a node the config runs in float16/bfloat16 that computes (`half`: promoted,
+it runs in float32; data movement and clipping are exact in any float type, and the ops
+qcli.half keeps float32 by rule are float32 already).
 Nodes that read one constant weight (an unrolled decoder's steps sharing a cell's weights) are
 one unit, so that the weight is stored once, in one precision. A unit stays int8 (the config's
 default) or is promoted (`dynamic`: int8 weights, activations quantized at run time, for ops with
@@ -66,10 +67,14 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
     units: list[Unit] = []
     owner: dict[str, int] = {}  # weight -> the position in `units` of the first unit reading it
     half = set(plan.half)
+    tables = {g.constant for g in plan.groups if g.constant is not None}
     for d in plan.nodes:
         node = graph.node[d.index]
         rule = rule_for(node)
-        table = d.dynamic and plan.dynamic[d.index].form == "gather"
+        # an int8 embedding table: the dynamic config's gather form, or a static Gather sharing its
+        # constant table's scale (a group holding the table)
+        table = (plan.dynamic[d.index].form == "gather" if d.dynamic else
+                 d.quantized and not d.reason and node.op_type == "Gather" and node.input[0] in tables)
         if table:
             units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in node.output if t), table=True))
             continue
