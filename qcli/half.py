@@ -20,7 +20,9 @@ nodes and all) and says which of them stay float32, and why. Decisions:
   a constant it reads holds values the type cannot (beyond its largest; or values it rounds to
   zero, when that is all of its non-zero values, like a LayerNorm epsilon of 1e-12, or over 1% of
   them: a trained weight's few tiny values are lost harmlessly); it reduces more elements than its mantissa
-  can add exactly (2**(mantissa + 1): float16 2048, bfloat16 256) or a number of them not known.
+  can add exactly (2**(mantissa + 1): float16 2048, bfloat16 256) or a number of them not known;
+  it only moves or clips values (a data-movement op) and no input of it is written in the type
+  (its producers are float32: converting it would only round their values at its Cast).
 Without a calibration table, the value rules are not applied (the summary says so).
 """
 
@@ -38,7 +40,7 @@ from qcli.calibrate.table import CalibrationTable
 from qcli.graph import GraphIndex
 from qcli.model import opset_version
 from qcli.plan.context import node_names
-from qcli.rules import FLOAT32_IN_HALF, HALF_REDUCTIONS
+from qcli.rules import FLOAT32_IN_HALF, HALF_REDUCTIONS, rule_for
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ def to_half(model: onnx.ModelProto, wanted: Collection[str], kind: str,
     asked = [i for i, n in enumerate(out.graph.node) if n.output and n.output[0] in wanted]
     in_subgraphs = _read_in_subgraphs(out)
     kept = {i: why for i in asked if (why := _why_float32(out, index, i, half, table, in_subgraphs))}
+    kept.update(_moving_float32(out, index, asked, kept))
     flips = _flips(out, index, [i for i in asked if i not in kept], half, kept)
     result = HalfResult(out, kind, ranges_checked=table is not None)
     result.casts = _rewrite(out, index, flips, half)
@@ -150,6 +153,31 @@ def _why_float32(model: onnx.ModelProto, index: GraphIndex, i: int, half: HalfTy
         if length > half.reduction:
             return f"a reduction over {length} values ({half.name} adds {half.reduction} exactly)"
     return ""
+
+
+MOVES_FLOAT32 = "moves float32 values (no input written in the half type): converting would only round them"
+
+
+def _moving_float32(model: onnx.ModelProto, index: GraphIndex, asked: list[int], kept: Mapping[int, str]
+                    ) -> dict[int, str]:
+    """The data-movement and clipping nodes among `asked` (graph order) that read no value a
+    converted node writes and no float constant: in the type they would compute nothing, only
+    round float32 values at their Cast (a region's float32 neighbours promoted, say)."""
+    written: set[str] = set()  # tensors the converted nodes write
+    found: dict[int, str] = {}
+    for i in asked:
+        node = model.graph.node[i]
+        if i in kept:
+            continue
+        rule = rule_for(node)
+        if rule is not None and rule.kind in ("shares", "fold"):
+            reads = [t for k, t in enumerate(node.input) if t and k not in rule.bounds]
+            constant = any(t in index.initializers and index.initializers[t].data_type == _FLOAT for t in reads)
+            if not constant and not written.intersection(reads):
+                found[i] = MOVES_FLOAT32
+                continue
+        written.update(t for t in node.output if t)
+    return found
 
 
 def _unrepresentable(init: onnx.TensorProto, half: HalfType) -> str:

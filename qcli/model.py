@@ -216,12 +216,24 @@ def _loads_as_twin(path: Path) -> bool:
             a.name == "to" and a.i == onnx.TensorProto.BFLOAT16 for n in model.graph.node for a in n.attribute):
         return False
     try:
-        onnx.checker.check_model(model, full_check=True)
+        onnx.checker.check_model(_types_only(model), full_check=True)
         twin = emulated(model)
         return twin is not None and bool(ort.InferenceSession(twin.SerializeToString(),
                                                               providers=["CPUExecutionProvider"]))
     except Exception:  # the type check's or onnxruntime's: the model is not fit either way
         return False
+
+
+def _types_only(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with the shapes of its outputs and intermediate values inferred again (types
+    kept): onnx's full check then checks types, not an exporter's stale output shape (ddddocr
+    declares [1, N] for a [T, N, C] output, which onnxruntime merges leniently)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.value_info[:]
+    for value in out.graph.output:
+        value.type.tensor_type.ClearField("shape")
+    return onnx.shape_inference.infer_shapes(out)
 
 
 def tensor_from_attribute(node: onnx.NodeProto) -> onnx.TensorProto | None:

@@ -203,3 +203,37 @@ def test_auto_precision_tries_float16_before_float(cli, tmp_path: Path) -> None:
         assert precisions == ({"float16"} if name == "half" else {"float"})
         sizes[name] = doc["bytes_after"]
     assert sizes["float"] / sizes["half"] > 1.3
+
+
+def test_data_movement_between_float32_nodes_stays_float32() -> None:
+    """A Transpose reading only what a float32 node writes would compute nothing in float16,
+    only round its input at a Cast: it stays float32; the MatMul after it converts."""
+    model = onnx.shape_inference.infer_shapes(parse_model("""
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[2, 4] x) => (float[4, 3] y) <float[2, 3] w = {0.5, -1, 2, 0.25, 1.5, -0.75}> {
+    e = Exp (x)
+    t = Transpose (e)
+    y = MatMul (t, w)
+}"""))
+    result = to_half(model, {n.output[0] for n in model.graph.node}, "float16")
+    assert result.converted == ["MatMul_2"]
+    assert result.kept == {
+        "Exp_0": "Exp overflows float16 above 11 and loses its small values",
+        "Transpose_1": "moves float32 values (no input written in the half type): converting would only round them",
+    }
+
+
+def test_a_stale_output_shape_does_not_fail_the_bfloat16_check(cli, tmp_path: Path) -> None:
+    """The model declares y as [1, 4] where it is [4, N] (an exporter's stale annotation, which
+    onnxruntime merges leniently): the bfloat16 model's type check re-infers the shapes instead
+    of failing on it (ddddocr: exit 3 before)."""
+    model = save(parse_model("""
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[N, 4] x) => (float[1, 4] y) <float[4, 4] w = {0.5, -1, 2, 0.25, 1.5, -0.75, 1, 2, -2, 0.125, 3, -1, 1, 1, 1, 1}> {
+    m = MatMul (x, w)
+    e = Exp (m)
+    y = Transpose (e)
+}"""), tmp_path / "stale.onnx")
+    data = normal_folder(tmp_path / "data", 16, x=(4,))
+    doc = cli.json("quantize", model, "-o", tmp_path / "bf.onnx", "--data", data, "--config", "bfloat16")
+    assert doc["half"]["converted"] == 1 and doc["verification"]["passed"]
