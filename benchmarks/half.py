@@ -66,6 +66,7 @@ def row(name: str, kind: str, work: Path) -> tuple[str, ...]:
     half = doc.get("half", {})
     kept = half.get("kept_float32", {})
     reasons = Counter(_category(why) for why in kept.values())
+    promoted = len((doc.get("precision") or {}).get("promoted", {}))  # by the rescue, to float32
     found = heldout.held_out(model, out, folders["holdout"])
     figures = "\n".join(heldout.figure(v.metric, v.output, v.value, v.interval, v.samples, v.value >= v.floor)
                         for v in found)
@@ -73,6 +74,7 @@ def row(name: str, kind: str, work: Path) -> tuple[str, ...]:
     bad = non_finite(out, folders["holdout"])
     return (name, f"exit {code}, {took:.0f} s\n{doc['compression']:.2f}x smaller",
             f"{half.get('converted', 0)} nodes, {half.get('casts', 0)} Casts\n{len(kept)} kept float32"
+            + (f", {promoted} promoted to float32 by the rescue" if promoted else "")
             + "".join(f"\n  {n} {r}" for r, n in sorted(reasons.items())),
             f"{figures}\n{holds}", f"{bad}")
 

@@ -134,14 +134,15 @@ def figure(metric: str, output: str | None, value: float, interval, samples, pas
     return f"{metric} ({output}) {value:.4f}{within}{mark}"
 
 
-def row(name: str, model: Path, work: Path, folds: int | None) -> tuple[str, str, str, str]:
+def row(name: str, model: Path, work: Path, folds: int | None, method: str | None) -> tuple[str, str, str, str]:
     folders = MODELS[name][1](work / "inputs")
     counts = ", ".join(f"{split} {len(list(folder.glob('*.np[yz]')))}" for split, folder in folders.items())
     out = work / f"{name}.onnx"
     config = None
-    if folds is not None:
-        config = work / "folds.yaml"
-        config.write_text(f"version: 1\nverify: {{folds: {folds}}}\n")
+    if folds is not None or method is not None:
+        config = work / "config.yaml"
+        config.write_text("version: 1\n" + (f"verify: {{folds: {folds}}}\n" if folds is not None else "")
+                          + (f"calibration: {{method: {method}}}\n" if method is not None else ""))
     began = time.perf_counter()
     code, doc, error = run_qcli(model, folders["calib"], out, config)
     took = time.perf_counter() - began
@@ -167,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--folds", type=int, default=None, help="verify.folds for qcli (default: qcli's)")
+    parser.add_argument("--method", choices=["minmax", "percentile", "kl", "mse"], default=None,
+                        help="calibration.method for qcli (default: qcli's)")
     args = parser.parse_args(argv)
     from rich.table import Table
 
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"(`make real-models`; Debian: apt-get install espeak-ng)[/yellow]")
                 continue
             began = time.perf_counter()
-            table.add_row(*row(name, model, Path(tmp) / name, args.folds), end_section=True)
+            table.add_row(*row(name, model, Path(tmp) / name, args.folds, args.method), end_section=True)
             console.print(f"{name}: {time.perf_counter() - began:.0f} s")
     console.print(table)
     console.print(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
