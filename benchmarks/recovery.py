@@ -23,11 +23,13 @@ into calib/, verify/ and holdout/ with nothing in common):
 
 Rows (`ROWS`, one `Variant` each: a key for --rows, a label, and what writes the model): float;
 `qcli quantize M -o OUT --data calib --no-verify` (all int8); int8 weights with float
-activations; all int8 with equalization and bias correction; the default path (`--data calib
---eval-data verify`: verification, then rescue); `--config dynamic --eval-data verify` (no
-calibration data); onnxruntime's `quant_pre_process` + `quantize_static` (QDQ, per channel,
-MinMax, QUInt8 activations, QInt8 weights, the same calibration samples; a model of opset < 13
-converted to 13 first, as per-channel QDQ needs) and `quantize_dynamic(per_channel=True)` (on
+activations; all int8 with equalization and bias correction; all int8 with SmoothQuant and bias
+correction; all int8 with mse ranges; int8 weights with 16-bit activations; the default path
+(`--data calib --eval-data verify`: verification, then rescue); the default path with mse
+ranges; `--config dynamic --eval-data verify` (no calibration data); onnxruntime's
+`quant_pre_process` + `quantize_static` (QDQ, per channel, MinMax, QUInt8 activations, QInt8
+weights, the same calibration samples; a model of opset < 13 converted to 13 first, as
+per-channel QDQ needs) and `quantize_dynamic(per_channel=True)` (on
 `quant_pre_process`'s output where the model as exported fails; both noted). When qcli exits 1
 (a floor missed) it has written the best model it found: that model is measured, the exit noted.
 A qcli row may carry a YAML config text
