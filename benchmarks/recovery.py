@@ -16,7 +16,8 @@ into calib/, verify/ and holdout/ with nothing in common):
   other one upside down (labelled); ddddocr: ddddocr's CNN + LSTM recognizer on drawn captchas.
   Recognizers: the share of lines whose CTC-decoded string (argmax per step, repeats
   collapsed, blank 0 dropped) is float's;
-* silero-vad: Silero VAD (LSTM state in and out) on sentences spoken by espeak-ng (on PATH),
+* silero-vad: Silero VAD (LSTM state in and out) on sentences spoken by espeak-ng (the program
+  on PATH, or piper's bundled library: `inputs.can_speak`),
   run as Silero runs it: 512-sample chunks in order, each model carrying its own state over
   the held-out stream; the share of chunks whose speech decision (probability > 0.5) is
   float's. Skipped, with a message, where espeak-ng is missing.
@@ -47,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -91,7 +91,7 @@ class Task:
     metric: str  # a key of METRICS
     calib_per_call: int = 1  # onnxruntime calibration samples per reader call (1: shapes vary, or a state input)
     state: tuple[str, str] | None = None  # (state input, state output): run the held-out samples as one stream
-    needs: str | None = None  # a program the input writer runs
+    needs: str | None = None  # what the input writer needs (espeak-ng: the program or piper's library)
 
 
 TASKS = {t.name: t for t in (
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models:
             task = TASKS[name]
             missing = [str(task.model)] if not task.model.is_file() else []
-            missing += [task.needs] if task.needs and shutil.which(task.needs) is None else []
+            missing += [task.needs] if task.needs == "espeak-ng" and not inputs.can_speak() else []
             if missing:
                 console.print(f"[yellow]skipped {name}: {', '.join(missing)} not found "
                               f"(`make real-models`; Debian: apt-get install espeak-ng)[/yellow]")

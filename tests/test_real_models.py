@@ -21,7 +21,6 @@ speech: skipped without espeak-ng) are checked against the float models they fee
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import string
 import sys
 from pathlib import Path
@@ -371,7 +370,7 @@ def test_trained_depthwise_cnn_quantizes_by_default(cli, tmp_path: Path) -> None
 
 recovery = _bench_module("recovery")
 fonts = pytest.mark.skipif(not inputs.FONTS, reason="no TrueType fonts under /usr/share/fonts")
-espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="no espeak-ng on PATH")
+espeak = pytest.mark.skipif(not inputs.can_speak(), reason="no espeak-ng (program on PATH, or piper's library)")
 
 
 def texts(folder: Path, name: str) -> list[str]:
