@@ -28,7 +28,7 @@ Without a calibration table, the value rules are not applied (the summary says s
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Container, Mapping
 from dataclasses import dataclass, field
 
 import ml_dtypes
@@ -158,24 +158,30 @@ def _why_float32(model: onnx.ModelProto, index: GraphIndex, i: int, half: HalfTy
 MOVES_FLOAT32 = "moves float32 values (no input written in the half type): converting would only round them"
 
 
+def moves_only(node: onnx.NodeProto, float_constants: Container[str]) -> bool:
+    """Whether `node` only moves or clips values (a data-movement, clipping or shape-reading op)
+    and reads no float constant but a clip bound: exact in any float type."""
+    rule = rule_for(node)
+    if rule is None or rule.kind == "compute":
+        return False
+    return not any(t in float_constants for k, t in enumerate(node.input) if k not in rule.bounds)
+
+
 def _moving_float32(model: onnx.ModelProto, index: GraphIndex, asked: list[int], kept: Mapping[int, str]
                     ) -> dict[int, str]:
-    """The data-movement and clipping nodes among `asked` (graph order) that read no value a
-    converted node writes and no float constant: in the type they would compute nothing, only
-    round float32 values at their Cast (a region's float32 neighbours promoted, say)."""
+    """The nodes among `asked` (graph order) that only move values (`moves_only`) and read no
+    value a converted node writes: in the type they would compute nothing, only round float32
+    values at their Cast (a region's float32 neighbours promoted, say)."""
+    float_constants = {name for name, t in index.initializers.items() if t.data_type == _FLOAT}
     written: set[str] = set()  # tensors the converted nodes write
     found: dict[int, str] = {}
     for i in asked:
         node = model.graph.node[i]
         if i in kept:
             continue
-        rule = rule_for(node)
-        if rule is not None and rule.kind in ("shares", "fold"):
-            reads = [t for k, t in enumerate(node.input) if t and k not in rule.bounds]
-            constant = any(t in index.initializers and index.initializers[t].data_type == _FLOAT for t in reads)
-            if not constant and not written.intersection(reads):
-                found[i] = MOVES_FLOAT32
-                continue
+        if moves_only(node, float_constants) and not written.intersection(node.input):
+            found[i] = MOVES_FLOAT32
+            continue
         written.update(t for t in node.output if t)
     return found
 

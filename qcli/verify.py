@@ -413,7 +413,10 @@ class Why(Enum):
     UNMEASURED = "unmeasured"  # the budget ran out before it was measured: promoted by rank
 
 
-_IN_PLAN = {Why.FASTER: "faster in float", Why.SENSITIVE: "sensitive to 8 bits"}  # else "promoted"
+def _in_plan(why: Why, was: str) -> str:
+    """Why the search promoted a node that ran in `was` ("8 bits", "float16"), as the plan's
+    node table says it."""
+    return {Why.FASTER: "faster in float", Why.SENSITIVE: f"sensitive to {was}"}.get(why, "promoted")
 
 
 def _whys(found: SearchResult) -> dict[str, tuple[Why, str]]:
@@ -455,6 +458,6 @@ def _explain(outcome: Outcome, whys: dict[str, tuple[Why, str]], half: set[str])
     `half`: the units that were float16/bfloat16."""
     for k, d in enumerate(outcome.result.plan.nodes):
         if outcome.promoted.get(d.name) == "float":
-            why = _IN_PLAN.get(whys[d.name][0], "promoted") if d.name in whys else "promoted"
-            why = why.replace("8 bits", str(outcome.config.half)) if d.name in half else why
+            was = str(outcome.config.half) if d.name in half else "8 bits"
+            why = _in_plan(whys[d.name][0], was) if d.name in whys else "promoted"
             outcome.result.plan.nodes[k] = replace(d, reason=f"{why} (precision search)")

@@ -26,6 +26,7 @@ from typing import Literal
 import onnx
 
 from qcli.config import HALF_PRECISIONS, ActivationDtype, Activations, Config, Match, Override, Weights
+from qcli.half import moves_only
 from qcli.plan import Plan
 from qcli.rules import FLOAT32_IN_HALF, dynamic_rule, rule_for
 
@@ -67,6 +68,7 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
     units: list[Unit] = []
     owner: dict[str, int] = {}  # weight -> the position in `units` of the first unit reading it
     half = set(plan.half)
+    float_constants = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
     tables = {g.constant for g in plan.groups if g.constant is not None}
     for d in plan.nodes:
         node = graph.node[d.index]
@@ -79,7 +81,7 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
             units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in node.output if t), table=True))
             continue
         if d.index in half:
-            if _rounds_in_half(node, inits):
+            if _rounds_in_half(node, float_constants):
                 units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in node.output if t), half=True))
             continue
         if not d.quantized or d.reason or rule is None or rule.kind != "compute":
@@ -102,15 +104,14 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
     return units
 
 
-def _rounds_in_half(node: onnx.NodeProto, inits: set[str]) -> bool:
-    """Whether a node run in float16/bfloat16 rounds anything float32 would not: it computes, or
-    reads a constant (stored in the half type); data movement, clipping and shape reading of
-    activations are exact. Not an op qcli.half keeps float32 by rule, nor control flow."""
-    rule = rule_for(node)
+def _rounds_in_half(node: onnx.NodeProto, float_constants: set[str]) -> bool:
+    """Whether a node run in float16/bfloat16 rounds anything float32 would not: it does more than
+    move values (`qcli.half.moves_only`), and is neither an op qcli.half keeps float32 by rule nor
+    control flow."""
     graphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
     if node.op_type in FLOAT32_IN_HALF or any(a.type in graphs for a in node.attribute):
         return False
-    return rule is None or rule.kind == "compute" or any(t in inits for t in node.input)
+    return not moves_only(node, float_constants)
 
 
 def alone(plan: Plan, model: onnx.ModelProto, unit: Unit) -> Plan:
@@ -123,9 +124,9 @@ def alone(plan: Plan, model: onnx.ModelProto, unit: Unit) -> Plan:
     mine = {d.index for d in plan.nodes if d.name in unit.nodes or d.folded_into in unit.nodes}
     graph = model.graph
     if unit.half:
+        touched = {t for i in mine for t in (*graph.node[i].input, *graph.node[i].output)}
         return replace(plan, groups=[], weights={}, biases={}, dynamic={}, half=sorted(mine),
-                       half_tensors=[t for t in plan.half_tensors if t in unit.tensors or
-                                     any(t in graph.node[i].input for i in mine)])
+                       half_tensors=[t for t in plan.half_tensors if t in touched])
     reads = {t for i in mine for t in graph.node[i].input if t}
     writes = unit.tensors - reads
     groups = [replace(g, tensors=kept, constant=g.constant if g.constant in kept else None)
