@@ -14,8 +14,10 @@ nodes and all) and says which of them stay float32, and why. Decisions:
   (Resize's scales) stay float32.
 - A node stays float32, with its reason, when: its op is in `rules.FLOAT32_IN_HALF` (Exp, Log,
   Pow, normalisation statistics, Q/DQ); it holds a subgraph, or a subgraph reads its output (the
-  subgraph is not converted); an attribute sets its output type (RandomNormal's dtype); a value it
-  reads or writes reached a quarter of the type's largest value in calibration
+  subgraph is not converted: loop-carried types must match; but the float constants only such a
+  node and converted nodes read are stored in the half type, one Cast to float32 outside the
+  loop); an attribute sets its output type (RandomNormal's dtype); a value it reads or writes
+  reached a quarter of the type's largest value in calibration
   (float16: 16376 of 65504; a quarter leaves two bits of headroom for inputs calibration never saw);
   a constant it reads holds values the type cannot (beyond its largest; or values it rounds to
   zero, when that is all of its non-zero values, like a LayerNorm epsilon of 1e-12, or over 1% of
@@ -115,7 +117,8 @@ def to_half(model: onnx.ModelProto, wanted: Collection[str], kind: str,
     kept.update(_moving_float32(out, index, asked, kept))
     flips = _flips(out, index, [i for i in asked if i not in kept], half, kept)
     result = HalfResult(out, kind, ranges_checked=table is not None)
-    result.casts = _rewrite(out, index, flips, half)
+    control = {i for i in asked if subgraph_reads(out.graph.node[i])}
+    result.casts = _rewrite(out, index, flips, half, control)
     result.converted = [names[i] for i in sorted(flips) if flips[i]]
     result.kept = {names[i]: why for i, why in sorted(kept.items())}
     return result
@@ -131,7 +134,7 @@ def _why_float32(model: onnx.ModelProto, index: GraphIndex, i: int, half: HalfTy
     if node.domain not in ("", "ai.onnx"):
         return f"{node.domain} op"
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
-        return "control flow: its subgraphs stay float32"
+        return f"control flow: its subgraphs compute in float32 (constants only they read: stored in {half.name})"
     if node.op_type in _TYPED_BY_ATTRIBUTE:
         return "an attribute sets its output type"
     if set(node.output) & in_subgraphs:
@@ -261,20 +264,27 @@ def _int_attr(node: onnx.NodeProto, name: str, default: int) -> int:
 
 def _read_in_subgraphs(model: onnx.ModelProto) -> set[str]:
     """Names the main graph's subgraphs read (from the outer scope, or their own)."""
+    return {t for node in model.graph.node for t in subgraph_reads(node)}
+
+
+def subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """The names `node`'s subgraphs (nested ones too) read or give as outputs, from the outer
+    scope or their own: ONNX names are unique across scopes, so an outer constant read here is
+    among them."""
     names: set[str] = set()
-    for node in model.graph.node:
-        for a in node.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                names |= {t for n in _all_nodes(g) for t in n.input}
+    for g in _subgraphs(node):
+        names.update(t for n in g.node for t in n.input if t)
+        names.update(o.name for o in g.output)
     return names
 
 
-def _all_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for a in node.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                yield from _all_nodes(g)
+def _subgraphs(node: onnx.NodeProto):
+    """`node`'s subgraphs, and theirs."""
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            yield g
+            for inner in g.node:
+                yield from _subgraphs(inner)
 
 
 # --------------------------------------------------------------------------- type variables
@@ -348,18 +358,26 @@ def _name(node: onnx.NodeProto, place: tuple[bool, int]) -> str:
 
 # --------------------------------------------------------------------------- rewriting
 
-def _rewrite(model: onnx.ModelProto, index: GraphIndex, flips: Flips, half: HalfType) -> int:
+def _rewrite(model: onnx.ModelProto, index: GraphIndex, flips: Flips, half: HalfType, control: Container[int]) -> int:
     """Apply `flips`: retype what the converted nodes write, store in the half type the constants
     only they read, and add one Cast per tensor and direction where the types meet (a Cast node
-    reads either type as it is); the number of Casts added."""
+    reads either type as it is); the number of Casts added. The `control` nodes (control flow
+    asked for) and their subgraphs compute in float32: a constant only they and converted nodes
+    read is stored in the half type too, and they read it through one Cast to float32 in the main
+    graph (run once, outside any Loop)."""
     graph = model.graph
     written = {graph.node[i].output[k] for i, places in flips.items() for is_out, k in places if is_out}
     reads = [(i, k, name, (False, k) in flips.get(i, ())) for i, node in enumerate(graph.node)
              if node.op_type != "Cast" for k, name in enumerate(node.input) if name]
-    float_reads = {name for _, _, name, flipped in reads if not flipped} | set(index.outputs)
-    stored = {name for _, _, name, flipped in reads if flipped and name not in float_reads
-              and name in index.initializers and name not in index.inputs
-              and index.initializers[name].data_type == _FLOAT}
+    inner = [(i, name) for i, node in enumerate(graph.node) for name in sorted(subgraph_reads(node))
+             if name in index.initializers]
+    float_reads = ({name for i, _, name, flipped in reads if not flipped and i not in control}
+                   | {name for i, name in inner if i not in control} | set(index.outputs))
+    flexible = {name for i, _, name, _ in reads if i in control} | {name for i, name in inner if i in control}
+    floats = {name for name, t in index.initializers.items() if t.data_type == _FLOAT and name not in index.inputs}
+    stored = {name for _, _, name, flipped in reads if flipped and name not in float_reads and name in floats}
+    stored |= {name for name in flexible - float_reads if name in floats
+               and not _unrepresentable(index.initializers[name], half)}
     for init in graph.initializer:
         if init.name in stored:
             init.CopyFrom(numpy_helper.from_array(
@@ -374,6 +392,9 @@ def _rewrite(model: onnx.ModelProto, index: GraphIndex, flips: Flips, half: Half
             graph.node[i].input[k] = new
         elif name in renamed:
             graph.node[i].input[k] = renamed[name]
+    for i, name in inner:
+        if name in stored:
+            _rename_inside(graph.node[i], name, casts.setdefault((name, _FLOAT), f"{name}/float32"))
     for name in renamed:
         casts[(name, _FLOAT)] = name  # the graph output, float32 again
     _retype(model, flips, half)
@@ -387,6 +408,16 @@ def _rewrite(model: onnx.ModelProto, index: GraphIndex, flips: Flips, half: Half
     _insert(graph, index, nodes)
     _retype_value_info(model, written - set(renamed), half)
     return len(casts)
+
+
+def _rename_inside(node: onnx.NodeProto, old: str, new: str) -> None:
+    """Make `node`'s subgraphs (nested ones too) read the outer value `old` as `new`."""
+    for g in _subgraphs(node):
+        for inner in g.node:
+            inner.input[:] = [new if name == old else name for name in inner.input]
+        for output in g.output:
+            if output.name == old:
+                output.name = new
 
 
 def _retype(model: onnx.ModelProto, flips: Flips, half: HalfType) -> None:

@@ -227,13 +227,18 @@ def _loads_as_twin(path: Path) -> bool:
 def _types_only(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` with the shapes of its outputs and intermediate values inferred again (types
     kept): onnx's full check then checks types, not an exporter's stale output shape (ddddocr
-    declares [1, N] for a [T, N, C] output, which onnxruntime merges leniently)."""
+    declares [1, N] for a [T, N, C] output, which onnxruntime merges leniently). An output whose
+    shape inference cannot tell (an If's, say) keeps the declared one: the check needs a shape."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     del out.graph.value_info[:]
     for value in out.graph.output:
         value.type.tensor_type.ClearField("shape")
-    return onnx.shape_inference.infer_shapes(out)
+    out = onnx.shape_inference.infer_shapes(out)
+    for value, declared in zip(out.graph.output, model.graph.output, strict=True):
+        if not value.type.tensor_type.HasField("shape") and declared.type.tensor_type.HasField("shape"):
+            value.type.tensor_type.shape.CopyFrom(declared.type.tensor_type.shape)
+    return out
 
 
 def tensor_from_attribute(node: onnx.NodeProto) -> onnx.TensorProto | None:

@@ -175,7 +175,9 @@ g (float[N, 8] x) => (float[N, 8] y) <float big = {2048}, float half = {0.5}> {
     assert doc["verification"]["passed"], doc["notes"]
     promoted = {n: p["precision"] for n, p in doc["precision"]["promoted"].items()}
     assert promoted == {"Add_0": "float", "Sub_1": "float"}
-    assert doc["precision"]["steps"][0]["action"] == "as configured (16-bit float)"
+    actions = [step["action"] for step in doc["precision"]["steps"]]
+    assert actions[0] == "as configured (16-bit float)"
+    assert "back to 16-bit float" in actions and "back to int8" not in actions  # the prune
     assert doc["half"]["nodes"] == {"Mul": 1}
     assert {r["op_type"]: r["reason"] for r in doc["float"]} == {
         "Add": "promoted (precision search)", "Sub": "promoted (precision search)"}
@@ -237,3 +239,99 @@ g (float[N, 4] x) => (float[1, 4] y) <float[4, 4] w = {0.5, -1, 2, 0.25, 1.5, -0
     data = normal_folder(tmp_path / "data", 16, x=(4,))
     doc = cli.json("quantize", model, "-o", tmp_path / "bf.onnx", "--data", data, "--config", "bfloat16")
     assert doc["half"]["converted"] == 1 and doc["verification"]["passed"]
+
+
+LOOP = """
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[2, 4] x) => (float[2, 4] y, float[4, 4] v)
+    <float[4, 4] w = {0.5, -1, 2, 0.25, 1.5, -0.75, 1, 2, -2, 0.125, 3, -1, 1, 0.3, 0.1, 0.7},
+     float[4, 4] k = {0.1, 0.2, -0.3, 0.4, 0.5, -0.6, 0.7, 0.8, -0.9, 1, 0.1, -0.2, 0.3, 0.4, 0.5, 0.6},
+     int64 n = {3}, bool c = {1}> {
+    m = MatMul (x, w)
+    y, v = Loop (n, c, m, k) <body = step (int64 i, bool cond, float[2, 4] h, float[4, 4] kk)
+                                  => (bool more, float[2, 4] hn, float[4, 4] kn) {
+        more = Identity (cond)
+        p = MatMul (h, w)
+        q = MatMul (p, kk)
+        hn = Tanh (q)
+        kn = Identity (kk)
+    }>
+}
+"""
+
+
+def test_the_weights_a_loop_reads_are_stored_in_float16() -> None:
+    """The Loop computes in float32, but the constants only it and converted nodes read are
+    stored in float16 (nakdimon's LSTM weights, 1.02x smaller before): `w`, read in the body from
+    the outer scope and by the MatMul before it, and `k`, a loop-carried input; each reaches the
+    Loop through one Cast to float32 in the main graph. A Loop not asked for keeps them float32."""
+    model = onnx.shape_inference.infer_shapes(parse_model(LOOP))
+    x = np.random.default_rng(0).normal(0, 1, (2, 4)).astype(np.float32)
+    result = to_half(model, {n.output[0] for n in model.graph.node}, "float16")
+    assert result.converted == ["MatMul_0"]
+    assert result.kept == {"Loop_1": "control flow: its subgraphs compute in float32 (constants only they read: "
+                                     "stored in float16)"}
+    graph = result.model.graph
+    assert {t.name: t.data_type for t in graph.initializer if t.name in "wk"} == {
+        "w": onnx.TensorProto.FLOAT16, "k": onnx.TensorProto.FLOAT16}
+    casts = sorted((n.input[0], n.output[0]) for n in graph.node if n.op_type == "Cast")
+    assert casts == [("k", "k/float32"), ("m", "m/float32"), ("w", "w/float32"), ("x", "x/float16")]
+    loop = next(n for n in graph.node if n.op_type == "Loop")
+    assert loop.input[3] == "k/float32"
+    assert [n.input[1] for n in loop.attribute[0].g.node if n.op_type == "MatMul"] == ["w/float32", "kk"]
+    onnx.checker.check_model(result.model, full_check=True)
+    got, want = _run(result.model, x=x), _run(model, x=x)
+    np.testing.assert_allclose(got[0], want[0], atol=5e-3)
+    assert not np.array_equal(got[1], want[1])  # k rounded to float16 and widened
+    np.testing.assert_array_equal(got[1], want[1].astype(np.float16).astype(np.float32))
+    alone = to_half(model, {"m"}, "float16")  # the Loop stays as it is: w and k stay float32
+    assert {t.name: t.data_type for t in alone.model.graph.initializer if t.name in "wk"} == {
+        "w": onnx.TensorProto.FLOAT, "k": onnx.TensorProto.FLOAT}
+    onnx.checker.check_model(alone.model, full_check=True)
+    np.testing.assert_allclose(_run(alone.model, x=x)[0], want[0], atol=5e-3)
+
+
+def test_the_rescue_takes_a_loop_whose_weights_float16_breaks_to_float32(cli, tmp_path: Path) -> None:
+    """The body subtracts h from h @ w, w ~ identity + 1e-3: w rounded to float16 loses most of
+    the difference, so the Loop (which stores w in float16) is a unit the rescue promotes."""
+    model = save(parse_model("""
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[N, 4] x) => (float[N, 4] y)
+    <float[4, 4] w = {1.0004, 0, 0, 0, 0, 1.0008, 0, 0, 0, 0, 1.0012, 0, 0, 0, 0, 1.0016},
+     int64 n = {1}, bool c = {1}, float s = {0.5}> {
+    m = Mul (x, s)
+    y = Loop (n, c, m) <body = step (int64 i, bool cond, float[N, 4] h) => (bool more, float[N, 4] hn) {
+        more = Identity (cond)
+        p = MatMul (h, w)
+        hn = Sub (p, h)
+    }>
+}"""), tmp_path / "loop.onnx")
+    data = normal_folder(tmp_path / "data", 64, x=(4,))
+    doc = cli.json("quantize", model, "-o", tmp_path / "loop16.onnx", "--data", data, "--config", "float16")
+    assert doc["verification"]["passed"], doc["notes"]
+    assert {n: p["precision"] for n, p in doc["precision"]["promoted"].items()} == {"Loop_1": "float"}
+    assert doc["half"]["nodes"] == {"Mul": 1}
+    types = {t.name: t.data_type for t in onnx.load(str(tmp_path / "loop16.onnx")).graph.initializer}
+    assert types["w"] == onnx.TensorProto.FLOAT
+
+
+def test_an_output_shape_inference_cannot_tell_keeps_the_declared_one_in_the_check(cli, tmp_path: Path) -> None:
+    """y comes from an If whose then-branch squeezes axes computed at run time (no shape to
+    infer): the bfloat16 model's type check keeps y's declared shape instead of failing without
+    one (Silero VAD: exit 3 before)."""
+    model = parse_model("""
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[N, 4] x) => (float[N, 4] y) <float[4, 4] w = {0.5, -1, 2, 0.25, 1.5, -0.75, 1, 2, -2, 0.125, 3, -1, 1, 1, 1, 1},
+                                       float low = {-1000}, int64[1] one = {1}> {
+    m = MatMul (x, w)
+    top = ReduceMax (x)
+    c = Greater (top, low)
+    y = If (c) <then_branch = yes () => (float a) { u = Unsqueeze (m, one) ax = Identity (one) a = Squeeze (u, ax) },
+                else_branch = no () => (float b) { b = Neg (m) }>
+}""")
+    for branch in model.graph.node[-1].attribute:
+        branch.g.output[0].type.tensor_type.ClearField("shape")  # the text format writes rank 0
+    path = save(model, tmp_path / "if.onnx")
+    data = normal_folder(tmp_path / "data", 16, x=(4,))
+    doc = cli.json("quantize", path, "-o", tmp_path / "bf.onnx", "--data", data, "--config", "bfloat16")
+    assert doc["half"]["nodes"] == {"ReduceMax": 1, "Greater": 1} and doc["verification"]["passed"]

@@ -124,6 +124,12 @@ class _Search:
         """Each unit's cheapest promotion (measured)."""
         return {u.node: self.costs[u.node][0] for u in self.units}
 
+    def back(self, nodes: Collection[str]) -> str:
+        """The prune's step text for taking `nodes` back to their configured precision."""
+        half = {u.node for u in self.units if u.half}.intersection(nodes)
+        return "back to int8" if not half else "back to 16-bit float" if len(half) == len(nodes) \
+            else "back to int8 / 16-bit float"
+
     def smaller(self, candidates: Collection[str] | None) -> dict[str, Choice]:
         """What the accuracy search tries each promoted unit in before float: dynamic for the
         units with a dynamic form (int8 weights, 4x smaller than float; a fixed rule, so timing
@@ -436,7 +442,7 @@ def _prune(s: _Search, ranking: _Promotions, chosen: Choices, order: list[str], 
         f = s.trials.fidelity(trial, quick=quick)
         ok = s.accurate(f)
         if cheaper is None:
-            s.log(StepKind.PRUNE, "back to int8", chunk, trial if ok else chosen, f, kept=ok, quick=quick)
+            s.log(StepKind.PRUNE, s.back(chunk), chunk, trial if ok else chosen, f, kept=ok, quick=quick)
         else:
             s.log(StepKind.CHEAPER, f"to {cheaper[chunk[0]]} (cheaper)", chunk, trial if ok else chosen, f, kept=ok,
                   quick=quick)

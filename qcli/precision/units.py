@@ -26,7 +26,7 @@ from typing import Literal
 import onnx
 
 from qcli.config import HALF_PRECISIONS, ActivationDtype, Activations, Config, Match, Override, Weights
-from qcli.half import moves_only
+from qcli.half import moves_only, subgraph_reads
 from qcli.plan import Plan
 from qcli.rules import FLOAT32_IN_HALF, dynamic_rule, rule_for
 
@@ -106,11 +106,13 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
 
 def _rounds_in_half(node: onnx.NodeProto, float_constants: set[str]) -> bool:
     """Whether a node run in float16/bfloat16 rounds anything float32 would not: it does more than
-    move values (`qcli.half.moves_only`), and is neither an op qcli.half keeps float32 by rule nor
-    control flow."""
-    graphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-    if node.op_type in FLOAT32_IN_HALF or any(a.type in graphs for a in node.attribute):
+    move values (`qcli.half.moves_only`) and is not an op qcli.half keeps float32 by rule; control
+    flow rounds the float constants its subgraphs read (stored in the type; they compute in float32)."""
+    if node.op_type in FLOAT32_IN_HALF:
         return False
+    reads = subgraph_reads(node)
+    if reads:
+        return not reads.isdisjoint(float_constants)
     return not moves_only(node, float_constants)
 
 
