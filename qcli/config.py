@@ -44,7 +44,7 @@ class Section(BaseModel):
 
 
 class Calibration(Section):
-    method: Method = "percentile"
+    method: Method = "mse"
     percentile: float = Field(99.999, gt=50, le=100)
     samples: int = Field(256, ge=1)
     batch_size: int = Field(8, ge=1)

@@ -59,7 +59,7 @@ def test_calibrate_then_quantize_from_python(tmp_path: Path) -> None:
     run = quantize_command(QuantizeFlags(MLP / "model.onnx", tmp_path / "q.onnx", calib=table))
     assert list(run.doc)[:4] == ["output", "method", "bytes_before", "bytes_after"]
     assert run.doc["activations"] == {"uint8": 3} and run.doc["weights"] == {"int8 per_channel": 3}
-    assert run.doc["method"] == "percentile" and run.doc["verification"] is None  # nothing to verify on
+    assert run.doc["method"] == "mse" and run.doc["verification"] is None  # nothing to verify on
     assert run.gate_error() is None and (tmp_path / "q.onnx").is_file()
     cnn = SAMPLE_MODELS / "cnn"  # slow enough for the latency floor to apply
     missed = quantize_command(QuantizeFlags(

@@ -44,7 +44,7 @@ def test_residual_block_is_quantized_fused_and_close(cli, residual, residual_dat
     meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
     assert meta["qcli.version"]
     assert json.loads(meta["qcli.config"])["activations"] == {"dtype": "uint8", "symmetric": False, "mode": "static"}
-    assert json.loads(meta["qcli.calibration"])["method"] == "percentile"
+    assert json.loads(meta["qcli.calibration"])["method"] == "mse"
 
 
 def test_output_is_deterministic_and_reproducible_from_the_calibration_file(

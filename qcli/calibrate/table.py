@@ -34,7 +34,7 @@ METHODS = ("minmax", "percentile", "kl", "mse")
 class RangeSettings:
     """What a range depends on besides the statistics: method, its parameters, the target."""
 
-    method: str = "percentile"
+    method: str = "mse"
     percentile: float = 99.999
     bins: int = 2048
     dtype: str = "uint8"
