@@ -1116,3 +1116,37 @@ def test_a_spatial_reduce_mean_runs_as_int8_global_average_pool(cli, tmp_path: P
     assert cli("quantize", model, "-o", out, "--data", data, "--no-verify").exit_code == 0
     counts = fused_op_counts(out, tmp_path)
     assert counts["QLinearGlobalAveragePool"] == 1 and counts["QLinearConv"] == 1 and "ReduceMean" not in counts
+
+
+def test_scales_and_shifts_fold_forward_into_the_conv_reading_them() -> None:
+    """An activation's `/ 6`, per-channel scale and scalar shift before an unpadded grouped Conv
+    fold into its weight and bias (PP-LCNetV3's blocks); a padded Conv takes a scale it reads
+    directly (0 * s = 0 at the border) but not a shift, which stays with the scale before it."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[2, 4, 8, 8] x) => (float[2, 6, 8, 8] y, float[2, 4, 8, 8] z, float[2, 2, 8, 8] q) {
+        [act] h = Relu (x)
+        [div] d = Div (h, six)
+        [scale] m = Mul (s, d)
+        [shift] a = Add (m, t)
+        [pointwise] y = Conv <group = 2> (a, w, b)
+        [act2] g = Sigmoid (x)
+        [scale2] n = Mul (g, s2)
+        [shift2] e = Add (n, t2)
+        [depthwise] z = Conv <pads = [1, 1, 1, 1], group = 4> (e, w2, b2)
+        [scale3] k = Mul (g, s3)
+        [padded] q = Conv <pads = [1, 1, 1, 1]> (k, w3)
+    }
+    """
+    model = build(text, six=np.float32(6), s=weights(1, 4, 1, 1, seed=4), t=np.float32(0.7),
+                  w=weights(6, 2, 1, 1), b=weights(6, seed=3), s2=weights(4, 1, 1, seed=5),
+                  t2=weights(1, 4, 1, 1, seed=6), w2=weights(4, 1, 3, 3, seed=7), b2=weights(4, seed=8),
+                  s3=weights(4, 1, 1, seed=9), w3=weights(2, 4, 3, 3, seed=10))
+    result = run_pass(canonicalize, model)
+    assert result.notes == ["folded 2 Mul nodes, 1 Div node, 1 Add node with per-channel constants into the Conv "
+                            "reading them"]
+    assert [(op, name, ins) for op, name, ins, _ in names_of(result.model)] == [
+        ("Relu", "act", ["x"]), ("Conv", "pointwise", ["h", "w", "b"]), ("Sigmoid", "act2", ["x"]),
+        ("Mul", "scale2", ["g", "s2"]), ("Add", "shift2", ["n", "t2"]), ("Conv", "depthwise", ["e", "w2", "b2"]),
+        ("Conv", "padded", ["g", "w3"])]
+    assert_same_outputs(model, result.model, **BN_TOLERANCE)

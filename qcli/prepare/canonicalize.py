@@ -8,6 +8,7 @@ onnxruntime's int8 kernels) know, main graph only:
     Identity(x) -> x
     Mul(P(...), c) -> P'(...)            c per-channel: [C,1,1], [1,C,1,1], [C], scalar...
     Add(P(...), c) -> P'(...)              P = Conv, ConvTranspose, Gemm or BatchNormalization
+    Conv(Mul(x, c)), Conv(Div(x, c)), Conv(Add(x, c)) -> Conv'(x)   forward (qcli/prepare/forward.py)
     ReduceMean(x, axes=[2..r-1]) -> GlobalAveragePool(x)   (keepdims=0: then Squeeze)
 
 The affine fold rewrites the producer's weight and bias (`batchnorm.scale_and_shift`):
@@ -66,6 +67,7 @@ from qcli.prepare._graph import (
     use_counts,
 )
 from qcli.prepare.batchnorm import output_channels, scale_and_shift
+from qcli.prepare.forward import fold_forward
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
 AFFINE_PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "BatchNormalization")
@@ -88,8 +90,9 @@ def canonicalize(model: onnx.ModelProto, options: Options = Options()) -> PassRe
     if removed["Identity"] - from_sums:
         notes.append(f"removed {plural(removed['Identity'] - from_sums, 'Identity node')}")
     folded = _fold_affine(model, notes)
+    forward = fold_forward(graph, notes)
     pools = _pool_means(model, notes)
-    modified = bool(rewritten or removed or folded or pools)
+    modified = bool(rewritten or removed or folded or forward or pools)
     if modified:
         remove_unused_initializers(graph)
         prune_value_info(graph)
