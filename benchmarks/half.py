@@ -7,7 +7,7 @@ judges int8), and whether any output is NaN or infinite.
     PYTHONPATH=. .venv/bin/python benchmarks/half.py --type bfloat16 --models encoder ocr-det
 
 The models, their input writers and the 32-sample calibration / held-out splits are
-benchmarks/heldout.py's. CPU measures the numbers only (qcli.half.emulated: each value rounded
+benchmarks/heldout.py's. CPU measures the numbers only (qcli.twin.emulated: each value rounded
 to the 16-bit type), not GPU speed. Nothing is asserted.
 """
 

@@ -112,13 +112,13 @@ def to_half(model: onnx.ModelProto, wanted: Collection[str], kind: str,
     index = GraphIndex.of(out)
     names = node_names(out)
     asked = [i for i, n in enumerate(out.graph.node) if n.output and n.output[0] in wanted]
-    in_subgraphs = _read_in_subgraphs(out)
+    inner = {i: reads for i, n in enumerate(out.graph.node) if (reads := subgraph_reads(n))}
+    in_subgraphs = set().union(*inner.values())
     kept = {i: why for i in asked if (why := _why_float32(out, index, i, half, table, in_subgraphs))}
     kept.update(_moving_float32(out, index, asked, kept))
     flips = _flips(out, index, [i for i in asked if i not in kept], half, kept)
     result = HalfResult(out, kind, ranges_checked=table is not None)
-    control = {i for i in asked if subgraph_reads(out.graph.node[i])}
-    result.casts = _rewrite(out, index, flips, half, control)
+    result.casts = _rewrite(out, index, flips, half, inner, inner.keys() & asked)
     result.converted = [names[i] for i in sorted(flips) if flips[i]]
     result.kept = {names[i]: why for i, why in sorted(kept.items())}
     return result
@@ -216,7 +216,7 @@ def _reduced_length(model: onnx.ModelProto, index: GraphIndex, node: onnx.NodePr
     if shape is None:
         return None
     if node.op_type == "Softmax":
-        axes = [_int_attr(node, "axis", -1 if opset_version(model) >= 13 else 1)]
+        axes = [int_attr(node, "axis", -1 if opset_version(model) >= 13 else 1)]
         if opset_version(model) < 13:
             axes = list(range(axes[0] % len(shape), len(shape)))
     else:
@@ -244,7 +244,7 @@ def _reduce_axes(node: onnx.NodeProto, index: GraphIndex, rank: int) -> list[int
             return None
         axes = [int(v) for v in numpy_helper.to_array(init).ravel()]
     if not axes:
-        return [] if _int_attr(node, "noop_with_empty_axes", 0) else list(range(rank))
+        return [] if int_attr(node, "noop_with_empty_axes", 0) else list(range(rank))
     return axes
 
 
@@ -258,13 +258,8 @@ def _shape(model: onnx.ModelProto, name: str, table: CalibrationTable | None) ->
     return list(observer.shape) if observer is not None and observer.shape is not None else None
 
 
-def _int_attr(node: onnx.NodeProto, name: str, default: int) -> int:
+def int_attr(node: onnx.NodeProto, name: str, default: int) -> int:
     return next((a.i for a in node.attribute if a.name == name), default)
-
-
-def _read_in_subgraphs(model: onnx.ModelProto) -> set[str]:
-    """Names the main graph's subgraphs read (from the outer scope, or their own)."""
-    return {t for node in model.graph.node for t in subgraph_reads(node)}
 
 
 def subgraph_reads(node: onnx.NodeProto) -> set[str]:
@@ -322,18 +317,18 @@ def _schema_flips(node: onnx.NodeProto, index: GraphIndex, opset: int,
                   half: HalfType) -> frozenset[tuple[bool, int]] | None:
     """The positions bound to a type variable that is float32 here and allows the half type;
     None when a float32-bound variable does not allow it."""
-    found = _type_variables(node, opset)
+    found = type_variables(node, opset)
     if found is None:
         return None
     allowed, places = found
-    floats = {var for var, at in places.items() if any(index.types.get(_name(node, p)) == _FLOAT for p in at)}
+    floats = {var for var, at in places.items() if any(index.types.get(place(node, p)) == _FLOAT for p in at)}
     wanted = f"tensor({half.name})"
     if any(wanted not in allowed[var] for var in floats):
         return None
     return frozenset(p for var in floats for p in places[var])
 
 
-def _type_variables(node: onnx.NodeProto, opset: int
+def type_variables(node: onnx.NodeProto, opset: int
                     ) -> tuple[dict[str, set[str]], dict[str, list[tuple[bool, int]]]] | None:
     """The node's type variables at `opset`: the types each allows, and the (is_output,
     position) each binds here; None for an op without a schema."""
@@ -352,16 +347,19 @@ def _type_variables(node: onnx.NodeProto, opset: int
     return allowed, places
 
 
-def _name(node: onnx.NodeProto, place: tuple[bool, int]) -> str:
-    return (node.output if place[0] else node.input)[place[1]]
+def place(node: onnx.NodeProto, at: tuple[bool, int]) -> str:
+    """The tensor at (is_output, position) of `node`."""
+    return (node.output if at[0] else node.input)[at[1]]
 
 
 # --------------------------------------------------------------------------- rewriting
 
-def _rewrite(model: onnx.ModelProto, index: GraphIndex, flips: Flips, half: HalfType, control: Container[int]) -> int:
+def _rewrite(model: onnx.ModelProto, index: GraphIndex, flips: Flips, half: HalfType,
+             subgraphs: Mapping[int, set[str]], control: Container[int]) -> int:
     """Apply `flips`: retype what the converted nodes write, store in the half type the constants
     only they read, and add one Cast per tensor and direction where the types meet (a Cast node
-    reads either type as it is); the number of Casts added. The `control` nodes (control flow
+    reads either type as it is); the number of Casts added. `subgraphs`: node -> the names its
+    subgraphs read (`subgraph_reads`). The `control` nodes (control flow
     asked for) and their subgraphs compute in float32: a constant only they and converted nodes
     read is stored in the half type too, and they read it through one Cast to float32 in the main
     graph (run once, outside any Loop)."""
@@ -369,8 +367,7 @@ def _rewrite(model: onnx.ModelProto, index: GraphIndex, flips: Flips, half: Half
     written = {graph.node[i].output[k] for i, places in flips.items() for is_out, k in places if is_out}
     reads = [(i, k, name, (False, k) in flips.get(i, ())) for i, node in enumerate(graph.node)
              if node.op_type != "Cast" for k, name in enumerate(node.input) if name]
-    inner = [(i, name) for i, node in enumerate(graph.node) for name in sorted(subgraph_reads(node))
-             if name in index.initializers]
+    inner = [(i, name) for i, names in subgraphs.items() for name in sorted(names) if name in index.initializers]
     float_reads = ({name for i, _, name, flipped in reads if not flipped and i not in control}
                    | {name for i, name in inner if i not in control} | set(index.outputs))
     flexible = {name for i, _, name, _ in reads if i in control} | {name for i, name in inner if i in control}
@@ -452,74 +449,3 @@ def _retype_value_info(model: onnx.ModelProto, names: set[str], half: HalfType) 
     for vi in model.graph.value_info:
         if vi.name in names and vi.type.tensor_type.elem_type == _FLOAT:
             vi.type.tensor_type.elem_type = half.onnx_type
-
-
-# --------------------------------------------------------------------------- CPU twin
-
-_HALF_ENUMS = {h.onnx_type: h for h in HALF_TYPES.values()}
-
-
-def emulated(model: onnx.ModelProto, rounding: bool = True) -> onnx.ModelProto | None:
-    """A float32 twin of a model that holds float16/bfloat16 tensors, for measuring it on CPU:
-    its constants widened (exactly), every node computing in float32, and each value a node
-    writes in a half type rounded to it (a Cast to it and back, which onnxruntime keeps).
-    onnxruntime's CPU provider has no bfloat16 kernels, and runs float16 nodes through Casts
-    to float32 that its optimizer then removes, so the float16 model itself would measure as
-    float32. Without `rounding`, the twin times as CPU runs the model (float32 throughout):
-    what latency is measured on. None when the model holds no half tensors, or takes or gives
-    one (it runs as is)."""
-    graph = model.graph
-    io_half = any(v.type.tensor_type.elem_type in _HALF_ENUMS for v in (*graph.input, *graph.output))
-    has_half = any(t.data_type in _HALF_ENUMS for t in graph.initializer) or any(
-        n.op_type == "Cast" and _int_attr(n, "to", 0) in _HALF_ENUMS for n in graph.node)
-    if io_half or not has_half:
-        return None
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    kinds: dict[str, int] = {}  # half tensor -> its type
-    for init in out.graph.initializer:
-        if init.data_type in _HALF_ENUMS:
-            kinds[init.name] = init.data_type
-            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
-    nodes: list[onnx.NodeProto] = []
-    opset = opset_version(model)
-    for node in out.graph.node:
-        written = _twin_node(node, kinds, opset)
-        nodes.append(node)
-        for name, kind in written.items():
-            kinds[name] = kind
-            if not rounding:
-                continue
-            node.output[list(node.output).index(name)] = f"{name}/exact"
-            nodes += [helper.make_node("Cast", [f"{name}/exact"], [f"{name}/rounded"], to=kind),
-                      helper.make_node("Cast", [f"{name}/rounded"], [name], to=_FLOAT)]
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    del out.graph.value_info[:]
-    return out
-
-
-def _twin_node(node: onnx.NodeProto, kinds: dict[str, int], opset: int) -> dict[str, int]:
-    """Make `node` compute in float32; the outputs it wrote in a half type, and which."""
-    if node.op_type == "Cast":
-        kind = _int_attr(node, "to", 0)
-        if kind in _HALF_ENUMS:
-            next(a for a in node.attribute if a.name == "to").i = _FLOAT
-            return {node.output[0]: kind}
-        return {}
-    if node.op_type in ("Constant", "ConstantOfShape"):
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in _HALF_ENUMS:
-                kind = a.t.data_type
-                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
-                return {node.output[0]: kind}
-        return {}
-    found = _type_variables(node, opset)
-    if found is None:
-        return {}
-    written: dict[str, int] = {}
-    for at in found[1].values():
-        read = next((kinds[_name(node, p)] for p in at if not p[0] and _name(node, p) in kinds), None)
-        if read is not None:
-            written.update({_name(node, p): read for p in at if p[0]})
-    return written

@@ -206,10 +206,10 @@ def check_model(path: str | os.PathLike, *, shown_as: str | os.PathLike | None =
 
 def _loads_as_twin(path: Path) -> bool:
     """Whether a model onnxruntime's CPU provider cannot load is a bfloat16 one (no CPU kernels)
-    that passes onnx's full type check and whose float32 twin (`qcli.half.emulated`) loads."""
+    that passes onnx's full type check and whose float32 twin (`qcli.twin.emulated`) loads."""
     import onnxruntime as ort
 
-    from qcli.half import emulated
+    from qcli.twin import emulated
 
     model = onnx.load(str(path))
     if not any(t.data_type == onnx.TensorProto.BFLOAT16 for t in model.graph.initializer) and not any(

@@ -4,7 +4,7 @@ Spinning is off (`session.intra_op.allow_spinning = 0`) because two sessions in 
 (float and quantized, timed alternately) otherwise steal each other's cores: measured 50-200%
 slower float timings on a 2-core machine (DESIGN.md §7).
 
-A model holding float16/bfloat16 tensors runs as its float32 twin (`qcli.half.emulated`): each
+A model holding float16/bfloat16 tensors runs as its float32 twin (`qcli.twin.emulated`): each
 value rounded to its 16-bit type as a GPU stores it, which onnxruntime's CPU provider would
 otherwise not do (no bfloat16 kernels; float16 run through Casts its optimizer removes). A
 model with float8 Q/DQ runs with basic optimizations only: the extended level's Relu +
@@ -21,9 +21,9 @@ import onnx
 import onnxruntime as ort
 
 from qcli.errors import ModelError
-from qcli.half import emulated
 from qcli.model import clamp_ir_version, save_model
 from qcli.scheme import FLOAT8_TYPES
+from qcli.twin import emulated
 
 _INLINE_LIMIT = 2**31 - 256 * 2**20  # models bigger than this go through a temporary file
 

@@ -13,7 +13,8 @@ import onnxruntime as ort
 import pytest
 
 from conftest import SAMPLE_MODELS, normal_folder, parse_model, save
-from qcli.half import emulated, to_half
+from qcli.half import to_half
+from qcli.twin import emulated
 
 CHAIN = """
 <ir_version: 9, opset_import: ["" : 17]>

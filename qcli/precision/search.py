@@ -126,9 +126,8 @@ class _Search:
 
     def back(self, nodes: Collection[str]) -> str:
         """The prune's step text for taking `nodes` back to their configured precision."""
-        half = {u.node for u in self.units if u.half}.intersection(nodes)
-        return "back to int8" if not half else "back to 16-bit float" if len(half) == len(nodes) \
-            else "back to int8 / 16-bit float"
+        kinds = {"16-bit float" if u.half else "int8" for u in self.units if u.node in nodes}
+        return "back to " + " / ".join(sorted(kinds, reverse=True))  # int8 first
 
     def smaller(self, candidates: Collection[str] | None) -> dict[str, Choice]:
         """What the accuracy search tries each promoted unit in before float: dynamic for the
@@ -138,14 +137,10 @@ class _Search:
         bytes of float, and a speed CPU cannot show: also a fixed rule)."""
         dynamic = candidates is not None and "dynamic" in candidates
         half = next((cast(Choice, c) for c in candidates or () if c in HALF_PRECISIONS), None)
-
-        def first(u: Unit) -> Choice:
-            cheapest = self.costs[u.node][0]
-            if dynamic and u.dynamic:
-                return "dynamic"
-            return half if half and cheapest == "float" and not (u.half or u.table) else cheapest
-
-        return {u.node: first(u) for u in self.units}
+        cheapest = self.cheapest
+        return {u.node: "dynamic" if dynamic and u.dynamic
+                else half if half and cheapest[u.node] == "float" and not (u.half or u.table)
+                else cheapest[u.node] for u in self.units}
 
     def all_float(self, choices: Choices) -> bool:
         """Whether `choices` promote every unit to float (computing like the float model)."""

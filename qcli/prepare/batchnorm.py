@@ -157,6 +157,20 @@ def output_channels(producer: onnx.NodeProto, initializers: dict[str, onnx.Tenso
     return None
 
 
+def per_channel(constant: onnx.TensorProto, channels: int, rank: int | None) -> np.ndarray | None:
+    """The constant as `channels` values when it broadcasts against a [N, C, ...] output of
+    `rank` dims along C only (or is a single value); None otherwise."""
+    dims = list(constant.dims)
+    size = int(np.prod(dims, dtype=np.int64)) if dims else 1
+    if rank is None or len(dims) > rank or rank < 2:
+        return None
+    aligned = [1] * (rank - len(dims)) + dims
+    if aligned[1] not in (1, channels) or any(d != 1 for axis, d in enumerate(aligned) if axis != 1):
+        return None
+    values = numpy_helper.to_array(constant).astype(np.float64).reshape(-1)
+    return np.full(channels, values[0]) if size == 1 else values
+
+
 def scale_and_shift(
     producer: onnx.NodeProto,
     scale: np.ndarray,

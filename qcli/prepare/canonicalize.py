@@ -66,7 +66,7 @@ from qcli.prepare._graph import (
     tensor_names,
     use_counts,
 )
-from qcli.prepare.batchnorm import output_channels, scale_and_shift
+from qcli.prepare.batchnorm import output_channels, per_channel, scale_and_shift
 from qcli.prepare.forward import fold_forward
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
@@ -258,7 +258,7 @@ def _fold_affine(model: onnx.ModelProto, notes: list[str]) -> int:
             rank = 2
         else:
             rank = len(initializers[producer.input[1]].dims)
-        values = _per_channel(constant, channels, rank)
+        values = per_channel(constant, channels, rank)
         if values is None:
             continue
         if uses[source] > 1:
@@ -306,20 +306,6 @@ def _producer_blocker(producer: onnx.NodeProto, initializers: dict[str, onnx.Ten
 
 def _float_constant(name: str, initializers: dict[str, onnx.TensorProto]) -> bool:
     return name in initializers and initializers[name].data_type in FLOAT_TYPES
-
-
-def _per_channel(constant: onnx.TensorProto, channels: int, rank: int | None) -> np.ndarray | None:
-    """The constant as `channels` values when it broadcasts against a [N, C, ...] output of
-    `rank` dims along C only (or is a single value); None otherwise."""
-    dims = list(constant.dims)
-    size = int(np.prod(dims, dtype=np.int64)) if dims else 1
-    if rank is None or len(dims) > rank or rank < 2:
-        return None
-    aligned = [1] * (rank - len(dims)) + dims
-    if aligned[1] not in (1, channels) or any(d != 1 for axis, d in enumerate(aligned) if axis != 1):
-        return None
-    values = numpy_helper.to_array(constant).astype(np.float64).reshape(-1)
-    return np.full(channels, values[0]) if size == 1 else values
 
 
 def _ranks(model: onnx.ModelProto) -> dict[str, int]:

@@ -28,8 +28,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qcli.prepare._graph import is_default_domain, plural, use_counts
-from qcli.prepare.batchnorm import output_channels
+from qcli.prepare._graph import is_default_domain, plural, set_tensor, use_counts
+from qcli.prepare.batchnorm import output_channels, per_channel
 
 STEPS = ("Mul", "Div", "Add")
 
@@ -68,7 +68,7 @@ def _own_weight(conv: onnx.NodeProto, initializers: dict, uses: Counter[str]) ->
 
 
 def _step(node: onnx.NodeProto | None, initializers: dict, uses: Counter[str]
-          ) -> tuple[onnx.NodeProto, str, np.ndarray] | None:
+          ) -> tuple[onnx.NodeProto, str, onnx.TensorProto] | None:
     """(node, its non-constant input, its constant) when `node` is a Mul/Div/Add of one value by
     a float constant whose output only one reader reads."""
     if node is None or node.op_type not in STEPS or not is_default_domain(node) or len(node.input) != 2:
@@ -82,31 +82,20 @@ def _step(node: onnx.NodeProto | None, initializers: dict, uses: Counter[str]
         source, constant = b, initializers[a]
     else:
         return None
-    if constant.data_type != onnx.TensorProto.FLOAT:
-        return None
-    return node, source, numpy_helper.to_array(constant).astype(np.float64)
+    return (node, source, constant) if constant.data_type == onnx.TensorProto.FLOAT else None
 
 
-def _per_input_channel(values: np.ndarray, weight: np.ndarray, groups: int) -> np.ndarray | None:
-    """`values` as one value per input channel of a Conv with `weight` ([M, C/groups, k...]),
-    when they broadcast along the channel axis of its [N, C, ...] input only; else None."""
-    channels = weight.shape[1] * groups
-    rank = weight.ndim  # the input's rank: N, C and the kernel's spatial axes
-    dims = [1] * (rank - values.ndim) + list(values.shape) if values.ndim <= rank else None
-    if dims is None or dims[1] not in (1, channels) or any(d != 1 for i, d in enumerate(dims) if i != 1):
-        return None
-    flat = values.reshape(-1)
-    return np.full(channels, flat[0]) if flat.size == 1 else flat
-
-
-def _fold(conv: onnx.NodeProto, node: onnx.NodeProto, source: str, values: np.ndarray,
+def _fold(conv: onnx.NodeProto, node: onnx.NodeProto, source: str, constant: onnx.TensorProto,
           initializers: dict) -> onnx.NodeProto | None:
     """Fold one step into `conv` (module docstring); the node that goes, None when nothing can
     fold (nothing changed then)."""
+    if output_channels(conv, initializers) is None:  # not a weight of rank 3 or more
+        return None
     weight = numpy_helper.to_array(initializers[conv.input[1]]).astype(np.float64)
     groups = next((a.i for a in conv.attribute if a.name == "group"), 1)
-    per = _per_input_channel(values, weight, groups)
-    if per is None or output_channels(conv, initializers) is None:
+    # one value per input channel of the Conv's [N, C, ...] input, C = C/groups x groups
+    per = per_channel(constant, weight.shape[1] * groups, weight.ndim)
+    if per is None:
         return None
     if node.op_type != "Add":
         if not np.all(per):
@@ -127,7 +116,7 @@ def _grouped(weight: np.ndarray, groups: int, per: np.ndarray) -> tuple[np.ndarr
 
 def _scale(tensor: onnx.TensorProto, weight: np.ndarray, groups: int, per: np.ndarray) -> None:
     grouped, factor = _grouped(weight, groups, per)
-    _write(tensor, (grouped * factor).reshape(weight.shape))
+    set_tensor(tensor, (grouped * factor).reshape(weight.shape).astype(np.float32), tensor.name)
 
 
 def _by_output(weight: np.ndarray, groups: int, per: np.ndarray) -> np.ndarray:
@@ -145,10 +134,6 @@ def _padded(conv: onnx.NodeProto) -> bool:
 def _add_bias(conv: onnx.NodeProto, shift: np.ndarray, initializers: dict) -> bool:
     if len(conv.input) > 2 and conv.input[2]:
         bias = initializers[conv.input[2]]
-        _write(bias, numpy_helper.to_array(bias).astype(np.float64) + shift)
+        set_tensor(bias, (numpy_helper.to_array(bias).astype(np.float64) + shift).astype(np.float32), bias.name)
         return True
     return False
-
-
-def _write(tensor: onnx.TensorProto, value: np.ndarray) -> None:
-    tensor.CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=np.float32), tensor.name))

@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 
 from fuzz_graphs import FLOAT, GraphCase, Input
-from qcli.half import emulated
+from qcli.twin import emulated
 
 
 class GeneratorBug(AssertionError):
