@@ -26,6 +26,7 @@ from qcli.files import check_writable, write_text_atomic
 from qcli.flags import CalibrateFlags, QuantizeFlags, SensitivityFlags
 from qcli.info import describe_data, describe_model, file_bytes
 from qcli.model import fingerprint, load_model, save_model
+from qcli.phases import phase, recording
 from qcli.pipeline import PipelineResult, run_pipeline
 from qcli.quantize import calibrate, summary
 from qcli.verify import Check, Outcome, ProgressFactory, no_progress, quantize_checked
@@ -110,7 +111,16 @@ def quantize_command(flags: QuantizeFlags, *, progress: ProgressFactory = no_pro
     """Calibrate (or read the calibration file), quantize, verify, write the model (and the
     precision config a search chose), and measure accuracy on `--eval-data`."""
     flags.check()
-    model = load_model(flags.model)
+    with recording() as phases:
+        run = _quantize_run(flags, progress)
+    run.doc["phases"] = phases.to_dict()  # where the time went (qcli.phases)
+    return run
+
+
+def _quantize_run(flags: QuantizeFlags, progress: ProgressFactory) -> QuantizeRun:
+    """`quantize_command` inside its phase record."""
+    with phase("load"):
+        model = load_model(flags.model)
     config = flags.config()
     table = None
     if flags.calib is not None:
@@ -122,7 +132,8 @@ def quantize_command(flags: QuantizeFlags, *, progress: ProgressFactory = no_pro
             strict=flags.strict, progress=progress, executor=pool,
         )
     result = outcome.result
-    save_model(result.model, flags.output, check=True)
+    with phase("write"):
+        save_model(result.model, flags.output, check=True)
     doc = {
         "output": str(flags.output),
         "method": "run time (dynamic)" if result.plan.dynamic and not result.plan.calibrated_tensors
@@ -137,10 +148,11 @@ def quantize_command(flags: QuantizeFlags, *, progress: ProgressFactory = no_pro
     doc["precision"] = precision_document(outcome, write_precision_config(outcome, flags.output, flags.precision_out))
     run = QuantizeRun(doc, outcome, flags.output)
     if flags.eval_data is not None:
-        run.evaluation = evaluate(
-            model, flags.output, flags.eval_data, max_accuracy_drop=flags.max_accuracy_drop,
-            preprocess=config.data.preprocess, verify=config.verify,
-        )
+        with phase("evaluate"):
+            run.evaluation = evaluate(
+                model, flags.output, flags.eval_data, max_accuracy_drop=flags.max_accuracy_drop,
+                preprocess=config.data.preprocess, verify=config.verify,
+            )
         doc["evaluation"] = {"summary": headline(run.evaluation), **run.evaluation.to_dict()}
     return run
 

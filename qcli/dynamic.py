@@ -16,7 +16,7 @@ Names derive from the tensor and node names: the output is deterministic.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +34,11 @@ NODE_SUFFIXES = ("_MatMulInteger", "_Cast", "_scales_Mul", "_Mul", "_Add", "_bet
 QUANTIZER_SUFFIX = "_DynamicQuantize"  # the DynamicQuantizeLinear of activation x: x + this
 
 Use = tuple[int, int]
+Weight = tuple[np.ndarray, np.ndarray, np.ndarray]  # integers, scale, zero point
+# A float graph's weights quantized by earlier builds of it, by what they were quantized for:
+# the precision search builds hundreds of candidates from one prepared graph (qcli.prepare's
+# PrepareResult.quantized), and their weights are the same each time.
+WeightMemo = dict[Hashable, Weight]
 
 
 @dataclass
@@ -45,16 +50,17 @@ class DynamicEdits:
     replaced: set[int] = field(default_factory=set)
     quantizers: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # activation -> DQL outputs
     names: set[str] = field(default_factory=set)  # initializers added
+    memo: WeightMemo | None = None  # the graph's weights quantized by earlier builds (`weight_of`)
 
 
 def dynamic_edits(index: GraphIndex, plan: Plan, rewired: Mapping[Use, str],
-                  renamed: Mapping[Use, str] | None = None) -> DynamicEdits:
+                  renamed: Mapping[Use, str] | None = None, memo: WeightMemo | None = None) -> DynamicEdits:
     """The replacement of every dynamic node. `rewired`: the inputs the static edits redirect
     (a dynamic node reading a statically quantized tensor reads its dequantized copy, so that
     its producer's int8 kernel still fuses); `renamed`: the outputs they rename (a statically
     quantized graph output keeps its name on its DequantizeLinear: its producer writes
-    `t_float`)."""
-    edits = DynamicEdits()
+    `t_float`). `memo`: as `materialize`'s."""
+    edits = DynamicEdits(memo=memo)
     for i, dn in sorted(plan.dynamic.items()):
         node = onnx.NodeProto()
         node.CopyFrom(index.graph.node[i])
@@ -66,7 +72,7 @@ def dynamic_edits(index: GraphIndex, plan: Plan, rewired: Mapping[Use, str],
     return edits
 
 
-def quantized_weight(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantized_weight(values: np.ndarray, plan: WeightPlan) -> Weight:
     """A weight's integers, scale and zero point: per channel along `plan.axis`, or per tensor.
 
     >>> from qcli.scheme import QuantScheme
@@ -84,12 +90,32 @@ def quantized_weight(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, 
     return quantize(values, scale, zero, scheme.dtype, axis, scheme.symmetric), scale, zero
 
 
+def weight_of(memo: WeightMemo | None, key: Hashable, values: Callable[[], np.ndarray],
+              plan: WeightPlan) -> Weight:
+    """`quantized_weight(values(), plan)`, remembered in `memo` under `key` (None: computed)."""
+    if memo is None:
+        return quantized_weight(values(), plan)
+    if key not in memo:
+        memo[key] = frozen(quantized_weight(values(), plan))
+    return memo[key]
+
+
+def frozen(weight: Weight) -> Weight:
+    """The arrays made read-only: a remembered weight is shared by every later build."""
+    for array in weight:
+        array.setflags(write=False)
+    return weight
+
+
+def _float_values(index: GraphIndex, name: str) -> Callable[[], np.ndarray]:
+    return lambda: numpy_helper.to_array(index.initializers[name]).astype(np.float32)
+
+
 def _matmul(edits: DynamicEdits, index: GraphIndex, node: onnx.NodeProto, inputs: list[str], dn: DynamicNode) -> None:
     """DynamicQuantizeLinear + MatMulInteger + Cast + Mul (+ Add for Gemm's C)."""
     name, out = node.name or f"{node.op_type}_{dn.index}", node.output[0]
     plan = dn.weights[0]
-    values = numpy_helper.to_array(index.initializers[plan.name]).astype(np.float32)
-    q, scale, zero = quantized_weight(values, plan)
+    q, scale, zero = weight_of(edits.memo, ("dynamic", plan), _float_values(index, plan.name), plan)
     transposed = node.op_type == "Gemm" and _attribute(node, "transB", 0)
     stored = f"{plan.name}_transposed" if transposed else plan.name
     if transposed:
@@ -158,8 +184,7 @@ def _gather(edits: DynamicEdits, index: GraphIndex, node: onnx.NodeProto, inputs
     """An int8 embedding table (per column: its last axis, which the gathered rows keep):
     Gather of the int8 rows, then DequantizeLinear of just those."""
     name, out, plan = node.name or f"Gather_{dn.index}", node.output[0], dn.weights[0]
-    values = numpy_helper.to_array(index.initializers[plan.name]).astype(np.float32)
-    q, scale, zero = quantized_weight(values, plan)
+    q, scale, zero = weight_of(edits.memo, ("dynamic", plan), _float_values(index, plan.name), plan)
     stored = f"{plan.name}_gather"
     for values_, suffix in ((q, "quantized"), (scale, "scale"), (zero, "zero_point")):
         _add_init(edits, values_, f"{stored}_{suffix}")

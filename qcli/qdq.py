@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qcli.dynamic import dynamic_edits
+from qcli.dynamic import Weight, WeightMemo, dynamic_edits, frozen
 from qcli.errors import InternalError
 from qcli.graph import GraphIndex
 from qcli.info import names_used_inside
@@ -55,9 +55,12 @@ def qdq_domain(bits: int, opset: int) -> str:
     return "" if bits == 8 or opset >= 21 else CONTRIB
 
 
-def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = None) -> onnx.ModelProto:
+def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = None,
+                memo: WeightMemo | None = None) -> onnx.ModelProto:
     """A new model with the plan's Q/DQ nodes, quantized weights and biases. `index`: the
     model's GraphIndex when the caller has it (its positions hold in the copy edited here).
+    `memo`: the weights of `model` quantized by earlier calls, which this call adds to (the
+    caller keeps one per float graph, never one shared by two graphs).
 
     The steps: what each weight, group and bias adds (initializers, nodes, rewired inputs),
     read off the float graph; the rewiring applied; redundant Relu/Clips dropped; float
@@ -65,11 +68,12 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
-    source = _Source.of(out, plan, index if index is not None else GraphIndex.of(model))
+    source = _Source.of(out, plan, index if index is not None else GraphIndex.of(model), memo)
     weights, weight_scales = _weight_edits(source, plan)
     groups, group_scales = _group_edits(source, plan)
     edits = _Edits.joined(weights, groups, _bias_edits(source, plan, group_scales, weight_scales))
-    dynamic = dynamic_edits(source.index, plan, edits.inputs, edits.outputs)  # qcli/dynamic.py: replaces its nodes
+    # qcli/dynamic.py: replaces its nodes
+    dynamic = dynamic_edits(source.index, plan, edits.inputs, edits.outputs, memo)
     edits.add(_Edits(inits=dynamic.inits, nodes=dynamic.nodes))
     _rewire(graph, edits)
     dropped = _drop_redundant_clips(graph, plan, source.producer, source.inits) | dynamic.replaced
@@ -91,14 +95,16 @@ class _Source:
     quantized: set[int]
     keep_float: set[int]
     opset: int
+    memo: WeightMemo | None = None
 
     @classmethod
-    def of(cls, model: onnx.ModelProto, plan: Plan, index: GraphIndex) -> _Source:
+    def of(cls, model: onnx.ModelProto, plan: Plan, index: GraphIndex, memo: WeightMemo | None = None) -> _Source:
         return cls(
             index=index,
             quantized={d.index for d in plan.nodes if d.quantized},
             keep_float=plan.keep_float,
             opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13),
+            memo=memo,
         )
 
     @property
@@ -133,6 +139,16 @@ class _Source:
     def values(self, name: str) -> np.ndarray:
         return numpy_helper.to_array(self.inits[name])
 
+    def weight(self, plan: WeightPlan) -> Weight:
+        """The weight quantized under `plan` (remembered in `memo`)."""
+        key = ("qdq", plan)
+        if self.memo is None or key not in self.memo:
+            done = _quantize_weight(self.values(plan.name).astype(np.float32), plan)
+            if self.memo is None:
+                return done
+            self.memo[key] = frozen(done)
+        return self.memo[key]
+
 
 @dataclass
 class _Edits:
@@ -166,7 +182,7 @@ def _weight_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.nda
     which its bias's scale derives from."""
     edits, scales = _Edits(), {}
     for wp in plan.weights.values():
-        q, scale, zero = _quantize_weight(source.values(wp.name).astype(np.float32), wp)
+        q, scale, zero = source.weight(wp)
         scales[wp.name] = scale
         dtype = wp.scheme.dtype
         edits.inits += [

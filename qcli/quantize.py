@@ -31,6 +31,7 @@ from qcli.executor import Executor, SerialExecutor
 from qcli.graph import GraphIndex
 from qcli.half import BFLOAT16_OPSET, HalfResult, to_half
 from qcli.model import fingerprint, opset_version
+from qcli.phases import phase
 from qcli.plan import DynamicNode, Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
@@ -78,16 +79,20 @@ def calibrate(
     """
     work, plan, options = _observing(model, config, progress, force, strict, prepared)
     if folds:
-        parts = collect_folds(work, folder, folds, executor, reference=model, **options)
-        table = _table(merged_except(parts), model, config, methods, plan.unmatched)
-        table.folds = [_table(merged_except(parts, k), model, config, methods, plan.unmatched)
-                       for k in range(len(parts))]
+        with phase("observe"):
+            parts = collect_folds(work, folder, folds, executor, reference=model, **options)
+        with phase("solve"):
+            table = _table(merged_except(parts), model, config, methods, plan.unmatched)
+            table.folds = [_table(merged_except(parts, k), model, config, methods, plan.unmatched)
+                           for k in range(len(parts))]
         return table
-    if executor is None or isinstance(executor, SerialExecutor):
-        collected = collect(work, folder, reference=model, **options)
-    else:
-        collected = collect_sharded(work, folder, executor, **options)
-    return _table(collected, model, config, methods, plan.unmatched)
+    with phase("observe"):
+        if executor is None or isinstance(executor, SerialExecutor):
+            collected = collect(work, folder, reference=model, **options)
+        else:
+            collected = collect_sharded(work, folder, executor, **options)
+    with phase("solve"):
+        return _table(collected, model, config, methods, plan.unmatched)
 
 
 def _observing(model: onnx.ModelProto, config: Config, progress: Callable[[int], None] | None, force: bool,
@@ -151,7 +156,8 @@ def quantize(
         plan = restrict(plan, work)
     recovery = {**prepared.recovery, **smoothed}
     source = correct_biases(work, plan, config, table, recovery, notes)
-    out = materialize(source, plan, index if source is work else GraphIndex.of(source))
+    memo = prepared.quantized if source is prepared.model else None  # weights changed: no memo
+    out = materialize(source, plan, index if source is work else GraphIndex.of(source), memo)
     half = None
     if plan.half and config.half:
         wanted = {work.graph.node[i].output[0] for i in plan.half}

@@ -243,6 +243,19 @@ def quantization(console: Console, doc: dict) -> None:
         f"wrote {doc['output']}: {human_bytes(doc['bytes_before'])} -> {human_bytes(doc['bytes_after'])} "
         f"({size_change(doc['compression'])})"
     )
+    if doc.get("phases"):
+        console.print(f"time: {phase_line(doc['phases'])} (all phases with --json)")
+
+
+def phase_line(phases: dict[str, dict]) -> str:
+    """The outermost phases and their total, e.g. "calibrate 1.2 s, verify 3.0 s; 4.2 s in all".
+
+    >>> phase_line({"calibrate": {"seconds": 1.24, "calls": 1}, "calibrate/solve": {"seconds": 1.0, "calls": 1},
+    ...             "verify": {"seconds": 3.0, "calls": 1}})
+    'calibrate 1.2 s, verify 3.0 s; 4.2 s in all'
+    """
+    top = {p: v["seconds"] for p, v in phases.items() if "/" not in p}
+    return ", ".join(f"{p} {s:.1f} s" for p, s in top.items()) + f"; {sum(top.values()):.1f} s in all"
 
 
 SMOOTHED_ROWS = 12

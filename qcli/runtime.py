@@ -19,6 +19,7 @@ from pathlib import Path
 
 import onnx
 import onnxruntime as ort
+from google.protobuf.message import EncodeError
 
 from qcli.errors import ModelError
 from qcli.model import clamp_ir_version, save_model
@@ -46,6 +47,16 @@ def _holds_float8(model: onnx.ModelProto) -> bool:
     return any(t.data_type in FLOAT8_TYPES for t in model.graph.initializer)
 
 
+def _serialized(model: onnx.ModelProto) -> bytes | None:
+    """The model's bytes, None past what onnxruntime takes in memory. One serialization: the
+    protobuf's ByteSize costs as much as serializing (upb), and trials make many sessions."""
+    try:
+        data = model.SerializeToString()
+    except EncodeError:  # protobuf refuses messages of 2 GiB and more
+        return None
+    return data if len(data) < _INLINE_LIMIT else None
+
+
 def make_session(
     model: onnx.ModelProto | str | Path, threads: int | None = None, profile: str | Path | None = None,
     timing: bool = False,
@@ -69,8 +80,9 @@ def make_session(
         ir_version = model.ir_version
         clamp_ir_version(model)  # onnx's helpers may write an IR newer than onnxruntime loads
         try:
-            if model.ByteSize() < _INLINE_LIMIT:
-                return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+            data = _serialized(model)
+            if data is not None:
+                return ort.InferenceSession(data, options, providers=providers)
             with tempfile.TemporaryDirectory(prefix="qcli-") as tmp:
                 path = save_model(model, Path(tmp) / "model.onnx")
                 return ort.InferenceSession(str(path), options, providers=providers)

@@ -42,6 +42,7 @@ from qcli.data import DataFolder, model_inputs
 from qcli.errors import InternalError, QcliError
 from qcli.holdout import DataPlan, fold_plan, make_probe, plan_samples
 from qcli.model import fingerprint
+from qcli.phases import phase
 from qcli.plan import make_plan
 from qcli.precision import (
     Choices,
@@ -184,15 +185,18 @@ def quantize_checked(
         load_metric(vf.metric)  # an import error before the work, not after calibration
     inputs = model_inputs(model)
     plan = plan_samples(data, eval_data, config, inputs)
-    prepared = prepare_for(model, config, force=force)
+    with phase("prepare"):
+        prepared = prepare_for(model, config, force=force)
     if data is None and table is None:  # a config that calibrates nothing (dynamic, weight-only)
         table, why = _no_calibration(model, prepared, config, strict)
         plan = replace(plan, description=why) if plan.verify_path is None else plan
     if table is None:
         assert data is not None  # one of the two
-        plan, table = calibrate_planned(model, config, data, plan, prepared, progress=progress, executor=executor,
-                                        methods=methods, force=force, strict=strict)
-    result = quantize(model, config, table, force=force, strict=strict, prepared=prepared)
+        with phase("calibrate"):
+            plan, table = calibrate_planned(model, config, data, plan, prepared, progress=progress,
+                                            executor=executor, methods=methods, force=force, strict=strict)
+    with phase("build"):
+        result = quantize(model, config, table, force=force, strict=strict, prepared=prepared)
     outcome = Outcome(result, config, table, plan, searched_for_goal=ap.enabled)
     if not (ap.enabled or vf.enabled):
         return outcome
@@ -201,10 +205,12 @@ def quantize_checked(
         if ap.enabled:
             raise QcliError("auto-precision needs data to measure on", hint="give --eval-data DIR (or --data DIR)")
         return outcome
-    probe = make_probe(model, inputs, config, plan, labels if eval_data is not None else None)
+    with phase("reference"):  # the float model's outputs
+        probe = make_probe(model, inputs, config, plan, labels if eval_data is not None else None)
     units = find_units(result.planned or prepared.model, result.plan)
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
-    with progress("verifying" if not ap.enabled else "searching precisions", None, unit="trials") as advance:
+    with phase("verify"), progress("verifying" if not ap.enabled else "searching precisions", None,
+                                   unit="trials") as advance:
         trials = Trials(model, prepared, config, table, probe, units, *budget, progress=advance,
                         quick_probe=probe.head(QUICK_SAMPLES), executor=executor, force=force)
         trials.seed(result)  # the all-int8 candidate is the model just made
@@ -295,8 +301,9 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
     config, ap = outcome.config, outcome.config.auto_precision
     # a 16-bit promotion takes the activations' signedness (`promoted_config`): uint16 names it too
     candidates = [_SAME_PROMOTION.get(c, c) for c in ap.candidates] if ap.enabled else list(RESCUE_CANDIDATES)
-    found = search(trials.units, trials, goal, trials.costs(candidates), shrink="int4" in candidates,
-                   candidates=candidates)
+    with phase("search"):
+        found = search(trials.units, trials, goal, trials.costs(candidates), shrink="int4" in candidates,
+                       candidates=candidates)
     outcome.search, outcome.goal_met = found, found.met
     outcome.promoted = found.choices
     outcome.reasons = _reasons(found)

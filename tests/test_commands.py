@@ -69,3 +69,23 @@ def test_calibrate_then_quantize_from_python(tmp_path: Path) -> None:
     error = missed.gate_error()
     assert isinstance(error, GateFailed) and error.message.startswith("verification failed: latency ratio")
     assert missed.doc["verification"]["passed"] is False
+
+
+def test_the_document_says_where_the_time_went(tmp_path: Path) -> None:
+    """`phases`: wall seconds and calls of each phase, parents before their children, in the
+    order they ran; the search's trials under verify (a latency floor of 0.01 forces one)."""
+    cnn = SAMPLE_MODELS / "cnn"
+    run = quantize_command(QuantizeFlags(
+        cnn / "model.onnx", tmp_path / "q.onnx", data=cnn / "calib", calibration=CalibrationFlags(samples=32),
+        max_latency_ratio=0.01,
+    ))
+    phases = run.doc["phases"]
+    top = [p for p in phases if "/" not in p]
+    assert top == ["load", "prepare", "calibrate", "build", "reference", "verify", "write"]
+    assert {"calibrate/observe", "calibrate/solve", "verify/time", "verify/search"} <= set(phases)
+    assert all(phases[p]["calls"] >= 1 and phases[p]["seconds"] >= 0 for p in phases)
+    for path in phases:  # a child within its parent's time
+        parent = path.rpartition("/")[0]
+        assert not parent or phases[path]["seconds"] <= phases[parent]["seconds"] + 1e-3
+    assert list(phases).index("verify") < list(phases).index("verify/search")
+    assert phases["verify/search/build"]["calls"] >= 1

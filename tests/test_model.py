@@ -141,3 +141,19 @@ def test_checked_save_never_leaves_an_invalid_model(tmp_path: Path) -> None:
     with pytest.raises(InternalError, match=f"onnxruntime cannot load the model written to {out}"):
         save_model(model, out, check=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_past_the_in_memory_limit_loads_through_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime takes a model of 2 GiB or more only from a file: past `_INLINE_LIMIT` (set
+    to 0 here) the session is made from a temporary file, with the same outputs."""
+    from qcli import runtime
+
+    model = parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] x) => (float[2] y) <float[2] w = {1.5, -2.0}> { y = Mul(x, w) }
+    """)
+    x = {"x": np.array([2.0, 3.0], np.float32)}
+    inline = runtime.make_session(model).run(None, x)[0]
+    monkeypatch.setattr(runtime, "_INLINE_LIMIT", 0)
+    assert runtime._serialized(model) is None
+    assert runtime.make_session(model).run(None, x)[0].tolist() == inline.tolist() == [3.0, -6.0]

@@ -137,3 +137,31 @@ def test_quantize_rounds_half_to_even_and_clips_like_quantizelinear() -> None:
     expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(q(x, scale, zero, quant_dtype("uint8"), axis=0), expected)
     assert q(np.float32(0.3), np.float32(0.1), np.int8(0), quant_dtype("int8"), symmetric=True) == 3
+
+
+def test_builds_from_one_prepared_model_share_its_quantized_weights(tmp_path: Path) -> None:
+    """The precision search builds many candidates from one prepared model: its weights are
+    quantized once (`PrepareResult.quantized`, read-only arrays) and every later build is the
+    same bytes as a build from scratch, static and dynamic (MatMulInteger, the int8 embedding
+    table) alike; a config that changes the weights first (SmoothQuant) does not use them."""
+    from qcli.config import load_config
+    from qcli.data import DataFolder, model_inputs
+    from qcli.quantize import calibrate, prepare_for, quantize
+
+    transformer = SAMPLE_MODELS / "transformer"
+    model = onnx.load(transformer / "model.onnx")
+    folder = DataFolder(transformer / "calib", model_inputs(model), samples=16)
+    for preset in ("default", "dynamic"):
+        config = load_config(preset)
+        table = calibrate(model, folder, config, methods=(config.calibration.method,))
+        prepared = prepare_for(model, config)
+        first = quantize(model, config, table, prepared=prepared).model.SerializeToString()
+        assert prepared.quantized and all(not a.flags.writeable for w in prepared.quantized.values() for a in w)
+        again = quantize(model, config, table, prepared=prepared).model.SerializeToString()
+        fresh = quantize(model, config, table).model.SerializeToString()
+        assert first == again == fresh
+    smooth = load_config(None).merged(recovery={"smoothquant": {}})
+    table = calibrate(model, folder, smooth, methods=("mse",))
+    prepared = prepare_for(model, smooth)
+    quantize(model, smooth, table, prepared=prepared)
+    assert prepared.quantized == {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import json
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,12 @@ from qcli.analyze.report import rounded_pair
 from qcli.config import Verify
 from qcli.data import Batch, InputSpec
 from qcli.errors import DataError
+from qcli.phases import phase
 from qcli.runtime import make_session
 
 # The agreement each kind is gated on, by name (a check's name; cosine is gated apart).
+PROFILE_RUNS = (5, 20)  # profiled runs per node-time profile: at least, at most
+PROFILE_MS = 100.0  # float run time the profiled runs take at most, above the least runs
 AGREEMENT = {Kind.TOP1: "top-1 agreement", Kind.SEQUENCE: "sequence agreement", Kind.MASK: "mask agreement",
              Kind.PER_ELEMENT: "element agreement"}
 
@@ -183,18 +187,25 @@ class Probe:
         """The folds this probe's batches come from ([0] when it is not folded)."""
         return sorted(set(self.folds)) if self.folds is not None else [0]
 
-    def measure(self, candidate: onnx.ModelProto | dict[int, onnx.ModelProto]) -> Fidelity:
+    def measure(self, candidate: onnx.ModelProto | Callable[[int], onnx.ModelProto]) -> Fidelity:
         """`candidate` compared with the float model on every batch; folded (`folds`): a
-        candidate per fold, each run on its own fold's batches, into one set of figures."""
-        models = candidate if isinstance(candidate, dict) else dict.fromkeys(self.fold_indices, candidate)
-        sessions = {k: make_session(models[k], self.threads) for k in self.fold_indices}
+        function giving the candidate of each fold, each run on its own fold's batches (the
+        folds one after another: one fold's model and session in memory at a time), into one
+        set of figures."""
+        def model_of(k: int) -> onnx.ModelProto:
+            return candidate(k) if callable(candidate) else candidate
+
+        session, fold = None, None
         assert self.kinds is not None  # set in __post_init__
         accs = [FidelityAccumulator(self.kinds[n]) for n in self.names]
         topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
         custom = self._metric.start() if self._metric else None
         k = next((j for j, n in enumerate(self.names) if self.kinds[n].kind is Kind.TOP1), None)
         for j, (batch, reference) in enumerate(zip(self.batches, self.reference, strict=True)):
-            session = sessions[self.folds[j] if self.folds is not None else 0]
+            if session is None or (self.folds is not None and self.folds[j] != fold):
+                fold = self.folds[j] if self.folds is not None else 0
+                session = None  # the last fold's session freed first
+                session = make_session(model_of(fold), self.threads)
             values = [as_array(v) for v in session.run(self.names, batch.inputs)]
             for acc, ref, value in zip(accs, reference, values, strict=True):
                 acc.update(ref, value, batch.size)
@@ -288,9 +299,14 @@ class Probe:
             self._float_ms = fastest / 1e6
         return self._float_ms
 
-    def node_times(self, model: onnx.ModelProto, runs: int = 20) -> dict[str, float]:
-        """Median kernel time (µs) per node name over `runs` profiled runs (after 3 warm-up runs)."""
-        return node_times(model, self.feeds(), runs, self.threads)
+    def node_times(self, model: onnx.ModelProto) -> dict[str, float]:
+        """Median kernel time (µs) per node name over profiled runs (after 3 warm-up runs): 20
+        runs, fewer (5 at least) when the float model's runs take more than PROFILE_MS in all;
+        the profile's JSON, not the runs, is the cost: a long run records an event per kernel
+        call (a Loop body's nodes once per iteration)."""
+        runs = max(PROFILE_RUNS[0], min(PROFILE_RUNS[1], int(PROFILE_MS / max(self.float_ms(), 1e-3))))
+        with phase("profile"):
+            return node_times(model, self.feeds(), runs, self.threads)
 
 
 def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:

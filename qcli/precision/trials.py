@@ -25,6 +25,7 @@ from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
 from qcli.dynamic import NODE_SUFFIXES, QUANTIZER_SUFFIX
 from qcli.errors import CalibrationError, InternalError, ModelError
+from qcli.phases import phase
 from qcli.precision.units import PROMOTIONS, Choices, Costs, Unit, alone, find_units, promoted_config
 from qcli.prepare import PrepareResult
 
@@ -99,23 +100,31 @@ class Trials:
     def _quantize(self, candidate: Candidate, table: CalibrationTable) -> QuantizeResult:
         from qcli.quantize import quantize
 
-        if isinstance(candidate, Alone):
-            unit = next(u for u in self.units if u.node == candidate.unit)
-            return quantize(self.model, self.config, table, prepared=self.prepared,
-                            restrict=lambda plan, graph: alone(plan, graph, unit))
-        return quantize(self.model, promoted_config(self.config, candidate, self.units), table,
-                        prepared=self.prepared)
+        with phase("build"):
+            if isinstance(candidate, Alone):
+                unit = next(u for u in self.units if u.node == candidate.unit)
+                return quantize(self.model, self.config, table, prepared=self.prepared,
+                                restrict=lambda plan, graph: alone(plan, graph, unit))
+            return quantize(self.model, promoted_config(self.config, candidate, self.units), table,
+                            prepared=self.prepared)
 
-    def measured(self, choices: Candidate, probe: Probe) -> tuple[onnx.ModelProto | dict[int, onnx.ModelProto],
-                                                                    QuantizeResult]:
+    def measured(self, choices: Candidate, probe: Probe) -> tuple[onnx.ModelProto | Callable[[int], onnx.ModelProto],
+                                                                    Callable[[], QuantizeResult]]:
         """What `probe` measures of the candidate: the model built with `table`, or (k-fold:
-        `table.folds`, the probe's batches tagged by fold) one model per fold the probe holds,
-        each from the table without that fold; and one of them built (for its plan)."""
+        `table.folds`, the probe's batches tagged by fold) the function building fold k's
+        model from the table without that fold, as the probe asks for it; and the function
+        giving one of them built (for its plan)."""
         if not self.table.folds:
             built = self.build(choices)
-            return built.model, built
-        folds = {k: self._quantize(choices, self.table.folds[k]) for k in probe.fold_indices}
-        return {k: r.model for k, r in folds.items()}, next(iter(folds.values()))
+            return built.model, lambda: built
+        folds: dict[int, QuantizeResult] = {}
+
+        def fold_model(k: int) -> onnx.ModelProto:
+            folds.clear()  # the last one only: one fold's model in memory at a time
+            folds[k] = self._quantize(choices, self.table.folds[k])
+            return folds[k].model
+
+        return fold_model, lambda: next(iter(folds.values()))
 
     def seed(self, int8: QuantizeResult) -> None:
         """The all-int8 candidate (choices {}) when the caller built it already."""
@@ -130,9 +139,9 @@ class Trials:
             try:
                 probe = self.quick_probe if quick and self.quick_probe is not None else self.probe
                 models, built = self.measured(choices, probe)
-                with built_by_qcli():
+                with built_by_qcli(), phase("measure"):
                     self._fidelity[key] = probe.measure(models)
-                kept = {d.name for d in built.plan.nodes if d.quantized and not d.reason}
+                kept = {d.name for d in built().plan.nodes if d.quantized and not d.reason}
                 if not isinstance(choices, Alone):  # alone, every other unit is float (`demoted`)
                     self._demoted[key[0]] = sum(1 for u in self.units if u.node not in kept)
             except CalibrationError:
@@ -200,7 +209,7 @@ class Trials:
         key = frozenset(choices.items())
         if key not in self._latency:
             model = self.build(choices).model
-            with built_by_qcli():
+            with built_by_qcli(), phase("time"):
                 ratio = self.probe.latency_ratio(model)
                 for _ in range(SETTLE_TIMINGS - 1):
                     if self.ceiling is None or ratio <= self.ceiling:

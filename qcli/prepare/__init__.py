@@ -78,6 +78,9 @@ class PrepareResult:
     model: onnx.ModelProto
     notes: list[str] = field(default_factory=list)  # one human sentence per change made
     recovery: dict = field(default_factory=dict)  # what graph recovery steps changed (qcli.recovery)
+    # `model`'s weights as quantized by the builds made from it (`qcli.qdq.materialize`'s memo):
+    # the precision search builds hundreds of candidates from one prepared model
+    quantized: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def prepare(model: onnx.ModelProto, *, force: bool = False, opset: int = TARGET_OPSET) -> PrepareResult:

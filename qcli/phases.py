@@ -1,0 +1,78 @@
+"""Where a run's wall time goes: seconds and call counts per phase.
+
+`recording()` starts a record for the code it wraps; `phase(name)` anywhere below adds its
+wall time to the record, nested phases under their parent's path (`verify/search/build`), so
+the library needs no profiler threaded through its signatures. Without a record `phase` costs
+a context-variable lookup. `qcli quantize --json` reports the record as "phases" (and the
+summary prints the top level); benchmarks/profile.py prints it per exported model. Timings are
+the one part of the output that differs between identical runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Phases:
+    seconds: dict[str, float] = field(default_factory=dict)  # path -> wall seconds, summed over calls
+    counts: dict[str, int] = field(default_factory=dict)  # path -> calls
+    path: tuple[str, ...] = ()  # the phases open now
+
+    def add(self, path: str, seconds: float) -> None:
+        self.seconds[path] = self.seconds.get(path, 0.0) + seconds
+        self.counts[path] = self.counts.get(path, 0) + 1
+
+    def top(self) -> dict[str, float]:
+        """The outermost phases, in the order they first ran."""
+        return {p: s for p, s in self.seconds.items() if "/" not in p}
+
+    def to_dict(self) -> dict[str, dict[str, float | int]]:
+        """{path: {"seconds", "calls"}} in the order the phases first began (JSON)."""
+        return {p: {"seconds": round(s, 4), "calls": self.counts[p]} for p, s in self.seconds.items()}
+
+
+_record: ContextVar[Phases | None] = ContextVar("qcli_phases", default=None)
+
+
+@contextmanager
+def recording() -> Iterator[Phases]:
+    """A fresh record for everything timed inside the block."""
+    phases = Phases()
+    token = _record.set(phases)
+    try:
+        yield phases
+    finally:
+        _record.reset(token)
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Add the block's wall time to `name` under the phases open now (nothing without a record).
+
+    >>> with recording() as r:
+    ...     with phase("verify"):
+    ...         with phase("build"):
+    ...             pass
+    >>> list(r.counts)
+    ['verify', 'verify/build']
+    """
+    phases = _record.get()
+    if phases is None:
+        yield
+        return
+    outer = phases.path
+    phases.path = (*outer, name)
+    path = "/".join(phases.path)
+    phases.seconds.setdefault(path, 0.0)  # parents listed before their children
+    phases.counts.setdefault(path, 0)
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases.add(path, time.perf_counter() - start)
+        phases.path = outer
