@@ -93,10 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qcli-bench-half-") as tmp:
         for name in args.models:
-            model, _, needs = heldout.MODELS[name]
-            missing = ([str(model)] if not model.is_file() else []) + heldout.lacking(needs)
-            if missing:
-                console.print(f"[yellow]skipped {name}: {', '.join(missing)} not found[/yellow]")
+            if lacks := heldout.missing(name):
+                console.print(f"[yellow]skipped {name}: {', '.join(lacks)} not found[/yellow]")
                 continue
             table.add_row(*row(name, args.type, Path(tmp) / name), end_section=True)
     console.print(table)

@@ -97,6 +97,12 @@ def lacking(needs: str | None) -> list[str]:
     return [needs]
 
 
+def missing(name: str) -> list[str]:
+    """What model `name` needs and this machine lacks: its file (`make real-models`), its writer's program."""
+    model, _, needs = MODELS[name]
+    return ([str(model)] if not model.is_file() else []) + lacking(needs)
+
+
 def run_qcli(model: Path, calib: Path, out: Path, config: Path | None = None) -> tuple[int, dict | None, str]:
     """`qcli quantize MODEL -o OUT --data CALIB --json [--config CONFIG]` in its own process: exit
     code, JSON, error line."""
@@ -180,11 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qcli-bench-heldout-") as tmp:
         for name in args.models:
-            model, _, needs = MODELS[name]
-            missing = [str(model)] if not model.is_file() else []
-            missing += lacking(needs)
-            if missing:
-                console.print(f"[yellow]skipped {name}: {', '.join(missing)} not found "
+            model = MODELS[name][0]
+            if lacks := missing(name):
+                console.print(f"[yellow]skipped {name}: {', '.join(lacks)} not found "
                               f"(`make real-models`; Debian: apt-get install espeak-ng)[/yellow]")
                 continue
             began = time.perf_counter()

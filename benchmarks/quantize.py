@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/quantize.py                        # all sample models (~3 min)
     .venv/bin/python benchmarks/quantize.py --models cnn --runs 300 --rounds 3
+    PYTHONPATH=. .venv/bin/python benchmarks/quantize.py --exported   # the exported models: benchmarks/exported.py
 
 Each sample model (`sample_models/<name>/`) is quantized, in this one process, by:
 
@@ -558,6 +559,11 @@ def bench_console(setting: str = ""):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--exported" in argv:  # wall time and peak RSS on the exported models (its own options)
+        import exported  # benchmarks/exported.py
+
+        return exported.main([a for a in argv if a != "--exported"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--runs", type=int, default=100, help="timed runs per model and batch size (median, p90)")

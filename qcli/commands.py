@@ -17,7 +17,7 @@ from pathlib import Path
 from qcli import __version__
 from qcli.analyze import FORMATS, AnalyzeOptions, Report, analyze, evaluate, headline, sample_count, write_report
 from qcli.analyze.gates import Gates
-from qcli.calibrate.table import METHODS, CalibrationTable, load_table, save_table
+from qcli.calibrate.table import METHODS, CalibrationTable, load_table, save_table, solved_methods
 from qcli.calibrate.trtcache import write_trt_cache
 from qcli.config import PRESETS, config_yaml, load_config, load_preprocess
 from qcli.data import DataFolder, model_inputs
@@ -47,7 +47,9 @@ def inspect_command(model: Path, data: Path | None = None, *, config: str | None
 
 
 def calibrate_command(flags: CalibrateFlags, *, progress: ProgressFactory = no_progress) -> dict:
-    """Calibrate every range method on `flags.data`, write the calibration file; its document."""
+    """Calibrate on `flags.data`: the statistics, and the ranges of minmax (free) and the
+    selected method (`SOLVED`); write the calibration file (whose histograms let `quantize
+    --calib FILE --method M` solve another method later); its document."""
     flags.check()
     config = flags.calibration.load()
     model = load_model(flags.model)
@@ -57,7 +59,8 @@ def calibrate_command(flags: CalibrateFlags, *, progress: ProgressFactory = no_p
     out = flags.calibration_file
     start = time.perf_counter()
     with flags.scale.make() as pool, progress("calibrating", len(folder)) as advance:
-        table = calibrate(model, folder, config, progress=advance, strict=flags.strict, executor=pool)
+        table = calibrate(model, folder, config, progress=advance, strict=flags.strict, executor=pool,
+                          methods=solved_methods(config.calibration.method))
     save_table(table, out)
     doc = calibration_document(table, out, time.perf_counter() - start)
     if flags.trt_cache is not None:
@@ -78,7 +81,7 @@ def calibration_document(table: CalibrationTable, path: Path, seconds: float) ->
             name: {
                 "min": obs.min if obs.count else None,
                 "max": obs.max if obs.count else None,
-                **{m: list(table.ranges[m][name]) for m in METHODS},
+                **{m: list(table.ranges[m][name]) for m in METHODS if m in table.ranges},
                 "clipped": table.clipped(name),
             }
             for name, obs in table.observers.items()

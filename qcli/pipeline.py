@@ -17,7 +17,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from qcli.analyze import Gates, Report, analyze, sample_count, write_report
 from qcli.analyze.options import AnalyzeOptions
-from qcli.calibrate.table import METHODS, save_table
+from qcli.calibrate.table import save_table, solved_methods
 from qcli.calibrate.trtcache import write_trt_cache
 from qcli.config import Config, Section, config_error, load_config, parse_config
 from qcli.errors import ConfigError
@@ -112,7 +112,7 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -
     outcome = quantize_checked(
         load_model(model_path), config, data=local(pipeline.calibration_data), eval_data=optional(pipeline.eval_data),
         labels=optional(pipeline.labels), progress=progress,
-        methods=METHODS if pipeline.calibration_file else None,  # the file keeps every method
+        methods=solved_methods(config.calibration.method),  # minmax (free) and the method used
     )
     calibration_file = None
     if pipeline.calibration_file:

@@ -187,15 +187,13 @@ def calibration(console: Console, doc: dict, rows: int = 30) -> None:
     )
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
     table.add_column("tensor", overflow="fold", min_width=16)
-    for m in ("minmax", "percentile", "kl", "mse"):
+    ranges = list(doc["ranges"].items())
+    solved = [m for m in ("minmax", "percentile", "kl", "mse") if ranges and m in ranges[0][1]]
+    for m in solved:
         table.add_column(m + ("*" if m == method else ""), justify="right")
     table.add_column("clip*", justify="right")
-    for name, t in list(doc["ranges"].items())[:rows]:
-        table.add_row(
-            name,
-            *(f"{num(t[m][0])}…{num(t[m][1])}" for m in ("minmax", "percentile", "kl", "mse")),
-            f"{100 * t['clipped']:.3f}%",
-        )
+    for name, t in ranges[:rows]:
+        table.add_row(name, *(f"{num(t[m][0])}…{num(t[m][1])}" for m in solved), f"{100 * t['clipped']:.3f}%")
     console.print(table)
     if len(doc["ranges"]) > rows:
         console.print(f"... {len(doc['ranges']) - rows} more tensors in {doc['calibration_file']} (all with --json)")

@@ -154,6 +154,15 @@ def _solve(observer: TensorObserver, settings: RangeSettings, method: str) -> Ra
     return (float(lo), float(hi))
 
 
+def solved_methods(method: str) -> tuple[str, ...]:
+    """What `qcli calibrate` solves now: minmax (the observed ends: free) and `method`.
+
+    >>> solved_methods("mse"), solved_methods("minmax")
+    (('minmax', 'mse'), ('minmax',))
+    """
+    return tuple(dict.fromkeys(("minmax", method)))
+
+
 def build_table(
     observers: dict[str, TensorObserver],
     fingerprint: str,
@@ -162,8 +171,9 @@ def build_table(
     methods: tuple[str, ...] = METHODS,
     aliases: dict[str, str] | None = None,
 ) -> CalibrationTable:
-    """Solve each of `methods`' ranges for every tensor (the calibration file keeps all four;
-    `quantize --data` needs only its own) and note tensors that need a look. A tensor in
+    """Solve each of `methods`' ranges for every tensor (`qcli calibrate`: `solved_methods`;
+    `quantize --data` only its own; another is solved from the histograms when asked for,
+    `CalibrationTable.range`) and note tensors that need a look. A tensor in
     `aliases` holds the same values as another (a Reshape's output): its ranges are copied."""
     aliases = aliases or {}
     table = CalibrationTable(fingerprint, observers, samples, settings)
