@@ -497,10 +497,3 @@ def test_the_quick_probe_takes_the_first_samples_across_batches() -> None:
     assert head._float_session is probe._float_session  # one float session: it holds the weights
     single = Probe(model, [Batch({"x": x[i: i + 1]}, None, None, [f"{i}.npy"]) for i in range(9)], model_inputs(model))
     assert [b.size for b in single.head(4).batches] == [1, 1, 1, 1]
-    # k-fold (batches tagged 0, 0, 1): `one_fold` stops at the first fold's end, so a quick
-    # trial builds and loads one fold's model; without it the head crosses into fold 1
-    folded = Probe(model, batches, model_inputs(model), folds=[0, 0, 1])
-    assert folded.head(9).folds == [0, 0, 1] and folded.head(9) is folded
-    first = folded.head(9, one_fold=True)
-    assert first.samples == 6 and first.folds == [0, 0] and first.fold_indices == [0]
-    assert folded.head(4, one_fold=True).samples == 4 and folded.head(5).fold_indices == [0]

@@ -229,19 +229,15 @@ class Probe:
             custom=custom.result() if custom is not None else None,
         )
 
-    def head(self, n: int, one_fold: bool = False) -> Probe:
+    def head(self, n: int) -> Probe:
         """A probe on the first `n` samples (this one when it has no more): whole batches, the
         last one cut when it holds more. Only batches of several samples are ever cut, and
         those are stacked ones: inputs that do not stack (a recurrent state [2, N, 128], a
-        scalar) come one sample a batch and are fed as they are. `one_fold`: no further than
-        the first fold's samples (one candidate model to build and load, not one per fold)."""
-        first = len(self.batches)  # batches up to the first fold's end (folds are contiguous runs)
-        if one_fold and self.folds is not None:
-            first = next((j for j, k in enumerate(self.folds) if k != self.folds[0]), first)
-        if self.samples <= n and first == len(self.batches):
+        scalar) come one sample a batch and are fed as they are."""
+        if self.samples <= n:
             return self
         batches, taken = [], 0
-        for batch in self.batches[:first]:
+        for batch in self.batches:
             if taken >= n:
                 break
             k = min(n - taken, batch.size)

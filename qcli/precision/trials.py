@@ -302,8 +302,7 @@ def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
                       folds=context.folds)
         units = find_units(prepared.model, make_plan(prepared.model, context.config))
         trials = Trials(model, prepared, context.config, context.table, probe, units,
-                        max_trials=1 << 30, time_budget=float("inf"),
-                        quick_probe=probe.head(context.quick, one_fold=True))
+                        max_trials=1 << 30, time_budget=float("inf"), quick_probe=probe.head(context.quick))
         _WORKER_TRIALS[context.key] = trials
     results = []
     for item in chunk:
