@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -37,8 +38,9 @@ Use = tuple[int, int]
 Weight = tuple[np.ndarray, np.ndarray, np.ndarray]  # integers, scale, zero point
 # A float graph's weights quantized by earlier builds of it, by what they were quantized for:
 # the precision search builds hundreds of candidates from one prepared graph (qcli.prepare's
-# PrepareResult.quantized), and their weights are the same each time.
-WeightMemo = dict[Hashable, Weight]
+# PrepareResult.quantized), and their weights are the same each time. (qcli.qdq keeps the
+# graph without its initializers there too, under its own key.)
+WeightMemo = dict[Hashable, Any]
 
 
 @dataclass

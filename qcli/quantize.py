@@ -141,6 +141,7 @@ def quantize(
     is materialized (the sensitivity report's one-unit models: `qcli.precision.units.alone`)."""
     if table.observers:
         check_table(config, table.graph_steps)
+    reused = prepared is not None  # by several builds: its memo of quantized weights pays
     prepared = prepared or prepare_for(model, config, force=force)
     work, table, smoothed = recover(prepared.model, config, table)
     notes = list(prepared.notes)
@@ -156,7 +157,7 @@ def quantize(
         plan = restrict(plan, work)
     recovery = {**prepared.recovery, **smoothed}
     source = correct_biases(work, plan, config, table, recovery, notes)
-    memo = prepared.quantized if source is prepared.model else None  # weights changed: no memo
+    memo = prepared.quantized if reused and source is prepared.model else None  # weights changed: no memo
     out = materialize(source, plan, index if source is work else GraphIndex.of(source), memo)
     half = None
     if plan.half and config.half:
