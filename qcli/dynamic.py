@@ -16,9 +16,8 @@ Names derive from the tensor and node names: the output is deterministic.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnx
@@ -26,7 +25,7 @@ from onnx import helper, numpy_helper
 
 from qcli.graph import GraphIndex
 from qcli.plan import DynamicNode, Plan, WeightPlan
-from qcli.scheme import choose_qparams, quantize
+from qcli.qweights import WeightMemo, quantized_weight, weight_of
 
 CONTRIB = "com.microsoft"
 #: What the nodes replacing dynamic node N are named: N + one of these (kernel times attribute by it).
@@ -35,12 +34,6 @@ NODE_SUFFIXES = ("_MatMulInteger", "_Cast", "_scales_Mul", "_Mul", "_Add", "_bet
 QUANTIZER_SUFFIX = "_DynamicQuantize"  # the DynamicQuantizeLinear of activation x: x + this
 
 Use = tuple[int, int]
-Weight = tuple[np.ndarray, np.ndarray, np.ndarray]  # integers, scale, zero point
-# A float graph's weights quantized by earlier builds of it, by what they were quantized for:
-# the precision search builds hundreds of candidates from one prepared graph (qcli.prepare's
-# PrepareResult.quantized), and their weights are the same each time. (qcli.qdq keeps the
-# graph without its initializers there too, under its own key.)
-WeightMemo = dict[Hashable, Any]
 
 
 @dataclass
@@ -72,41 +65,6 @@ def dynamic_edits(index: GraphIndex, plan: Plan, rewired: Mapping[Use, str],
         FORMS[dn.form](edits, index, node, inputs, dn)
         edits.replaced.add(i)
     return edits
-
-
-def quantized_weight(values: np.ndarray, plan: WeightPlan) -> Weight:
-    """A weight's integers, scale and zero point: per channel along `plan.axis`, or per tensor.
-
-    >>> from qcli.scheme import QuantScheme
-    >>> plan = WeightPlan("w", QuantScheme.of("int8", "per_channel", True), 1)
-    >>> q, s, z = quantized_weight(np.array([[1.0, -0.5], [-2.0, 0.25]], np.float32), plan)
-    >>> q.tolist(), [round(float(v), 5) for v in s], z.tolist()
-    ([[64, -127], [-127, 64]], [0.01575, 0.00394], [0, 0])
-    """
-    scheme, axis = plan.scheme, plan.axis
-    if axis is None:
-        scale, zero = choose_qparams(values.min(), values.max(), scheme.dtype, scheme.symmetric)
-    else:
-        other = tuple(a for a in range(values.ndim) if a != axis)
-        scale, zero = choose_qparams(values.min(axis=other), values.max(axis=other), scheme.dtype, scheme.symmetric)
-    return quantize(values, scale, zero, scheme.dtype, axis, scheme.symmetric), scale, zero
-
-
-def weight_of(memo: WeightMemo | None, key: Hashable, values: Callable[[], np.ndarray],
-              plan: WeightPlan) -> Weight:
-    """`quantized_weight(values(), plan)`, remembered in `memo` under `key` (None: computed)."""
-    if memo is None:
-        return quantized_weight(values(), plan)
-    if key not in memo:
-        memo[key] = frozen(quantized_weight(values(), plan))
-    return memo[key]
-
-
-def frozen(weight: Weight) -> Weight:
-    """The arrays made read-only: a remembered weight is shared by every later build."""
-    for array in weight:
-        array.setflags(write=False)
-    return weight
 
 
 def _float_values(index: GraphIndex, name: str) -> Callable[[], np.ndarray]:

@@ -36,13 +36,14 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qcli.dynamic import Weight, WeightMemo, dynamic_edits, frozen
+from qcli.dynamic import dynamic_edits
 from qcli.errors import InternalError
 from qcli.graph import GraphIndex
 from qcli.info import names_used_inside
 from qcli.plan import BiasPlan, Group, Plan, WeightPlan
+from qcli.qweights import Weight, WeightMemo, weight_of
 from qcli.rules import is_kind, rule_for
-from qcli.scheme import PerBlock, choose_qparams, quantize
+from qcli.scheme import PerBlock, quantize
 
 CONTRIB = "com.microsoft"
 
@@ -161,13 +162,7 @@ class _Source:
 
     def weight(self, plan: WeightPlan) -> Weight:
         """The weight quantized under `plan` (remembered in `memo`)."""
-        key = ("qdq", plan)
-        if self.memo is None or key not in self.memo:
-            done = _quantize_weight(self.values(plan.name).astype(np.float32), plan)
-            if self.memo is None:
-                return done
-            self.memo[key] = frozen(done)
-        return self.memo[key]
+        return weight_of(self.memo, ("qdq", plan), lambda: self.values(plan.name).astype(np.float32), plan)
 
 
 @dataclass
@@ -221,42 +216,6 @@ def _weight_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.nda
             if source.reads_shape_only(use) and not dtype.is_float:  # the integer copy has the shape
                 edits.inputs[use] = f"{wp.name}_quantized"
     return edits, scales
-
-
-def _quantize_weight(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A float weight's integer values, scale and zero point under `plan`."""
-    scheme, axis = plan.scheme, plan.axis
-    scale, zero = _weight_qparams(values, plan)
-    if isinstance(scheme.granularity, PerBlock) and axis is not None:
-        block, size = scheme.granularity.size, values.shape[axis]
-        q = quantize(values, _expand_blocks(scale, block, axis, size), _expand_blocks(zero, block, axis, size),
-                     scheme.dtype, None, scheme.symmetric)
-    else:
-        q = quantize(values, scale, zero, scheme.dtype, axis, scheme.symmetric)
-    return q, scale, zero
-
-
-def _weight_qparams(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np.ndarray]:
-    """Scale and zero point of a weight: one, one per channel along `axis`, or one per block of
-    values along `axis` (then shaped like the weight with that axis shortened)."""
-    scheme, axis = plan.scheme, plan.axis
-    if axis is None:
-        return choose_qparams(values.min(), values.max(), scheme.dtype, scheme.symmetric)
-    if isinstance(scheme.granularity, PerBlock):
-        moved = np.moveaxis(values, axis, 0)
-        size, block = moved.shape[0], scheme.granularity.size
-        count = -(-size // block)
-        padded = np.pad(moved, [(0, count * block - size)] + [(0, 0)] * (moved.ndim - 1))
-        blocks = padded.reshape(count, block, *moved.shape[1:])
-        scale, zero = choose_qparams(blocks.min(axis=1), blocks.max(axis=1), scheme.dtype, scheme.symmetric)
-        return np.moveaxis(scale, 0, axis), np.moveaxis(zero, 0, axis)
-    other = tuple(a for a in range(values.ndim) if a != axis)
-    return choose_qparams(values.min(axis=other), values.max(axis=other), scheme.dtype, scheme.symmetric)
-
-
-def _expand_blocks(param: np.ndarray, block: int, axis: int, size: int) -> np.ndarray:
-    """Per-block params repeated to the weight's shape (for quantizing the values)."""
-    return np.take(np.repeat(param, block, axis=axis), np.arange(size), axis=axis)
 
 
 def _block_size(plan: WeightPlan) -> int:
