@@ -57,7 +57,6 @@ class Run:
     rss_mb: float
     code: int
     out: str = ""
-    err: str = ""
 
 
 def child(kind: str, model: Path, calib: Path, out: Path) -> Run:
@@ -70,7 +69,7 @@ def child(kind: str, model: Path, calib: Path, out: Path) -> Run:
     took = time.perf_counter() - start
     lines = done.stderr.strip().splitlines()
     peak = next((float(line.split()[1]) for line in reversed(lines) if line.startswith(PEAK)), float("nan"))
-    return Run(took, peak / 1024, done.returncode, done.stdout, done.stderr)
+    return Run(took, peak / 1024, done.returncode, done.stdout)
 
 
 PEAK = "peak-rss-kb"

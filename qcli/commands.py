@@ -48,7 +48,7 @@ def inspect_command(model: Path, data: Path | None = None, *, config: str | None
 
 def calibrate_command(flags: CalibrateFlags, *, progress: ProgressFactory = no_progress) -> dict:
     """Calibrate on `flags.data`: the statistics, and the ranges of minmax (free) and the
-    selected method (`SOLVED`); write the calibration file (whose histograms let `quantize
+    selected method (`solved_methods`); write the calibration file (whose histograms let `quantize
     --calib FILE --method M` solve another method later); its document."""
     flags.check()
     config = flags.calibration.load()

@@ -4,7 +4,7 @@
 wall time to the record, nested phases under their parent's path (`verify/search/build`), so
 the library needs no profiler threaded through its signatures. Without a record `phase` costs
 a context-variable lookup. `qcli quantize --json` reports the record as "phases" (and the
-summary prints the top level); benchmarks/profile.py prints it per exported model. Timings are
+summary prints the top level); benchmarks/exported.py prints it per exported model. Timings are
 the one part of the output that differs between identical runs.
 """
 
@@ -26,10 +26,6 @@ class Phases:
     def add(self, path: str, seconds: float) -> None:
         self.seconds[path] = self.seconds.get(path, 0.0) + seconds
         self.counts[path] = self.counts.get(path, 0) + 1
-
-    def top(self) -> dict[str, float]:
-        """The outermost phases, in the order they first ran."""
-        return {p: s for p, s in self.seconds.items() if "/" not in p}
 
     def to_dict(self) -> dict[str, dict[str, float | int]]:
         """{path: {"seconds", "calls"}} in the order the phases first began (JSON)."""

@@ -60,8 +60,8 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
                 memo: WeightMemo | None = None) -> onnx.ModelProto:
     """A new model with the plan's Q/DQ nodes, quantized weights and biases. `index`: the
     model's GraphIndex when the caller has it (its positions hold in the copy edited here).
-    `memo`: the weights of `model` quantized by earlier calls, which this call adds to (the
-    caller keeps one per float graph, never one shared by two graphs).
+    `memo`: what earlier calls on `model` left (`WeightMemo`: its quantized weights, the graph
+    without its initializers), which this call adds to (one per float graph, never shared).
 
     The steps: what each weight, group and bias adds (initializers, nodes, rewired inputs),
     read off the float graph; the rewiring applied; redundant Relu/Clips dropped; float
@@ -95,16 +95,12 @@ def _copy_to_edit(model: onnx.ModelProto, memo: WeightMemo | None) -> onnx.Model
     if memo is None:
         out.CopyFrom(model)
         return out
-    if _SHELL not in memo:
-        shell = onnx.ModelProto()
-        shell.CopyFrom(model)
-        del shell.graph.initializer[:]
-        memo[_SHELL] = shell  # not a Weight: the memo's one other entry
-    out.CopyFrom(memo[_SHELL])
+    if memo.shell is None:
+        memo.shell = onnx.ModelProto()
+        memo.shell.CopyFrom(model)
+        del memo.shell.graph.initializer[:]
+    out.CopyFrom(memo.shell)
     return out
-
-
-_SHELL = ("qdq", "model without initializers")
 
 
 @dataclass(frozen=True)

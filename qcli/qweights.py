@@ -7,19 +7,25 @@ one prepared model; their weights are the same each time). Used by the Q/DQ rewr
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 
 from qcli.plan import WeightPlan
 from qcli.scheme import PerBlock, choose_qparams, quantize
 
 Weight = tuple[np.ndarray, np.ndarray, np.ndarray]  # integers, scale, zero point
-# A float graph's weights quantized by earlier builds of it, by what they were quantized for:
-# the precision search builds hundreds of candidates from one prepared graph (qcli.prepare's
-# PrepareResult.quantized), and their weights are the same each time. (qcli.qdq keeps the
-# graph without its initializers there too, under its own key.)
-WeightMemo = dict[Hashable, Any]
+
+
+@dataclass
+class WeightMemo:
+    """What the builds from one float graph share (qcli.prepare's PrepareResult.quantized):
+    its weights as quantized by earlier builds, by what they were quantized for, and the graph
+    without its initializers (qcli.qdq copies that, not the float weights it replaces)."""
+
+    weights: dict[Hashable, Weight] = field(default_factory=dict)
+    shell: onnx.ModelProto | None = None
 
 
 def quantized_weight(values: np.ndarray, plan: WeightPlan) -> Weight:
@@ -71,9 +77,9 @@ def weight_of(memo: WeightMemo | None, key: Hashable, values: Callable[[], np.nd
     """`quantized_weight(values(), plan)`, remembered in `memo` under `key` (None: computed)."""
     if memo is None:
         return quantized_weight(values(), plan)
-    if key not in memo:
-        memo[key] = _frozen(quantized_weight(values(), plan))
-    return memo[key]
+    if key not in memo.weights:
+        memo.weights[key] = _frozen(quantized_weight(values(), plan))
+    return memo.weights[key]
 
 
 def _frozen(weight: Weight) -> Weight:

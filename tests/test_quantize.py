@@ -158,8 +158,9 @@ def test_builds_from_one_prepared_model_share_its_quantized_weights(tmp_path: Pa
         table = calibrate(model, folder, config, methods=(config.calibration.method,))
         prepared = prepare_for(model, config)
         first = quantize(model, config, table, prepared=prepared).model.SerializeToString()
-        weights = [w for w in prepared.quantized.values() if isinstance(w, tuple)]  # (the other: the shell)
+        weights = prepared.quantized.weights.values()
         assert weights and all(not a.flags.writeable for w in weights for a in w)
+        assert prepared.quantized.shell is not None and not prepared.quantized.shell.graph.initializer
         again = quantize(model, config, table, prepared=prepared).model.SerializeToString()
         fresh = quantize(model, config, table).model.SerializeToString()
         assert first == again == fresh
@@ -167,4 +168,4 @@ def test_builds_from_one_prepared_model_share_its_quantized_weights(tmp_path: Pa
     table = calibrate(model, folder, smooth, methods=("mse",))
     prepared = prepare_for(model, smooth)
     quantize(model, smooth, table, prepared=prepared)
-    assert prepared.quantized == {}
+    assert prepared.quantized.weights == {} and prepared.quantized.shell is None

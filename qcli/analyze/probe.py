@@ -43,9 +43,9 @@ from qcli.errors import DataError
 from qcli.phases import phase
 from qcli.runtime import make_session
 
-# The agreement each kind is gated on, by name (a check's name; cosine is gated apart).
 PROFILE_RUNS = (5, 20)  # profiled runs per node-time profile: at least, at most
 PROFILE_MS = 100.0  # float run time the profiled runs take at most, above the least runs
+# The agreement each kind is gated on, by name (a check's name; cosine is gated apart).
 AGREEMENT = {Kind.TOP1: "top-1 agreement", Kind.SEQUENCE: "sequence agreement", Kind.MASK: "mask agreement",
              Kind.PER_ELEMENT: "element agreement"}
 

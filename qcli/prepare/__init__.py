@@ -55,6 +55,7 @@ from qcli.prepare.guard import refuse_quantized
 from qcli.prepare.opset import upgrade_opset
 from qcli.prepare.shapes import infer_shapes
 from qcli.prepare.subgraphs import inline_constant_if
+from qcli.qweights import WeightMemo
 
 Pass = Callable[[onnx.ModelProto, Options], PassResult]
 
@@ -78,9 +79,9 @@ class PrepareResult:
     model: onnx.ModelProto
     notes: list[str] = field(default_factory=list)  # one human sentence per change made
     recovery: dict = field(default_factory=dict)  # what graph recovery steps changed (qcli.recovery)
-    # `model`'s weights as quantized by the builds made from it (`qcli.qdq.materialize`'s memo):
-    # the precision search builds hundreds of candidates from one prepared model
-    quantized: dict = field(default_factory=dict, repr=False, compare=False)
+    # what the builds made from `model` share (`qcli.qweights.WeightMemo`, `qcli.qdq.materialize`'s
+    # memo): the precision search builds hundreds of candidates from one prepared model
+    quantized: WeightMemo = field(default_factory=WeightMemo, repr=False, compare=False)
 
 
 def prepare(model: onnx.ModelProto, *, force: bool = False, opset: int = TARGET_OPSET) -> PrepareResult:
