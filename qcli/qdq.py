@@ -43,6 +43,7 @@ from qcli.info import names_used_inside
 from qcli.plan import BiasPlan, Group, Plan, WeightPlan
 from qcli.qweights import Weight, WeightMemo, weight_of
 from qcli.rules import is_kind, rule_for
+from qcli.runtime import SharedWeights
 from qcli.scheme import PerBlock, quantize
 
 CONTRIB = "com.microsoft"
@@ -57,11 +58,13 @@ def qdq_domain(bits: int, opset: int) -> str:
 
 
 def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = None,
-                memo: WeightMemo | None = None) -> onnx.ModelProto:
+                memo: WeightMemo | None = None, lean: bool = False) -> onnx.ModelProto:
     """A new model with the plan's Q/DQ nodes, quantized weights and biases. `index`: the
     model's GraphIndex when the caller has it (its positions hold in the copy edited here).
     `memo`: what earlier calls on `model` left (`WeightMemo`: its quantized weights, the graph
     without its initializers), which this call adds to (one per float graph, never shared).
+    `lean` (with `memo`): the float initializers kept are references to the memo's
+    `SharedWeights`: a model for onnxruntime sessions only (qcli.runtime.make_session).
 
     The steps: what each weight, group and bias adds (initializers, nodes, rewired inputs),
     read off the float graph; the rewiring applied; redundant Relu/Clips dropped; float
@@ -78,7 +81,10 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
     _rewire(graph, edits)
     dropped = _drop_redundant_clips(graph, plan, source.producer, source.inits) | dynamic.replaced
     old_nodes = [n for i, n in enumerate(graph.node) if i not in dropped]
-    _drop_unread_initializers(graph, source.inits, old_nodes, edits, withheld=memo is not None)
+    shared = None
+    if memo is not None and lean:
+        shared = memo.shared = memo.shared or SharedWeights(source.inits.values())
+    _drop_unread_initializers(graph, source.inits, old_nodes, edits, withheld=memo is not None, shared=shared)
     _import_contrib_domain(out, edits.nodes)
     nodes = _toposort([*old_nodes, *edits.nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
     del graph.node[:]
@@ -423,15 +429,18 @@ def _clip_bounds(node: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto]) ->
 
 def _drop_unread_initializers(
     graph: onnx.GraphProto, inits: Mapping[str, onnx.TensorProto], old_nodes: list[onnx.NodeProto], edits: _Edits,
-    withheld: bool = False,
+    withheld: bool = False, shared: SharedWeights | None = None,
 ) -> None:
     """The float initializers nothing reads any more dropped (and their graph inputs, in old
     models that list initializers as inputs), the new ones appended. `withheld`: the graph was
-    copied without its initializers (`_copy_to_edit`): the ones still read come from `inits`."""
+    copied without its initializers (`_copy_to_edit`): the ones still read come from `inits`
+    (as references to `shared` when given)."""
     read = {name for node in [*old_nodes, *edits.nodes] for name in node.input}
     read |= {name for node in old_nodes for name in names_used_inside(node)}
     read |= {o.name for o in graph.output}  # a graph output reads its initializer too
     kept = [t for t in (inits.values() if withheld else graph.initializer) if t.name in read]
+    if shared is not None:
+        kept = [shared.reference(t) for t in kept]
     del graph.initializer[:]
     graph.initializer.extend(kept + edits.inits)
     inputs = [i for i in graph.input if i.name not in inits or i.name in read]

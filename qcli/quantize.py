@@ -133,12 +133,15 @@ def quantize(
     strict: bool = False,
     prepared: PrepareResult | None = None,
     restrict: Callable[[Plan, onnx.ModelProto], Plan] | None = None,
+    lean: bool = False,
 ) -> QuantizeResult:
     """Quantize `model` with the ranges of `table` (solved for `config`'s method and dtype).
     `strict`: a config rule that matches nothing raises ConfigError instead of a warning.
     `prepared`: the result of `prepare_for(model, config)` when the caller has it already (not
     changed). `restrict(plan, graph)`: a last change to the plan, its ranges assigned, before it
-    is materialized (the sensitivity report's one-unit models: `qcli.precision.units.alone`)."""
+    is materialized (the sensitivity report's one-unit models: `qcli.precision.units.alone`).
+    `lean`: a model for onnxruntime sessions only, never written (qcli.qdq.materialize: the
+    float weights it keeps are references to the prepared model's, when `prepared` is reused)."""
     if table.observers:
         check_table(config, table.graph_steps)
     reused = prepared is not None  # by several builds: its memo of quantized weights pays
@@ -158,7 +161,8 @@ def quantize(
     recovery = {**prepared.recovery, **smoothed}
     source = correct_biases(work, plan, config, table, recovery, notes)
     memo = prepared.quantized if reused and source is prepared.model else None  # weights changed: no memo
-    out = materialize(source, plan, index if source is work else GraphIndex.of(source), memo)
+    lean = lean and not (plan.half and config.half)  # the 16-bit rewrite reads the float weights
+    out = materialize(source, plan, index if source is work else GraphIndex.of(source), memo, lean)
     half = None
     if plan.half and config.half:
         wanted = {work.graph.node[i].output[0] for i in plan.half}

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from qcli.plan import WeightPlan
+from qcli.runtime import SharedWeights
 from qcli.scheme import PerBlock, choose_qparams, quantize
 
 Weight = tuple[np.ndarray, np.ndarray, np.ndarray]  # integers, scale, zero point
@@ -22,10 +23,12 @@ Weight = tuple[np.ndarray, np.ndarray, np.ndarray]  # integers, scale, zero poin
 class WeightMemo:
     """What the builds from one float graph share (qcli.prepare's PrepareResult.quantized):
     its weights as quantized by earlier builds, by what they were quantized for, and the graph
-    without its initializers (qcli.qdq copies that, not the float weights it replaces)."""
+    without its initializers (qcli.qdq copies that, not the float weights it replaces), and its
+    float initializers held once for the sessions of lean builds (`SharedWeights`)."""
 
     weights: dict[Hashable, Weight] = field(default_factory=dict)
     shell: onnx.ModelProto | None = None
+    shared: SharedWeights | None = None
 
 
 def quantized_weight(values: np.ndarray, plan: WeightPlan) -> Weight:

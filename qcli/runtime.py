@@ -14,9 +14,13 @@ for uint8 only; onnxruntime 1.32 on the sample CNN: top-1 agreement 0.19 instead
 
 from __future__ import annotations
 
+import itertools
 import tempfile
+import weakref
+from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 from google.protobuf.message import EncodeError
@@ -27,6 +31,58 @@ from qcli.scheme import FLOAT8_TYPES
 from qcli.twin import emulated
 
 _INLINE_LIMIT = 2**31 - 256 * 2**20  # models bigger than this go through a temporary file
+_HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+SHARED_MIN_BYTES = 1024  # smaller initializers stay in the model: a reference costs about as much
+
+
+class SharedWeights:
+    """Initializers of one float graph held once, as an in-memory external-data file that the
+    sessions of the models built from the graph read (`reference`; make_session supplies the
+    buffer): the precision search's candidates, mostly float weights copied from one graph, then
+    neither copy those weights into their ModelProto nor serialize them nor make onnxruntime
+    parse them (ddddocr's 54 MB: ~80 ms serializing and ~60 ms of loading a session, per
+    candidate and fold). Such a model is for sessions only: it is never written."""
+
+    _counter = itertools.count()
+
+    def __init__(self, initializers: Iterable[onnx.TensorProto]):
+        chunks: list[bytes] = []
+        self.at: dict[str, tuple[int, int]] = {}  # name -> (offset, length) in the buffer
+        offset = 0
+        for tensor in initializers:
+            raw = tensor.raw_data
+            if (tensor.data_location == onnx.TensorProto.EXTERNAL or len(raw) < SHARED_MIN_BYTES
+                    or tensor.data_type in _HALF_TYPES):  # a 16-bit float runs through its twin (values read)
+                continue
+            pad = -offset % 64  # aligned as onnxruntime's own external data files are
+            chunks += [bytes(pad), raw]
+            self.at[tensor.name] = (offset + pad, len(raw))
+            offset += pad + len(raw)
+        self.buffer = np.frombuffer(b"".join(chunks), np.uint8)
+        self.location = f"qcli-shared-{next(self._counter)}.bin"  # never a file: only a key
+        _SHARED[self.location] = self
+
+    def reference(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        """`tensor` (one of the graph's initializers, unchanged) as a reference into the buffer;
+        itself when the buffer does not hold it."""
+        if tensor.name not in self.at:
+            return tensor
+        offset, length = self.at[tensor.name]
+        ref = onnx.TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type,
+                               data_location=onnx.TensorProto.EXTERNAL)
+        for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(length))):
+            ref.external_data.add(key=key, value=value)
+        return ref
+
+
+_SHARED: weakref.WeakValueDictionary[str, SharedWeights] = weakref.WeakValueDictionary()
+
+
+def _shared_by(model: onnx.ModelProto) -> list[SharedWeights]:
+    """The SharedWeights the model's initializers reference."""
+    locations = {e.value for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+                 for e in t.external_data if e.key == "location"}
+    return [_SHARED[name] for name in sorted(locations) if name in _SHARED]
 
 
 def session_options(threads: int | None = None) -> ort.SessionOptions:
@@ -74,6 +130,10 @@ def make_session(
     providers = ["CPUExecutionProvider"]
     if isinstance(model, onnx.ModelProto):
         model = emulated(model, rounding=not timing) or model  # float16/bfloat16 nodes: a float32 twin
+        shared = _shared_by(model)
+        if shared:
+            options.add_external_initializers_from_files_in_memory(
+                [w.location for w in shared], [w.buffer for w in shared], [len(w.buffer) for w in shared])
     try:
         if isinstance(model, (str, Path)):
             return ort.InferenceSession(str(model), options, providers=providers)

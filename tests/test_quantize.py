@@ -169,3 +169,31 @@ def test_builds_from_one_prepared_model_share_its_quantized_weights(tmp_path: Pa
     prepared = prepare_for(model, smooth)
     quantize(model, smooth, table, prepared=prepared)
     assert prepared.quantized.weights == {} and prepared.quantized.shell is None
+
+
+def test_a_lean_build_runs_as_the_full_build_without_copying_float_weights() -> None:
+    """A lean build (the search's fold models: sessions only) keeps its float weights as
+    references to the prepared model's, held once in memory (`SharedWeights`): its session's
+    outputs are the full build's, bit for bit, and its bytes hold none of those weights."""
+    from qcli.config import Match, Override, load_config
+    from qcli.data import DataFolder, model_inputs
+    from qcli.quantize import calibrate, prepare_for, quantize
+    from qcli.runtime import make_session
+
+    transformer = SAMPLE_MODELS / "transformer"
+    model = onnx.load(transformer / "model.onnx")
+    folder = DataFolder(transformer / "calib", model_inputs(model), samples=8)
+    config = load_config(None)
+    config = config.model_copy(update={"overrides": [Override(match=Match(op_types=["MatMul"]), precision="float")]})
+    table = calibrate(model, folder, config, methods=(config.calibration.method,))
+    prepared = prepare_for(model, config)
+    full = quantize(model, config, table, prepared=prepared).model
+    lean = quantize(model, config, table, prepared=prepared, lean=True).model
+    referenced = [t.name for t in lean.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert referenced and prepared.quantized.shared is not None
+    assert set(referenced) <= set(prepared.quantized.shared.at)
+    assert len(lean.SerializeToString()) < len(full.SerializeToString()) / 2
+    feeds = next(iter(folder.batches(4))).inputs
+    expected = make_session(full).run(None, feeds)
+    got = make_session(lean).run(None, feeds)
+    assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))

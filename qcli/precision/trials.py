@@ -97,16 +97,17 @@ class Trials:
             self._built[key] = self._quantize(choices, self.table)
         return self._built[key]
 
-    def _quantize(self, candidate: Candidate, table: CalibrationTable) -> QuantizeResult:
+    def _quantize(self, candidate: Candidate, table: CalibrationTable, lean: bool = False) -> QuantizeResult:
+        """The candidate built with `table`; `lean`: for a session only (qcli.quantize)."""
         from qcli.quantize import quantize
 
         with phase("build"):
             if isinstance(candidate, Alone):
                 unit = next(u for u in self.units if u.node == candidate.unit)
                 return quantize(self.model, self.config, table, prepared=self.prepared,
-                                restrict=lambda plan, graph: alone(plan, graph, unit))
+                                restrict=lambda plan, graph: alone(plan, graph, unit), lean=lean)
             return quantize(self.model, promoted_config(self.config, candidate, self.units), table,
-                            prepared=self.prepared)
+                            prepared=self.prepared, lean=lean)
 
     def measured(self, choices: Candidate, probe: Probe) -> tuple[onnx.ModelProto | Callable[[int], onnx.ModelProto],
                                                                     Callable[[], QuantizeResult]]:
@@ -121,7 +122,7 @@ class Trials:
 
         def fold_model(k: int) -> onnx.ModelProto:
             folds.clear()  # the last one only: one fold's model in memory at a time
-            folds[k] = self._quantize(choices, self.table.folds[k])
+            folds[k] = self._quantize(choices, self.table.folds[k], lean=True)  # measured, never kept
             return folds[k].model
 
         return fold_model, lambda: next(iter(folds.values()))
