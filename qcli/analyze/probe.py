@@ -259,13 +259,16 @@ class Probe:
         feeds, _ = timed_inputs(self.batches[0], self.inputs, 1)
         return feeds
 
-    def latency_ratio(self, candidate: onnx.ModelProto, runs: int = 40, warmup: int = 5) -> Ratio:
+    def latency_ratio(self, candidate: onnx.ModelProto, runs: int = 40, warmup: int = 5,
+                      fresh: bool = False) -> Ratio:
         """Latency of `candidate` / latency of the float model (batch 1): the median of `runs`
-        alternating rounds' ratios, with its interval (`latency.Ratio`)."""
+        alternating rounds' ratios, with its interval (`latency.Ratio`). `fresh`: against a new
+        float session too (a timing again: `Ratio.retimed`)."""
         session = make_session(candidate, self.threads, timing=True)
+        reference = make_session(self.float_model, self.threads) if fresh else self._float_session
         feeds = self.feeds()
         speed = measure(
-            lambda: self._float_session.run(None, feeds), lambda: session.run(None, feeds),
+            lambda: reference.run(None, feeds), lambda: session.run(None, feeds),
             runs=runs, warmup=warmup, batch=1, threads=self.threads,
         )
         return paired(speed)

@@ -203,10 +203,11 @@ class Trials:
 
     def latency(self, choices: Choices) -> Ratio:
         """Latency ratio to the float model, with its interval (`latency.Ratio`). A ratio above
-        `ceiling` is timed again, up to SETTLE_TIMINGS times in all (fresh sessions each time),
-        the rounds pooled, while the pooled median stays above it: one timing on a busy machine
-        can be off by several percent in either direction, with a narrow interval when the burst
-        lasts the whole timing. The pooled interval decides (`Goal.fast`)."""
+        `ceiling` is timed again, up to SETTLE_TIMINGS times in all (fresh sessions of both
+        models each time, `Ratio.retimed`), while the pooled median stays above it: one timing
+        on a busy machine, or with unlucky thread placement, can be off by several percent in
+        either direction, with a narrow interval. The interval spanning the timings decides
+        (`Goal.fast`): measurably slower only when every timing says so."""
         key = frozenset(choices.items())
         if key not in self._latency:
             model = self.build(choices).model
@@ -215,7 +216,7 @@ class Trials:
                 for _ in range(SETTLE_TIMINGS - 1):
                     if self.ceiling is None or ratio <= self.ceiling:
                         break
-                    ratio = ratio.pooled(self.probe.latency_ratio(model))
+                    ratio = ratio.retimed(self.probe.latency_ratio(model, fresh=True))
             self._latency[key] = ratio
         return self._latency[key]
 
