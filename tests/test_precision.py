@@ -11,7 +11,7 @@ from conftest import parse_model
 from qcli.analyze.probe import Fidelity, OutputFidelity
 from qcli.config import Config, parse_config
 from qcli.plan import make_plan
-from qcli.precision import Goal, Unit, attribute, find_units, promoted_config, search
+from qcli.precision import Goal, StepKind, Unit, attribute, find_units, promoted_config, search
 from qcli.quantize import prepare_for
 
 
@@ -402,3 +402,32 @@ def test_accuracy_criterion_with_every_unit_promoted_for_speed_and_no_budget_lef
     found = search(us, trials, Goal("accuracy", max_drop=0.01, max_latency_ratio=1.0), costs)
     assert found.met and found.choices == {"a": "float", "b": "float"}
     assert found.steps[1].action == "slower in int8: promoted"
+
+
+class HiddenOnFewSamples(FakeTrials):
+    """FakeTrials whose unit `hidden` adds `extra` error only on all samples (the quick probe's
+    few samples miss it)."""
+
+    def __init__(self, errors: dict[str, float], hidden: str, extra: float):
+        super().__init__(errors)
+        self.hidden, self.extra = hidden, extra
+
+    def fidelity(self, choices: dict[str, str], quick: bool = False) -> Fidelity:
+        f = super().fidelity(choices, quick)
+        if quick or self.hidden in choices:
+            return f
+        error = f.noise + self.extra
+        return Fidelity((OutputFidelity("y", False, None, 1.0 - error, None),), noise=error)
+
+
+def test_a_prune_that_does_not_hold_is_redone_over_the_units_it_changed() -> None:
+    """x's error shows on all samples only: the prefix doubles until it takes x along, the
+    quick prune sends x, c and b back, which all samples refuse; the prune redone on all
+    samples tries those three again (x stays promoted), not a, which the quick probe showed
+    needed."""
+    errors = {"a": 0.05, "b": 0.001, "c": 0.001, "x": 0.0}
+    us = units(*errors)
+    found = search(us, HiddenOnFewSamples(errors, "x", 0.05), Goal(max_drop=0.03), float_costs(us))
+    assert found.met and found.choices == {"a": "float", "x": "float"}
+    redone = [s.changed for s in found.steps if s.kind is StepKind.PRUNE and not s.quick]
+    assert redone == [["x"], ["c"], ["b"]]

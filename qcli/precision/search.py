@@ -430,10 +430,8 @@ def _prune(s: _Search, ranking: _Promotions, chosen: Choices, order: list[str], 
         chunks = [[n] for n in pending]
     while chunks and not s.trials.exhausted():
         chunk = chunks.pop(0)
-        if cheaper is None:
-            trial = {k: v for k, v in chosen.items() if k not in chunk}
-        else:
-            trial = {**chosen, **{n: cheaper[n] for n in chunk}}
+        trial = ({k: v for k, v in chosen.items() if k not in chunk} if cheaper is None
+                 else {**chosen, **{n: cheaper[n] for n in chunk}})
         f = s.trials.fidelity(trial, quick=quick)
         ok = s.accurate(f)
         if cheaper is None:
@@ -455,7 +453,8 @@ def _settle(s: _Search, ranking: _Promotions, cheaper: dict[str, Choice] | None 
     """The accuracy search: the shortest prefix, the prune and (with `cheaper`) each promoted
     unit tried in its cheaper promotion, on the quick probe (a few samples: cheap), each result
     confirmed on all samples (a few samples can flatter a candidate: the prefix then doubles
-    until it holds; a prune that does not hold is redone on all samples)."""
+    until it holds; a prune that does not hold is redone on all samples over the units it
+    changed: the ones the quick probe found needed stay promoted)."""
     k = _shortest_prefix(s, ranking, quick=True)
     if k is None:
         return None
@@ -476,8 +475,8 @@ def _settle(s: _Search, ranking: _Promotions, cheaper: dict[str, Choice] | None 
             f = s.trials.fidelity(changed)
             ok = s.accurate(f)
             s.log(StepKind.CONFIRM, f"confirm {what} on all samples", [], changed if ok else chosen, f, kept=ok)
-            # a change that does not hold on all samples is redone on all samples
-            chosen = changed if ok else _prune(s, ranking, chosen, order, cheaper=change)
+            redo = [n for n in order if changed.get(n) != chosen.get(n)]  # docstring
+            chosen = changed if ok else _prune(s, ranking, chosen, redo, cheaper=change)
     return chosen
 
 
