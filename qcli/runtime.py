@@ -46,19 +46,17 @@ class SharedWeights:
     _counter = itertools.count()
 
     def __init__(self, initializers: Iterable[onnx.TensorProto]):
-        chunks: list[bytes] = []
+        data = bytearray()  # grown tensor by tensor: no second copy of every weight at once
         self.at: dict[str, tuple[int, int]] = {}  # name -> (offset, length) in the buffer
-        offset = 0
         for tensor in initializers:
             raw = tensor.raw_data
             if (tensor.data_location == onnx.TensorProto.EXTERNAL or len(raw) < SHARED_MIN_BYTES
                     or tensor.data_type in _HALF_TYPES):  # a 16-bit float runs through its twin (values read)
                 continue
-            pad = -offset % 64  # aligned as onnxruntime's own external data files are
-            chunks += [bytes(pad), raw]
-            self.at[tensor.name] = (offset + pad, len(raw))
-            offset += pad + len(raw)
-        self.buffer = np.frombuffer(b"".join(chunks), np.uint8)
+            data += bytes(-len(data) % 64)  # aligned as onnxruntime's own external data files are
+            self.at[tensor.name] = (len(data), len(raw))
+            data += raw
+        self.buffer = np.frombuffer(data, np.uint8)
         self.location = f"qcli-shared-{next(self._counter)}.bin"  # never a file: only a key
         _SHARED[self.location] = self
 

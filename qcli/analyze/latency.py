@@ -65,7 +65,7 @@ class Ratio(float):
         >>> float(r), r.low, r.high, r.count
         (1.1, 1.0, 1.2, 80)
         """
-        both = Ratio(self.rounds + other.rounds)
+        both = self.pooled(other)
         both.low, both.high = min(self.low, other.low), max(self.high, other.high)
         return both
 

@@ -475,7 +475,7 @@ def _settle(s: _Search, ranking: _Promotions, cheaper: dict[str, Choice] | None 
             f = s.trials.fidelity(changed)
             ok = s.accurate(f)
             s.log(StepKind.CONFIRM, f"confirm {what} on all samples", [], changed if ok else chosen, f, kept=ok)
-            redo = [n for n in order if changed.get(n) != chosen.get(n)]  # docstring
+            redo = [n for n in order if changed.get(n) != chosen.get(n)]  # what the quick prune changed
             chosen = changed if ok else _prune(s, ranking, chosen, redo, cheaper=change)
     return chosen
 
