@@ -168,9 +168,19 @@ def test_a_small_budget_measures_blocks_of_units_and_stops_safely() -> None:
     us = units(*names)
     trials = FakeTrials(errors, max_trials=30)
     found = search(us, trials, Goal(max_drop=0.01), float_costs(us))
-    assert found.steps[1].action == "sensitivity by blocks (one trial per unit does not fit the budget)"
+    assert found.steps[1].action == "sensitivity by blocks (one trial per unit does not fit the trial budget)"
     assert found.met and found.choices == {"u29": "float"}
     assert trials.count <= 30
+
+
+def test_what_the_search_can_afford_is_counted_not_timed() -> None:
+    """Per unit or by blocks follows the trials left, whatever time the run has spent: a path
+    that followed the clock would change the model with the machine's load."""
+    from qcli.precision.trials import Trials
+
+    trials = Trials(None, None, None, None, None, [], max_trials=64, time_budget=1e-9)  # type: ignore[arg-type]
+    trials.count = 2
+    assert trials.affordable(31) and not trials.affordable(32)
 
 
 def test_out_of_budget_the_search_returns_everything_promoted() -> None:

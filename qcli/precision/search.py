@@ -289,7 +289,7 @@ def _rank(s: _Search, promote: _Promotions, cheaper: dict[str, Choice]) -> tuple
             if f is not None and g is not None and g > 0 and base_noise - f.noise >= DYNAMIC_SHARE * g * spread[n]:
                 smaller[n] = "dynamic"
     else:
-        action = "sensitivity by blocks (one trial per unit does not fit the budget)"
+        action = "sensitivity by blocks (one trial per unit does not fit the trial budget)"
         s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote))
         if dynamic:  # the dynamic forms judged together: two trials
             as_dynamic: Choices = {**choices, **dict.fromkeys(dynamic, "dynamic")}
