@@ -46,6 +46,7 @@ from qcli.phases import phase
 from qcli.plan import make_plan
 from qcli.precision import (
     Choices,
+    Costs,
     Goal,
     SearchResult,
     Step,
@@ -301,9 +302,10 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
     config, ap = outcome.config, outcome.config.auto_precision
     # a 16-bit promotion takes the activations' signedness (`promoted_config`): uint16 names it too
     candidates = [_SAME_PROMOTION.get(c, c) for c in ap.candidates] if ap.enabled else list(RESCUE_CANDIDATES)
+    fast = goal.max_latency_ratio is None or goal.fast(trials.latency({}))
     with phase("search"):
-        found = search(trials.units, trials, goal, trials.costs(candidates), shrink="int4" in candidates,
-                       candidates=candidates)
+        costs = _untimed(trials) if fast and not ap.enabled else trials.costs(candidates)
+        found = search(trials.units, trials, goal, costs, shrink="int4" in candidates, candidates=candidates)
     outcome.search, outcome.goal_met = found, found.met
     outcome.promoted = found.choices
     outcome.reasons = _reasons(found)
@@ -318,6 +320,13 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
         outcome.notes.append(f"search stopped early: {found.stopped}; the result is safe but coarse "
                              f"(more promoted than needed): raise {knobs} for a finer one")
     return found
+
+
+def _untimed(trials: Trials) -> Costs:
+    """The rescue's costs without the profiles, when the all-int8 model is fast enough: the
+    search then never promotes for speed, and promotes to dynamic or float by fixed rules
+    (`_Search.smaller`), so kernel times would change nothing; every unit can go float."""
+    return {u.node: ("float", 0.0) for u in trials.units}
 
 
 _SAME_PROMOTION = {"uint16": "int16", "uint8": "int8"}

@@ -112,6 +112,8 @@ def test_default_quantize_rescues_a_layer_with_extreme_outliers(cli, sensitive, 
     assert doc["quantized"] == {"MatMul": 2}
     float_rows = [r for r in doc["float"] if r["op_type"] == "MatMul"]
     assert float_rows == [{"op_type": "MatMul", "reason": "sensitive to 8 bits (precision search)", "count": 1}]
+    # int8 is fast enough: promotions follow fixed rules, so no kernel is profiled for costs
+    assert "verify/search" in doc["phases"] and not any(k.endswith("/profile") for k in doc["phases"])
 
 
 def test_no_rescue_stops_the_pipeline_with_the_floor_missed(cli, sensitive, tmp_path: Path) -> None:
@@ -205,6 +207,7 @@ def test_a_tiny_op_that_int8_would_slow_down_goes_back_to_float(cli, tmp_path: P
     assert [c["name"] for c in v["checks"]] == ["sequence agreement", "latency ratio"]  # [N, T, C] Softmax
     assert list(doc["precision"]["promoted"]) == ["/tiny/MatMul"]
     assert doc["precision"]["promoted"]["/tiny/MatMul"]["reason"].startswith("faster in float (")
+    assert "verify/search/profile" in doc["phases"]  # the speed step needs each node's kernel time
     assert "nothing is left quantized: the model computes in float like the original (int8 did not pay off here)" in v["notes"]
 
 
