@@ -361,3 +361,19 @@ def test_bad_dynamic_configs(cli, tmp_path: Path, text: str, message: str) -> No
     result = cli("quantize", _model(tmp_path, MATMUL, "m"), "-o", tmp_path / "q.onnx", "--config", config)
     assert result.exit_code == 2
     assert result.stderr.startswith(f"error: {config}{message}"), result.stderr
+
+
+def test_a_dynamic_lstm_is_a_unit_the_search_can_return_to_float() -> None:
+    """An LSTM has no static rule, only a dynamic form: quantized dynamically (dynamic mode, or
+    a static config on its own: rules.DYNAMIC_ONLY) it is still one unit with its two weights,
+    so the rescue and auto-precision can promote it to float."""
+    from qcli.config import Config, parse_config
+    from qcli.plan import make_plan
+    from qcli.precision import find_units
+
+    model = parse_model(LSTM)
+    for config in (Config(), parse_config({"activations": {"mode": "dynamic"}})):
+        plan = make_plan(model, config)
+        assert [d.dynamic for d in plan.nodes] == [True]
+        [unit] = find_units(model, plan)
+        assert (unit.op_type, unit.weighted, unit.dynamic) == ("LSTM", True, False)  # weighted; no form to go to

@@ -11,9 +11,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import SAMPLE_MODELS
-from qcli.config import Config
+from qcli.config import Config, parse_config
 from qcli.data import DataFolder, model_inputs
 from qcli.model import check_model, clamp_ir_version, load_model, save_model
+from qcli.plan import make_plan
 from qcli.quantize import calibrate, quantize
 from qcli.runtime import make_session
 
@@ -88,7 +89,10 @@ def test_decomposed_layernorm_keeps_cosine(tmp_path: Path) -> None:
     assert {d.name for d in result.plan.nodes if d.quantized} >= {"/fc1/MatMul", "/fc2/MatMul"}
 
 
-def test_lstm_stays_float_and_correct(tmp_path: Path) -> None:
+def test_a_static_config_runs_an_lstm_as_dynamic_int8(tmp_path: Path) -> None:
+    """onnxruntime's only int8 LSTM is DynamicQuantizeLSTM (rules.DYNAMIC_ONLY): a static
+    config quantizes it so, beside the static MatMul after it, within cosine 0.99 of float;
+    `precision: int8` on it (static) keeps it float."""
     hidden, d = 8, 6
     nodes = [
         helper.make_node("LSTM", ["x", "W", "R", "B"], ["Y", "Yh"], hidden_size=hidden, name="/lstm/LSTM"),
@@ -108,9 +112,12 @@ def test_lstm_stays_float_and_correct(tmp_path: Path) -> None:
     batches = [{"x": RNG.standard_normal((5, 1, d)).astype(np.float32)} for _ in range(16)]
     result, path = quantize_and_compare(model, tmp_path, batches)
     decision = {d.name: d for d in result.plan.nodes}
-    assert not decision["/lstm/LSTM"].quantized
-    assert decision["/head/MatMul"].quantized
-    assert ops(path)["LSTM"] == 1
+    assert decision["/lstm/LSTM"].dynamic
+    assert decision["/head/MatMul"].quantized and not decision["/head/MatMul"].dynamic
+    assert ops(path)["DynamicQuantizeLSTM"] == 1 and ops(path)["LSTM"] == 0
+    static = parse_config({"overrides": [{"match": {"op_types": ["LSTM"]}, "precision": "int8"}]})
+    plan = make_plan(model, static)
+    assert [(d.quantized, d.reason) for d in plan.nodes if d.name == "/lstm/LSTM"] == [(False, "no int8 kernel for this op")]
 
 
 def runtime_if(then_node: onnx.NodeProto, else_node: onnx.NodeProto) -> list[onnx.NodeProto]:

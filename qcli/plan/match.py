@@ -12,6 +12,7 @@ import onnx
 
 from qcli.config import HALF_PRECISIONS, NO_QDQ, Config, Match, Override
 from qcli.graph import GraphIndex
+from qcli.rules import DYNAMIC_ONLY
 
 
 def pattern(text: str) -> Callable[[str], bool]:
@@ -89,7 +90,7 @@ class Selections:
             asked_tensors=frozenset().union(
                 *(sel.tensors for _, o, sel in overrides if o.precision not in NO_QDQ)
             ),
-            dynamic=dynamic_nodes(config, len(graph.node), overrides),
+            dynamic=dynamic_nodes(config, graph, overrides) - half,
             asked_dynamic=frozenset().union(*(sel.nodes for _, o, sel in overrides if o.precision == "dynamic")),
             half=half,
         )
@@ -108,12 +109,19 @@ class Selections:
         ]
 
 
-def dynamic_nodes(config: Config, count: int, overrides: list[tuple[int, Override, Selection]]) -> frozenset[int]:
-    """The nodes whose mode is dynamic: all of them under `activations.mode: dynamic`, then each
-    override in order (later wins): `precision: dynamic` or an `activations` section whose mode is
-    dynamic makes its nodes dynamic; a static precision (int8, uint16...) or a static
-    `activations` section makes them static."""
-    dynamic = set(range(count)) if config.activations.mode == "dynamic" else set()
+def dynamic_nodes(config: Config, graph: onnx.GraphProto, overrides: list[tuple[int, Override, Selection]]
+                  ) -> frozenset[int]:
+    """The nodes whose mode is dynamic: all of them under `activations.mode: dynamic`; under
+    static 8-bit activations, the ops whose only int8 kernel is dynamic (rules.DYNAMIC_ONLY:
+    LSTM); then each override in order (later wins): `precision: dynamic` or an `activations`
+    section whose mode is dynamic makes its nodes dynamic; a static precision (int8, uint16...)
+    or a static `activations` section makes them static."""
+    if config.activations.mode == "dynamic":
+        dynamic = set(range(len(graph.node)))
+    elif config.activations.dtype in ("int8", "uint8"):
+        dynamic = {i for i, n in enumerate(graph.node) if n.op_type in DYNAMIC_ONLY and n.domain in ("", "ai.onnx")}
+    else:
+        dynamic = set()
     for _, o, sel in overrides:
         if o.precision == "dynamic" or (o.activations is not None and o.activations.mode == "dynamic"):
             dynamic |= sel.nodes
