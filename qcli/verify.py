@@ -302,9 +302,9 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
     config, ap = outcome.config, outcome.config.auto_precision
     # a 16-bit promotion takes the activations' signedness (`promoted_config`): uint16 names it too
     candidates = [_SAME_PROMOTION.get(c, c) for c in ap.candidates] if ap.enabled else list(RESCUE_CANDIDATES)
-    fast = goal.max_latency_ratio is None or goal.fast(trials.latency({}))
+    untimed = not ap.enabled and (goal.max_latency_ratio is None or goal.fast(trials.latency({})))
     with phase("search"):
-        costs = _untimed(trials) if fast and not ap.enabled else trials.costs(candidates)
+        costs = _untimed(trials) if untimed else trials.costs(candidates)
         found = search(trials.units, trials, goal, costs, shrink="int4" in candidates, candidates=candidates)
     outcome.search, outcome.goal_met = found, found.met
     outcome.promoted = found.choices

@@ -84,14 +84,14 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
             if _rounds_in_half(node, float_constants):
                 units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in node.output if t), half=True))
             continue
-        dynamic = dynamic_rule(node)[0] if d.dynamic else None  # an LSTM has no static rule
-        if not d.quantized or d.reason or (dynamic is None and (rule is None or rule.kind != "compute")):
+        # which inputs are weights: the dynamic form's (an LSTM has no static rule), else the op's
+        form = dynamic_rule(node)[0] if d.dynamic else rule if rule is not None and rule.kind == "compute" else None
+        if not d.quantized or d.reason or form is None:
             continue
         tensors = set(node.input) | set(node.output)
         for j in folded.get(d.name, []):
             tensors |= set(graph.node[j].output)
-        read = dynamic.weights if dynamic is not None else rule.weights if rule is not None else ()
-        weights = [node.input[k] for k in read if k < len(node.input) and node.input[k] in inits]
+        weights = [node.input[k] for k in form.weights if k < len(node.input) and node.input[k] in inits]
         unit = Unit(d.name, d.op_type, d.index, frozenset(t for t in tensors if t), bool(weights),
                     not d.dynamic and _has_dynamic_form(node, inits))
         shared = next((owner[w] for w in weights if w in owner), None)
