@@ -500,3 +500,33 @@ def test_the_quick_probe_takes_the_first_samples_across_batches() -> None:
     assert head._float_session is probe._float_session  # one float session: it holds the weights
     single = Probe(model, [Batch({"x": x[i: i + 1]}, None, None, [f"{i}.npy"]) for i in range(9)], model_inputs(model))
     assert [b.size for b in single.head(4).batches] == [1, 1, 1, 1]
+
+
+def test_a_probe_runs_batches_in_parallel_with_the_figures_of_one_at_a_time(monkeypatch) -> None:
+    """`Probe.measure` runs a fold's batches on single-threaded sessions, two at once here; the
+    figures are those of one batch after another (updated in batch order), each batch on its
+    own fold's candidate."""
+    import qcli.analyze.probe as probe_module
+    from qcli.analyze.probe import Probe
+    from qcli.data import Batch, model_inputs
+
+    model = mlp(False)
+    x = np.random.default_rng(3).standard_normal((9, 16)).astype(np.float32)
+    batches = [Batch({"x": x[i: i + 1]}, None, None, [f"{i}.npy"]) for i in range(9)]
+    folds = [0, 0, 0, 0, 1, 1, 1, 2, 2]
+    made: list[int] = []
+
+    def candidate(k: int) -> onnx.ModelProto:  # fold k's weights scaled by 1 + k/50
+        made.append(k)
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        wc = numpy_helper.to_array(m.graph.initializer[2]) * (1 + k / 50)
+        m.graph.initializer[2].CopyFrom(numpy_helper.from_array(wc.astype(np.float32), "wc"))
+        return m
+
+    monkeypatch.setattr(probe_module, "cores", lambda: 2)
+    assert probe_module.parallel_runs(None) == 2 and probe_module.parallel_runs(1) == 1
+    parallel = Probe(model, batches, model_inputs(model), folds=folds).measure(candidate)
+    serial = Probe(model, batches, model_inputs(model), threads=1, folds=folds).measure(candidate)
+    assert parallel == serial and made == [0, 1, 2, 0, 1, 2]
+    assert parallel.outputs[0].cosine < 1.0 and parallel.outputs[0].samples == 9

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,12 +42,31 @@ from qcli.analyze.report import rounded_pair
 from qcli.config import Verify
 from qcli.data import Batch, InputSpec
 from qcli.errors import DataError
+from qcli.executor import cores
 from qcli.phases import phase
 from qcli.runtime import make_session
 
 PROFILE_RUNS = (5, 20)  # profiled runs per node-time profile: at least, at most
 PROFILE_MS = 100.0  # float run time the profiled runs take at most, above the least runs
 # The agreement each kind is gated on, by name (a check's name; cosine is gated apart).
+_POOLS: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked worker's copy has no threads
+
+
+def _pool() -> ThreadPoolExecutor:
+    pool = _POOLS.get(os.getpid())
+    if pool is None:
+        pool = _POOLS[os.getpid()] = ThreadPoolExecutor(cores(), thread_name_prefix="qcli-probe")
+    return pool
+
+
+def parallel_runs(threads: int | None) -> int:
+    """How many batches a probe runs at once: one per core it may use (`threads`, else every
+    core), each on a single-threaded session. Measured on 2 cores, 32 samples at batch 1:
+    ddddocr 288 -> 253 ms, the PP-OCRv4 recognizer 415 -> 323 ms, tashkeel 64 -> 37 ms, against
+    one two-threaded session running them one after another."""
+    return max(1, min(threads or cores(), cores()))
+
+
 AGREEMENT = {Kind.TOP1: "top-1 agreement", Kind.SEQUENCE: "sequence agreement", Kind.MASK: "mask agreement",
              Kind.PER_ELEMENT: "element agreement"}
 
@@ -195,18 +216,13 @@ class Probe:
         def model_of(k: int) -> onnx.ModelProto:
             return candidate(k) if callable(candidate) else candidate
 
-        session, fold = None, None
         assert self.kinds is not None  # set in __post_init__
         accs = [FidelityAccumulator(self.kinds[n]) for n in self.names]
         topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
         custom = self._metric.start() if self._metric else None
         k = next((j for j, n in enumerate(self.names) if self.kinds[n].kind is Kind.TOP1), None)
-        for j, (batch, reference) in enumerate(zip(self.batches, self.reference, strict=True)):
-            if session is None or (self.folds is not None and self.folds[j] != fold):
-                fold = self.folds[j] if self.folds is not None else 0
-                session = None  # the last fold's session freed first
-                session = make_session(model_of(fold), self.threads)
-            values = [as_array(v) for v in session.run(self.names, batch.inputs)]
+        for j, values in self._outputs(model_of):
+            batch, reference = self.batches[j], self.reference[j]
             for acc, ref, value in zip(accs, reference, values, strict=True):
                 acc.update(ref, value, batch.size)
             if custom is not None:
@@ -228,6 +244,31 @@ class Probe:
             float_accuracy=topk[0].top1_rate if topk else None,
             custom=custom.result() if custom is not None else None,
         )
+
+    def _outputs(self, model_of: Callable[[int], onnx.ModelProto]) -> Iterator[tuple[int, list[np.ndarray]]]:
+        """(batch index, the candidate's outputs) for every batch, in order: the batches of one
+        fold on that fold's session (one session in memory at a time), `parallel` batches at a
+        time on threads, each run on one core (single-threaded sessions: the outputs are the
+        same bits as one multi-threaded run's, and per-batch threads use 2 cores better than
+        onnxruntime's intra-op threads on small batches: see `parallel_runs`)."""
+        folds = self.folds if self.folds is not None else [0] * len(self.batches)
+        parallel = parallel_runs(self.threads)
+        start = 0
+        while start < len(self.batches):
+            end = start + 1
+            while end < len(self.batches) and folds[end] == folds[start]:
+                end += 1
+            group = range(start, end)
+            session = make_session(model_of(folds[start]), 1 if parallel > 1 and len(group) > 1 else self.threads)
+            for first in range(start, end, parallel):
+                window = group[first - start: first - start + parallel]
+                runs = [_pool().submit(session.run, self.names, self.batches[j].inputs) for j in window] \
+                    if len(window) > 1 else None
+                for n, j in enumerate(window):
+                    raw = runs[n].result() if runs else session.run(self.names, self.batches[j].inputs)
+                    yield j, [as_array(v) for v in raw]
+            session = None  # freed before the next fold's is made
+            start = end
 
     def head(self, n: int) -> Probe:
         """A probe on the first `n` samples (this one when it has no more): whole batches, the

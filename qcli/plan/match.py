@@ -40,17 +40,31 @@ class Selection:
         return not self.nodes and not self.tensors
 
 
+_GLOB = re.compile(r"[*?[]")  # what makes a name a glob for fnmatch
+
+
+def any_of(patterns: list[str]) -> Callable[[str], bool]:
+    """A test for names that any of `patterns` (`pattern`) matches. Names without a glob or
+    regex are looked up in a set: the precision search's configs name hundreds of nodes, and
+    a glob test per name and pattern cost seconds per search (7 million calls on tashkeel).
+
+    >>> test = any_of(["/a/Add", "/b/*"])
+    >>> test("/a/Add"), test("/b/Mul"), test("/a/Mul")
+    (True, True, False)
+    """
+    exact = {p for p in patterns if not p.startswith("re:") and not _GLOB.search(p)}
+    tests = [pattern(p) for p in patterns if p not in exact]
+    return lambda name: name in exact or any(t(name) for t in tests)
+
+
 def select(match: Match, where: str, names: list[str], graph: onnx.GraphProto, tensors: set[str]) -> Selection:
-    node_tests = [pattern(p) for p in match.nodes]
-    tensor_tests = [pattern(p) for p in match.tensors]
+    node_test, tensor_test = any_of(match.nodes), any_of(match.tensors)
     nodes: set[int] = set()
     if match.nodes or match.op_types:
         for i, node in enumerate(graph.node):
-            if (not node_tests or any(t(names[i]) for t in node_tests)) and (
-                not match.op_types or node.op_type in match.op_types
-            ):
+            if (not match.nodes or node_test(names[i])) and (not match.op_types or node.op_type in match.op_types):
                 nodes.add(i)
-    chosen = {t for t in tensors if any(test(t) for test in tensor_tests)}
+    chosen = {t for t in tensors if tensor_test(t)} if match.tensors else set()
     return Selection(where, nodes, chosen)
 
 
