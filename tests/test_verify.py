@@ -530,3 +530,16 @@ def test_a_probe_runs_batches_in_parallel_with_the_figures_of_one_at_a_time(monk
     serial = Probe(model, batches, model_inputs(model), threads=1, folds=folds).measure(candidate)
     assert parallel == serial and made == [0, 1, 2, 0, 1, 2]
     assert parallel.outputs[0].cosine < 1.0 and parallel.outputs[0].samples == 9
+
+
+def test_node_runs_profiles_models_taking_turns_run_by_run() -> None:
+    """`node_runs`: per model, each node's kernel time in each profiled run (what a unit's
+    paired cost compares run by run), the models' runs interleaved."""
+    from qcli.analyze.probe import node_runs
+
+    model = mlp(False)
+    x = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
+    first, second = node_runs([model, model], {"x": x}, runs=6, threads=1)
+    assert set(first) == set(second) == {"/a/MatMul", "/a/Relu", "/b/MatMul", "/b/Relu", "/c/MatMul"}
+    assert all(t.shape == (6,) and (t >= 0).all() for t in (*first.values(), *second.values()))
+    assert sum(t.sum() for t in first.values()) > 0  # µs each: a tiny Relu may take 0

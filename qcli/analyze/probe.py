@@ -15,8 +15,9 @@ the same batches and returns a `Fidelity` summary:
   makes it the sensitivity measure of `qcli.precision` (a ranking needs small differences to show).
 
 `latency_ratio(candidate)` times the candidate against the float model exactly as `analyze`
-does (alternating runs, spinning off); `node_times(model)` reads onnxruntime's profiler: the
-median per-run kernel time of each node, by node name (fused int8 nodes keep the original node's name).
+does (alternating runs, spinning off); `node_runs(models)` reads onnxruntime's profiler on
+several models taking turns: each node's kernel time in each run, by node name (fused int8
+nodes keep the original node's name).
 """
 
 from __future__ import annotations
@@ -343,14 +344,14 @@ class Probe:
             self._float_ms = fastest / 1e6
         return self._float_ms
 
-    def node_times(self, model: onnx.ModelProto) -> dict[str, float]:
-        """Median kernel time (µs) per node name over profiled runs (after 3 warm-up runs): 20
-        runs, fewer (5 at least) when the float model's runs take more than PROFILE_MS in all;
-        the profile's JSON, not the runs, is the cost: a long run records an event per kernel
-        call (a Loop body's nodes once per iteration)."""
+    def node_runs(self, models: list[onnx.ModelProto]) -> list[dict[str, np.ndarray]]:
+        """Per model, each node's kernel time (µs) in each profiled run, the models' runs
+        interleaved (`node_runs`): 20 runs, fewer (5 at least) when the float model's runs take
+        more than PROFILE_MS in all; the profile's JSON, not the runs, is the cost: a long run
+        records an event per kernel call (a Loop body's nodes once per iteration)."""
         runs = max(PROFILE_RUNS[0], min(PROFILE_RUNS[1], int(PROFILE_MS / max(self.float_ms(), 1e-3))))
         with phase("profile"):
-            return node_times(model, self.feeds(), runs, self.threads)
+            return node_runs(models, self.feeds(), runs, self.threads)
 
 
 def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
@@ -366,24 +367,32 @@ def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
     )
 
 
-def node_times(model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int = 20,
-               threads: int | None = None) -> dict[str, float]:
-    """onnxruntime's profiler on `model`: median µs per run of each node's kernel, by node name."""
+def node_runs(models: list[onnx.ModelProto], feeds: dict[str, np.ndarray], runs: int = 20,
+              threads: int | None = None) -> list[dict[str, np.ndarray]]:
+    """onnxruntime's profiler on `models` at once: per model, each node's kernel µs in each of
+    `runs` runs (by node name). The models take turns, run by run, the order alternating (A B,
+    B A, ...), so what drifts during a profile (clocks, a neighbour's load) hits every model
+    alike and a run's times can be compared with the same run's of another model."""
     with tempfile.TemporaryDirectory(prefix="qcli-profile-") as tmp:
-        session = make_session(model, threads, profile=Path(tmp) / "profile", timing=True)
-        for _ in range(3):
-            session.run(None, feeds)
-        for _ in range(runs):
-            session.run(None, feeds)
-        events = json.loads(Path(session.end_profiling()).read_text())
-    # The profile lists runs in order: skip the warm-up runs, then sum each node's kernel time per
-    # run and keep the median run's: a mean lets one run preempted on a loaded machine move a
-    # few-µs node by more than the differences the precision search compares.
+        sessions = [make_session(m, threads, profile=Path(tmp) / f"profile{k}", timing=True)
+                    for k, m in enumerate(models)]
+        for session in sessions:
+            for _ in range(3):
+                session.run(None, feeds)
+        for r in range(runs):
+            for session in sessions if r % 2 == 0 else sessions[::-1]:
+                session.run(None, feeds)
+        return [_per_run(json.loads(Path(s.end_profiling()).read_text()), runs) for s in sessions]
+
+
+def _per_run(events: list[dict], runs: int) -> dict[str, np.ndarray]:
+    """A profile's events -> each node's summed kernel µs in each of the last `runs` runs (the
+    profile lists runs in order: the warm-up runs before them are skipped)."""
     starts = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")[-runs:]
-    per_run: dict[str, list[float]] = {}
+    per_run: dict[str, np.ndarray] = {}
     for e in events:
         if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and starts and e["ts"] >= starts[0]:
             run = bisect.bisect_right(starts, e["ts"]) - 1
-            row = per_run.setdefault(e["name"][: -len("_kernel_time")], [0.0] * len(starts))
+            row = per_run.setdefault(e["name"][: -len("_kernel_time")], np.zeros(len(starts)))
             row[run] += e["dur"]
-    return {name: float(np.median(row)) for name, row in per_run.items()}
+    return per_run

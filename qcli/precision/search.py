@@ -200,20 +200,21 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
 
 def _speed_up(s: _Search, here: _Point) -> _Point:
     """A missed latency ceiling: the units measurably faster unquantized (by more than SPEED_TIE
-    µs) promoted; if that is not enough, every unit. Each kept when it is faster."""
+    µs, `Trials.costs`) promoted; if that is not enough, every unit. Each kept unless its
+    latency interval lies above the current one's."""
     cheapest = s.cheapest
     slow = {u.node: cheapest[u.node] for u in s.units if s.costs[u.node][1] < -SPEED_TIE}
     everything = {u.node: cheapest[u.node] for u in s.units}
-    # All float computes like the float model: under a ceiling of at least 1 it is as fast as
-    # needed by construction, whatever one noisy timing says (the current choices miss the
-    # ceiling anyway). Under a lower ceiling only timings decide.
+    # All float computes like the float model: under a ceiling of at least 1 it is as fast as needed
+    # by construction, whatever a noisy timing says (now misses it anyway); else timings decide.
     ceiling = s.goal.max_latency_ratio
     float_is_fast = ceiling is not None and ceiling >= 1.0
     for action, trial in (("slower in int8: promoted", slow), ("int8 slower overall: all promoted", everything)):
         if here.ratio is None or s.goal.fast(here.ratio) or not trial or trial == here.choices:
             continue
         f, r = s.trials.fidelity(trial), s.trials.latency(trial)
-        kept = f is not None and (r < here.ratio or (s.all_float(trial) and float_is_fast))
+        slower = getattr(r, "low", r) > getattr(here.ratio, "high", here.ratio)  # a tie goes to the promotion
+        kept = f is not None and (not slower or (s.all_float(trial) and float_is_fast))
         s.log(StepKind.SPEED, action, [n for n in trial if n not in here.choices], trial if kept else here.choices,
               f, r, kept)
         if kept:

@@ -5,8 +5,9 @@ Every measurement (fidelity, latency, kernel times) is cached by the candidate's
 search never pays twice for one candidate; independent candidates run on the executor's workers
 and land in the cache in order, so nothing downstream depends on the number of workers.
 A unit's speed cost is measured, not assumed: onnxruntime's profiler gives each node's kernel
-time, and a unit's time is its own node's (or a fusion named after it) plus its share of the
-Q/DQ nodes of its tensors; cost = time promoted - time int8 (negative: faster unquantized).
+time in each run, and a unit's time is its own node's (or a fusion named after it) plus its
+share of the Q/DQ nodes of its tensors; cost = time promoted - time int8 over the same runs
+(negative: faster unquantized; 0 when the runs cannot tell them apart, `paired_cost`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx
 
 from qcli.analyze.latency import Ratio
@@ -219,16 +221,17 @@ class Trials:
 
     def costs(self, candidates: Collection[str], base: Choices | None = None) -> Costs:
         """Per unit: the promotion among `candidates` with the least measured cost, and that
-        cost in µs per run (time promoted - time int8; negative: faster promoted); `dynamic` is
-        timed on the units with a dynamic form. `base`: the choices the int8 times
-        are measured in (default: all int8); a unit's int8 time depends on its neighbours
-        (whether its Q/DQ pairs fuse). A promotion the calibration cannot build (int16 around
-        activations it did not measure: a weight-only config's) is left out, as `fidelity`
-        leaves such candidates unmeasured. No promotion among `candidates`: none."""
+        cost in µs per run (time promoted - time int8, `paired_cost`: 0 when the runs cannot
+        tell them apart; negative: faster promoted); `dynamic` is timed on the units with a
+        dynamic form. `base`: the choices the int8 times are measured in (default: all int8);
+        a unit's int8 time depends on its neighbours (whether its Q/DQ pairs fuse). Each
+        promoted model is profiled taking turns with the int8 one (`Probe.node_runs`). A
+        promotion the calibration cannot build (int16 around activations it did not measure:
+        a weight-only config's) is left out, as `fidelity` leaves such candidates unmeasured.
+        No promotion among `candidates`: none."""
         if not any(p in candidates for p in PROMOTIONS):
             return {}
-        with built_by_qcli():
-            int8 = attribute(self.probe.node_times(self.build(base or {}).model), self.units)
+        int8_model = self.build(base or {}).model
         best: Costs = {}
         # float first: another candidate replaces it only when clearly cheaper (ties go to float,
         # the more accurate one, so timing noise does not flip the choice)
@@ -244,12 +247,32 @@ class Trials:
                 except CalibrationError:
                     continue
             with built_by_qcli():
-                times = attribute(self.probe.node_times(promoted), self.units)
+                int8, times = (attribute(t, self.units) for t in self.probe.node_runs([int8_model, promoted]))
             for u in takers:
-                cost = times.get(u.node, 0.0) - int8.get(u.node, 0.0)
+                cost = paired_cost(times.get(u.node), int8.get(u.node))
                 if u.node not in best or cost < best[u.node][1] - max(SPEED_TIE, 0.1 * abs(best[u.node][1])):
                     best[u.node] = (precision, cost)
         return best
+
+
+def paired_cost(promoted: np.ndarray | None, int8: np.ndarray | None) -> float:
+    """A unit's cost from the same runs' kernel times (µs) promoted and in int8: the end of the
+    ~95% interval of the median difference nearest 0 (the sign test's order statistics, as a
+    latency `Ratio`'s), 0 when it holds 0. One profile's medians differ by a few µs a unit from
+    the next profile's on a model of µs-sized kernels (tashkeel: 61-123 of its 128 units
+    measured slower in int8 in four profiles of the same two models), so a choice made on them
+    changed from run to run; a difference the runs cannot tell from 0 is now a tie.
+
+    >>> paired_cost(np.array([5.0, 6, 7, 5, 6]), np.array([9.0, 9, 9, 9, 9]))
+    -2.0
+    >>> paired_cost(np.array([5.0, 12, 7, 5, 6]), np.array([9.0, 9, 9, 9, 9]))
+    0.0
+    """
+    if promoted is None and int8 is None:
+        return 0.0
+    diff = (0.0 if promoted is None else promoted) - (0.0 if int8 is None else int8)
+    interval = Ratio(np.atleast_1d(diff).tolist())
+    return interval.high if interval.high < 0 else interval.low if interval.low > 0 else 0.0
 
 
 def _takes(unit: Unit, promotion: str) -> bool:
@@ -310,9 +333,10 @@ def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
     return results
 
 
-def attribute(times: dict[str, float], units: list[Unit]) -> dict[str, float]:
+def attribute(times: dict[str, Any], units: list[Unit]) -> dict[str, Any]:
     """Kernel times by node name -> time per unit: the unit's own node (or an onnxruntime fusion
-    named `<node>/...`), plus an even share of the Q/DQ nodes of each tensor it touches.
+    named `<node>/...`), plus an even share of the Q/DQ nodes of each tensor it touches. Times
+    are floats or arrays (one per run), summed alike.
 
     >>> units = [Unit("/conv", "Conv", 0, frozenset({"x", "y"})), Unit("/fc", "Gemm", 1, frozenset({"y", "z"}))]
     >>> attribute({"/conv": 10.0, "/fc/MatMulNBits": 4.0, "y_Q": 2.0, "x_DQ": 1.0}, units)
@@ -325,7 +349,7 @@ def attribute(times: dict[str, float], units: list[Unit]) -> dict[str, float]:
     for u in units:
         for t in u.tensors:
             owners.setdefault(t, []).append(u.node)
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     for name, us in times.items():
         if name in names:
             targets = [names[name]]
