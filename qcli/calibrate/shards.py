@@ -217,5 +217,7 @@ def collect_folds(
 
 
 def merged_except(parts: list[Collected], left_out: int | None = None) -> Collected:
-    """Copies of `parts` but `left_out` merged (None: all of them); `parts` are not changed."""
-    return merge([copy.deepcopy(p) for k, p in enumerate(parts) if k != left_out])
+    """`parts` but `left_out` merged (None: all of them) into a copy of the first; `parts` are
+    not changed (`merge` changes only the first, and reads the others)."""
+    kept = [p for k, p in enumerate(parts) if k != left_out]
+    return merge([copy.deepcopy(kept[0]), *kept[1:]])
