@@ -23,6 +23,7 @@ nodes keep the original node's name).
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import os
 import tempfile
@@ -249,27 +250,21 @@ class Probe:
     def _outputs(self, model_of: Callable[[int], onnx.ModelProto]) -> Iterator[tuple[int, list[np.ndarray]]]:
         """(batch index, the candidate's outputs) for every batch, in order: the batches of one
         fold on that fold's session (one session in memory at a time), `parallel` batches at a
-        time on threads, each run on one core (single-threaded sessions: the outputs are the
-        same bits as one multi-threaded run's, and per-batch threads use 2 cores better than
-        onnxruntime's intra-op threads on small batches: see `parallel_runs`)."""
+        time (the first on this thread, the others on a pool's), each on one core: sessions of
+        one thread give the same bits as one of several threads, and per-batch threads use 2
+        cores better than onnxruntime's intra-op threads on small batches (`parallel_runs`)."""
         folds = self.folds if self.folds is not None else [0] * len(self.batches)
         parallel = parallel_runs(self.threads)
-        start = 0
-        while start < len(self.batches):
-            end = start + 1
-            while end < len(self.batches) and folds[end] == folds[start]:
-                end += 1
-            group = range(start, end)
-            session = make_session(model_of(folds[start]), 1 if parallel > 1 and len(group) > 1 else self.threads)
-            for first in range(start, end, parallel):
-                window = group[first - start: first - start + parallel]
-                runs = [_pool().submit(session.run, self.names, self.batches[j].inputs) for j in window] \
-                    if len(window) > 1 else None
-                for n, j in enumerate(window):
-                    raw = runs[n].result() if runs else session.run(self.names, self.batches[j].inputs)
+        for fold, members in itertools.groupby(range(len(self.batches)), key=lambda j: folds[j]):
+            group = list(members)
+            session = make_session(model_of(fold), 1 if parallel > 1 and len(group) > 1 else self.threads)
+            for w in range(0, len(group), parallel):
+                window = group[w: w + parallel]
+                runs = [_pool().submit(session.run, self.names, self.batches[j].inputs) for j in window[1:]]
+                raws = [session.run(self.names, self.batches[window[0]].inputs), *(r.result() for r in runs)]
+                for j, raw in zip(window, raws, strict=True):
                     yield j, [as_array(v) for v in raw]
             session = None  # freed before the next fold's is made
-            start = end
 
     def head(self, n: int) -> Probe:
         """A probe on the first `n` samples (this one when it has no more): whole batches, the
