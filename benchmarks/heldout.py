@@ -6,6 +6,7 @@ verdict rule (qcli.analyze.verdict) on the held-out samples.
 
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py                    # every model (~10 min, 2 cores)
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --models magika ocr-rec
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --recovery bias_correction   # qcli with recovery steps
 
 Models: those of benchmarks/recovery.py (their input writers, other split sizes; Silero VAD's
 speech is spoken by the espeak-ng program when on PATH, else by the espeak-ng library of
@@ -140,15 +141,17 @@ def figure(metric: str, output: str | None, value: float, interval, samples, pas
     return f"{metric} ({output}) {value:.4f}{within}{mark}"
 
 
-def row(name: str, model: Path, work: Path, folds: int | None, method: str | None) -> tuple[str, str, str, str]:
+def row(name: str, model: Path, work: Path, folds: int | None, method: str | None,
+        recovery: list[str] | None = None) -> tuple[str, str, str, str]:
     folders = MODELS[name][1](work / "inputs")
     counts = ", ".join(f"{split} {len(list(folder.glob('*.np[yz]')))}" for split, folder in folders.items())
     out = work / f"{name}.onnx"
     config = None
-    if folds is not None or method is not None:
+    if folds is not None or method is not None or recovery is not None:
         config = work / "config.yaml"
         config.write_text("version: 1\n" + (f"verify: {{folds: {folds}}}\n" if folds is not None else "")
-                          + (f"calibration: {{method: {method}}}\n" if method is not None else ""))
+                          + (f"calibration: {{method: {method}}}\n" if method is not None else "")
+                          + (f"recovery: [{', '.join(recovery)}]\n" if recovery is not None else ""))
     began = time.perf_counter()
     code, doc, error = run_qcli(model, folders["calib"], out, config)
     took = time.perf_counter() - began
@@ -176,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folds", type=int, default=None, help="verify.folds for qcli (default: qcli's)")
     parser.add_argument("--method", choices=["minmax", "percentile", "kl", "mse"], default=None,
                         help="calibration.method for qcli (default: qcli's)")
+    parser.add_argument("--recovery", nargs="*", default=None,
+                        choices=["bias_correction", "equalization", "smoothquant"],
+                        help="recovery steps for qcli (default: qcli's; none given: none)")
     args = parser.parse_args(argv)
     from rich.table import Table
 
@@ -192,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"(`make real-models`; Debian: apt-get install espeak-ng)[/yellow]")
                 continue
             began = time.perf_counter()
-            table.add_row(*row(name, model, Path(tmp) / name, args.folds, args.method), end_section=True)
+            table.add_row(*row(name, model, Path(tmp) / name, args.folds, args.method, args.recovery), end_section=True)
             console.print(f"{name}: {time.perf_counter() - began:.0f} s")
     console.print(table)
     console.print(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,18 +263,19 @@ def recover_graph(prepared: PrepareResult, config: Config) -> PrepareResult:
     return prepared
 
 
-def measure_bias_shifts(model: onnx.ModelProto, config: Config, table: CalibrationTable, folder: DataFolder, *,
-                        prepared: PrepareResult, progress: Callable[[int], None] | None = None) -> None:
+def measure_bias_shifts(model: onnx.ModelProto, config: Config, table: CalibrationTable,
+                        folders: Sequence[DataFolder], *, prepared: PrepareResult,
+                        progress: Callable[[int], None] | None = None) -> None:
     """Bias correction's shifts (qcli.recovery.bias), measured on the all-int8 model `config`
-    makes with `table`, over `folder` (the calibration samples); kept on `table`, which every
-    later `quantize` with it (the rescue's rebuilds too) applies."""
+    makes with `table`, over `folders` (the samples `table` was calibrated on); kept on `table`,
+    which every later `quantize` with it (the rescue's rebuilds too) applies."""
     step = config.recovery.bias_correction
     assert step is not None
     table.bias_shifts = {}  # the int8 model as it is before any correction
     int8 = quantize(model, config, table, prepared=prepared)
     planned = int8.planned or prepared.model  # the graph the plan indexes (SmoothQuant may add nodes)
     found, _ = bias.targets(planned, int8.plan, step.op_types)
-    table.bias_shifts = bias.measure(planned, int8.model, found, folder, config.calibration.batch_size, progress)
+    table.bias_shifts = bias.measure(planned, int8.model, found, folders, config.calibration.batch_size, progress)
 
 
 def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: CalibrationTable, recovery: dict,

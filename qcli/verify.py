@@ -36,6 +36,7 @@ from qcli.analyze.plugin import load_metric
 from qcli.analyze.probe import AGREEMENT, Fidelity, Probe
 from qcli.analyze.report import rounded_pair
 from qcli.analyze.verdict import verdicts
+from qcli.calibrate.shards import Fold
 from qcli.calibrate.table import CalibrationTable, RangeSettings
 from qcli.config import Config
 from qcli.data import DataFolder, model_inputs
@@ -226,8 +227,9 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
                       methods: tuple[str, ...] | None = None, force: bool = False,
                       strict: bool = False) -> tuple[DataPlan, CalibrationTable]:
     """Calibrate on the samples of `data` that `plan` gives calibration, in folds when `plan`
-    compares on them (`fold_plan`), then bias correction's shifts when it is on (measured on
-    every sample: the folds share them, README); the plan as the folds left it, and the table."""
+    compares on them (`fold_plan`), then bias correction's shifts when it is on: on every sample
+    for the model written, and for each fold's model on the other folds' samples alone, as its
+    ranges; the plan as the folds left it, and the table."""
     folder = DataFolder(data, model_inputs(model), preprocess=config.data.preprocess,
                         samples=plan.calibration_samples)
     plan, folds = fold_plan(plan, len(folder), config.calibration.batch_size)
@@ -236,11 +238,18 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
                           methods=methods or (config.calibration.method,), prepared=prepared,
                           executor=executor, folds=folds)
     if config.recovery.bias_correction is not None:
-        with progress("measuring bias shifts", len(folder)) as advance:
-            measure_bias_shifts(model, config, table, folder, prepared=prepared, progress=advance)
-        for t in table.folds:
-            t.bias_shifts = table.bias_shifts
+        parts = [[folder], *(_other_folds(folder, fold) for fold in folds)]
+        with progress("measuring bias shifts", len(folder) * len(parts) - sum(f.samples for f in folds)) as advance:
+            for t, part in zip([table, *table.folds], parts, strict=True):
+                measure_bias_shifts(model, config, t, part, prepared=prepared, progress=advance)
     return plan, table
+
+
+def _other_folds(folder: DataFolder, fold: Fold) -> list[DataFolder]:
+    """The samples of `folder` outside `fold` (those its fold's table was calibrated on)."""
+    after = fold.first + fold.samples
+    return [w for first, count in ((0, fold.first), (after, len(folder) - after)) if count > 0
+            for w in [folder.window(first, count)]]
 
 
 def _no_calibration(model: onnx.ModelProto, prepared: PrepareResult, config: Config,

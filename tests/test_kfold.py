@@ -102,3 +102,31 @@ def test_one_fold_compares_on_the_calibration_samples_and_sees_nothing(cli, iden
     v = doc["verification"]
     assert "also calibration samples" in v["data"]
     assert v["passed"] and v["checks"][0]["value"] == 1.0 and doc["precision"] is None
+
+
+def test_fold_bias_shifts_equal_measuring_on_the_other_folds_alone(tmp_path: Path) -> None:
+    """Bias correction under k-fold: each fold's model is corrected by shifts measured on the
+    other folds' samples alone (as its ranges are), never on the samples it is compared on."""
+    from qcli.holdout import plan_samples
+    from qcli.quantize import measure_bias_shifts, prepare_for
+    from qcli.verify import calibrate_planned
+
+    model = parse_model(mlp_text())
+    x = np.random.default_rng(4).normal(0, 1, (32, 6)).astype(np.float32)
+    x[:8] += 2.0  # fold 0's inputs sit elsewhere: so do the shifts measured with them
+    (tmp_path / "all").mkdir()
+    write_npz(tmp_path / "all" / "data.npz", x=x)
+    inputs = model_inputs(model)
+    config = Config.model_validate({"recovery": ["bias_correction"]})
+    prepared = prepare_for(model, config)
+    plan = plan_samples(tmp_path / "all", None, config, inputs)
+    plan, folded = calibrate_planned(model, config, tmp_path / "all", plan, prepared)
+    assert folded.bias_shifts and len(folded.folds) == 4
+    for k, fold in enumerate(plan_folds(32, 4, config.calibration.batch_size)):
+        (tmp_path / f"without{k}").mkdir()
+        write_npz(tmp_path / f"without{k}" / "data.npz", x=np.concatenate([x[: fold.first], x[fold.first + fold.samples:]]))
+        others = DataFolder(tmp_path / f"without{k}", inputs)
+        alone = calibrate(model, others, config)
+        measure_bias_shifts(model, config, alone, [others], prepared=prepared)
+        assert folded.folds[k].bias_shifts == alone.bias_shifts, k
+    assert folded.folds[0].bias_shifts != folded.bias_shifts

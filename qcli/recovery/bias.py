@@ -22,7 +22,9 @@ int32 bias the corrected values go into; a Gemm's C is divided by beta); a MatMu
 constant [N] of the Add that alone reads its output, else it is not corrected (noted).
 
 Data: the shifts need the int8 model, so they are measured after calibration, at quantize
-time, with `--data` (qcli.verify.quantize_checked). A calibration file holds ranges only:
+time, with `--data` (qcli.verify.quantize_checked); under k-fold verification each fold's
+model gets the shifts of its own all-int8 model measured on the other folds' samples alone
+(as its ranges are), so a fold is never compared on samples its correction read. A calibration file holds ranges only:
 `--calib` with bias correction is refused (exit 2). The shifts live on the calibration table
 in memory (`CalibrationTable.bias_shifts`), so every rebuild of the rescue and auto-precision
 (their workers included) applies the same numbers, and only to nodes still quantized the way
@@ -205,17 +207,18 @@ def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
 # --------------------------------------------------------------------------- measuring
 
 
-def measure(prepared: onnx.ModelProto, quantized: onnx.ModelProto, found: list[Target], folder: DataFolder,
-            batch_size: int, progress: Callable[[int], None] | None = None) -> Shifts:
-    """Each target's shift (module docstring), over one pass of `folder` through `quantized`
-    (the all-int8 model made from `prepared`), side by side with float-weight copies."""
+def measure(prepared: onnx.ModelProto, quantized: onnx.ModelProto, found: list[Target],
+            folders: Iterable[DataFolder], batch_size: int, progress: Callable[[int], None] | None = None) -> Shifts:
+    """Each target's shift (module docstring), over one pass of `folders` (parts of one data
+    folder, read one after another) through `quantized` (the all-int8 model made from
+    `prepared`), side by side with float-weight copies."""
     if not found:
         return {}
     probe, outputs = _instrument(prepared, quantized, found)
     session = make_session(probe, threads=1)
     sums = {t.key: np.zeros(t.channels) for t in found}
     totals = {t.key: np.zeros(3) for t in found}  # elements, sum e^2, sum ref^2
-    for batch in folder.batches(batch_size):
+    for batch in (b for folder in folders for b in folder.batches(batch_size)):
         values = dict(zip(outputs, session.run(outputs, batch.inputs), strict=True))
         for t in found:
             sums[t.key] += values[f"{t.key}/bc_sum"].astype(np.float64)
