@@ -70,3 +70,24 @@ def test_a_cosine_must_be_clear_of_its_floor(cosines: list[float], passed: bool)
     f = Fidelity((embedding(cosines),), 0.0)
     assert meets(f, 0.99, 0.99) is passed
     assert Goal(min_top1_agreement=0.99, min_cosine=0.99).accurate(f) is passed  # the search's goal: the same rule
+
+
+def sequences(agree: int, n: int, positions: int, same_positions: int) -> OutputFidelity:
+    """A CTC-style output: `agree` of `n` sequences unchanged, `same_positions` of `positions`
+    argmax positions; every cosine 0.9999 (the probabilities barely move)."""
+    p = same_positions / positions
+    return OutputFidelity("ctc", True, None, 0.9999, 40.0, kind=Kind.SEQUENCE, samples=n, sequence_agreement=agree / n,
+                          position_agreement=p, sequence_predicted=p ** (positions / n),
+                          agreement_interval=wilson(agree, n), cosine_interval=(0.9999, 0.9999))
+
+
+@pytest.mark.parametrize(("same", "passed", "predicted"), [
+    (1280, True, "1.0000"),   # no position moved: the straddle is met
+    (1279, False, "0.9692"),  # one position of 1280 moved: 32 sequences of 40 predict 0.969 < 0.99
+])
+def test_a_straddling_sequence_agreement_is_decided_by_its_positions_not_the_cosine(same: int, passed: bool,
+                                                                                   predicted: str) -> None:
+    (v,) = verdicts(Fidelity((sequences(32, 32, 1280, same),), 0.0), 0.99, 0.99)
+    assert v.passed is passed and f"predicts {predicted} of sequences unchanged" in v.how
+    (v,) = verdicts(Fidelity((sequences(31, 32, 1280, same),), 0.0), 0.99, 0.99)
+    assert not v.passed and v.how == "below the floor"  # 31 of 32: below, whatever the positions say

@@ -162,8 +162,8 @@ class SequenceAccumulator:
     >>> acc = SequenceAccumulator(blank=0)
     >>> x = np.eye(3)[[[1, 1, 0, 2], [2, 0, 0, 1]]]  # two samples, T=4, C=3
     >>> y = np.eye(3)[[[1, 0, 0, 2], [2, 2, 0, 1]]]  # same decoded "12" / "21", 2 positions moved
-    >>> acc.update(x, y, 2); acc.agreement, acc.position_agreement
-    (1.0, 0.75)
+    >>> acc.update(x, y, 2); acc.agreement, acc.position_agreement, acc.predicted
+    (1.0, 0.75, 0.31640625)
     """
 
     blank: int | None = None
@@ -189,6 +189,16 @@ class SequenceAccumulator:
     @property
     def position_agreement(self) -> float | None:
         return self.same_positions / self.positions if self.positions else None
+
+    @property
+    def predicted(self) -> float | None:
+        """The share of unchanged sequences that positions changing independently at the
+        measured rate would give: position agreement ** (positions per sample). Measured on
+        T times more trials than the sequences themselves (a finer figure where few samples
+        show no changed sequence); pessimistic where changes cluster in a few samples or a
+        change leaves the CTC-collapsed sequence as it was."""
+        p = self.position_agreement
+        return p ** (self.positions / self.samples) if p is not None and self.samples else None
 
 
 @dataclass
