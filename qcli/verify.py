@@ -314,7 +314,8 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
     untimed = not ap.enabled and (goal.max_latency_ratio is None or goal.fast(trials.latency({})))
     with phase("search"):
         costs = _untimed(trials) if untimed else trials.costs(candidates)
-        found = search(trials.units, trials, goal, costs, shrink="int4" in candidates, candidates=candidates)
+        found = search(trials.units, trials, goal, costs, shrink="int4" in candidates, candidates=candidates,
+                       dynamic_first=not ap.enabled and _eight_bit(config))
     outcome.search, outcome.goal_met = found, found.met
     outcome.promoted = found.choices
     outcome.reasons = _reasons(found)
@@ -339,6 +340,12 @@ def _untimed(trials: Trials) -> Costs:
 
 
 _SAME_PROMOTION = {"uint16": "int16", "uint8": "int8"}
+def _eight_bit(config: Config) -> bool:
+    """Whether the config quantizes activations and weights to 8 bits: there a node's dynamic
+    form stores the same int8 weight (a 4-bit or weight-only config's would grow)."""
+    return config.activations.dtype in ("uint8", "int8") and config.weights.dtype in ("int8", "uint8")
+
+
 RESCUE_CANDIDATES = ("dynamic", "float")  # the rescue's promotions: dynamic int8 tried before float
 
 
@@ -436,6 +443,7 @@ class Why(Enum):
     SENSITIVE = "sensitive"  # promoting it alone cuts the output noise
     WITH_RANKED = "with ranked"  # promoted with the units ranked above it, not sensitive alone
     UNMEASURED = "unmeasured"  # the budget ran out before it was measured: promoted by rank
+    ALL_DYNAMIC = "all dynamic"  # every unit with a dynamic form dynamic met the goal
 
 
 def _in_plan(why: Why, was: str) -> str:
@@ -452,7 +460,7 @@ def _whys(found: SearchResult) -> dict[str, tuple[Why, str]]:
             for n in step.changed:
                 if n in found.choices and n not in whys:
                     why, text = _why(found, step, n)
-                    if found.choices[n] == "dynamic" and why is not Why.FASTER:
+                    if found.choices[n] == "dynamic" and why not in (Why.FASTER, Why.ALL_DYNAMIC):
                         text += "; dynamic int8 (activations quantized at run time) meets the goal: not float"
                     whys[n] = why, text
     return whys
@@ -461,6 +469,9 @@ def _whys(found: SearchResult) -> dict[str, tuple[Why, str]]:
 def _why(found: SearchResult, step: Step, n: str) -> tuple[Why, str]:
     if found.choices[n] == "int4":
         return Why.INT4, "int4 weights: among the nodes whose 4-bit weights add the least output noise"
+    if step.kind is StepKind.ALL_DYNAMIC:
+        return Why.ALL_DYNAMIC, ("dynamic int8 (activations quantized at run time), as every node with a dynamic form: "
+                                 "that meets the goal where static int8 did not, nothing float")
     if step.kind is StepKind.SPEED:
         precision, cost = found.costs.get(n, ("float", 0.0))
         return Why.FASTER, f"faster in {precision} ({-cost:.1f} µs less per run)"

@@ -270,6 +270,26 @@ def test_dynamic_is_tried_before_float_and_float_is_the_last_resort() -> None:
     assert plain.met and set(plain.choices.values()) == {"float"}
 
 
+def test_the_rescue_tries_every_dynamic_form_first_and_stops_there_when_it_meets_the_goal() -> None:
+    """`dynamic_first` (verification's rescue): all int8 misses, every unit with a dynamic form
+    dynamic meets the goal: that is the result, in one more trial, nothing float. When it misses
+    (`a`'s error stays), the search goes on as without it and float takes what dynamic cannot."""
+    errors = {"a": 0.004, "b": 0.03, "c": 0.002}
+    us = [replace(u, dynamic=u.node != "c") for u in units(*errors)]
+    costs = {n: ("float", 5.0) for n in errors}
+    goal, candidates = Goal(max_drop=0.01), ["dynamic", "float"]
+    trials = DynamicTrials(errors, hard=set())
+    found = search(us, trials, goal, costs, candidates=candidates, dynamic_first=True)
+    assert found.met and found.choices == {"a": "dynamic", "b": "dynamic"} and trials.count == 2
+    assert [(s.kind, s.kept) for s in found.steps] == [(StepKind.ALL_INT8, True), (StepKind.ALL_DYNAMIC, True)]
+    hard = search(us, DynamicTrials(errors | {"a": 0.02}, hard={"a"}), goal, costs, candidates=candidates,
+                  dynamic_first=True)
+    assert hard.met and hard.choices["a"] == "float" and hard.steps[1].kind is StepKind.ALL_DYNAMIC
+    assert not hard.steps[1].kept
+    plain = search(us, DynamicTrials(errors | {"a": 0.02}, hard={"a"}), goal, costs, candidates=candidates)
+    assert plain.choices == hard.choices and StepKind.ALL_DYNAMIC not in {s.kind for s in plain.steps}
+
+
 def test_nodes_reading_one_weight_are_one_unit() -> None:
     """An unrolled decoder's steps share a weight: one unit (its mates follow its choice), so
     the weight is stored once, in one precision."""

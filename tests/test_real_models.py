@@ -30,7 +30,7 @@ import onnx
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from conftest import REPO
+from conftest import REPO, fused_op_counts
 from qcli.model import check_model
 from qcli.runtime import make_session
 
@@ -335,19 +335,24 @@ def test_trained_sentence_encoder_quantizes_by_default(cli, tmp_path: Path) -> N
     """paraphrase-MiniLM-L3-v2 (PyTorch 2.3 export, opset 17: LayerNormalization, Erf GELU,
     mean pooling in the graph; trained weights) on tokenized licence sentences: the default
     quantize is verified, over 3.5x smaller (its embedding table int8 too), and on held-out
-    sentences its embeddings meet the floor verification gates on: mean cosine >= 0.99 (0.9928;
-    the lowest sentence 0.9891: the floor is on the mean, README "Verification"). All-int8 they
-    do not: cosine 0.90 on average, benchmarks/recovery.py."""
+    sentences its embeddings reach mean cosine >= 0.995 (issue 16's target; 0.997 measured).
+    All-int8 static they do not (cosine 0.90 on average, benchmarks/recovery.py): the rescue's
+    first candidate, every MatMul dynamic, meets the floor, and onnxruntime runs them as its
+    dynamic int8 kernels."""
     data = inputs.write_encoder(tmp_path / "text", {"calib": 32, "verify": 16, "holdout": 16})
     out = tmp_path / "minilm.onnx"
     doc = cli.json("quantize", inputs.ENCODER, "-o", out, "--data", data["calib"], "--eval-data", data["verify"])
     assert doc["verification"]["passed"], doc["verification"]
+    assert [(s["action"], s["kept"]) for s in doc["precision"]["steps"]][1] == (
+        "every unit with a dynamic form dynamic", True)
     assert out.stat().st_size < inputs.ENCODER.stat().st_size / 3.5
     check_model(out)
+    fused = fused_op_counts(out, tmp_path)
+    assert fused["DynamicQuantizeMatMul"] + fused["MatMulIntegerToFloat"] >= 18 and not fused["MatMul"], fused
     for name in ("461", "onnx::Shape_422"):  # the sentence embedding and the token states, both gated
         pairs = zip(outputs(inputs.ENCODER, data["holdout"], name), outputs(out, data["holdout"], name), strict=True)
         cosines = [float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b)) for a, b in pairs]
-        assert np.mean(cosines) >= 0.99, (name, cosines)
+        assert np.mean(cosines) >= 0.995, (name, cosines)
 
 
 @orientation
