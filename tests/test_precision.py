@@ -277,15 +277,16 @@ def test_the_rescue_tries_every_dynamic_form_first_and_stops_there_when_it_meets
     errors = {"a": 0.004, "b": 0.03, "c": 0.002}
     us = [replace(u, dynamic=u.node != "c") for u in units(*errors)]
     costs = {n: ("float", 5.0) for n in errors}
-    goal, candidates = Goal(max_drop=0.01), ["dynamic", "float"]
+    goal, candidates = Goal(max_drop=0.01, max_latency_ratio=1.0), ["dynamic", "float"]
     trials = DynamicTrials(errors, hard=set())
     found = search(us, trials, goal, costs, candidates=candidates, dynamic_first=True)
     assert found.met and found.choices == {"a": "dynamic", "b": "dynamic"} and trials.count == 2
     assert [(s.kind, s.kept) for s in found.steps] == [(StepKind.ALL_INT8, True), (StepKind.ALL_DYNAMIC, True)]
+    assert found.steps[1].latency_ratio == 0.5  # timed: it meets the ceiling too
     hard = search(us, DynamicTrials(errors | {"a": 0.02}, hard={"a"}), goal, costs, candidates=candidates,
                   dynamic_first=True)
     assert hard.met and hard.choices["a"] == "float" and hard.steps[1].kind is StepKind.ALL_DYNAMIC
-    assert not hard.steps[1].kept
+    assert not hard.steps[1].kept and hard.steps[1].latency_ratio is None  # a miss is not timed
     plain = search(us, DynamicTrials(errors | {"a": 0.02}, hard={"a"}), goal, costs, candidates=candidates)
     assert plain.choices == hard.choices and StepKind.ALL_DYNAMIC not in {s.kind for s in plain.steps}
 

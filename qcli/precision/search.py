@@ -206,7 +206,7 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
 
 def _all_dynamic(s: _Search, candidates: Collection[str] | None) -> _Point | None:
     """Every unit with a dynamic form in it, the rest as configured, when that meets the goal
-    (one trial, and a timing under a latency ceiling): nothing goes float. The first candidate
+    (one trial, and a timing under a latency ceiling when it is accurate): nothing goes float. The first candidate
     after all int8 misses, a fixed rule: a transformer's MatMuls, where static int8 activations
     lose the outlier channels, keep their int8 weights this way (paraphrase-MiniLM-L3: cosine
     0.9977 at 0.56x float latency, where the search's minimal promotions give 0.9940 at 0.75x)."""
@@ -216,7 +216,8 @@ def _all_dynamic(s: _Search, candidates: Collection[str] | None) -> _Point | Non
     if not choices:
         return None
     f = s.trials.fidelity(choices)
-    r = s.trials.latency(choices) if s.goal.max_latency_ratio is not None else None
+    timed = s.goal.max_latency_ratio is not None and s.goal.accurate(f)  # no timing for a miss
+    r = s.trials.latency(choices) if timed else None
     ok = s.goal.accurate(f) and s.goal.fast(r)
     s.log(StepKind.ALL_DYNAMIC, "every unit with a dynamic form dynamic", list(choices), choices if ok else {},
           f, r, kept=ok)
