@@ -332,7 +332,8 @@ def verification(console: Console, doc: dict) -> None:
 # The figures shown for each kind of output: (JSON key, label)
 _DETAILS = {
     "top1": [("top1_agreement", "top-1 agreement"), ("cosine", "cosine")],
-    "sequence": [("sequence_agreement", "sequences unchanged"), ("position_agreement", "positions")],
+    "sequence": [("sequence_agreement", "sequences unchanged"), ("position_agreement", "positions"),
+                 ("sequence_predicted", "predicted from positions")],
     "mask": [("cosine", "cosine"), ("mask_agreement", "mask agreement"), ("mask_iou", "IoU")],
     "cosine": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],
     "per_element": [("agreement", "elements equal")],
