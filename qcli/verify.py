@@ -340,6 +340,8 @@ def _untimed(trials: Trials) -> Costs:
 
 
 _SAME_PROMOTION = {"uint16": "int16", "uint8": "int8"}
+
+
 def _eight_bit(config: Config) -> bool:
     """Whether the config quantizes activations and weights to 8 bits: there a node's dynamic
     form stores the same int8 weight (a 4-bit or weight-only config's would grow)."""

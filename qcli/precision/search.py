@@ -28,7 +28,7 @@ class StepKind(Enum):
     """What a search step did; its `action` says it in words (for the report)."""
 
     ALL_INT8 = "all int8"  # the starting point
-    ALL_DYNAMIC = "all dynamic"  # every unit with a dynamic form in it, the rest int8
+    ALL_DYNAMIC = "all dynamic"  # every unit with a dynamic form in it, the rest as configured
     SPEED = "speed"  # units promoted because int8 runs slower
     SENSITIVITY = "sensitivity"  # the int8 units measured and ranked
     PREFIX = "prefix"  # the first units of the ranking promoted
@@ -206,10 +206,10 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
 
 def _all_dynamic(s: _Search, candidates: Collection[str] | None) -> _Point | None:
     """Every unit with a dynamic form in it, the rest as configured, when that meets the goal
-    (one trial, and a timing under a latency ceiling when it is accurate): nothing goes float. The first candidate
-    after all int8 misses, a fixed rule: a transformer's MatMuls, where static int8 activations
-    lose the outlier channels, keep their int8 weights this way (paraphrase-MiniLM-L3: cosine
-    0.9977 at 0.56x float latency, where the search's minimal promotions give 0.9940 at 0.75x)."""
+    (one trial; timed under a latency ceiling when it is accurate): nothing goes float. The
+    first candidate after all int8 misses, by a fixed rule: a transformer's MatMuls, whose
+    static int8 activations lose the outlier channels, keep their int8 weights this way, more
+    accurate and faster than the fewest float promotions (README "Verification")."""
     if candidates is None or "dynamic" not in candidates:
         return None
     choices: Choices = {u.node: "dynamic" for u in s.units if u.dynamic}

@@ -24,12 +24,13 @@ constant [N] of the Add that alone reads its output, else it is not corrected (n
 Data: the shifts need the int8 model, so they are measured after calibration, at quantize
 time, with `--data` (qcli.verify.quantize_checked); under k-fold verification each fold's
 model gets the shifts of its own all-int8 model measured on the other folds' samples alone
-(as its ranges are), so a fold is never compared on samples its correction read. A calibration file holds ranges only:
-`--calib` with bias correction is refused (exit 2). The shifts live on the calibration table
-in memory (`CalibrationTable.bias_shifts`), so every rebuild of the rescue and auto-precision
-(their workers included) applies the same numbers, and only to nodes still quantized the way
-they were measured (same activation and weight schemes): a node promoted to float or int16
-keeps its float bias. Deterministic: the pass runs on one thread, sums in float64.
+(as its ranges are), so a fold is never compared on samples its correction read. A
+calibration file holds ranges only: `--calib` with bias correction is refused (exit 2). The
+shifts live on the calibration table in memory (`CalibrationTable.bias_shifts`), so every
+rebuild of the rescue and auto-precision (their workers included) applies the same numbers,
+and only to nodes still quantized the way they were measured (same activation and weight
+schemes): a node promoted to float or int16 keeps its float bias. Deterministic: the pass
+runs on one thread, sums in float64.
 
 Reported per node: the largest |shift| and the node's output SQNR (against the float-weight
 branch, same inputs) before and after the correction, computed from the same pass (the
