@@ -315,7 +315,7 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
     with phase("search"):
         costs = _untimed(trials) if untimed else trials.costs(candidates)
         found = search(trials.units, trials, goal, costs, shrink="int4" in candidates, candidates=candidates,
-                       dynamic_first=not ap.enabled and _eight_bit(config))
+                       dynamic_first=not ap.enabled and _dynamic_scheme(config))
     outcome.search, outcome.goal_met = found, found.met
     outcome.promoted = found.choices
     outcome.reasons = _reasons(found)
@@ -342,10 +342,19 @@ def _untimed(trials: Trials) -> Costs:
 _SAME_PROMOTION = {"uint16": "int16", "uint8": "int8"}
 
 
-def _eight_bit(config: Config) -> bool:
-    """Whether the config quantizes activations and weights to 8 bits: there a node's dynamic
-    form stores the same int8 weight (a 4-bit or weight-only config's would grow)."""
-    return config.activations.dtype in ("uint8", "int8") and config.weights.dtype in ("int8", "uint8")
+def _dynamic_scheme(config: Config) -> bool:
+    """Whether the config's static scheme is the one a dynamic form keeps: uint8 asymmetric
+    activations (onnxruntime's CPU pairing, what DynamicQuantizeLinear computes) and 8-bit
+    weights, stored the same (a 4-bit or weight-only config's would grow; an int8 symmetric
+    one, TensorRT's, reads Q/DQ pairs, not onnxruntime's dynamic kernels).
+
+    >>> trt = Config.model_validate({"activations": {"dtype": "int8", "symmetric": True}})
+    >>> int4 = Config.model_validate({"weights": {"dtype": "int4"}})
+    >>> _dynamic_scheme(Config()), _dynamic_scheme(trt), _dynamic_scheme(int4)
+    (True, False, False)
+    """
+    a = config.activations
+    return a.dtype == "uint8" and not a.symmetric and config.weights.dtype in ("int8", "uint8")
 
 
 RESCUE_CANDIDATES = ("dynamic", "float")  # the rescue's promotions: dynamic int8 tried before float
