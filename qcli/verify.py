@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from pathlib import Path
 
 import onnx
@@ -50,14 +49,13 @@ from qcli.precision import (
     Costs,
     Goal,
     SearchResult,
-    Step,
-    StepKind,
     Trials,
     find_units,
     goal_of,
     promoted_config,
     search,
 )
+from qcli.precision.reasons import Why, in_plan, reasons, whys
 from qcli.prepare import PrepareResult
 from qcli.quantize import (
     QuantizeResult,
@@ -248,8 +246,8 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
 def _other_folds(folder: DataFolder, fold: Fold) -> list[DataFolder]:
     """The samples of `folder` outside `fold` (those its fold's table was calibrated on)."""
     after = fold.first + fold.samples
-    return [w for first, count in ((0, fold.first), (after, len(folder) - after)) if count > 0
-            for w in [folder.window(first, count)]]
+    return [folder.window(first, count) for first, count in ((0, fold.first), (after, len(folder) - after))
+            if count > 0]
 
 
 def _no_calibration(model: onnx.ModelProto, prepared: PrepareResult, config: Config,
@@ -318,11 +316,11 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
                        dynamic_first=not ap.enabled and _dynamic_scheme(config))
     outcome.search, outcome.goal_met = found, found.met
     outcome.promoted = found.choices
-    outcome.reasons = _reasons(found)
+    outcome.reasons = reasons(found)
     outcome.config = promoted_config(config, found.choices, trials.units)  # search off: reproduces it
     if found.choices:
         outcome.result = trials.build(found.choices)  # quantized with outcome.config
-        _explain(outcome, _whys(found), {u.node for u in trials.units if u.half})
+        _explain(outcome, whys(found), {u.node for u in trials.units if u.half})
     if not found.met and not found.costs:  # no unit has a promotion it could take
         outcome.notes.append(_no_promotion(config, ap.candidates))
     if found.stopped:
@@ -446,65 +444,11 @@ def fidelity_checks(f: Fidelity, min_agreement: float, min_cosine: float) -> lis
     return checks
 
 
-class Why(Enum):
-    """Why the search promoted a unit (its reason says it in words)."""
-
-    INT4 = "int4"  # int4 weights: among those adding the least noise
-    FASTER = "faster"  # int8 ran slower
-    SENSITIVE = "sensitive"  # promoting it alone cuts the output noise
-    WITH_RANKED = "with ranked"  # promoted with the units ranked above it, not sensitive alone
-    UNMEASURED = "unmeasured"  # the budget ran out before it was measured: promoted by rank
-    ALL_DYNAMIC = "all dynamic"  # every unit with a dynamic form dynamic met the goal
-
-
-def _in_plan(why: Why, was: str) -> str:
-    """Why the search promoted a node that ran in `was` ("8 bits", "float16"), as the plan's
-    node table says it."""
-    return {Why.FASTER: "faster in float", Why.SENSITIVE: f"sensitive to {was}"}.get(why, "promoted")
-
-
-def _whys(found: SearchResult) -> dict[str, tuple[Why, str]]:
-    """Why each unit the search chose was promoted, from the first kept step that promoted it."""
-    whys: dict[str, tuple[Why, str]] = {}
-    for step in found.steps:
-        if step.kept:
-            for n in step.changed:
-                if n in found.choices and n not in whys:
-                    why, text = _why(found, step, n)
-                    if found.choices[n] == "dynamic" and why not in (Why.FASTER, Why.ALL_DYNAMIC):
-                        text += "; dynamic int8 (activations quantized at run time) meets the goal: not float"
-                    whys[n] = why, text
-    return whys
-
-
-def _why(found: SearchResult, step: Step, n: str) -> tuple[Why, str]:
-    if found.choices[n] == "int4":
-        return Why.INT4, "int4 weights: among the nodes whose 4-bit weights add the least output noise"
-    if step.kind is StepKind.ALL_DYNAMIC:
-        return Why.ALL_DYNAMIC, ("dynamic int8 (activations quantized at run time), as every node with a dynamic form: "
-                                 "that meets the goal where static int8 did not, nothing float")
-    if step.kind is StepKind.SPEED:
-        precision, cost = found.costs.get(n, ("float", 0.0))
-        return Why.FASTER, f"faster in {precision} ({-cost:.1f} µs less per run)"
-    gain = found.sensitivity.get(n)
-    if gain is None:
-        return Why.UNMEASURED, "not measured (budget spent): promoted by rank"
-    if gain <= 0:  # ranked last; the goal still needed it (or everything)
-        return Why.WITH_RANKED, (f"promoted with the units ranked above it (alone it changes output "
-                                 f"noise by {0.0 - gain:+.3g}: not sensitive by itself)")
-    return Why.SENSITIVE, f"sensitive: promoting it alone cuts output noise by {gain:.3g}"
-
-
-def _reasons(found: SearchResult) -> dict[str, str]:
-    """Why each promoted unit was promoted, in words."""
-    return {n: text for n, (_, text) in _whys(found).items()}
-
-
-def _explain(outcome: Outcome, whys: dict[str, tuple[Why, str]], half: set[str]) -> None:
+def _explain(outcome: Outcome, why_of: dict[str, tuple[Why, str]], half: set[str]) -> None:
     """Nodes the search promoted to float say why in the plan (not "excluded by config");
     `half`: the units that were float16/bfloat16."""
     for k, d in enumerate(outcome.result.plan.nodes):
         if outcome.promoted.get(d.name) == "float":
             was = str(outcome.config.half) if d.name in half else "8 bits"
-            why = _in_plan(whys[d.name][0], was) if d.name in whys else "promoted"
+            why = in_plan(why_of[d.name][0], was) if d.name in why_of else "promoted"
             outcome.result.plan.nodes[k] = replace(d, reason=f"{why} (precision search)")

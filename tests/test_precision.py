@@ -392,14 +392,14 @@ def test_reasons_say_why_each_unit_was_promoted() -> None:
     """A unit promoted with the ones ranked above it, whose own promotion did not cut the noise
     (seen on an exported classifier), is not called sensitive."""
     from qcli.precision import SearchResult, Step, StepKind
-    from qcli.verify import _reasons
+    from qcli.precision.reasons import reasons
 
     steps = [Step(StepKind.ALL_INT8, "all int8", [], 0, 0.4, 1.0),
              Step(StepKind.SPEED, "slower in int8: promoted", ["c"], 1, 0.4, 1.0),
              Step(StepKind.PREFIX, "promote top 3", ["a", "b", "d"], 4, 0.0, 0.01)]
     found = SearchResult({"a": "float", "b": "float", "c": "float"}, None, None, True, steps,
                          {"a": 0.5, "b": -0.002}, {"c": ("float", -12.5)}, 3)
-    assert _reasons(found) == {
+    assert reasons(found) == {
         "a": "sensitive: promoting it alone cuts output noise by 0.5",
         "b": "promoted with the units ranked above it (alone it changes output noise by +0.002: "
              "not sensitive by itself)",

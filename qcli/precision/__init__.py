@@ -4,20 +4,15 @@ units.py   the compute nodes decided on, and the config that writes the choices 
 trials.py  candidates built and measured once each (fidelity, latency, kernel times), on workers
 goal.py    what the result must satisfy (accuracy budget, floors, latency ceiling)
 search.py  the search for the fewest promotions that meet the goal
+steps.py   what a search records (its steps, its result) and measures with
+reasons.py why it promoted each unit, in words
 """
 
 from __future__ import annotations
 
 from qcli.precision.goal import Criterion, Goal, goal_of
-from qcli.precision.search import (
-    BLOCKS,
-    PRUNE_ONE_BY_ONE,
-    SearchResult,
-    SearchTrials,
-    Step,
-    StepKind,
-    search,
-)
+from qcli.precision.search import BLOCKS, PRUNE_ONE_BY_ONE, search
+from qcli.precision.steps import SearchResult, SearchTrials, Step, StepKind
 from qcli.precision.trials import SPEED_TIE, Trials, attribute
 from qcli.precision.units import (
     CHOICES,
