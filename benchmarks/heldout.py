@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -161,6 +162,7 @@ def row(name: str, model: Path, work: Path, folds: int | None, method: str | Non
     else:
         said = f"compared on {verification['data']}\n" + "\n".join(
             figure(c["name"], c.get("output"), c["value"], c.get("interval"), c.get("samples"), c["passed"])
+            + (f", predicted {m[1]}" if (m := re.search(r"predict (\d\.\d+)", c.get("how", ""))) else "")
             for c in verification["checks"])
     if not out.is_file():
         return f"{name}\n[dim]{counts}[/dim]", f"exit {code}\n{took:.0f} s", said, "[red]no model written[/red]"

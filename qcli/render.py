@@ -331,9 +331,9 @@ def verification(console: Console, doc: dict) -> None:
 
 # The figures shown for each kind of output: (JSON key, label)
 _DETAILS = {
-    "top1": [("top1_agreement", "top-1 agreement"), ("cosine", "cosine")],
+    "top1": [("top1_agreement", "top-1 agreement"), ("predicted_agreement", "predicted"), ("cosine", "cosine")],
     "sequence": [("sequence_agreement", "sequences unchanged"), ("position_agreement", "positions"),
-                 ("sequence_predicted", "predicted from positions")],
+                 ("predicted_agreement", "predicted")],
     "mask": [("cosine", "cosine"), ("mask_agreement", "mask agreement"), ("mask_iou", "IoU")],
     "cosine": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],
     "per_element": [("agreement", "elements equal")],

@@ -238,7 +238,9 @@ g (float[N, 4] x) => (float[1, 4] y) <float[4, 4] w = {0.5, -1, 2, 0.25, 1.5, -0
     y = Transpose (e)
 }"""), tmp_path / "stale.onnx")
     data = normal_folder(tmp_path / "data", 16, x=(4,))
-    doc = cli.json("quantize", model, "-o", tmp_path / "bf.onnx", "--data", data, "--config", "bfloat16")
+    config = tmp_path / "bf16.yaml"  # the preset; y is [4, N], not class scores: judged by cosine
+    config.write_text("version: 1\ndefault_precision: bfloat16\nverify: {max_latency_ratio: null, outputs: {y: cosine}}\n")
+    doc = cli.json("quantize", model, "-o", tmp_path / "bf.onnx", "--data", data, "--config", config)
     assert doc["half"]["converted"] == 1 and doc["verification"]["passed"]
 
 

@@ -12,10 +12,13 @@ from qcli.analyze.verdict import meets, verdicts
 from qcli.precision.goal import Goal
 
 
-def top1(agree: int, n: int, cosines: list[float] | None = None) -> OutputFidelity:
-    """A class-score output: `agree` of `n` samples with float's argmax; `cosines` per sample."""
+def top1(agree: int, n: int, cosines: list[float] | None = None, predicted: float | None = None) -> OutputFidelity:
+    """A class-score output: `agree` of `n` samples with float's argmax; `cosines` per sample;
+    `predicted` the agreement its margins predict (None: no margins, as on an output overridden
+    to top-1 that is not float)."""
     cos = cosines if cosines is not None else [0.999] * n
     return OutputFidelity("scores", True, agree / n, sum(cos) / n, 30.0, kind=Kind.TOP1, samples=n,
+                          predicted_agreement=predicted,
                           agreement_interval=wilson(agree, n),
                           cosine_interval=mean_interval(sum(cos), sum(c * c for c in cos), n))
 
@@ -46,11 +49,22 @@ def test_wilson_matches_its_formula_at_the_edges() -> None:
     (15, 16, None, False, "below the floor"),  # 0.9375 < 0.99, whatever the cosine
     (64, 64, [0.9921] * 64, True, "is clear of 0.99"),
 ])
-def test_an_agreement_straddling_the_floor_is_decided_by_the_cosine(agree: int, n: int, cosines, passed: bool,
+def test_without_margins_a_straddling_agreement_is_decided_by_the_cosine(agree: int, n: int, cosines, passed: bool,
                                                                       how: str) -> None:
     (v,) = verdicts(Fidelity((top1(agree, n, cosines),), 0.0), 0.99, None if cosines is None and passed else 0.99)
     assert v.passed is passed and how in v.how
     assert v.samples == n and v.interval == wilson(agree, n)
+
+
+@pytest.mark.parametrize(("agree", "predicted", "passed", "how"), [
+    (32, 0.9963, True, "predict 0.9963 on unseen samples, at or above 0.99"),
+    (32, 0.9817, False, "predict 0.9817 on unseen samples, below 0.99"),  # the direction classifier's
+    (31, 0.9990, False, "below the floor"),  # 31 of 32: below, whatever the margins say
+])
+def test_a_straddling_top1_agreement_is_decided_by_its_margins_not_the_cosine(agree: int, predicted: float,
+                                                                              passed: bool, how: str) -> None:
+    (v,) = verdicts(Fidelity((top1(agree, 32, [0.9999] * 32, predicted),), 0.0), 0.99, 0.99)
+    assert v.passed is passed and how in v.how
 
 
 def test_without_a_cosine_a_straddling_agreement_is_missed() -> None:
@@ -77,7 +91,7 @@ def sequences(agree: int, n: int, positions: int, same_positions: int) -> Output
     argmax positions; every cosine 0.9999 (the probabilities barely move)."""
     p = same_positions / positions
     return OutputFidelity("ctc", True, None, 0.9999, 40.0, kind=Kind.SEQUENCE, samples=n, sequence_agreement=agree / n,
-                          position_agreement=p, sequence_predicted=p ** (positions / n),
+                          position_agreement=p, predicted_agreement=p ** (positions / n),
                           agreement_interval=wilson(agree, n), cosine_interval=(0.9999, 0.9999))
 
 
@@ -88,6 +102,6 @@ def sequences(agree: int, n: int, positions: int, same_positions: int) -> Output
 def test_a_straddling_sequence_agreement_is_decided_by_its_positions_not_the_cosine(same: int, passed: bool,
                                                                                    predicted: str) -> None:
     (v,) = verdicts(Fidelity((sequences(32, 32, 1280, same),), 0.0), 0.99, 0.99)
-    assert v.passed is passed and f"predicts {predicted} of sequences unchanged" in v.how
+    assert v.passed is passed and f"predict {predicted} on unseen samples" in v.how
     (v,) = verdicts(Fidelity((sequences(31, 32, 1280, same),), 0.0), 0.99, 0.99)
     assert not v.passed and v.how == "below the floor"  # 31 of 32: below, whatever the positions say

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qcli.analyze.kinds import Kind, OutputKind, decide
+from qcli.analyze.margins import MarginAccumulator
 
 # Below this much noise power per unit of signal the two tensors are equal for any purpose;
 # SQNR is then reported as None ("exact") rather than as an infinite number JSON cannot hold.
@@ -328,6 +329,7 @@ class FidelityAccumulator:
         self.sqnr = SqnrAccumulator()
         self.sequence: SequenceAccumulator | None = None
         self.mask: MaskAccumulator | None = None
+        self.margins: MarginAccumulator | None = None  # top-1 and sequence outputs: the decisions' margins
 
     @property
     def class_scores(self) -> bool:
@@ -343,6 +345,8 @@ class FidelityAccumulator:
                 self.kind = decide("", [reference], None, None)
             if self.kind.kind is Kind.SEQUENCE and self.floating:
                 self.sequence = SequenceAccumulator(self.kind.blank)
+            if self.kind.kind in (Kind.TOP1, Kind.SEQUENCE) and self.floating:
+                self.margins = MarginAccumulator()
             if self.kind.kind is Kind.MASK and self.floating:
                 self.mask = MaskAccumulator(0.5 if self.kind.threshold is None else self.kind.threshold)
         x, y = _rows(reference, batch), _rows(value, batch)
@@ -374,10 +378,22 @@ class FidelityAccumulator:
             self.sequence.update(reference, value, batch)
         if self.mask is not None:
             self.mask.update(reference, value, batch)
+        if self.margins is not None:
+            self.margins.update(reference, value)
 
     @property
     def top1_agreement(self) -> float | None:
         return self.agree / self.samples if self.class_scores and self.samples else None
+
+    @property
+    def predicted_agreement(self) -> float | None:
+        """The agreement unseen samples would keep (top-1, sequence), as the decisions' margins
+        predict it (qcli.analyze.margins); a sequence's, at most what its position agreement
+        predicts."""
+        found = self.margins.predicted(self.samples) if self.margins is not None else None
+        by_positions = self.sequence.predicted if self.sequence is not None else None
+        values = [v for v in (found, by_positions) if v is not None]
+        return min(values) if values else None
 
     @property
     def element_agreement(self) -> float | None:

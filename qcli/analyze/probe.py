@@ -89,7 +89,7 @@ class OutputFidelity:
     reason: str = ""
     sequence_agreement: float | None = None  # sequence: whole (collapsed) sequences unchanged
     position_agreement: float | None = None  # sequence: positions whose argmax is unchanged (detail)
-    sequence_predicted: float | None = None  # sequence: the share of unchanged sequences the positions predict
+    predicted_agreement: float | None = None  # top-1, sequence: what unseen samples would keep (analyze.margins)
     mask_agreement: float | None = None  # mask: elements on the same side of the threshold
     mask_iou: float | None = None  # mask: mean per-sample IoU of the thresholded masks (detail)
     samples: int = 0  # the samples compared
@@ -111,7 +111,7 @@ class OutputFidelity:
         return {"name": self.name, "kind": self.kind.value, "reason": self.reason,
                 "top1_agreement": self.top1_agreement, "cosine": self.cosine, "sqnr_db": self.sqnr_db,
                 "agreement": self.agreement, "sequence_agreement": self.sequence_agreement,
-                "position_agreement": self.position_agreement, "sequence_predicted": self.sequence_predicted,
+                "position_agreement": self.position_agreement, "predicted_agreement": self.predicted_agreement,
                 "mask_agreement": self.mask_agreement,
                 "mask_iou": self.mask_iou, "samples": self.samples,
                 "agreement_interval": rounded_pair(self.agreement_interval),
@@ -359,7 +359,7 @@ def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
         name, acc.class_scores, acc.top1_agreement, acc.cosine, acc.sqnr.db, acc.element_agreement,
         kind=kind.kind, reason=kind.reason,
         sequence_agreement=seq.agreement if seq else None, position_agreement=seq.position_agreement if seq else None,
-        sequence_predicted=seq.predicted if seq else None,
+        predicted_agreement=acc.predicted_agreement,
         mask_agreement=mask.agreement if mask else None, mask_iou=mask.iou if mask else None,
         samples=acc.samples, agreement_interval=acc.agreement_interval, cosine_interval=acc.cosine_interval,
     )

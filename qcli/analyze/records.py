@@ -38,7 +38,7 @@ def fidelity_record(name: str, acc: FidelityAccumulator) -> Fidelity:
         reason=kind.reason,
         sequence_agreement=rounded(seq.agreement) if seq else None,
         position_agreement=rounded(seq.position_agreement) if seq else None,
-        sequence_predicted=rounded(seq.predicted) if seq else None,
+        predicted_agreement=rounded(acc.predicted_agreement),
         mask_agreement=rounded(mask.agreement) if mask else None,
         mask_iou=rounded(mask.iou) if mask else None,
         samples=acc.samples,

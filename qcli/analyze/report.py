@@ -101,7 +101,7 @@ class Fidelity:
     reason: str = ""  # why the output is of its kind
     sequence_agreement: float | None = None  # sequence: whole (CTC-collapsed) argmax sequences unchanged
     position_agreement: float | None = None  # sequence: positions whose argmax is unchanged
-    sequence_predicted: float | None = None  # sequence: unchanged sequences the positions predict (analyze.verdict)
+    predicted_agreement: float | None = None  # top-1, sequence: what unseen samples would keep (analyze.margins)
     mask_agreement: float | None = None  # mask: elements on the same side of the threshold
     mask_iou: float | None = None  # mask: mean per-sample IoU of the thresholded masks
     agreement_interval: list[float] | None = None  # ~95% interval of the agreement of its kind (analyze.verdict)

@@ -5,12 +5,11 @@ A figure measured on n samples is an estimate; its ~95% interval (qcli.analyze.m
 where the same model could land on samples it never saw. The rule:
 - the interval at or above the floor: met; entirely below it: missed;
 - an agreement whose interval straddles the floor (16 of 16 samples agreeing gives [0.806, 1]
-  against 0.99): met when its value reaches the floor and a finer figure says the outputs are
-  close: for a sequence output, the share of unchanged sequences its position agreement
-  predicts reaches the floor (its positions are T times as many trials: one changed position
-  in 32 sequences of 40 predicts 0.969; the cosine of a CTC head's probabilities is high on
-  the blanks whatever the letters do); for the others, the interval of its mean cosine is at
-  or above `min_cosine` (an agreement without a cosine, an integer output's: missed);
+  against 0.99): met when its value reaches the floor and so does the agreement a finer
+  figure predicts for unseen samples: for top-1 and sequence outputs, the one the decisions'
+  margins predict (qcli.analyze.margins; a sequence's, at most what its position agreement
+  predicts: one changed position in 32 sequences of 40 predicts 0.969); for mask outputs,
+  the interval of its mean cosine at or above `min_cosine`; an integer output's: missed;
 - a cosine whose interval straddles its floor: missed (the cosine is the continuous figure;
   nothing finer can decide).
 More samples narrow the intervals (`verify.samples`, `--eval-data`); verification does not
@@ -57,10 +56,10 @@ def agreement_verdict(o: OutputFidelity, metric: str, value: float, floor: float
     cos = o.cosine_interval
     if side != "straddles":
         return Verdict(metric, o.name, value, floor, interval, o.samples, side == "above", _HOW[side])
-    if o.sequence_predicted is not None and o.position_agreement is not None:
-        close = o.sequence_predicted >= floor
-        how = (f"{_HOW[side]}; its position agreement ({o.position_agreement:.4f}) predicts "
-               f"{o.sequence_predicted:.4f} of sequences unchanged, {'at or above' if close else 'below'} {floor:g}")
+    if o.predicted_agreement is not None:
+        close = o.predicted_agreement >= floor
+        how = (f"{_HOW[side]}; the margins of float's decisions and how far they moved predict "
+               f"{o.predicted_agreement:.4f} on unseen samples, {'at or above' if close else 'below'} {floor:g}")
         return Verdict(metric, o.name, value, floor, interval, o.samples, close, how)
     if cos is None or min_cosine is None:
         return Verdict(metric, o.name, value, floor, interval, o.samples, False,

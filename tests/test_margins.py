@@ -1,0 +1,55 @@
+"""The agreement predicted from the decisions' margins (qcli.analyze.margins), on draws whose
+flip rate is known: margins exponential (densest at 0, where flips come from), changes normal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qcli.analyze.margins import MarginAccumulator, flip_rate
+
+
+def draws(rng: np.random.Generator, n: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
+    return rng.exponential(4.0, n), rng.normal(0.0, spread, n)
+
+
+@pytest.mark.parametrize("spread", [0.1, 0.3, 1.0])
+def test_the_flip_rate_of_many_decisions_is_the_true_one(spread: float) -> None:
+    rng = np.random.default_rng(0)
+    margins, changes = draws(rng, 1_000_000, spread)
+    truth = float(np.mean(margins + changes < 0))
+    assert flip_rate(*draws(rng, 20_000, spread)) == pytest.approx(truth, rel=0.1)
+
+
+@pytest.mark.parametrize("spread", [0.1, 0.3])
+def test_32_samples_that_all_agree_still_predict_their_flips(spread: float) -> None:
+    """Most 32-sample sets show no flip at these rates (1-3%); the prediction from their
+    margins lands near the true rate, on the safe side, and is never 0."""
+    rng = np.random.default_rng(1)
+    margins, changes = draws(rng, 1_000_000, spread)
+    truth = float(np.mean(margins + changes < 0))
+    predicted, flipped = [], []
+    for _ in range(300):
+        m, e = draws(rng, 32, spread)
+        predicted.append(flip_rate(m, e))
+        flipped.append(bool(np.any(m + e < 0)))
+    unflipped = [p for p, f in zip(predicted, flipped, strict=True) if not f]
+    assert len(unflipped) > 100  # 0.97 ** 32 = 38% of sets show no flip at 3%
+    assert min(predicted) > 0 and float(np.median(unflipped)) > truth / 2
+    assert truth <= float(np.median(predicted)) <= 1.5 * truth
+
+
+def test_probabilities_are_compared_in_log_space_and_sequences_per_position() -> None:
+    """Softmax rows: the margin is the log ratio of the top two; a [N, T, C] output gives
+    N * T decisions and the agreement of whole samples, (1 - rate) ** T."""
+    acc = MarginAccumulator()
+    x = np.array([[[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]])  # N=1, T=2, C=3
+    y = np.array([[[0.6, 0.3, 0.1], [0.1, 0.1, 0.8]]])
+    acc.update(x, y)
+    assert acc.log and acc.decisions == 2
+    np.testing.assert_allclose(acc.margins, [np.log(0.7 / 0.2), np.log(0.8 / 0.1)])
+    np.testing.assert_allclose(acc.changes, [np.log(0.6 / 0.3) - np.log(0.7 / 0.2), 0.0], atol=1e-12)
+    rate = acc.flip_rate
+    assert rate is not None and 0 < rate < 1
+    assert acc.predicted(1) == pytest.approx((1 - rate) ** 2)
+
