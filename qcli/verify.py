@@ -68,7 +68,7 @@ from qcli.quantize import (
 from qcli.recovery.bias import needs_data as bias_needs_data
 
 LATENCY_TOLERANCE = 0.03
-QUICK_SAMPLES = 16  # samples the search ranks units on (floors are checked on all of them)
+QUICK_SAMPLES = 16  # samples the search ranks units on, at most (floors are checked on all of them)
 
 # progress(description, total, unit="samples") -> a context manager giving an `advance(n)`
 # callback (total None: unknown)
@@ -212,7 +212,7 @@ def quantize_checked(
     with phase("verify"), progress("verifying" if not ap.enabled else "searching precisions", None,
                                    unit="trials") as advance:
         trials = Trials(model, prepared, config, table, probe, units, *budget, progress=advance,
-                        quick_probe=probe.head(QUICK_SAMPLES), executor=executor, force=force)
+                        quick_probe=probe.ranking(QUICK_SAMPLES), executor=executor, force=force)
         trials.seed(result)  # the all-int8 candidate is the model just made
         base, ratio, floors = _measure_and_rescue(outcome, trials)
     if vf.enabled:

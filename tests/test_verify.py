@@ -508,6 +508,10 @@ def test_the_quick_probe_takes_the_first_samples_across_batches() -> None:
     assert head._float_session is probe._float_session  # one float session: it holds the weights
     single = Probe(model, [Batch({"x": x[i: i + 1]}, None, None, [f"{i}.npy"]) for i in range(9)], model_inputs(model))
     assert [b.size for b in single.head(4).batches] == [1, 1, 1, 1]
+    assert probe.ranking(5).samples == 5  # not folded: the first n
+    folded = Probe(model, batches, model_inputs(model), folds=[0, 0, 1])
+    assert folded.ranking(16).samples == 6 and folded.ranking(16).folds == [0, 0]  # one fold's model a trial
+    assert folded.ranking(4).samples == 4
 
 
 def test_a_probe_runs_batches_in_parallel_with_the_figures_of_one_at_a_time(monkeypatch) -> None:
