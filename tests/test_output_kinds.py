@@ -236,6 +236,8 @@ def test_analyze_judges_each_output_by_its_kind(cli, tmp_path: Path) -> None:
     assert fid.sequence_agreement is not None and fid.position_agreement is not None
     assert fid.predicted_agreement is not None  # 12 positions a sample: at most what their agreement predicts
     assert fid.predicted_agreement <= fid.position_agreement ** 12 + 1e-5
+    shown = cli("analyze", model, q, "--data", data, "--runs", "0").stdout
+    assert f"predicted agreement on unseen samples {fid.predicted_agreement:.4f}" in " ".join(shown.split())
     assert report.gates[0].metric == "1 - sequence agreement (y)"
     assert report.gates[0].value == pytest.approx(1 - fid.sequence_agreement, abs=1e-6)
     as_cosine = analyze(model, q, data, runs=0, layers=False, verify=Verify(outputs={"y": "cosine"}))

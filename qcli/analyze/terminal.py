@@ -41,7 +41,9 @@ def render(console: Console, report: Report) -> None:
             fidelity.add_row(*map(escape, (f"{row[0]} ({model} vs reference)", *row[1:])))
     console.print(fidelity)
     for f in report.fidelity:
-        console.print(escape(f"output {f.output!r}: {f.kind}, {f.reason}"))
+        predicted = (f"; predicted agreement on unseen samples {f.predicted_agreement:.4f}"
+                     if f.predicted_agreement is not None else "")
+        console.print(escape(f"output {f.output!r}: {f.kind}, {f.reason}{predicted}"))
 
     layers = report.layers
     if layers is not None and layers.tensors:
