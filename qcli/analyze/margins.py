@@ -61,7 +61,8 @@ def _others_max(x: np.ndarray, top: np.ndarray) -> np.ndarray:
 class MarginAccumulator:
     """Per decision (each row of scores over the last axis), the float margin and the quantized
     model's change of it, over all batches; whether the scores are probabilities is decided
-    on the first batch. Keeps two floats per decision (a sample, or a sequence's position)."""
+    on the first batch. Keeps two float32 per decision (a sample, or a sequence's position): 8
+    MB for a million decisions, 25,000 lines of a 40-position recognizer)."""
 
     def __init__(self) -> None:
         self.log: bool | None = None
@@ -83,16 +84,16 @@ class MarginAccumulator:
         top = x.argmax(axis=1)
         rows = np.arange(x.shape[0])
         margin = x[rows, top] - _others_max(x, top)
-        self._margins.append(margin)
-        self._changes.append(y[rows, top] - _others_max(y, top) - margin)
+        self._margins.append(margin.astype(np.float32))
+        self._changes.append((y[rows, top] - _others_max(y, top) - margin).astype(np.float32))
 
     @property
     def margins(self) -> np.ndarray:
-        return np.concatenate(self._margins) if self._margins else np.zeros(0)
+        return np.concatenate(self._margins).astype(np.float64) if self._margins else np.zeros(0)
 
     @property
     def changes(self) -> np.ndarray:
-        return np.concatenate(self._changes) if self._changes else np.zeros(0)
+        return np.concatenate(self._changes).astype(np.float64) if self._changes else np.zeros(0)
 
     @property
     def decisions(self) -> int:

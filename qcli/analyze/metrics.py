@@ -1,5 +1,6 @@
 """Streaming accuracy and error measures: each accumulator takes one batch at a time, keeps only
-running sums, and never holds an array past the `update` call.
+running sums, and never holds an array past the `update` call (but the decisions' margins,
+two float32 each: qcli.analyze.margins).
 
 The math, on a float reference `x` and a quantized result `y`:
 - SQNR (dB) = 10 log10(Σx² / Σ(y − x)²), summed over every element seen;
