@@ -148,7 +148,7 @@ def test_exclude_node_by_glob(cli, residual, residual_data, tmp_path) -> None:
     assert {"op_type": "Conv", "reason": "excluded by config", "count": 1} in doc["float"]
     # the first Conv's only reader is excluded: nothing would read its int8 output, so it stays
     # float as well rather than being unfusable
-    assert {"op_type": "Conv", "reason": "its output only feeds nodes excluded by config", "count": 1} in doc["float"]
+    assert {"op_type": "Conv", "reason": "its output only feeds nodes kept float", "count": 1} in doc["float"]
     fused = fused_op_counts(tmp_path / "q.onnx", tmp_path)
     assert fused["QLinearConv"] == 0 and fused["QLinearAdd"] == 1
 

@@ -216,7 +216,7 @@ def test_a_node_that_only_feeds_excluded_nodes_stays_float() -> None:
         [relu] r = Relu(c)
         [conv2] y = Conv(r, w2)
     }}""", exclude={"nodes": ["conv2"]})
-    assert decided(plan, "conv") == (False, "its output only feeds nodes excluded by config")
+    assert decided(plan, "conv") == (False, "its output only feeds nodes kept float")
     assert plan.groups == []
 
 

@@ -114,7 +114,7 @@ def test_default_quantize_rescues_a_layer_with_extreme_outliers(cli, sensitive, 
     assert p["file"] == str(tmp_path / "q.precision.yaml")
     assert doc["quantized"] == {"MatMul": 1}
     float_rows = [r for r in doc["float"] if r["op_type"] == "MatMul"]
-    assert float_rows == [{"op_type": "MatMul", "reason": "its output only feeds nodes excluded by config", "count": 1},
+    assert float_rows == [{"op_type": "MatMul", "reason": "its output only feeds nodes kept float", "count": 1},
                           {"op_type": "MatMul", "reason": "sensitive to 8 bits (precision search)", "count": 1}]
     unseen = mlp_data(tmp_path / "unseen", 20000, True, seed=7)
     report = cli.json("analyze", model, out, "--data", unseen, "--runs", "0", "--samples", "20000")

@@ -122,7 +122,8 @@ def without_anchor(ctx: Context, candidates: frozenset[int]) -> dict[int, str]:
 
 
 def feeding_excluded(ctx: Context, candidates: frozenset[int], keep_float: frozenset[int]) -> dict[int, str]:
-    """Compute candidates whose outputs only feed nodes the config keeps float: nothing would
+    """Compute candidates whose outputs only feed nodes the config keeps float (its rules, or the
+    precision search's promotions, which are config overrides too): nothing would
     read their quantized output, so they cannot be fused (unless their kernel writes float)."""
     if not keep_float:
         return {}
@@ -132,7 +133,7 @@ def feeding_excluded(ctx: Context, candidates: frozenset[int], keep_float: froze
             continue
         outputs = [o for o in ctx.node(i).output if o]
         if all(o not in ctx.index.outputs and _only_read_by(ctx, o, keep_float) for o in outputs):
-            rejected[i] = "its output only feeds nodes excluded by config"
+            rejected[i] = "its output only feeds nodes kept float"
     return rejected
 
 
