@@ -69,12 +69,15 @@ class MarginAccumulator:
         self._margins: list[np.ndarray] = []
         self._changes: list[np.ndarray] = []
 
-    def update(self, reference: np.ndarray, value: np.ndarray) -> None:
+    def update(self, reference: np.ndarray, value: np.ndarray, classes: int | None = None) -> None:
+        """One batch: the scores over the last axis, or (`classes`) flattened arrays whose rows
+        are runs of `classes` scores (the float64 rows the caller made already)."""
         x = np.asarray(reference, dtype=np.float64)
         y = np.asarray(value, dtype=np.float64)
-        if x.ndim == 0 or x.shape[-1] < 2:
+        c = classes if classes is not None else (x.shape[-1] if x.ndim else 0)
+        if c < 2:
             return
-        x, y = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
+        x, y = x.reshape(-1, c), y.reshape(-1, c)
         if self.log is None:
             self.log = _probabilities(x)
         if self.log:

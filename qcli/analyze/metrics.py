@@ -379,8 +379,8 @@ class FidelityAccumulator:
             self.sequence.update(reference, value, batch)
         if self.mask is not None:
             self.mask.update(reference, value, batch)
-        if self.margins is not None:
-            self.margins.update(reference, value)
+        if self.margins is not None:  # the float64 rows above, cut into each decision's scores
+            self.margins.update(x64, y64, reference.shape[-1] if reference.ndim else 1)
 
     @property
     def top1_agreement(self) -> float | None:
