@@ -21,6 +21,8 @@
 - A folded Relu/Clip whose QuantizeLinear clips as much is dropped: its input's producer writes
   its output (`_drop_redundant_clips`).
 - Dynamic nodes (plan.dynamic) are replaced by what qcli/dynamic.py emits for them.
+- A HardSwish/HardSigmoid between a DequantizeLinear and a QuantizeLinear becomes an integer
+  Add (and Mul) onnxruntime fuses (qcli/gates.py).
 - Node names: `<t>_Q` and `<t>_DQ` for the pair of `t` (and `<w>_DQ` for a weight or bias).
 New names derive from the tensor names, nodes are kept in topological order (original order
 first), so the output is deterministic.
@@ -38,6 +40,7 @@ from onnx import helper, numpy_helper
 
 from qcli.dynamic import dynamic_edits
 from qcli.errors import InternalError
+from qcli.gates import integer_gates
 from qcli.graph import GraphIndex
 from qcli.info import names_used_inside
 from qcli.plan import BiasPlan, Group, Plan, WeightPlan
@@ -68,7 +71,8 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
 
     The steps: what each weight, group and bias adds (initializers, nodes, rewired inputs),
     read off the float graph; the rewiring applied; redundant Relu/Clips dropped; float
-    initializers nothing reads any more dropped; the nodes put in topological order."""
+    initializers nothing reads any more dropped; the nodes put in topological order; the
+    quantized HardSwish/HardSigmoid nodes rewritten (qcli/gates.py)."""
     out = _copy_to_edit(model, memo)
     graph = out.graph
     source = _Source.of(out, plan, index if index is not None else GraphIndex.of(model), memo)
@@ -89,6 +93,7 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
     nodes = _toposort([*old_nodes, *edits.nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
     del graph.node[:]
     graph.node.extend(nodes)
+    integer_gates(graph, {t for g in plan.groups if g.scheme.symmetric for t in g.tensors})
     return out
 
 

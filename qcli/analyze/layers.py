@@ -4,7 +4,9 @@ A quantized activation is a `QuantizeLinear -> DequantizeLinear` pair in the qua
 (weights have no QuantizeLinear: they are stored quantized). As qdq.py names things, the pair
 reads `t` and writes `t_dequantized`, or, for a graph output `t`, reads `t_float` and writes `t`.
 Here the float model's name is the QuantizeLinear input when the float model has it, else the
-DequantizeLinear output (the graph-output case); the quantized side is the DequantizeLinear output.
+DequantizeLinear output (the graph-output case), or `t` for a pair writing `t_dequantized` (a
+rewritten HardSwish's: qcli/gates.py, whose gate pair is not listed); the quantized side is
+the DequantizeLinear output.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+
+from qcli.gates import GATE
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,10 @@ def quantized_tensors(
             name = source
         elif target in producer:
             name = target
+        elif target.endswith("_dequantized") and target[: -len("_dequantized")] in producer:
+            name = target[: -len("_dequantized")]  # qcli/gates.py: the pair reads `t_scaled`
+        elif source.endswith(GATE) and source[: -len(GATE)] in producer:
+            continue  # the gate of a rewritten HardSwish `t` (qcli/gates.py), measured as `t`
         else:
             skipped.append(f"{target}: the float model has no tensor {source!r}")
             continue
