@@ -100,3 +100,33 @@ def test_quantize_writes_what_onnxruntime_runs_in_integers(cli, tmp_path: Path):
     config.write_text("version: 1\nverify: {enabled: false}\nactivations: {dtype: int8, symmetric: true}\n")
     assert cli("quantize", model, "-o", tmp_path / "s.onnx", "--data", data, "--config", config).exit_code == 0
     assert op_counts(tmp_path / "s.onnx")["HardSwish"] == 1
+
+
+WRITTEN_OUT = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[N, 4, 12, 12] x) => (float[N, 4, 12, 12] y)
+    <float[4, 4, 3, 3] w1 = {W1}, float[4, 4, 3, 3] w2 = {W3}, float three = {3.0}, float zero = {0.0},
+     float six = {6.0}> {
+    c = Conv <pads = [1, 1, 1, 1]> (x, w1)
+    a = Add (c, three)
+    k = Clip (a, zero, six)
+    p = Mul (c, k)
+    h = Div (p, six)
+    s = Add (h, c)
+    y = Conv <pads = [1, 1, 1, 1]> (s, w2)
+}
+"""
+
+
+def test_a_hardswish_written_out_runs_in_integers_too(cli, tmp_path: Path):
+    """PaddleOCR's x * Clip(x + 3, 0, 6) / 6 (qcli/prepare/canonicalize.py): no float Div left."""
+    text = WRITTEN_OUT.replace("{W1}", _values(144, 1)).replace("{W3}", _values(144, 3))
+    model = save(parse_model(text), tmp_path / "m.onnx")
+    data = normal_folder(tmp_path / "calib", 8, x=(1, 4, 12, 12))
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\nverify: {enabled: false}\n")
+    out = tmp_path / "q.onnx"
+    assert cli("quantize", model, "-o", out, "--data", data, "--config", config).exit_code == 0
+    fused = fused_op_counts(out, tmp_path)
+    assert fused["QLinearConv"] == 2 and fused["QLinearAdd"] == 2 and fused["QLinearMul"] == 1
+    assert not {"Div", "HardSigmoid", "Mul", "Add", "Clip"} & set(fused)

@@ -1150,3 +1150,37 @@ def test_scales_and_shifts_fold_forward_into_the_conv_reading_them() -> None:
         ("Mul", "scale2", ["g", "s2"]), ("Add", "shift2", ["n", "t2"]), ("Conv", "depthwise", ["e", "w2", "b2"]),
         ("Conv", "padded", ["g", "w3"])]
     assert_same_outputs(model, result.model, **BN_TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    "tail, rewritten",
+    [
+        ("a = Add (c, three)\n k = Clip (a, zero, six)\n p = Mul (c, k)\n y = Div (p, six)", True),
+        ("a = Add (three, c)\n k = Clip (a, zero, six)\n p = Mul (k, c)\n y = Mul (p, sixth)", True),
+        ("a = Add (c, three)\n k = Clip (a, zero, six)\n p = Mul (c, k)\n y = Div (p, three)", False),  # not / 6
+        ("a = Add (c, six)\n k = Clip (a, zero, six)\n p = Mul (c, k)\n y = Div (p, six)", False),  # not + 3
+        ("d = Relu (c)\n a = Add (d, three)\n k = Clip (a, zero, six)\n p = Mul (c, k)\n y = Div (p, six)",
+         False),  # x + 3 of another tensor
+    ],
+)
+def test_a_hardswish_written_out_becomes_a_hardsigmoid_gate(tail: str, rewritten: bool) -> None:
+    """PaddleOCR's exports write HardSwish as x * Clip(x + 3, 0, 6) / 6: its Div stayed a float op
+    between Q/DQ pairs, where x * HardSigmoid(x) quantizes to an integer Add and Mul."""
+    model = onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 3, 8, 8] x) => (float[N, 4, 8, 8] y)
+            <float[4, 3, 3, 3] w = {{{", ".join(f"{v:.3f}" for v in np.linspace(-1, 1, 108))}}},
+             float three = {{3.0}}, float zero = {{0.0}}, float six = {{6.0}}, float sixth = {{0.16666667}}> {{
+            c = Conv <pads = [1, 1, 1, 1]> (x, w)
+            {tail}
+        }}
+    """)
+    result = run_pass(canonicalize, model)
+    expected = {"Conv": 1, "HardSigmoid": 1, "Mul": 1} if rewritten else dict(ops(model))
+    assert dict(ops(result.model)) == expected
+    if rewritten:
+        assert ("rewrote 1 HardSwish written out as x * Clip(x + 3, 0, 6) / 6 to x * HardSigmoid(x) (an integer "
+                "Add and Mul once quantized)") in result.notes
+        final = result.model.graph.node[-1]
+        assert (final.op_type, final.output[0]) == ("Mul", "y")  # the graph output keeps its name
+    assert_same_outputs(model, result.model, rtol=1e-5, atol=1e-5)

@@ -10,6 +10,7 @@ onnxruntime's int8 kernels) know, main graph only:
     Add(P(...), c) -> P'(...)              P = Conv, ConvTranspose, Gemm or BatchNormalization
     Conv(Mul(x, c)), Conv(Div(x, c)), Conv(Add(x, c)) -> Conv'(x)   forward (qcli/prepare/forward.py)
     ReduceMean(x, axes=[2..r-1]) -> GlobalAveragePool(x)   (keepdims=0: then Squeeze)
+    Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6) -> Mul(x, HardSigmoid(x))   a decomposed HardSwish
 
 The affine fold rewrites the producer's weight and bias (`batchnorm.scale_and_shift`):
 `Conv(X, W, b) * c -> Conv(X, W * c, b * c)`, `Conv(X, W, b) + c -> Conv(X, W, b + c)`,
@@ -24,7 +25,10 @@ Conv -> Relu) and cost a Q/DQ pair each; a per-channel Mul/Add after a Conv is t
 int8 ops (or float ops between Q/DQ pairs) where the Conv's own weights can absorb it; a
 ReduceMean over all spatial axes of an NC... tensor is a global average pool as exporters
 (torch.export, Keras) spell it, and onnxruntime has an int8 kernel for GlobalAveragePool but
-none for ReduceMean (which qcli keeps float, for the variance chains of normalizations).
+none for ReduceMean (which qcli keeps float, for the variance chains of normalizations); a
+HardSwish written out (PaddleOCR's exports) quantizes to an integer Add (the Clip folded) and
+Mul but leaves its `/ 6` a float Div between Q/DQ pairs, where a HardSigmoid between Q/DQ pairs
+becomes an integer Add (qcli/gates.py).
 
 Names: a rewritten node keeps its node name and output names (a Sum's last Add writes the
 Sum's output under the Sum's node name; the Adds before it are `<node>/add_1`, `<node>/add_2`
@@ -92,11 +96,86 @@ def canonicalize(model: onnx.ModelProto, options: Options = Options()) -> PassRe
     folded = _fold_affine(model, notes)
     forward = fold_forward(graph, notes)
     pools = _pool_means(model, notes)
-    modified = bool(rewritten or removed or folded or forward or pools)
+    gates = _hard_sigmoids(graph, notes)  # last: a `/ 6` the next Conv absorbs is folded already
+    modified = bool(rewritten or removed or folded or forward or pools or gates)
     if modified:
         remove_unused_initializers(graph)
         prune_value_info(graph)
     return PassResult(model, modified, notes)
+
+
+# ---------------------------------------------------------------- decomposed HardSwish
+
+def _hard_sigmoids(graph: onnx.GraphProto, notes: list[str]) -> int:
+    """Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6) (or the Mul by 1/6) -> Mul(x, HardSigmoid(x))
+    with alpha 1/6 and beta 1/2, the final Mul under the Div's node and output names, the
+    HardSigmoid writing `<output>/hard_sigmoid`; only when the Add, Clip and Mul outputs feed
+    nothing else. Either operand order of the Add and Mul."""
+    initializers = {t.name: t for t in graph.initializer}
+    producers = {o: node for node in graph.node for o in node.output if o}
+    uses = use_counts(graph)
+    tensors = NameAllocator(tensor_names(graph))
+    replaced: dict[int, onnx.NodeProto] = {}
+    dropped: set[int] = set()
+    position = {id(node): i for i, node in enumerate(graph.node)}
+    for node in graph.node:
+        found = _decomposed_hard_swish(node, producers, initializers, uses)
+        if found is None:
+            continue
+        x, parts = found
+        gate = tensors.fresh(f"{node.output[0]}/hard_sigmoid")
+        replaced[position[id(parts[0])]] = onnx.helper.make_node(
+            "HardSigmoid", [x], [gate], name=f"{node.name or node.output[0]}/hard_sigmoid", alpha=1 / 6, beta=0.5)
+        replaced[position[id(node)]] = onnx.helper.make_node("Mul", [x, gate], [node.output[0]], name=node.name)
+        dropped.update(position[id(p)] for p in parts[1:])
+    if replaced:
+        out = [replaced.get(i, n) for i, n in enumerate(graph.node) if i not in dropped]
+        del graph.node[:]
+        graph.node.extend(out)
+        count = len(replaced) // 2
+        notes.append(f"rewrote {count} HardSwish written out as x * Clip(x + 3, 0, 6) / 6 to x * HardSigmoid(x) "
+                     "(an integer Add and Mul once quantized)")
+    return len(replaced) // 2
+
+
+def _decomposed_hard_swish(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto],
+                           initializers: dict[str, onnx.TensorProto], uses: Counter[str]
+                           ) -> tuple[str, list[onnx.NodeProto]] | None:
+    """(x, [the Add, Clip, Mul]) when `node` ends a decomposed HardSwish of x, else None."""
+    if not is_default_domain(node) or len(node.input) != 2:
+        return None
+    if not ((node.op_type == "Div" and _scalar(node.input[1], initializers) == 6.0)
+            or (node.op_type == "Mul" and _close(_scalar(node.input[1], initializers), 1 / 6))):
+        return None
+    mul = producers.get(node.input[0])
+    if mul is None or mul.op_type != "Mul" or not is_default_domain(mul) or uses[mul.output[0]] != 1:
+        return None
+    for x, gated in (mul.input, mul.input[::-1]):
+        clip = producers.get(gated)
+        if clip is None or clip.op_type != "Clip" or uses[clip.output[0]] != 1 or len(clip.input) != 3:
+            continue
+        if _scalar(clip.input[1], initializers) != 0.0 or _scalar(clip.input[2], initializers) != 6.0:
+            continue
+        add = producers.get(clip.input[0])
+        if add is None or add.op_type != "Add" or uses[add.output[0]] != 1 or x not in add.input:
+            continue
+        other = add.input[1] if add.input[0] == x else add.input[0]
+        if _scalar(other, initializers) == 3.0:
+            return x, [add, clip, mul]
+    return None
+
+
+def _scalar(name: str, initializers: dict[str, onnx.TensorProto]) -> float | None:
+    """The value of a one-element float constant, else None."""
+    tensor = initializers.get(name)
+    if tensor is None or tensor.data_type not in FLOAT_TYPES:
+        return None
+    array = numpy_helper.to_array(tensor)
+    return float(array.reshape(-1)[0]) if array.size == 1 else None
+
+
+def _close(value: float | None, target: float) -> bool:
+    return value is not None and abs(value - target) <= 1e-6 * target
 
 
 # ---------------------------------------------------------------- Sum
