@@ -83,23 +83,28 @@ net (float[N, 4, 12, 12] x) => (float[N, 4, 12, 12] y)
 """
 
 
-def test_quantize_writes_what_onnxruntime_runs_in_integers(cli, tmp_path: Path):
-    text = CONVS.replace("{W1}", _values(288, 1)).replace("{W2}", _values(64, 2)).replace("{W3}", _values(288, 3))
+def _quantized(cli, tmp_path: Path, text: str, settings: str = "", name: str = "q") -> tuple[Path, Path, Path]:
+    """(model, its calibration folder, the model quantized with `settings`, unverified)."""
     model = save(parse_model(text), tmp_path / "m.onnx")
     data = normal_folder(tmp_path / "calib", 8, x=(1, 4, 12, 12))
-    config = tmp_path / "c.yaml"
-    config.write_text("version: 1\nverify: {enabled: false}\n")
-    out = tmp_path / "q.onnx"
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(f"version: 1\nverify: {{enabled: false}}\n{settings}")
+    out = tmp_path / f"{name}.onnx"
     assert cli("quantize", model, "-o", out, "--data", data, "--config", config).exit_code == 0
+    return model, data, out
+
+
+def test_quantize_writes_what_onnxruntime_runs_in_integers(cli, tmp_path: Path):
+    text = CONVS.replace("{W1}", _values(288, 1)).replace("{W2}", _values(64, 2)).replace("{W3}", _values(288, 3))
+    model, data, out = _quantized(cli, tmp_path, text)
     assert op_counts(out)["HardSwish"] == op_counts(out)["HardSigmoid"] == 0
     fused = fused_op_counts(out, tmp_path)
     assert fused["QLinearConv"] == 3 and fused["QLinearAdd"] == 2 and fused["QLinearMul"] == 1
     assert not {"HardSwish", "HardSigmoid", "Mul", "Add"} & set(fused)
     layers = cli.json("analyze", model, out, "--data", data)["layers"]  # measured under their names
     assert {"h1", "h2"} <= {t["tensor"] for t in layers["tensors"]} and layers["skipped"] == []
-    config.write_text("version: 1\nverify: {enabled: false}\nactivations: {dtype: int8, symmetric: true}\n")
-    assert cli("quantize", model, "-o", tmp_path / "s.onnx", "--data", data, "--config", config).exit_code == 0
-    assert op_counts(tmp_path / "s.onnx")["HardSwish"] == 1
+    symmetric = _quantized(cli, tmp_path, text, "activations: {dtype: int8, symmetric: true}\n", "s")[2]
+    assert op_counts(symmetric)["HardSwish"] == 1
 
 
 WRITTEN_OUT = """
@@ -121,12 +126,6 @@ net (float[N, 4, 12, 12] x) => (float[N, 4, 12, 12] y)
 def test_a_hardswish_written_out_runs_in_integers_too(cli, tmp_path: Path):
     """PaddleOCR's x * Clip(x + 3, 0, 6) / 6 (qcli/prepare/canonicalize.py): no float Div left."""
     text = WRITTEN_OUT.replace("{W1}", _values(144, 1)).replace("{W3}", _values(144, 3))
-    model = save(parse_model(text), tmp_path / "m.onnx")
-    data = normal_folder(tmp_path / "calib", 8, x=(1, 4, 12, 12))
-    config = tmp_path / "c.yaml"
-    config.write_text("version: 1\nverify: {enabled: false}\n")
-    out = tmp_path / "q.onnx"
-    assert cli("quantize", model, "-o", out, "--data", data, "--config", config).exit_code == 0
-    fused = fused_op_counts(out, tmp_path)
+    fused = fused_op_counts(_quantized(cli, tmp_path, text)[2], tmp_path)
     assert fused["QLinearConv"] == 2 and fused["QLinearAdd"] == 2 and fused["QLinearMul"] == 1
     assert not {"Div", "HardSigmoid", "Mul", "Add", "Clip"} & set(fused)
