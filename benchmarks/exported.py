@@ -211,7 +211,19 @@ def phase_table(rows: list[Row]):
             p = doc.get(phase)
             cells.append("" if p is None else f"{p['seconds']:.1f}" + (f" x{p['calls']}" if p["calls"] > 1 else ""))
         table.add_row(phase, *cells)
+    table.add_row("peak RSS reached in", *(_peak_phase(doc) for doc in docs))
     return table
+
+
+def _peak_phase(phases: dict) -> str:
+    """The first phase, in the order they ran, whose peak RSS (`peak_mb`) is the run's: where
+    qcli's memory peaked, and how much of it was there when calibration ended."""
+    peaks = {p: v.get("peak_mb", 0.0) for p, v in phases.items()}
+    if not peaks:
+        return ""
+    top = max(peaks.values())
+    where = next(p for p, mb in peaks.items() if mb == top)
+    return f"{where} ({top:.0f} MB; {peaks.get('calibrate', 0.0):.0f} after calibrate)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,15 +1,19 @@
-"""Where a run's wall time goes: seconds and call counts per phase.
+"""Where a run's wall time and memory go: seconds, call counts and peak RSS per phase.
 
 `recording()` starts a record for the code it wraps; `phase(name)` anywhere below adds its
 wall time to the record, nested phases under their parent's path (`verify/search/build`), so
 the library needs no profiler threaded through its signatures. Without a record `phase` costs
 a context-variable lookup. `qcli quantize --json` reports the record as "phases" (and the
-summary prints the top level); benchmarks/exported.py prints it per exported model. Timings are
-the one part of the output that differs between identical runs.
+summary prints the top level); benchmarks/exported.py prints it per exported model. A phase's
+`peak_mb` is the process's peak RSS (the kernel's ru_maxrss) when it last ended: the peak is
+reached in the first phase, in the order they ran, whose figure equals the run's. Timings and
+memory are the one part of the output that differs between identical runs.
 """
 
 from __future__ import annotations
 
+import resource
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,15 +25,24 @@ from dataclasses import dataclass, field
 class Phases:
     seconds: dict[str, float] = field(default_factory=dict)  # path -> wall seconds, summed over calls
     counts: dict[str, int] = field(default_factory=dict)  # path -> calls
+    peaks: dict[str, float] = field(default_factory=dict)  # path -> peak RSS (MB) when it last ended
     path: tuple[str, ...] = ()  # the phases open now
 
     def add(self, path: str, seconds: float) -> None:
         self.seconds[path] = self.seconds.get(path, 0.0) + seconds
         self.counts[path] = self.counts.get(path, 0) + 1
+        self.peaks[path] = peak_mb()
 
     def to_dict(self) -> dict[str, dict[str, float | int]]:
-        """{path: {"seconds", "calls"}} in the order the phases first began (JSON)."""
-        return {p: {"seconds": round(s, 4), "calls": self.counts[p]} for p, s in self.seconds.items()}
+        """{path: {"seconds", "calls", "peak_mb"}} in the order the phases first began (JSON)."""
+        return {p: {"seconds": round(s, 4), "calls": self.counts[p], "peak_mb": round(self.peaks.get(p, 0.0), 1)}
+                for p, s in self.seconds.items()}
+
+
+def peak_mb() -> float:
+    """This process's peak resident set size so far, in MB (ru_maxrss: KB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
 
 _record: ContextVar[Phases | None] = ContextVar("qcli_phases", default=None)

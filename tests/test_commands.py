@@ -72,7 +72,7 @@ def test_calibrate_then_quantize_from_python(tmp_path: Path) -> None:
 
 
 def test_the_document_says_where_the_time_went(tmp_path: Path) -> None:
-    """`phases`: wall seconds and calls of each phase, parents before their children, in the
+    """`phases`: wall seconds, calls and peak RSS of each phase, parents before their children, in the
     order they ran; the search's trials under verify (a latency floor of 0.01 forces one)."""
     cnn = SAMPLE_MODELS / "cnn"
     run = quantize_command(QuantizeFlags(
@@ -84,6 +84,8 @@ def test_the_document_says_where_the_time_went(tmp_path: Path) -> None:
     assert top == ["load", "prepare", "calibrate", "build", "reference", "verify", "write"]
     assert {"calibrate/observe", "calibrate/solve", "verify/time", "verify/search"} <= set(phases)
     assert all(phases[p]["calls"] >= 1 and phases[p]["seconds"] >= 0 for p in phases)
+    # the process's peak RSS when each phase last ended: the last to end (write) saw the highest
+    assert all(0 < phases[p]["peak_mb"] <= phases["write"]["peak_mb"] for p in phases)
     for path in phases:  # a child within its parent's time
         parent = path.rpartition("/")[0]
         assert not parent or phases[path]["seconds"] <= phases[parent]["seconds"] + 1e-3
