@@ -8,8 +8,8 @@ calibrate` against plain fp32 inference over the same samples.
 Models and inputs: those of benchmarks/heldout.py (`make real-models`), 32 real calibration
 samples each (rendered text lines and pages, photos, captchas, files, espeak-ng speech,
 gettext messages). Each run is its own child process, one after another, timed from start to
-exit (Python's start and imports included, the same for all) with its peak RSS from the
-kernel (`os.wait4`, ru_maxrss):
+exit (Python's start and imports included, the same for all) with its peak RSS (the VmHWM it
+reports at exit: `child`):
 
 * ``qcli``: `qcli quantize MODEL -o OUT --data CALIB --json` (default config: calibration,
   k-fold verification, the rescue when a floor is missed, the model written and checked);

@@ -5,7 +5,7 @@ wall time to the record, nested phases under their parent's path (`verify/search
 the library needs no profiler threaded through its signatures. Without a record `phase` costs
 a context-variable lookup. `qcli quantize --json` reports the record as "phases" (and the
 summary prints the top level); benchmarks/exported.py prints it per exported model. A phase's
-`peak_mb` is the process's peak RSS (the kernel's ru_maxrss) when it last ended: the peak is
+`peak_mb` is the process's peak RSS (`peak_mb()`) when it last ended: the peak is
 reached in the first phase, in the order they ran, whose figure equals the run's. Timings and
 memory are the one part of the output that differs between identical runs.
 """
@@ -40,7 +40,16 @@ class Phases:
 
 
 def peak_mb() -> float:
-    """This process's peak resident set size so far, in MB (ru_maxrss: KB on Linux, bytes on macOS)."""
+    """This process's peak resident set size so far, in MB: Linux's VmHWM, which starts again at
+    exec (ru_maxrss keeps the peak of the process that forked it: a big parent's, measured
+    from a benchmark or a test), else ru_maxrss (bytes on macOS)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
