@@ -246,14 +246,21 @@ def quantization(console: Console, doc: dict) -> None:
 
 
 def phase_line(phases: dict[str, dict]) -> str:
-    """The outermost phases and their total, e.g. "calibrate 1.2 s, verify 3.0 s; 4.2 s in all".
+    """The outermost phases, their total and the peak memory and where it was reached, e.g.
+    "calibrate 1.2 s, verify 3.0 s; 4.2 s in all, peak 512 MB (verify)".
 
-    >>> phase_line({"calibrate": {"seconds": 1.24, "calls": 1}, "calibrate/solve": {"seconds": 1.0, "calls": 1},
-    ...             "verify": {"seconds": 3.0, "calls": 1}})
-    'calibrate 1.2 s, verify 3.0 s; 4.2 s in all'
+    >>> phase_line({"calibrate": {"seconds": 1.24, "calls": 1, "peak_mb": 300.0},
+    ...             "calibrate/solve": {"seconds": 1.0, "calls": 1, "peak_mb": 300.0},
+    ...             "verify": {"seconds": 3.0, "calls": 1, "peak_mb": 512.4}})
+    'calibrate 1.2 s, verify 3.0 s; 4.2 s in all, peak 512 MB (verify)'
     """
     top = {p: v["seconds"] for p, v in phases.items() if "/" not in p}
-    return ", ".join(f"{p} {s:.1f} s" for p, s in top.items()) + f"; {sum(top.values()):.1f} s in all"
+    line = ", ".join(f"{p} {s:.1f} s" for p, s in top.items()) + f"; {sum(top.values()):.1f} s in all"
+    peaks = {p: v["peak_mb"] for p, v in phases.items() if "/" not in p and v.get("peak_mb")}
+    if peaks:  # the first phase to reach the run's peak
+        top_mb = max(peaks.values())
+        line += f", peak {top_mb:.0f} MB ({next(p for p, mb in peaks.items() if mb == top_mb)})"
+    return line
 
 
 SMOOTHED_ROWS = 12
