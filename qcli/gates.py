@@ -8,7 +8,8 @@ HardSigmoid(x) = clip(a*x + b, 0, 1) = a * clip(x + c, 0, 1/a) with c = b/a, and
 = x * HardSigmoid(x) (a = 1/6, b = 1/2):
 - HardSigmoid: Add(x, c) quantized with the output's zero point and scale / a gives the
   output's integers, clipped by saturation (hence only when that zero point is the type's
-  minimum and the largest value is at most 1, float32's rounding aside); the output's DequantizeLinear is unchanged;
+  minimum and the largest value is at most 1, float32's rounding aside); the output's
+  DequantizeLinear is unchanged;
 - HardSwish: the gate Add(x, c) quantized on exactly [0, 1/a] (zero point at the type's
   minimum: saturation clips it), then Mul(x, gate) quantized with the output's zero point and
   scale / a, whose integers are the output's: its DequantizeLinear (scale unchanged) reads
