@@ -1,0 +1,75 @@
+"""Weight-only int8 (`activations: {dtype: float}`): the weights stored as integers, dequantized
+by Cast and Mul that onnxruntime folds at load (qcli/qdq.py `_folded_weight`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+from tests.conftest import _values, fused_op_counts, normal_folder, op_counts, parse_model, save
+
+MODEL = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[N, 4, 8, 8] x) => (float[N, 5] y)
+    <float[8, 4, 3, 3] w = {W}, float[8] b = {0.1, -0.2, 0.3, 0, 0.05, -0.1, 0.2, 0.0}, float[8, 5] m = {M}> {
+    c = Conv <pads = [1, 1, 1, 1]> (x, w, b)
+    r = Relu (c)
+    p = GlobalAveragePool (r)
+    f = Flatten (p)
+    y = MatMul (f, m)
+}
+"""
+
+
+def _model(tmp_path: Path) -> Path:
+    return save(parse_model(MODEL.replace("{W}", _values(288, 1)).replace("{M}", _values(40, 2))), tmp_path / "m.onnx")
+
+
+def _quantize(cli, tmp_path: Path, weights: str) -> Path:
+    config = tmp_path / "c.yaml"
+    config.write_text(f"version: 1\nverify: {{enabled: false}}\nactivations: {{dtype: float}}\nweights: {weights}\n")
+    out = tmp_path / "q.onnx"
+    data = normal_folder(tmp_path / "calib", 4, x=(1, 4, 8, 8))
+    assert cli("quantize", _model(tmp_path), "-o", out, "--data", data, "--config", config).exit_code == 0
+    return out
+
+
+def _dequantized(model: onnx.ModelProto, name: str) -> np.ndarray:
+    """(q - zero) * scale of weight `name`, as DequantizeLinear computes it."""
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    zero = inits.get(f"{name}_zero_point", np.zeros(1, np.float32))
+    return ((inits[f"{name}_quantized"].astype(np.float32) - zero) * inits[f"{name}_scale"]).astype(np.float32)
+
+
+def _run(model: onnx.ModelProto | Path, x: np.ndarray) -> np.ndarray:
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_weight_only_weights_fold_to_float_at_load(cli, tmp_path: Path) -> None:
+    out = _quantize(cli, tmp_path, "{dtype: int8, symmetric: true}")
+    ops = op_counts(out)
+    assert ops["DequantizeLinear"] == 0 and ops["Cast"] == 2 and ops["Mul"] == 2 and ops["Sub"] == 0
+    written = onnx.load(str(out))
+    assert {t.name: t.data_type for t in written.graph.initializer}["w_quantized"] == onnx.TensorProto.INT8
+    fused = fused_op_counts(out, tmp_path)  # what onnxruntime runs: float kernels, nothing per run
+    assert not {"Cast", "DequantizeLinear", "MatMulNBits", "Mul"} & set(fused) and fused["MatMul"] == 1
+    # the same values as DequantizeLinear's, computed in float: the float model with those weights
+    reference = _model(tmp_path)
+    float_model = onnx.load(str(reference))
+    for t in float_model.graph.initializer:
+        if t.name in ("w", "m"):
+            t.CopyFrom(numpy_helper.from_array(_dequantized(written, t.name), t.name))
+    x = np.random.default_rng(0).normal(size=(2, 4, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(_run(out, x), _run(float_model, x), rtol=1e-6, atol=1e-6)
+
+
+def test_asymmetric_weights_subtract_their_zero_point(cli, tmp_path: Path) -> None:
+    out = _quantize(cli, tmp_path, "{dtype: uint8, symmetric: false, granularity: per_tensor}")
+    ops = op_counts(out)
+    assert ops["DequantizeLinear"] == 0 and ops["Sub"] >= 1
+    assert "DequantizeLinear" not in fused_op_counts(out, tmp_path)
