@@ -162,8 +162,10 @@ def _quantize_run(flags: QuantizeFlags, progress: ProgressFactory) -> QuantizeRu
 
 def write_precision_config(outcome: Outcome, output: Path, precision_out: Path | None = None) -> Path | None:
     """Write the config that reproduces the model without searching, when a search ran and
-    promoted units, auto-precision ran, or `precision_out` asks for it; its path."""
-    if outcome.search is None or not (outcome.promoted or outcome.searched_for_goal or precision_out is not None):
+    promoted units or wrote the model weight-only, auto-precision ran, or `precision_out` asks for
+    it; its path."""
+    if outcome.search is None or not (outcome.promoted or outcome.weight_only or outcome.searched_for_goal
+                                      or precision_out is not None):
         return None
     path = precision_out or output.with_name(f"{output.name.removesuffix('.onnx')}.precision.yaml")
     header = (

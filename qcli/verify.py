@@ -56,6 +56,7 @@ from qcli.precision import (
     search,
 )
 from qcli.precision.reasons import Why, in_plan, reasons, whys
+from qcli.precision.stored import weight_only
 from qcli.prepare import PrepareResult
 from qcli.quantize import (
     QuantizeResult,
@@ -154,6 +155,7 @@ class Outcome:
     reasons: dict[str, str] = field(default_factory=dict)  # node -> why it was promoted
     goal_met: bool = True
     searched_for_goal: bool = False  # auto-precision ran (its goal, not only the floors)
+    weight_only: bool = False  # the rescue wrote the whole model weight-only (qcli.precision.stored)
     notes: list[str] = field(default_factory=list)
 
 
@@ -301,6 +303,12 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         ratio = found.latency_ratio if floors.max_latency_ratio is not None else None
         if ratio is None and floors.max_latency_ratio is not None:
             ratio = trials.latency(found.choices)
+    stored = weight_only(trials, goal, outcome.result, ratio) if not ap.enabled and _dynamic_scheme(config) else None
+    if stored is not None:  # mostly float after the rescue: int8 weights, float compute, instead
+        outcome.result, outcome.config, outcome.promoted, outcome.reasons = stored.result, stored.config, {}, {}
+        outcome.goal_met = outcome.weight_only = True
+        outcome.notes.append(stored.note)
+        base, ratio = stored.fidelity, stored.ratio if floors.max_latency_ratio is not None else None
     return base, ratio, floors
 
 

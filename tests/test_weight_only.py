@@ -73,3 +73,41 @@ def test_asymmetric_weights_subtract_their_zero_point(cli, tmp_path: Path) -> No
     ops = op_counts(out)
     assert ops["DequantizeLinear"] == 0 and ops["Sub"] >= 1
     assert "DequantizeLinear" not in fused_op_counts(out, tmp_path)
+
+
+OUTLIER_MLP = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[N, 16] x) => (float[N, 4] y) <float[16, 32] w1 = {W1}, float[32, 4] w2 = {W2}> {
+    h = MatMul (x, w1)
+    r = Relu (h)
+    y = MatMul (r, w2)
+}
+"""
+
+
+def test_the_rescue_writes_the_model_weight_only_when_int8_activations_cannot_hold(cli, tmp_path: Path) -> None:
+    """One input channel 300x the others: any 8-bit activation grid (static or dynamic) rounds
+    the small channels away, so the rescue ends float; int8 weights with float activations keep
+    every decision, and are written instead (qcli/precision/stored.py), reproducibly."""
+    rng = np.random.default_rng(0)
+    w1 = rng.normal(0, 0.5, (16, 32))
+    w1[0] = 0.0  # the loud channel does not move the output (a zero weight rounds to itself)
+    text = OUTLIER_MLP.replace("{W1}", "{" + ", ".join(f"{v:.5f}" for v in w1.ravel()) + "}")
+    model = save(parse_model(text.replace("{W2}", _values(128, 3))), tmp_path / "mlp.onnx")
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for i in range(32):
+        x = np.random.default_rng(100 + i).normal(size=(1, 16)).astype(np.float32)
+        x[0, 0] *= 300
+        np.savez(folder / f"{i:03d}.npz", x=x)
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", folder)
+    assert any(n.startswith("weight-only: the rescue's model kept most weights float") for n in doc["notes"])
+    assert doc["verification"]["passed"] and op_counts(out)["Cast"] == 2 and op_counts(out)["QuantizeLinear"] == 0
+    unseen = np.random.default_rng(7).normal(size=(4000, 16)).astype(np.float32)
+    unseen[:, 0] *= 300
+    float_top, kept_top = (_run(m, unseen).argmax(axis=1) for m in (model, out))
+    assert (float_top == kept_top).mean() >= 0.99  # the truth on samples nothing read
+    again = tmp_path / "again.onnx"
+    assert cli("quantize", model, "-o", again, "--data", folder, "--config", tmp_path / "q.precision.yaml").exit_code == 0
+    assert again.read_bytes() == out.read_bytes()
