@@ -44,6 +44,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import heldout  # noqa: E402  (benchmarks/heldout.py)
 
+from qcli.phases import peak_phase  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = [name for name in heldout.MODELS if name != "cnn-pages"]  # one data set per model
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -218,12 +220,10 @@ def phase_table(rows: list[Row]):
 def _peak_phase(phases: dict) -> str:
     """The first phase, in the order they ran, whose peak RSS (`peak_mb`) is the run's: where
     qcli's memory peaked, and how much of it was there when calibration ended."""
-    peaks = {p: v.get("peak_mb", 0.0) for p, v in phases.items()}
-    if not peaks:
+    peak = peak_phase(phases)
+    if peak is None:
         return ""
-    top = max(peaks.values())
-    where = next(p for p, mb in peaks.items() if mb == top)
-    return f"{where} ({top:.0f} MB; {peaks.get('calibrate', 0.0):.0f} after calibrate)"
+    return f"{peak[0]} ({peak[1]:.0f} MB; {phases.get('calibrate', {}).get('peak_mb', 0.0):.0f} after calibrate)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,10 +93,10 @@ def _rewrite(node: onnx.NodeProto, dq: onnx.NodeProto | None, readers: list[onnx
     x, c, kind = dq.output[0], b / a, zero.dtype.name
     offset = f"gate_offset_{c:g}_{kind}"  # shared: the names say the values
     inits_new = [
-        _tensor(np.array(info.max, dtype=zero.dtype), f"{offset}_quantized"),
-        _tensor(np.array(c / info.max, dtype=np.float32), f"{offset}_scale"),
-        _tensor(np.array(0, dtype=zero.dtype), f"{offset}_zero_point"),
-        _tensor(np.array(float(scale) / a, dtype=np.float32), f"{t}_scaled_scale"),
+        numpy_helper.from_array(np.array(info.max, dtype=zero.dtype), f"{offset}_quantized"),
+        numpy_helper.from_array(np.array(c / info.max, dtype=np.float32), f"{offset}_scale"),
+        numpy_helper.from_array(np.array(0, dtype=zero.dtype), f"{offset}_zero_point"),
+        numpy_helper.from_array(np.array(float(scale) / a, dtype=np.float32), f"{t}_scaled_scale"),
     ]
     out = [helper.make_node("DequantizeLinear", [f"{offset}_quantized", f"{offset}_scale", f"{offset}_zero_point"],
                             [offset], name=f"{offset}_DQ")]
@@ -104,8 +104,9 @@ def _rewrite(node: onnx.NodeProto, dq: onnx.NodeProto | None, readers: list[onnx
     out.append(helper.make_node("Add", [x, offset], [gate], name=f"{gate}_Add"))
     if swish:
         pair = f"gate_{1.0 / a:g}_{kind}"  # the gate's quantizer: exactly [0, 1/a]
-        inits_new += [_tensor(np.array((1.0 / a) / (info.max - info.min), dtype=np.float32), f"{pair}_scale"),
-                      _tensor(np.array(info.min, dtype=zero.dtype), f"{pair}_zero_point")]
+        step = np.array((1.0 / a) / (info.max - info.min), dtype=np.float32)
+        inits_new += [numpy_helper.from_array(step, f"{pair}_scale"),
+                      numpy_helper.from_array(np.array(info.min, dtype=zero.dtype), f"{pair}_zero_point")]
         qparams = [f"{pair}_scale", f"{pair}_zero_point"]
         out += [helper.make_node("QuantizeLinear", [gate, *qparams], [f"{gate}_quantized"], name=f"{gate}_Q"),
                 helper.make_node("DequantizeLinear", [f"{gate}_quantized", *qparams], [f"{gate}_dequantized"],
@@ -124,7 +125,3 @@ def _slope_offset(node: onnx.NodeProto) -> tuple[float, float]:
         elif attr.name == "beta":
             b = attr.f
     return a, b
-
-
-def _tensor(values: np.ndarray, name: str) -> onnx.TensorProto:
-    return numpy_helper.from_array(values, name)

@@ -39,6 +39,21 @@ class Phases:
                 for p, s in self.seconds.items()}
 
 
+def peak_phase(phases: dict[str, dict]) -> tuple[str, float] | None:
+    """(the first phase, in the order they ran, whose `peak_mb` is the run's, that peak) of a
+    `Phases.to_dict()` record, or of part of one; None without figures.
+
+    >>> peak_phase({"calibrate": {"peak_mb": 300.0}, "verify": {"peak_mb": 512.4},
+    ...             "verify/time": {"peak_mb": 512.4}, "write": {"peak_mb": 512.4}})
+    ('verify', 512.4)
+    """
+    peaks = {p: v["peak_mb"] for p, v in phases.items() if v.get("peak_mb")}
+    if not peaks:
+        return None
+    top = max(peaks.values())
+    return next(p for p, mb in peaks.items() if mb == top), top
+
+
 def peak_mb() -> float:
     """This process's peak resident set size so far, in MB: Linux's VmHWM, which starts again at
     exec (ru_maxrss keeps the peak of the process that forked it: a big parent's, measured

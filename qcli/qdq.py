@@ -7,7 +7,7 @@
 - Each weight becomes an integer initializer `w_quantized` (+ `w_scale`, `w_zero_point`, with
   `axis` when per-channel) and a DequantizeLinear writing `w_dequantized`; the float initializer is
   dropped when nothing else reads it, which is where the file shrinks. An 8-bit weight only
-  float activations read (weight-only quantization) is Cast, Mul instead (`_folded_weight`).
+  float activations read (weight-only quantization) is Cast, Mul instead (qcli/weightonly.py).
 - Each bias becomes int32 with zero point 0, on its node's accumulator grid: scale = input scale x
   weight scale (per channel when the weight's is: one per output channel, along the bias's last
   axis; a grouped ConvTranspose's weight scales repeat once per group). Gemm adds beta x C to
@@ -20,7 +20,7 @@
   per element of that axis. A bias that nodes of different grids share gets one copy per grid
   (`<b>_<k>_quantized` after the first): each fused kernel adds the integers as they are.
 - A folded Relu/Clip whose QuantizeLinear clips as much is dropped: its input's producer writes
-  its output (`_drop_redundant_clips`).
+  its output (qcli/clips.py).
 - Dynamic nodes (plan.dynamic) are replaced by what qcli/dynamic.py emits for them.
 - A HardSwish/HardSigmoid between a DequantizeLinear and a QuantizeLinear becomes an integer
   Add (and Mul) onnxruntime fuses (qcli/gates.py).
@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from qcli.clips import drop_redundant_clips
 from qcli.dynamic import dynamic_edits
 from qcli.errors import InternalError
 from qcli.gates import integer_gates
@@ -49,6 +50,7 @@ from qcli.qweights import Weight, WeightMemo, weight_of
 from qcli.rules import is_kind, rule_for
 from qcli.runtime import SharedWeights
 from qcli.scheme import PerBlock, quantize
+from qcli.weightonly import folded_weight, weight_only
 
 CONTRIB = "com.microsoft"
 
@@ -84,7 +86,7 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
     dynamic = dynamic_edits(source.index, plan, edits.inputs, edits.outputs, memo)
     edits.add(_Edits(inits=dynamic.inits, nodes=dynamic.nodes))
     _rewire(graph, edits)
-    dropped = _drop_redundant_clips(graph, plan, source.producer, source.inits) | dynamic.replaced
+    dropped = drop_redundant_clips(graph, plan, source.producer, source.inits) | dynamic.replaced
     old_nodes = [n for i, n in enumerate(graph.node) if i not in dropped]
     shared = None
     if memo is not None and lean:
@@ -202,7 +204,7 @@ class _Edits:
 
 def _weight_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.ndarray]]:
     """Each weight as integer initializers and a DequantizeLinear (a weight only float
-    activations read: Cast and Mul, `_folded_weight`); and each weight's scale, which its
+    activations read: Cast and Mul, qcli/weightonly.py); and each weight's scale, which its
     bias's scale derives from."""
     edits, scales = _Edits(), {}
     quantized = {t for g in plan.groups for t in g.tensors}
@@ -210,8 +212,10 @@ def _weight_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.nda
         q, scale, zero = source.weight(wp)
         scales[wp.name] = scale
         dtype = wp.scheme.dtype
-        if _weight_only(source, plan, wp, quantized):
-            edits.add(_folded_weight(wp, q, scale, zero))
+        readers = {i for i, _ in source.uses(wp.name, only_quantized=True)}
+        if weight_only(wp, readers, source.index.graph, plan.dynamic, quantized):
+            inits, nodes = folded_weight(wp, q, scale, zero)
+            edits.add(_Edits(inits=inits, nodes=nodes))
         else:
             edits.inits += [
                 _tensor(q, f"{wp.name}_quantized", dtype.onnx_type),
@@ -229,42 +233,6 @@ def _weight_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.nda
             if source.reads_shape_only(use) and not dtype.is_float:  # the integer copy has the shape
                 edits.inputs[use] = f"{wp.name}_quantized"
     return edits, scales
-
-
-def _weight_only(source: _Source, plan: Plan, wp: WeightPlan, quantized: set[str]) -> bool:
-    """Whether only nodes computing in float read the 8-bit integer weight `wp` (weight-only
-    quantization: none of their activations quantized, none dynamic), per tensor or channel."""
-    if wp.scheme.dtype.bits != 8 or wp.scheme.dtype.is_float or isinstance(wp.scheme.granularity, PerBlock):
-        return False
-    readers = {i for i, _ in source.uses(wp.name, only_quantized=True)}
-    graph = source.index.graph
-    return bool(readers) and not any(
-        i in plan.dynamic or any(t in quantized for t in graph.node[i].input if t != wp.name) for i in readers)
-
-
-def _folded_weight(wp: WeightPlan, q: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> _Edits:
-    """A weight-only weight as Cast(integers) (- zero point) * scale: onnxruntime folds these
-    constants at load, so the node computes in float at float's speed from a 4x smaller file,
-    where a DequantizeLinear before a float Conv runs on every inference (magika: 0.67x float's
-    speed) and one before a MatMul becomes MatMulNBits, which quantizes its input at run time.
-    The values are DequantizeLinear's: (q - zero) * scale in float32."""
-    shape = [1] * q.ndim
-    if wp.axis is not None and scale.ndim == 1 and q.ndim:
-        shape[wp.axis] = scale.size
-    else:
-        shape = []
-    name = wp.name
-    inits = [_tensor(q, f"{name}_quantized", wp.scheme.dtype.onnx_type),
-             numpy_helper.from_array(scale.reshape(shape).astype(np.float32), f"{name}_scale")]
-    nodes = [helper.make_node("Cast", [f"{name}_quantized"], [f"{name}_integers"], name=f"{name}_Cast",
-                              to=onnx.TensorProto.FLOAT)]
-    integers = f"{name}_integers"
-    if np.any(zero != 0):
-        inits.append(numpy_helper.from_array(zero.reshape(shape).astype(np.float32), f"{name}_zero_point"))
-        nodes.append(helper.make_node("Sub", [integers, f"{name}_zero_point"], [f"{name}_centred"], name=f"{name}_Sub"))
-        integers = f"{name}_centred"
-    nodes.append(helper.make_node("Mul", [integers, f"{name}_scale"], [f"{name}_dequantized"], name=f"{name}_Mul"))
-    return _Edits(inits=inits, nodes=nodes)
 
 
 def _block_size(plan: WeightPlan) -> int:
@@ -415,63 +383,6 @@ def _rewire(graph: onnx.GraphProto, edits: _Edits) -> None:
         graph.node[i].input[k] = name
     for (i, k), name in edits.outputs.items():
         graph.node[i].output[k] = name
-
-
-def _drop_redundant_clips(
-    graph: onnx.GraphProto, plan: Plan, producer: Mapping[str, Use], inits: Mapping[str, onnx.TensorProto]
-) -> set[int]:
-    """Indices of the folded Relu/Clip nodes that change nothing before their QuantizeLinear,
-    rewired so that their input's producer writes their output directly.
-
-    Q(Clip(x)) == Q(x) when the clip bounds quantize to the type's limits or beyond: for Relu,
-    when the zero point is the type's minimum (negative x saturate to it, as 0 does). This is
-    what onnxruntime does with them when it fuses the group; dropping them here also leaves the
-    file one node (and one tensor) smaller. Kept: a Relu/Clip whose input or output something
-    else reads (a graph output, an excluded node that reads the float value, another reader).
-    `graph` is the rewired one (its readers are counted as they are now), `producer` the float
-    graph's.
-    """
-    folded = {d.index for d in plan.nodes if d.folded_into is not None}
-    graph_outputs = {o.name for o in graph.output}
-    reads: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            reads[name] = reads.get(name, 0) + 1
-    excluded_reads = {name for i in plan.keep_float for name in graph.node[i].input}
-    dropped: set[int] = set()
-    for group in plan.groups:
-        for t in group.tensors:
-            i = producer[t][0] if t in producer else None
-            if i not in folded or t in graph_outputs or t in excluded_reads:
-                continue
-            node = graph.node[i]
-            source = node.input[0]
-            if source in graph_outputs or source not in producer or reads.get(source) != 1:
-                continue
-            lo, hi = _clip_bounds(node, inits)
-            q = np.rint(np.array([lo, hi], dtype=np.float64) / np.float64(group.scale)) + np.float64(group.zero_point)
-            if q[0] > group.scheme.dtype.qmin or q[1] < group.scheme.dtype.qmax:
-                continue
-            j, k = producer[source]
-            graph.node[j].output[k] = t
-            dropped.add(i)
-            stale = [v for v in graph.value_info if v.name == source]
-            for v in stale:
-                graph.value_info.remove(v)
-    return dropped
-
-
-def _clip_bounds(node: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto]) -> tuple[float, float]:
-    """What a folded Relu/Clip clips to: its rule's `clip_range`, narrowed by its constant
-    `bounds` inputs (Clip's min and max; a missing one is unbounded, opset >= 11)."""
-    rule = rule_for(node)
-    if rule is None or rule.clip_range is None:
-        raise InternalError(f"node {node.name!r} ({node.op_type}) was folded but clips to nothing")
-    bounds = list(rule.clip_range)
-    for j, k in enumerate(rule.bounds):
-        if k < len(node.input) and node.input[k]:
-            bounds[j] = float(numpy_helper.to_array(inits[node.input[k]]))
-    return bounds[0], bounds[1]
 
 
 def _drop_unread_initializers(

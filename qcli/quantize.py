@@ -39,6 +39,7 @@ from qcli.recovery import bias, check_table, graph_steps
 from qcli.recovery.equalize import equalize
 from qcli.recovery.smoothquant import channel_requests, find_targets, smooth
 from qcli.scheme import FLOAT8_OPSET, PerBlock, PerChannel, QuantScheme
+from qcli.weightonly import folded_integers
 
 
 @dataclass
@@ -384,19 +385,6 @@ def _scheme_text(scheme: QuantScheme) -> str:
                                 " per_channel" if isinstance(g, PerChannel) else " per_tensor")
 
 
-def _folded_integers(node: onnx.NodeProto | None, producers: dict[str, onnx.NodeProto],
-                     types: dict[str, int]) -> str | None:
-    """The integer initializer a Mul(Cast(q) [- zero], scale) dequantizes, else None."""
-    if node is None or node.op_type != "Mul":
-        return None
-    source = producers.get(node.input[0])
-    if source is not None and source.op_type == "Sub":
-        source = producers.get(source.input[0])
-    if source is None or source.op_type != "Cast" or source.input[0] not in types:
-        return None
-    return source.input[0] if types[source.input[0]] in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8) else None
-
-
 def node_precisions(model: onnx.ModelProto) -> dict[str, str]:
     """Node name -> the integer types it reads ("uint8 act, int8 weights"; "float act, int4
     weights" for weight-only), from the DequantizeLinear nodes feeding it in the model written
@@ -410,8 +398,8 @@ def node_precisions(model: onnx.ModelProto) -> dict[str, str]:
         weights: set[str] = set()
         for name in node.input:
             dq = producers.get(name)
-            folded = _folded_integers(dq, producers, types)
-            if folded is not None:  # a weight-only weight (qcli.qdq._folded_weight)
+            folded = folded_integers(dq, producers, types)
+            if folded is not None:  # a weight-only weight (qcli/weightonly.py)
                 weights.add(onnx.TensorProto.DataType.Name(types[folded]).lower())
                 continue
             if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 3 or dq.input[2] not in types:

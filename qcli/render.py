@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from qcli.phases import peak_phase
+
 
 def plain(doc: Any) -> Any:
     """`doc` with every string (dict keys too) escaped for rich markup.
@@ -256,10 +258,9 @@ def phase_line(phases: dict[str, dict]) -> str:
     """
     top = {p: v["seconds"] for p, v in phases.items() if "/" not in p}
     line = ", ".join(f"{p} {s:.1f} s" for p, s in top.items()) + f"; {sum(top.values()):.1f} s in all"
-    peaks = {p: v["peak_mb"] for p, v in phases.items() if "/" not in p and v.get("peak_mb")}
-    if peaks:  # the first phase to reach the run's peak
-        top_mb = max(peaks.values())
-        line += f", peak {top_mb:.0f} MB ({next(p for p, mb in peaks.items() if mb == top_mb)})"
+    peak = peak_phase({p: v for p, v in phases.items() if "/" not in p})
+    if peak is not None:
+        line += f", peak {peak[1]:.0f} MB ({peak[0]})"
     return line
 
 

@@ -1,5 +1,5 @@
 """Weight-only int8 (`activations: {dtype: float}`): the weights stored as integers, dequantized
-by Cast and Mul that onnxruntime folds at load (qcli/qdq.py `_folded_weight`)."""
+by Cast and Mul that onnxruntime folds at load (qcli/weightonly.py)."""
 
 from __future__ import annotations
 

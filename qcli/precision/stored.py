@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import onnx
-
 from qcli.analyze.probe import Fidelity
+from qcli.analyze.size import weight_bytes
 from qcli.config import Activations, Config
 from qcli.phases import phase
 from qcli.precision.goal import Goal
@@ -35,11 +34,6 @@ class Stored:
     note: str  # what it replaced, in words
 
 
-def weight_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of the model's initializers as stored (integers count their own width)."""
-    return sum(len(t.raw_data) or onnx.numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
-
-
 #: the weight-only model must take at most this share of the rescue's model's weight bytes
 SAVES = 0.75
 
@@ -51,7 +45,7 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
     config = trials.config
     if config.activations.dtype == "float" or config.weights.dtype not in ("int8", "uint8"):
         return None
-    float_bytes, now = weight_bytes(trials.prepared.model), weight_bytes(current.model)  # Constant nodes folded
+    float_bytes, now = weight_bytes(trials.prepared.model)[0], weight_bytes(current.model)[0]  # every graph
     if not float_bytes or 2 * now < float_bytes:  # half the bytes or more in integers already
         return None
     stored = config.model_copy(update={
@@ -60,7 +54,7 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
     })
     with phase("weight-only"):
         result = quantize(trials.model, stored, trials.table, prepared=trials.prepared)  # its ranges unused
-        after = weight_bytes(result.model)
+        after = weight_bytes(result.model)[0]
         if after > SAVES * now:
             return None
         f = trials.probe.measure(result.model)
