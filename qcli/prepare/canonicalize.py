@@ -128,14 +128,14 @@ def _hard_sigmoids(graph: onnx.GraphProto, notes: list[str]) -> int:
             "HardSigmoid", [x], [gate], name=f"{node.name or node.output[0]}/hard_sigmoid", alpha=1 / 6, beta=0.5)
         replaced[position[id(node)]] = onnx.helper.make_node("Mul", [x, gate], [node.output[0]], name=node.name)
         dropped.update(position[id(p)] for p in parts[1:])
-    if replaced:
+    count = len(replaced) // 2  # two nodes for each
+    if count:
         out = [replaced.get(i, n) for i, n in enumerate(graph.node) if i not in dropped]
         del graph.node[:]
         graph.node.extend(out)
-        count = len(replaced) // 2
         notes.append(f"rewrote {count} HardSwish written out as x * Clip(x + 3, 0, 6) / 6 to x * HardSigmoid(x) "
                      "(an integer Add and Mul once quantized)")
-    return len(replaced) // 2
+    return count
 
 
 def _decomposed_hard_swish(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto],
