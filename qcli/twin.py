@@ -18,6 +18,15 @@ _FLOAT = onnx.TensorProto.FLOAT
 _HALF_ENUMS = {h.onnx_type for h in HALF_TYPES.values()}
 
 
+def holds_half(model: onnx.ModelProto) -> bool:
+    """Whether the model holds float16/bfloat16 tensors inside (constants, Casts to them) and
+    takes and gives none: what `emulated` runs as a float32 twin."""
+    graph = model.graph
+    io_half = any(v.type.tensor_type.elem_type in _HALF_ENUMS for v in (*graph.input, *graph.output))
+    return not io_half and (any(t.data_type in _HALF_ENUMS for t in graph.initializer) or any(
+        n.op_type == "Cast" and int_attr(n, "to", 0) in _HALF_ENUMS for n in graph.node))
+
+
 def emulated(model: onnx.ModelProto, rounding: bool = True) -> onnx.ModelProto | None:
     """A float32 twin of a model that holds float16/bfloat16 tensors, for measuring it on CPU:
     its constants widened (exactly), every node computing in float32, and each value a node
@@ -27,11 +36,7 @@ def emulated(model: onnx.ModelProto, rounding: bool = True) -> onnx.ModelProto |
     float32. Without `rounding`, the twin times as CPU runs the model (float32 throughout):
     what latency is measured on. None when the model holds no half tensors, or takes or gives
     one (it runs as is)."""
-    graph = model.graph
-    io_half = any(v.type.tensor_type.elem_type in _HALF_ENUMS for v in (*graph.input, *graph.output))
-    has_half = any(t.data_type in _HALF_ENUMS for t in graph.initializer) or any(
-        n.op_type == "Cast" and int_attr(n, "to", 0) in _HALF_ENUMS for n in graph.node)
-    if io_half or not has_half:
+    if not holds_half(model):
         return None
     out = onnx.ModelProto()
     out.CopyFrom(model)

@@ -244,6 +244,25 @@ g (float[N, 4] x) => (float[1, 4] y) <float[4, 4] w = {0.5, -1, 2, 0.25, 1.5, -0
     assert doc["half"]["converted"] == 1 and doc["verification"]["passed"]
 
 
+def test_analyze_runs_a_bfloat16_model_onnxruntime_has_no_kernels_for(cli, tmp_path: Path) -> None:
+    """onnxruntime's CPU provider has no bfloat16 Resize: `analyze` (and `qcli run` after
+    `quantize`) opened the written file as it is and stopped with exit 2 (found by the fuzzer);
+    it runs the float32 twin, as verification does."""
+    model = save(parse_model("""
+<ir_version: 8, opset_import: ["" : 14]>
+g (float[N, 3, 2] x) => (float[N, 3, 8] y) <float[3] s = {1, 1, 2}> {
+    r = Resize <mode = "nearest"> (x, "", s)
+    y = Concat <axis = 2> (r, r)
+}"""), tmp_path / "resize.onnx")
+    data = normal_folder(tmp_path / "data", 6, x=(3, 2))
+    out = tmp_path / "bf.onnx"
+    assert cli.json("quantize", model, "-o", out, "--data", data, "--config", "bfloat16")["half"]["converted"] == 2
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED"):
+        ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    doc = cli.json("analyze", model, out, "--data", data, "--runs", "2")
+    assert doc["fidelity"][0]["cosine"] > 0.999
+
+
 LOOP = """
 <ir_version: 9, opset_import: ["" : 17]>
 g (float[2, 4] x) => (float[2, 4] y, float[4, 4] v)

@@ -47,6 +47,7 @@ from qcli.data import Batch, DataFolder, InputSpec, Preprocess, model_inputs
 from qcli.errors import DataError, ModelError, QcliError
 from qcli.model import external_data_files, fingerprint, load_model
 from qcli.runtime import make_session
+from qcli.twin import holds_half
 
 ModelArg = str | Path | onnx.ModelProto
 
@@ -62,7 +63,9 @@ class _Model:
         return str(self.path) if self.path else "<in memory>"
 
     def session(self, threads: int | None):
-        return make_session(self.path if self.path else self.proto, threads)
+        """From the file; a float16/bfloat16 model from its proto, which runs as its float32
+        twin (qcli.twin: onnxruntime's CPU provider lacks most half kernels, bfloat16 Resize...)."""
+        return make_session(self.path if self.path and not holds_half(self.proto) else self.proto, threads)
 
     def size(self) -> ModelSize:
         return model_size(self.path, self.stored) if self.path else proto_size(self.proto)
