@@ -15,7 +15,9 @@ standard-library files; the files of the two splits are different), PaddleOCR's 
 (pages of text, 448 x 320), NudeNet's YOLOv8 detector (crops of the photos, 320 x 320) and
 piper's diacritizers, nakdimon (Hebrew) and tashkeel (Arabic), on the Hebrew and Arabic
 messages of this machine's gettext catalogues (/usr/share/locale/{he,ar}), encoded as piper
-encodes text (the messages of the two splits are different). Columns: what qcli compared on
+encodes text (the messages of the two splits are different). The recognizer's strings are compared
+stripped of leading and trailing spaces (`verify.sequence_trim: [6624]`, in qcli's run and in
+the judge: `VERIFY`), as an OCR pipeline compares text. Columns: what qcli compared on
 and its checks (value, 95% interval, samples); the held-out figure of every gated output
 (value, interval, samples) and whether it meets the floor there: "holds" when the held-out
 value reaches the floor, "holds by the rule" when the verdict rule (interval or cosine
@@ -91,6 +93,11 @@ MODELS: dict[str, tuple[Path, Callable[[Path], dict[str, Path]], str | None]] = 
 }
 
 
+# verify settings a user of the model gives (qcli's run and the held-out judge alike): an OCR
+# pipeline compares its text stripped of leading and trailing spaces (6624: the recognizer's space)
+VERIFY: dict[str, dict] = {"ocr-rec": {"sequence_trim": [6624]}}
+
+
 def lacking(needs: str | None) -> list[str]:
     """What a writer needs and this machine lacks: espeak-ng is met by the program on PATH or by
     piper's espeak-ng library (`inputs.can_speak`)."""
@@ -120,8 +127,9 @@ def run_qcli(model: Path, calib: Path, out: Path, config: Path | None = None) ->
         return done.returncode, None, error
 
 
-def held_out(model: Path, quantized: Path, folder: Path) -> list:
-    """The verdicts on every gated output of `quantized` against `model` on `folder` (default floors)."""
+def held_out(model: Path, quantized: Path, folder: Path, verify: dict | None = None) -> list:
+    """The verdicts on every gated output of `quantized` against `model` on `folder` (default
+    floors; `verify`: settings of the verify section)."""
     import onnx
 
     from qcli.analyze.probe import Probe
@@ -131,7 +139,7 @@ def held_out(model: Path, quantized: Path, folder: Path) -> list:
 
     float_model = onnx.load(model)
     specs = model_inputs(float_model)
-    vf = Verify()
+    vf = Verify(**(verify or {}))
     probe = Probe(float_model, list(DataFolder(folder, specs).batches(32)), specs, verify=vf)
     return verdicts(probe.measure(onnx.load(quantized)), vf.min_top1_agreement, vf.min_cosine)
 
@@ -148,9 +156,10 @@ def row(name: str, model: Path, work: Path, folds: int | None, method: str | Non
     counts = ", ".join(f"{split} {len(list(folder.glob('*.np[yz]')))}" for split, folder in folders.items())
     out = work / f"{name}.onnx"
     config = None
-    if folds is not None or method is not None or recovery is not None:
+    verify = {**VERIFY.get(name, {}), **({"folds": folds} if folds is not None else {})}
+    if verify or method is not None or recovery is not None:
         config = work / "config.yaml"
-        config.write_text("version: 1\n" + (f"verify: {{folds: {folds}}}\n" if folds is not None else "")
+        config.write_text("version: 1\n" + (f"verify: {json.dumps(verify)}\n" if verify else "")
                           + (f"calibration: {{method: {method}}}\n" if method is not None else "")
                           + (f"recovery: [{', '.join(recovery)}]\n" if recovery is not None else ""))
     began = time.perf_counter()
@@ -166,7 +175,7 @@ def row(name: str, model: Path, work: Path, folds: int | None, method: str | Non
             for c in verification["checks"])
     if not out.is_file():
         return f"{name}\n[dim]{counts}[/dim]", f"exit {code}\n{took:.0f} s", said, "[red]no model written[/red]"
-    found = held_out(model, out, folders["holdout"])
+    found = held_out(model, out, folders["holdout"], VERIFY.get(name))
     holds = all(v.value >= v.floor for v in found)
     by_rule = all(v.passed for v in found)
     lines = [figure(v.metric, v.output, v.value, v.interval, v.samples, v.value >= v.floor) for v in found]

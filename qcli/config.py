@@ -14,7 +14,7 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -267,6 +267,8 @@ class Verify(Section):
     # output name -> the metric it is judged by (qcli.analyze.kinds; unnamed outputs: detected)
     outputs: dict[str, OutputKindName] = {}
     ctc_blank: int | None = Field(None, ge=0)  # a sequence's CTC blank class (None: detected)
+    # classes not counted at either end of a sequence (an OCR recognizer's space: str.strip)
+    sequence_trim: list[Annotated[int, Field(ge=0)]] = []
     metric: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # package.module:function
 
 

@@ -15,9 +15,10 @@ from conftest import parse_model, save, tensor_text, write_npz
 from qcli.analyze import analyze
 from qcli.analyze.gates import Gates
 from qcli.analyze.kinds import Kind, output_kinds
-from qcli.analyze.metrics import FidelityAccumulator, MaskAccumulator, SequenceAccumulator, ctc_collapse
+from qcli.analyze.metrics import FidelityAccumulator, MaskAccumulator
 from qcli.analyze.plugin import CustomScore
 from qcli.analyze.probe import Fidelity, OutputFidelity
+from qcli.analyze.sequences import SequenceAccumulator, ctc_collapse
 from qcli.config import Config, OutputKindName, Verify
 from qcli.errors import ConfigError
 from qcli.precision.goal import Goal
@@ -181,6 +182,29 @@ def test_ctc_collapse_and_the_sequence_metric() -> None:
     acc = SequenceAccumulator(blank=0)
     acc.update(x, changed, 3)
     assert acc.agreement == pytest.approx(2 / 3)
+
+
+def test_a_trimmed_class_does_not_count_at_either_end() -> None:
+    """PaddleOCR's recognizer on rendered lines: the float model itself hesitates between blank
+    and space in a crop's margins, so weight-only int8 "changed" 31 of 208 strings, 28 of them
+    by a leading or trailing space (verify.sequence_trim)."""
+    space = 3
+    ids = np.array([[0, 1, 0, 2, 0, 0], [3, 1, 0, 3, 2, 0], [0, 1, 3, 2, 0, 0]])  # "12", " 1 2", "1 2"
+    moved = np.array([[3, 1, 0, 2, 0, 3], [0, 1, 0, 3, 2, 0], [0, 1, 0, 2, 0, 0]])  # " 12 ", "1 2", "12"
+    x, y = (np.eye(4, dtype=np.float32)[i] * 0.7 + 0.075 for i in (ids, moved))
+    trimmed, plain = SequenceAccumulator(0, (space,)), SequenceAccumulator(0)
+    rows = trimmed.update(x, y, 3)
+    plain.update(x, y, 3)
+    assert plain.agreement == 0.0 and trimmed.agreement == pytest.approx(2 / 3)  # the inner space still counts
+    # 4 positions moved, 3 of them blank <-> space in the margins: merged there
+    assert plain.position_agreement == pytest.approx(14 / 18) and trimmed.position_agreement == pytest.approx(17 / 18)
+    assert rows[0].size == trimmed.decided == 18 + 8  # the positions and the character runs
+    model = parse_model(MODELS["ctc_sequence"])
+    kind = output_kinds(model, {"y": [x]}, trim=[space])["y"]
+    assert kind.trim == (space,) and kind.reason.endswith("; class 3 not counted at either end (verify.sequence_trim)")
+    assert Config.model_validate({"verify": {"sequence_trim": [3]}}).verify.sequence_trim == [3]
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        Config.model_validate({"verify": {"sequence_trim": [-1]}})
 
 
 def test_the_mask_metric_thresholds_both_models() -> None:

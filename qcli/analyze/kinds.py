@@ -25,14 +25,16 @@ data movement) and from the float model's values on the compared samples, in thi
 
 A sequence's blank (CTC) is `verify.ctc_blank`, else detected: class 0 or the last class when it
 is the argmax of most positions in the float outputs (a CTC head predicts blank between
-characters); with a blank, sequences are compared after CTC collapse.
+characters); with a blank, sequences are compared after CTC collapse. `verify.sequence_trim`
+names classes that do not count at either end of a sequence (an OCR line's spaces: the float
+model itself hesitates between blank and space in a crop's margins).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import numpy as np
@@ -55,6 +57,7 @@ class OutputKind:
     kind: Kind
     reason: str
     blank: int | None = None  # sequence: the CTC blank class (collapse before comparing)
+    trim: tuple[int, ...] = ()  # sequence: classes that do not count at either end (verify.sequence_trim)
     threshold: float | None = None  # mask: values above it are "on"
 
 
@@ -291,8 +294,10 @@ def check_outputs(model: onnx.ModelProto, named: Mapping[str, str]) -> None:
 
 
 def output_kinds(model: onnx.ModelProto, values: Mapping[str, Sequence[np.ndarray]],
-                 named: Mapping[str, str] | None = None, blank: int | None = None) -> dict[str, OutputKind]:
-    """The kind of every output in `values` (its float batches); `named`: `verify.outputs`."""
+                 named: Mapping[str, str] | None = None, blank: int | None = None,
+                 trim: Sequence[int] = ()) -> dict[str, OutputKind]:
+    """The kind of every output in `values` (its float batches); `named`: `verify.outputs`;
+    `trim`: `verify.sequence_trim`, given to every sequence output."""
     named = named or {}
     check_outputs(model, named)
     graph = _Graph(model.graph)
@@ -303,4 +308,9 @@ def output_kinds(model: onnx.ModelProto, values: Mapping[str, Sequence[np.ndarra
             kinds[name] = forced(name, Kind(named[name]), batches, blank)
         else:
             kinds[name] = decide(name, batches, _evidence(graph, name), _state_input(model, batches[0]), blank)
+        if trim and kinds[name].kind is Kind.SEQUENCE:
+            ends = ", ".join(str(c) for c in trim)
+            kinds[name] = replace(kinds[name], trim=tuple(trim),
+                                  reason=f"{kinds[name].reason}; class {ends} not counted at either end "
+                                         "(verify.sequence_trim)")
     return kinds

@@ -7,7 +7,8 @@ The math, on a float reference `x` and a quantized result `y`:
 - cosine = mean over samples of x·y / (|x| |y|) (each sample flattened);
 - top-1 agreement = fraction of samples whose argmax over classes is the same;
 - sequence agreement = fraction of samples whose whole argmax sequence (CTC-collapsed when the
-  blank is known) is the same; position agreement = fraction of positions;
+  blank is known) is the same; position agreement = fraction of positions
+  (qcli.analyze.sequences);
 - mask agreement = fraction of elements on the same side of the threshold; IoU = mean over
   samples of |A ∩ B| / |A ∪ B| of the thresholded masks (1 when both are empty).
 The metric an output is judged by follows its kind (qcli.analyze.kinds). Each gated figure has
@@ -29,6 +30,7 @@ import numpy as np
 
 from qcli.analyze.kinds import Kind, OutputKind, decide
 from qcli.analyze.margins import MarginAccumulator
+from qcli.analyze.sequences import SequenceAccumulator
 
 # Below this much noise power per unit of signal the two tensors are equal for any purpose;
 # SQNR is then reported as None ("exact") rather than as an infinite number JSON cannot hold.
@@ -60,29 +62,6 @@ def as_array(value) -> np.ndarray:
         keys = list(value[0])
         return np.array([[v[k] for k in keys] for v in value], dtype=np.float32)
     return np.asarray(value)
-
-
-def ctc_collapse(ids: np.ndarray, blank: int) -> np.ndarray:
-    """A CTC path as the label it decodes to: repeats merged, then blanks dropped.
-
-    >>> ctc_collapse(np.array([0, 3, 3, 0, 3, 5, 5, 0]), 0).tolist()
-    [3, 3, 5]
-    """
-    ids = np.asarray(ids)
-    if ids.size == 0:
-        return ids
-    keep = np.concatenate(([True], ids[1:] != ids[:-1]))
-    ids = ids[keep]
-    return ids[ids != blank]
-
-
-def sequence_ids(value: np.ndarray, batch: int) -> np.ndarray:
-    """The argmax over the last axis of a `[N, T, C]` or `[T, N, C]` output, as `[N, T]` (the
-    batch axis is the one of size `batch`, the first when both are)."""
-    ids = np.asarray(value).argmax(axis=-1)
-    if ids.ndim == 2 and ids.shape[0] != batch and ids.shape[1] == batch:
-        return ids.T
-    return ids.reshape(batch, -1) if ids.size and ids.shape[0] == batch else ids.reshape(1, -1)
 
 
 Z95 = 1.959964  # the standard normal's 97.5th percentile: two-sided 95%
@@ -154,53 +133,6 @@ class Mean:
 def row_shares(equal: np.ndarray) -> np.ndarray:
     """Per sample (row), the share of its elements that are True (an empty row: 1)."""
     return equal.mean(axis=1) if equal.shape[1] else np.ones(equal.shape[0])
-
-
-@dataclass
-class SequenceAccumulator:
-    """Samples whose whole argmax sequence (CTC-collapsed with `blank`) is unchanged, and
-    positions whose argmax is.
-
-    >>> acc = SequenceAccumulator(blank=0)
-    >>> x = np.eye(3)[[[1, 1, 0, 2], [2, 0, 0, 1]]]  # two samples, T=4, C=3
-    >>> y = np.eye(3)[[[1, 0, 0, 2], [2, 2, 0, 1]]]  # same decoded "12" / "21", 2 positions moved
-    >>> acc.update(x, y, 2); acc.agreement, acc.position_agreement, acc.predicted
-    (1.0, 0.75, 0.31640625)
-    """
-
-    blank: int | None = None
-    samples: int = 0
-    same: int = 0
-    positions: int = 0
-    same_positions: int = 0
-
-    def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
-        x, y = sequence_ids(reference, batch), sequence_ids(value, batch)
-        self.positions += x.size
-        self.same_positions += int(np.count_nonzero(x == y))
-        for a, b in zip(x, y, strict=True):
-            if self.blank is not None:
-                a, b = ctc_collapse(a, self.blank), ctc_collapse(b, self.blank)
-            self.same += int(a.shape == b.shape and bool(np.all(a == b)))
-        self.samples += x.shape[0]
-
-    @property
-    def agreement(self) -> float | None:
-        return self.same / self.samples if self.samples else None
-
-    @property
-    def position_agreement(self) -> float | None:
-        return self.same_positions / self.positions if self.positions else None
-
-    @property
-    def predicted(self) -> float | None:
-        """The share of unchanged sequences that positions changing independently at the
-        measured rate would give: position agreement ** (positions per sample). Measured on
-        T times more trials than the sequences themselves (a finer figure where few samples
-        show no changed sequence); pessimistic where changes cluster in a few samples or a
-        change leaves the CTC-collapsed sequence as it was."""
-        p = self.position_agreement
-        return p ** (self.positions / self.samples) if p is not None and self.samples else None
 
 
 @dataclass
@@ -345,7 +277,7 @@ class FidelityAccumulator:
             if self.kind is None:
                 self.kind = decide("", [reference], None, None)
             if self.kind.kind is Kind.SEQUENCE and self.floating:
-                self.sequence = SequenceAccumulator(self.kind.blank)
+                self.sequence = SequenceAccumulator(self.kind.blank, self.kind.trim)
             if self.kind.kind in (Kind.TOP1, Kind.SEQUENCE) and self.floating:
                 self.margins = MarginAccumulator()
             if self.kind.kind is Kind.MASK and self.floating:
@@ -376,10 +308,12 @@ class FidelityAccumulator:
         if self.class_scores:
             self.agree += int((x.argmax(axis=1) == y.argmax(axis=1)).sum())
         if self.sequence is not None:
-            self.sequence.update(reference, value, batch)
+            decisions = self.sequence.update(reference, value, batch)
+            if self.margins is not None:
+                self.margins.add(*decisions)
         if self.mask is not None:
             self.mask.update(reference, value, batch)
-        if self.margins is not None:  # the float64 rows above, cut into each decision's scores
+        if self.margins is not None and self.sequence is None:  # the float64 rows above, cut into decisions
             self.margins.update(x64, y64, reference.shape[-1] if reference.ndim else 1)
 
     @property

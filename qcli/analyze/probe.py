@@ -200,7 +200,7 @@ class Probe:
         vf = self.verify or Verify()
         if self.kinds is None:
             values = {name: [ref[k] for ref in self.reference] for k, name in enumerate(self.names)}
-            self.kinds = output_kinds(self.float_model, values, vf.outputs, vf.ctc_blank)
+            self.kinds = output_kinds(self.float_model, values, vf.outputs, vf.ctc_blank, vf.sequence_trim)
         self._metric = load_metric(vf.metric) if vf.metric else None
 
     @property
