@@ -111,3 +111,51 @@ def test_the_rescue_writes_the_model_weight_only_when_int8_activations_cannot_ho
     again = tmp_path / "again.onnx"
     assert cli("quantize", model, "-o", again, "--data", folder, "--config", tmp_path / "q.precision.yaml").exit_code == 0
     assert again.read_bytes() == out.read_bytes()
+
+
+DEEP_MLP = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[N, 16] x) => (float[N, 4] y) <float[16, 64] w1 = {W1}, float[64, 16] w2 = {W2}, float[16, 4] w3 = {W3}> {
+    h = MatMul (x, w1)
+    r = Relu (h)
+    g = MatMul (r, w2)
+    s = Relu (g)
+    y = MatMul (s, w3)
+}
+"""
+
+
+def test_the_rescue_keeps_float_the_weights_int8_cannot_hold(cli, tmp_path: Path) -> None:
+    """As above, and w2 holds a weight 1000x the others on a hidden unit that is always 0: its
+    int8 grid rounds the rest of w2 to zero, so the whole model weight-only misses too. w2 keeps
+    float weights, w1 and w3 int8 ones (qcli/precision/stored.py, the partial search), and that
+    model keeps the decisions of samples nothing read, reproducibly."""
+    rng = np.random.default_rng(0)
+    w1 = rng.normal(0, 0.5, (16, 64))
+    w1[0] = 0.0  # the loud channel does not move the output
+    w1[:, 0] = 0.0  # hidden unit 0 is always 0...
+    w2 = rng.normal(0, 0.5, (64, 16))
+    w2[0] = 500.0  # ...so its huge weights never count in float
+    text = DEEP_MLP
+    for name, values in (("{W1}", w1), ("{W2}", w2), ("{W3}", rng.normal(0, 0.5, (16, 4)))):
+        text = text.replace(name, "{" + ", ".join(f"{v:.5f}" for v in values.ravel()) + "}")
+    model = save(parse_model(text), tmp_path / "mlp.onnx")
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for i in range(32):
+        x = np.random.default_rng(100 + i).normal(size=(1, 16)).astype(np.float32)
+        x[0, 0] *= 300
+        np.savez(folder / f"{i:03d}.npz", x=x)
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", folder)
+    note = next(n for n in doc["notes"] if n.startswith("weight-only: "))
+    assert "(1 unit with float weights)" in note and doc["verification"]["passed"]
+    inits = {t.name: t for t in onnx.load(out).graph.initializer}
+    assert {"w1_quantized", "w3_quantized", "w2"} <= inits.keys() and "w2_quantized" not in inits
+    unseen = np.random.default_rng(7).normal(size=(4000, 16)).astype(np.float32)
+    unseen[:, 0] *= 300
+    float_top, kept_top = (_run(m, unseen).argmax(axis=1) for m in (model, out))
+    assert (float_top == kept_top).mean() >= 0.99
+    again = tmp_path / "again.onnx"
+    assert cli("quantize", model, "-o", again, "--data", folder, "--config", tmp_path / "q.precision.yaml").exit_code == 0
+    assert again.read_bytes() == out.read_bytes()

@@ -124,17 +124,27 @@ def without_anchor(ctx: Context, candidates: frozenset[int]) -> dict[int, str]:
 def feeding_excluded(ctx: Context, candidates: frozenset[int], keep_float: frozenset[int]) -> dict[int, str]:
     """Compute candidates whose outputs only feed nodes the config keeps float (its rules, or the
     precision search's promotions, which are config overrides too): nothing would
-    read their quantized output, so they cannot be fused (unless their kernel writes float)."""
+    read their quantized output, so they cannot be fused (unless their kernel writes float).
+    A weight-only node (float activations) writes float whoever reads it: it stays."""
     if not keep_float:
         return {}
     rejected = {}
     for i in sorted(candidates):
-        if not ctx.is_kind(i, "compute") or writes_float(ctx, i):
+        if not ctx.is_kind(i, "compute") or writes_float(ctx, i) or _weight_only(ctx, i):
             continue
         outputs = [o for o in ctx.node(i).output if o]
         if all(o not in ctx.index.outputs and _only_read_by(ctx, o, keep_float) for o in outputs):
             rejected[i] = "its output only feeds nodes kept float"
     return rejected
+
+
+def _weight_only(ctx: Context, i: int) -> bool:
+    """Whether node `i` keeps float activations: the config's are float and no override gives
+    it quantized ones."""
+    if ctx.config.activations.dtype != "float" or i in ctx.selections.asked_nodes:
+        return False
+    return not any(o.activations is not None and o.activations.dtype != "float" and i in sel.nodes
+                   for _, o, sel in ctx.selections.overrides)
 
 
 def _only_read_by(ctx: Context, name: str, nodes: frozenset[int]) -> bool:

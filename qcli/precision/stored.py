@@ -1,4 +1,4 @@
-"""The rescue's step before float: the whole model weight-only (int8 weights, float activations).
+"""The rescue's step before float: the model weight-only (int8 weights, float activations).
 
 When the rescue's model keeps less than half of the float model's weight bytes in integers
 (it went mostly float), the model quantized weight-only (`activations: {dtype: float}`: its
@@ -6,23 +6,34 @@ When the rescue's model keeps less than half of the float model's weight bytes i
 float at float's speed from a file about 4x smaller. It needs no calibration, so every
 compared sample is unseen by it, whatever the folds. It replaces the rescue's model when it
 meets the same goal (the floors by the verdict rule, the latency ceiling), is not measurably
-slower than it, and its weights take at most 3/4 of its bytes. One build, one measurement,
-one timing: not counted in the search's trials. Only in onnxruntime's CPU scheme (uint8
+slower than it, and its weights take at most 3/4 of its bytes. Its trials are its own, not
+counted in the search's. Only in onnxruntime's CPU scheme (uint8
 asymmetric activations, 8-bit weights, as for the rescue's dynamic forms): a TensorRT config
 (int8 symmetric) asks for int8 kernels.
+
+When the whole model weight-only misses the goal, some weights matter more than others (the
+first convolutions of a CNN, whose rounding the network amplifies): each weighted unit
+weight-only alone is measured on the quick probe (one trial each), and the most units (least
+predicted loss, then output noise, per weight byte first: `_loss`) whose weights stay int8
+while the rest keep float weights and the goal is met (bisection on the quick probe, confirmed
+on all samples, halving until it holds; PARTIAL_TRIALS more at most) are written instead, on
+the same terms.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from qcli.analyze.probe import Fidelity
 from qcli.analyze.size import weight_bytes
 from qcli.config import Activations, Config
 from qcli.phases import phase
 from qcli.precision.goal import Goal
-from qcli.precision.trials import Trials
-from qcli.quantize import QuantizeResult, quantize
+from qcli.precision.trials import Alone, Trials
+from qcli.precision.units import Choices, promoted_config
+from qcli.quantize import QuantizeResult
 
 
 @dataclass(frozen=True)
@@ -52,18 +63,73 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
         "activations": Activations(dtype="float", symmetric=config.activations.symmetric),
         "auto_precision": config.auto_precision.model_copy(update={"enabled": False}),
     })
+    # its own trials: float activations need no ranges, so one model serves every fold
+    weighted = sum(u.weighted for u in trials.units)
+    wo = replace(trials, config=stored, table=replace(trials.table, folds=[]), count=0,
+                 max_trials=2 + weighted + PARTIAL_TRIALS, stopped=None, _fidelity={}, _latency={}, _demoted={},
+                 _shared=None, _built={})
     with phase("weight-only"):
-        result = quantize(trials.model, stored, trials.table, prepared=trials.prepared)  # its ranges unused
+        choices = _partial(wo, goal)
+        if choices is None:
+            return None
+        result = wo.build(choices)
         after = weight_bytes(result.model)[0]
         if after > SAVES * now:
             return None
-        f = trials.probe.measure(result.model)
-        if not goal.accurate(f):
-            return None
+        f = wo.fidelity(choices)
+        assert f is not None  # measured by `_partial`
         ratio = trials.probe.latency_ratio(result.model) if goal.max_latency_ratio is not None else None
+    kept = f" ({len(choices)} unit{'s' if len(choices) > 1 else ''} with float weights)" if choices else ""
     note = (f"weight-only: the rescue's model kept most weights float ({now / float_bytes:.2f} of the float "
-            f"model's weight bytes); the whole model with int8 weights and float activations (computed in float, "
+            f"model's weight bytes); the model with int8 weights and float activations{kept} (computed in float, "
             f"its weights folded at load) meets the floors in {after / float_bytes:.2f} of them and is written instead")
     slower = ratio is not None and current_ratio is not None and getattr(ratio, "low", ratio) > getattr(
         current_ratio, "high", current_ratio)
-    return Stored(result, stored, f, ratio, note) if goal.fast(ratio) and not slower else None
+    return Stored(result, promoted_config(stored, choices, wo.units), f, ratio, note) if goal.fast(
+        ratio) and not slower else None
+
+
+PARTIAL_TRIALS = 16  # the partial search's trials after one per weighted unit
+
+
+def _loss(f: Fidelity | None) -> float:
+    """The largest loss a candidate is predicted to have on unseen samples: 1 - the predicted
+    agreement of decisions (top-1, sequence), 1 - the agreement or cosine of other outputs. The
+    margins' prediction follows what the floors judge, where the output noise of a softmax can
+    stay small while decisions flip (ddddocr's recognizer)."""
+    if f is None:
+        return float("inf")
+    losses = [1.0 - (o.predicted_agreement if o.predicted_agreement is not None else v)
+              for o in f.outputs for v in (o.gated_agreement, o.gated_cosine) if v is not None]
+    return max(losses, default=0.0)
+
+
+def _partial(wo: Trials, goal: Goal) -> Choices | None:
+    """The units whose weights stay float (choices `float`) for the most int8 weights meeting
+    the goal (module docstring): none when the whole model does; None when nothing does."""
+    if goal.accurate(wo.fidelity({})):
+        return {}
+    pool = [u for u in wo.units if u.weighted]
+    if not pool:
+        return None
+    found = wo.fidelity_many([Alone(u.node) for u in pool], quick=True)
+    sizes = {t.name: 4 * int(np.prod(t.dims)) for t in wo.prepared.model.graph.initializer}
+    per_byte = {}
+    for u, f in zip(pool, found, strict=True):
+        size = max(sum(sizes.get(t, 0) for t in u.tensors), 1)
+        per_byte[u.node] = (_loss(f) / size, f.noise / size if f is not None else float("inf"), u.index)
+    order = sorted(per_byte, key=per_byte.__getitem__)  # the least loss for the bytes it saves first
+
+    def rest_float(k: int) -> Choices:
+        return dict.fromkeys(order[k:], "float")
+
+    lo, hi = 0, len(order) - 1  # all of them int8 missed already
+    while lo < hi and not wo.exhausted():
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if goal.accurate(wo.fidelity(rest_float(mid), quick=True)) else (lo, mid - 1)
+    k = lo
+    while k and not wo.exhausted():
+        if goal.accurate(wo.fidelity(rest_float(k))):
+            return rest_float(k)
+        k //= 2
+    return None
