@@ -85,6 +85,20 @@ net (float[N, 16] x) => (float[N, 4] y) <float[16, 32] w1 = {W1}, float[32, 4] w
 """
 
 
+def _loud(seed: int, n: int) -> np.ndarray:
+    """n samples of 16 normal channels, the first 300x the others."""
+    x = np.random.default_rng(seed).normal(size=(n, 16)).astype(np.float32)
+    x[:, 0] *= 300
+    return x
+
+
+def _loud_folder(folder: Path) -> Path:
+    folder.mkdir()
+    for i in range(32):
+        np.savez(folder / f"{i:03d}.npz", x=_loud(100 + i, 1))
+    return folder
+
+
 def test_the_rescue_writes_the_model_weight_only_when_int8_activations_cannot_hold(cli, tmp_path: Path) -> None:
     """One input channel 300x the others: any 8-bit activation grid (static or dynamic) rounds
     the small channels away, so the rescue ends float; int8 weights with float activations keep
@@ -94,19 +108,12 @@ def test_the_rescue_writes_the_model_weight_only_when_int8_activations_cannot_ho
     w1[0] = 0.0  # the loud channel does not move the output (a zero weight rounds to itself)
     text = OUTLIER_MLP.replace("{W1}", "{" + ", ".join(f"{v:.5f}" for v in w1.ravel()) + "}")
     model = save(parse_model(text.replace("{W2}", _values(128, 3))), tmp_path / "mlp.onnx")
-    folder = tmp_path / "calib"
-    folder.mkdir()
-    for i in range(32):
-        x = np.random.default_rng(100 + i).normal(size=(1, 16)).astype(np.float32)
-        x[0, 0] *= 300
-        np.savez(folder / f"{i:03d}.npz", x=x)
+    folder = _loud_folder(tmp_path / "calib")
     out = tmp_path / "q.onnx"
     doc = cli.json("quantize", model, "-o", out, "--data", folder)
     assert any(n.startswith("weight-only: the rescue's model kept most weights float") for n in doc["notes"])
     assert doc["verification"]["passed"] and op_counts(out)["Cast"] == 2 and op_counts(out)["QuantizeLinear"] == 0
-    unseen = np.random.default_rng(7).normal(size=(4000, 16)).astype(np.float32)
-    unseen[:, 0] *= 300
-    float_top, kept_top = (_run(m, unseen).argmax(axis=1) for m in (model, out))
+    float_top, kept_top = (_run(m, _loud(7, 4000)).argmax(axis=1) for m in (model, out))
     assert (float_top == kept_top).mean() >= 0.99  # the truth on samples nothing read
     again = tmp_path / "again.onnx"
     assert cli("quantize", model, "-o", again, "--data", folder, "--config", tmp_path / "q.precision.yaml").exit_code == 0
@@ -140,21 +147,14 @@ def test_the_rescue_keeps_float_the_weights_int8_cannot_hold(cli, tmp_path: Path
     for name, values in (("{W1}", w1), ("{W2}", w2), ("{W3}", rng.normal(0, 0.5, (16, 4)))):
         text = text.replace(name, "{" + ", ".join(f"{v:.5f}" for v in values.ravel()) + "}")
     model = save(parse_model(text), tmp_path / "mlp.onnx")
-    folder = tmp_path / "calib"
-    folder.mkdir()
-    for i in range(32):
-        x = np.random.default_rng(100 + i).normal(size=(1, 16)).astype(np.float32)
-        x[0, 0] *= 300
-        np.savez(folder / f"{i:03d}.npz", x=x)
+    folder = _loud_folder(tmp_path / "calib")
     out = tmp_path / "q.onnx"
     doc = cli.json("quantize", model, "-o", out, "--data", folder)
     note = next(n for n in doc["notes"] if n.startswith("weight-only: "))
     assert "(1 unit with float weights)" in note and doc["verification"]["passed"]
     inits = {t.name: t for t in onnx.load(out).graph.initializer}
     assert {"w1_quantized", "w3_quantized", "w2"} <= inits.keys() and "w2_quantized" not in inits
-    unseen = np.random.default_rng(7).normal(size=(4000, 16)).astype(np.float32)
-    unseen[:, 0] *= 300
-    float_top, kept_top = (_run(m, unseen).argmax(axis=1) for m in (model, out))
+    float_top, kept_top = (_run(m, _loud(7, 4000)).argmax(axis=1) for m in (model, out))
     assert (float_top == kept_top).mean() >= 0.99
     again = tmp_path / "again.onnx"
     assert cli("quantize", model, "-o", again, "--data", folder, "--config", tmp_path / "q.precision.yaml").exit_code == 0
