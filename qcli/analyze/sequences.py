@@ -49,9 +49,10 @@ def strip(ids: np.ndarray, trim: tuple[int, ...]) -> np.ndarray:
 
 
 def as_sequences(value: np.ndarray, batch: int) -> np.ndarray:
-    """Scores per position as a float64 `[N, T, C]` copy (from `[N, T, C]` or `[T, N, C]`: the
-    batch axis is the one of size `batch`, the first when both are)."""
-    x = np.array(value, dtype=np.float64)
+    """Scores per position as a float32 `[N, T, C]` copy (from `[N, T, C]` or `[T, N, C]`: the
+    batch axis is the one of size `batch`, the first when both are). float32: margins are kept
+    in it anyway, and a recognizer's batch is 8 x 40 x 6625 scores."""
+    x = np.array(value, dtype=np.float32)
     if x.ndim == 3 and x.shape[0] != batch and x.shape[1] == batch:
         x = x.transpose(1, 0, 2).copy()
     return x.reshape(batch if x.shape[0] == batch else 1, -1, x.shape[-1])

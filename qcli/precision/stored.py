@@ -13,7 +13,8 @@ asymmetric activations, 8-bit weights, as for the rescue's dynamic forms): a Ten
 
 When the whole model weight-only misses the goal, some weights matter more than others (the
 first convolutions of a CNN, whose rounding the network amplifies): each weighted unit
-weight-only alone is measured on the quick probe (one trial each), and the most units (least
+weight-only alone is measured on the quick probe (one trial each; the largest units holding
+POOL_SHARE of the bytes: the rest keep float weights), and the most units (least
 predicted loss, then output noise, per weight byte first: `_loss`) whose weights stay int8
 while the rest keep float weights and the goal is met (bisection on the quick probe, confirmed
 on all samples, halving until it holds; PARTIAL_TRIALS more at most) are written instead, on
@@ -92,6 +93,25 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
 PARTIAL_TRIALS = 16  # the partial search's trials after one per weighted unit
 
 
+POOL_SHARE = 0.95  # the partial search weighs the largest units that hold this share of the bytes
+
+
+def _largest(sizes: dict[str, int]) -> list[str]:
+    """The largest units (by weight bytes) that together hold POOL_SHARE of them: the small
+    rest saves little and would cost a trial each.
+
+    >>> _largest({"a": 10, "b": 900, "c": 90})
+    ['b', 'c']
+    """
+    total, pool, held = sum(sizes.values()), [], 0
+    for name in sorted(sizes, key=lambda n: -sizes[n]):
+        if held >= POOL_SHARE * total:
+            break
+        pool.append(name)
+        held += sizes[name]
+    return pool
+
+
 def _loss(f: Fidelity | None) -> float:
     """The largest loss a candidate is predicted to have on unseen samples: 1 - the predicted
     agreement of decisions (top-1, sequence), 1 - the agreement or cosine of other outputs. The
@@ -109,19 +129,19 @@ def _partial(wo: Trials, goal: Goal) -> Choices | None:
     the goal (module docstring): none when the whole model does; None when nothing does."""
     if goal.accurate(wo.fidelity({})):
         return {}
-    pool = [u for u in wo.units if u.weighted]
+    sizes = {t.name: 4 * int(np.prod(t.dims)) for t in wo.prepared.model.graph.initializer}
+    weighted = {u.node: sum(sizes.get(t, 0) for t in u.tensors) for u in wo.units if u.weighted}
+    pool = _largest(weighted)
     if not pool:
         return None
-    found = wo.fidelity_many([Alone(u.node) for u in pool], quick=True)
-    sizes = {t.name: 4 * int(np.prod(t.dims)) for t in wo.prepared.model.graph.initializer}
-    per_byte = {}
-    for u, f in zip(pool, found, strict=True):
-        size = max(sum(sizes.get(t, 0) for t in u.tensors), 1)
-        per_byte[u.node] = (_loss(f) / size, f.noise / size if f is not None else float("inf"), u.index)
+    found = wo.fidelity_many([Alone(n) for n in pool], quick=True)
+    per_byte = {n: (_loss(f) / max(weighted[n], 1), f.noise / max(weighted[n], 1) if f is not None else float("inf"),
+                    wo.units.index(next(u for u in wo.units if u.node == n))) for n, f in zip(pool, found, strict=True)}
     order = sorted(per_byte, key=per_byte.__getitem__)  # the least loss for the bytes it saves first
+    small = [n for n in weighted if n not in per_byte]  # float weights throughout
 
     def rest_float(k: int) -> Choices:
-        return dict.fromkeys(order[k:], "float")
+        return dict.fromkeys(order[k:] + small, "float")
 
     lo, hi = 0, len(order) - 1  # all of them int8 missed already
     while lo < hi and not wo.exhausted():
