@@ -70,7 +70,7 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
                  max_trials=2 + weighted + PARTIAL_TRIALS, stopped=None, _fidelity={}, _latency={}, _demoted={},
                  _shared=None, _built={})
     with phase("weight-only"):
-        choices = _partial(wo, goal)
+        choices = _partial(wo, goal, (float_bytes - SAVES * now) / 0.75)
         if choices is None:
             return None
         result = wo.build(choices)
@@ -124,9 +124,11 @@ def _loss(f: Fidelity | None) -> float:
     return max(losses, default=0.0)
 
 
-def _partial(wo: Trials, goal: Goal) -> Choices | None:
+def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
     """The units whose weights stay float (choices `float`) for the most int8 weights meeting
-    the goal (module docstring): none when the whole model does; None when nothing does."""
+    the goal (module docstring): none when the whole model does; None when nothing does, or
+    what does keeps fewer than `needed` float bytes' worth of weights in int8 (it would not
+    save enough: not confirmed)."""
     if goal.accurate(wo.fidelity({})):
         return {}
     sizes = {t.name: 4 * int(np.prod(t.dims)) for t in wo.prepared.model.graph.initializer}
@@ -148,7 +150,7 @@ def _partial(wo: Trials, goal: Goal) -> Choices | None:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if goal.accurate(wo.fidelity(rest_float(mid), quick=True)) else (lo, mid - 1)
     k = lo
-    while k and not wo.exhausted():
+    while k and sum(weighted[n] for n in order[:k]) >= needed and not wo.exhausted():
         if goal.accurate(wo.fidelity(rest_float(k))):
             return rest_float(k)
         k //= 2
