@@ -64,11 +64,7 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
         "activations": Activations(dtype="float", symmetric=config.activations.symmetric),
         "auto_precision": config.auto_precision.model_copy(update={"enabled": False}),
     })
-    # its own trials: float activations need no ranges, so one model serves every fold
-    weighted = sum(u.weighted for u in trials.units)
-    wo = replace(trials, config=stored, table=replace(trials.table, folds=[]), count=0,
-                 max_trials=2 + weighted + PARTIAL_TRIALS, stopped=None, _fidelity={}, _latency={}, _demoted={},
-                 _shared=None, _built={})
+    wo = _own_trials(trials, stored)
     with phase("weight-only"):
         choices = _partial(wo, goal, (float_bytes - SAVES * now) / 0.75)
         if choices is None:
@@ -91,6 +87,16 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
 
 
 PARTIAL_TRIALS = 16  # the partial search's trials after one per weighted unit
+
+
+def _own_trials(trials: Trials, stored: Config) -> Trials:
+    """`trials` for the weight-only config `stored`: their own caches and budget (one trial per
+    weighted unit, then PARTIAL_TRIALS), no folds (float activations need no ranges: one model
+    serves every fold)."""
+    weighted = sum(u.weighted for u in trials.units)
+    return replace(trials, config=stored, table=replace(trials.table, folds=[]), count=0,
+                   max_trials=2 + weighted + PARTIAL_TRIALS, stopped=None, _fidelity={}, _latency={}, _demoted={},
+                   _shared=None, _built={})
 
 
 POOL_SHARE = 0.95  # the partial search weighs the largest units that hold this share of the bytes
@@ -137,10 +143,15 @@ def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
     if not pool:
         return None
     found = wo.fidelity_many([Alone(n) for n in pool], quick=True)
-    per_byte = {n: (_loss(f) / max(weighted[n], 1), f.noise / max(weighted[n], 1) if f is not None else float("inf"),
-                    wo.units.index(next(u for u in wo.units if u.node == n))) for n, f in zip(pool, found, strict=True)}
-    order = sorted(per_byte, key=per_byte.__getitem__)  # the least loss for the bytes it saves first
-    small = [n for n in weighted if n not in per_byte]  # float weights throughout
+    position = {u.node: k for k, u in enumerate(wo.units)}
+
+    def per_byte(n: str, f: Fidelity | None) -> tuple[float, float, int]:
+        size = max(weighted[n], 1)
+        return _loss(f) / size, (f.noise if f is not None else float("inf")) / size, position[n]
+
+    keys = {n: per_byte(n, f) for n, f in zip(pool, found, strict=True)}
+    order = sorted(keys, key=keys.__getitem__)  # the least loss for the bytes it saves first
+    small = [n for n in weighted if n not in keys]  # float weights throughout
 
     def rest_float(k: int) -> Choices:
         return dict.fromkeys(order[k:] + small, "float")
