@@ -191,23 +191,24 @@ def test_decomposed_variance_chain_passes_the_default_floors(cli, tmp_path: Path
 
 
 def test_a_tiny_op_that_int8_would_slow_down_goes_back_to_float(cli, tmp_path: Path) -> None:
-    """A small MatMul (K = 8) between two large float Softmaxes: its int8 form quantizes and
-    dequantizes 131k values to save 1M multiply-adds, which is measured slower (about 1.3x the
-    float model here). The rescue returns it to float."""
+    """A small MatMul (K = 4) between two large float Softmaxes: its int8 form quantizes and
+    dequantizes 131k values to save 0.5M multiply-adds, which is measured slower (1.17-1.26x the
+    float model here, onnxruntime 1.32; with K = 8, 1.13-1.17x, and one run in eight found it
+    not slower). The rescue returns it to float."""
     rng = np.random.default_rng(0)
-    w = (rng.standard_normal((8, 8)) * 0.5).astype(np.float32)
+    w = (rng.standard_normal((4, 4)) * 0.5).astype(np.float32)
     nodes = [
         helper.make_node("Softmax", ["x"], ["s"], axis=-1, name="/pre/Softmax"),
         helper.make_node("MatMul", ["s", "w"], ["m"], name="/tiny/MatMul"),
         helper.make_node("Softmax", ["m"], ["y"], axis=-1, name="/post/Softmax"),
     ]
-    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16384, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16384, 8])],
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 32768, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32768, 4])],
                               [numpy_helper.from_array(w, "w")])
     model = save(clamp_ir_version(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])), tmp_path / "slow.onnx")
     data = tmp_path / "data"
     data.mkdir()
-    write_npz(data / "x.npz", x=rng.standard_normal((24, 16384, 8)).astype(np.float32))
+    write_npz(data / "x.npz", x=rng.standard_normal((24, 32768, 4)).astype(np.float32))
     doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data)
     v = doc["verification"]
     assert v["passed"], v
