@@ -30,6 +30,7 @@ import numpy as np
 from qcli.analyze.probe import Fidelity
 from qcli.analyze.size import weight_bytes
 from qcli.config import Activations, Config
+from qcli.info import tensor_bytes
 from qcli.phases import phase
 from qcli.precision.goal import Goal
 from qcli.precision.trials import Alone, Trials
@@ -137,7 +138,7 @@ def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
     save enough: not confirmed)."""
     if goal.accurate(wo.fidelity({})):
         return {}
-    sizes = {t.name: 4 * int(np.prod(t.dims)) for t in wo.prepared.model.graph.initializer}
+    sizes = {t.name: tensor_bytes(t.data_type, int(np.prod(t.dims))) for t in wo.prepared.model.graph.initializer}
     weighted = {u.node: sum(sizes.get(t, 0) for t in u.tensors) for u in wo.units if u.weighted}
     pool = _largest(weighted)
     if not pool:
