@@ -34,6 +34,7 @@ from qcli.analyze.latency import Ratio
 from qcli.analyze.plugin import load_metric
 from qcli.analyze.probe import AGREEMENT, Fidelity, Probe
 from qcli.analyze.report import rounded_pair
+from qcli.analyze.size import weight_bytes
 from qcli.analyze.verdict import verdicts
 from qcli.calibrate.shards import Fold
 from qcli.calibrate.table import CalibrationTable, RangeSettings
@@ -56,7 +57,7 @@ from qcli.precision import (
     search,
 )
 from qcli.precision.reasons import Why, in_plan, reasons, whys
-from qcli.precision.stored import weight_only
+from qcli.precision.stored import SAVES, weight_only
 from qcli.prepare import PrepareResult
 from qcli.quantize import (
     QuantizeResult,
@@ -295,7 +296,7 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
     needed = ap.enabled or (vf.rescue and not (floors.accurate(base) and _fast(floors, ratio)))
     if not (needed and trials.units):
         return base, ratio, floors
-    found = _rescue(outcome, trials, goal)
+    found = _rescue(outcome, trials, goal, None if ap.enabled else _no_payoff(outcome.result, trials, ratio))
     if found.choices:
         if found.fidelity is None:
             raise InternalError("the search chose a candidate it could not measure")
@@ -312,8 +313,9 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
     return base, ratio, floors
 
 
-def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
-    """The search for `goal`, and the outcome made of what it found."""
+def _rescue(outcome: Outcome, trials: Trials, goal: Goal, no_payoff: str | None) -> SearchResult:
+    """The search for `goal` (`no_payoff`: why it would be in vain), and the outcome made of
+    what it found."""
     config, ap = outcome.config, outcome.config.auto_precision
     # a 16-bit promotion takes the activations' signedness (`promoted_config`): uint16 names it too
     candidates = [_SAME_PROMOTION.get(c, c) for c in ap.candidates] if ap.enabled else list(RESCUE_CANDIDATES)
@@ -321,7 +323,7 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
     with phase("search"):
         costs = _untimed(trials) if untimed else trials.costs(candidates)
         found = search(trials.units, trials, goal, costs, shrink="int4" in candidates, candidates=candidates,
-                       dynamic_first=not ap.enabled and _dynamic_scheme(config))
+                       dynamic_first=not ap.enabled and _dynamic_scheme(config), no_payoff=no_payoff)
     outcome.search, outcome.goal_met = found, found.met
     outcome.promoted = found.choices
     outcome.reasons = reasons(found)
@@ -336,6 +338,22 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal) -> SearchResult:
         outcome.notes.append(f"search stopped early: {found.stopped}; the result is safe but coarse "
                              f"(more promoted than needed): raise {knobs} for a finer one")
     return found
+
+
+def _no_payoff(int8: QuantizeResult, trials: Trials, ratio: float | None) -> str | None:
+    """Why no mix of int8 and float units can pay off, when none can: the all-int8 model keeps
+    more than SAVES of the float model's weight bytes (weights read by a Loop, or by ops with no
+    int8 form, stay float) and is not measurably faster than float (its latency interval reaches
+    1 - LATENCY_TOLERANCE: a model at parity must not flip between searching and not with the
+    draw; or the model is too fast to time). A mix then saves less than a quarter of the bytes
+    and runs no faster, so the rescue goes float in one trial instead of searching (README
+    "Verification")."""
+    float_bytes, int8_bytes = weight_bytes(trials.prepared.model)[0], weight_bytes(int8.model)[0]
+    if not float_bytes or int8_bytes <= SAVES * float_bytes or (
+            ratio is not None and getattr(ratio, "high", ratio) < 1 - LATENCY_TOLERANCE):
+        return None
+    speed = "too fast to time" if ratio is None else f"at {float(ratio):.2f}x float's latency"
+    return f"int8 would not pay off: all int8 keeps {int8_bytes / float_bytes:.2f} of the weight bytes, {speed}"
 
 
 def _untimed(trials: Trials) -> Costs:

@@ -18,12 +18,14 @@ class Why(Enum):
     WITH_RANKED = "with ranked"  # promoted with the units ranked above it, not sensitive alone
     UNMEASURED = "unmeasured"  # the budget ran out before it was measured: promoted by rank
     ALL_DYNAMIC = "all dynamic"  # every unit with a dynamic form dynamic met the goal
+    NO_PAYOFF = "no payoff"  # all int8 missed the goal, and no mix could pay off: not searched
 
 
 def in_plan(why: Why, was: str) -> str:
     """Why the search promoted a node that ran in `was` ("8 bits", "float16"), as the plan's
     node table says it."""
-    return {Why.FASTER: "faster in float", Why.SENSITIVE: f"sensitive to {was}"}.get(why, "promoted")
+    return {Why.FASTER: "faster in float", Why.SENSITIVE: f"sensitive to {was}",
+            Why.NO_PAYOFF: "int8 would not pay off here"}.get(why, "promoted")
 
 
 def whys(found: SearchResult) -> dict[str, tuple[Why, str]]:
@@ -46,6 +48,8 @@ def _why(found: SearchResult, step: Step, n: str) -> tuple[Why, str]:
     if step.kind is StepKind.ALL_DYNAMIC:
         return Why.ALL_DYNAMIC, ("dynamic int8 (activations quantized at run time), as every node with a dynamic form: "
                                  "that meets the goal where static int8 did not, nothing float")
+    if step.kind is StepKind.NO_PAYOFF:
+        return Why.NO_PAYOFF, step.action
     if step.kind is StepKind.SPEED:
         precision, cost = found.costs.get(n, ("float", 0.0))
         return Why.FASTER, f"faster in {precision} ({-cost:.1f} µs less per run)"

@@ -111,7 +111,8 @@ class _Search:
 
 
 def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, shrink: bool = False,
-           candidates: Collection[str] | None = None, dynamic_first: bool = False) -> SearchResult:
+           candidates: Collection[str] | None = None, dynamic_first: bool = False,
+           no_payoff: str | None = None) -> SearchResult:
     """Find the choices meeting `goal` (README "Automatic mixed precision"): all int8 when that
     meets it; else units slower in int8 promoted (a missed latency ceiling), then the accuracy
     search; then, with `shrink`, int4 weights where they keep the goal. `candidates`: the
@@ -120,7 +121,9 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     `costs` throughout). No unit in `costs` (no promotion among the candidates): the all-int8
     model is the result (int4 weights aside), met or not. `dynamic_first` (the verification
     rescue): when all int8 misses, every unit with a dynamic form dynamic is tried first
-    (`_all_dynamic`), and is the result when it meets the goal."""
+    (`_all_dynamic`), and is the result when it meets the goal. `no_payoff` (the rescue: why no
+    mix of int8 and float could pay off, when none could): all int8 missing the goal, every unit
+    is promoted at once, one trial, without a search."""
     promotable = [u for u in units if u.node in costs]
     s = _Search(trials, goal, costs, promotable, {u.node: u.index for u in units},
                 [u.node for u in units if u.weighted])
@@ -133,6 +136,11 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     met = goal.accurate(here.fidelity) and goal.fast(here.ratio)
     if (met and goal.criterion != "accuracy") or not promotable:  # not promotable: no candidate promotes a unit
         return s.result(_shrink(s, here) if shrink and met else here, met)
+    if no_payoff is not None:
+        everything = dict(accurate)
+        f = trials.fidelity(everything)
+        s.log(StepKind.NO_PAYOFF, no_payoff, list(everything), everything, f)
+        return s.result(_Point(everything, f), goal.accurate(f) and s.all_float(everything))
     dynamic = _all_dynamic(s, candidates) if dynamic_first else None
     if dynamic is not None:
         return s.result(_shrink(s, dynamic) if shrink else dynamic, True)

@@ -24,6 +24,7 @@ class StepKind(Enum):
     PRUNE = "prune"  # promoted units tried back at int8
     CHEAPER = "cheaper"  # promoted units tried in their cheaper promotion
     BEST_REACHABLE = "best reachable"  # the goal out of reach: everything promoted
+    NO_PAYOFF = "no payoff"  # no mix of int8 and float could pay off: everything promoted, unsearched
     INT4 = "int4"  # weights tried at int4
 
 

@@ -67,6 +67,8 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
     })
     wo = _own_trials(trials, stored)
     with phase("weight-only"):
+        if weight_bytes(wo.build({}).model)[0] > SAVES * now:  # even every weight int8 would not save enough
+            return None
         choices = _partial(wo, goal, (float_bytes - SAVES * now) / 0.75)
         if choices is None:
             return None
