@@ -190,7 +190,7 @@ def cost_table(rows: list[Row]):
 PHASES = ("load", "prepare", "calibrate", "calibrate/observe", "calibrate/solve", "build", "reference", "verify",
           "verify/measure", "verify/time", "verify/search", "verify/search/build", "verify/search/measure",
           "verify/search/measure/build",
-          "verify/search/profile", "verify/search/time", "verify/weight-only", "write")
+          "verify/search/profile", "verify/search/time", "verify/search/weight-only", "verify/weight-only", "write")
 
 
 def phase_table(rows: list[Row]):

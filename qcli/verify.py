@@ -57,7 +57,7 @@ from qcli.precision import (
     search,
 )
 from qcli.precision.reasons import Why, in_plan, reasons, whys
-from qcli.precision.stored import SAVES, weight_only
+from qcli.precision.stored import SAVES, Stored, mostly_float, weight_only
 from qcli.prepare import PrepareResult
 from qcli.quantize import (
     QuantizeResult,
@@ -296,15 +296,27 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
     needed = ap.enabled or (vf.rescue and not (floors.accurate(base) and _fast(floors, ratio)))
     if not (needed and trials.units):
         return base, ratio, floors
-    found = _rescue(outcome, trials, goal, None if ap.enabled else _no_payoff(outcome.result, trials, ratio))
+    tried: list[Stored | None] = []  # the weight-only model, once tried
+
+    def instead(choices: Choices) -> bool:
+        """Whether the weight-only model, tried as soon as a confirmed prefix is mostly float,
+        meets the goal: then no prune of that prefix would be written (README "Verification")."""
+        if tried or not mostly_float(trials, current := trials.build(choices)):
+            return False
+        tried.append(weight_only(trials, goal, current, None))
+        return tried[0] is not None
+
+    stores = not ap.enabled and _dynamic_scheme(config)
+    found = _rescue(outcome, trials, goal, None if ap.enabled else _no_payoff(outcome.result, trials, ratio),
+                    instead if stores else None)
     if found.choices:
         if found.fidelity is None:
             raise InternalError("the search chose a candidate it could not measure")
         base = found.fidelity
         ratio = found.latency_ratio if floors.max_latency_ratio is not None else None
-        if ratio is None and floors.max_latency_ratio is not None:
+        if ratio is None and floors.max_latency_ratio is not None and not (tried and tried[0]):  # not replaced
             ratio = trials.latency(found.choices)
-    stored = weight_only(trials, goal, outcome.result, ratio) if not ap.enabled and _dynamic_scheme(config) else None
+    stored = (tried[0] if tried else weight_only(trials, goal, outcome.result, ratio)) if stores else None
     if stored is not None:  # mostly float after the rescue: int8 weights, float compute, instead
         outcome.result, outcome.config, outcome.promoted, outcome.reasons = stored.result, stored.config, {}, {}
         outcome.goal_met = outcome.weight_only = True
@@ -313,9 +325,10 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
     return base, ratio, floors
 
 
-def _rescue(outcome: Outcome, trials: Trials, goal: Goal, no_payoff: str | None) -> SearchResult:
-    """The search for `goal` (`no_payoff`: why it would be in vain), and the outcome made of
-    what it found."""
+def _rescue(outcome: Outcome, trials: Trials, goal: Goal, no_payoff: str | None,
+            instead: Callable[[Choices], bool] | None) -> SearchResult:
+    """The search for `goal` (`no_payoff`: why it would be in vain; `instead`: `search`'s), and
+    the outcome made of what it found."""
     config, ap = outcome.config, outcome.config.auto_precision
     # a 16-bit promotion takes the activations' signedness (`promoted_config`): uint16 names it too
     candidates = [_SAME_PROMOTION.get(c, c) for c in ap.candidates] if ap.enabled else list(RESCUE_CANDIDATES)
@@ -323,7 +336,8 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal, no_payoff: str | None)
     with phase("search"):
         costs = _untimed(trials) if untimed else trials.costs(candidates)
         found = search(trials.units, trials, goal, costs, shrink="int4" in candidates, candidates=candidates,
-                       dynamic_first=not ap.enabled and _dynamic_scheme(config), no_payoff=no_payoff)
+                       dynamic_first=not ap.enabled and _dynamic_scheme(config), no_payoff=no_payoff,
+                       instead=instead)
     outcome.search, outcome.goal_met = found, found.met
     outcome.promoted = found.choices
     outcome.reasons = reasons(found)

@@ -62,6 +62,7 @@ class _Search:
     index: dict[str, int]  # unit -> graph position (steps list units in graph order)
     weighted: list[str] = field(default_factory=list)  # units with a constant weight (int4 candidates)
     scale: float = 1.0
+    instead: Callable[[Choices], bool] | None = None  # True: the caller has better than this confirmed prefix
     steps: list[Step] = field(default_factory=list)
     sensitivity: dict[str, float] = field(default_factory=dict)
 
@@ -112,7 +113,7 @@ class _Search:
 
 def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, shrink: bool = False,
            candidates: Collection[str] | None = None, dynamic_first: bool = False,
-           no_payoff: str | None = None) -> SearchResult:
+           no_payoff: str | None = None, instead: Callable[[Choices], bool] | None = None) -> SearchResult:
     """Find the choices meeting `goal` (README "Automatic mixed precision"): all int8 when that
     meets it; else units slower in int8 promoted (a missed latency ceiling), then the accuracy
     search; then, with `shrink`, int4 weights where they keep the goal. `candidates`: the
@@ -123,10 +124,12 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     rescue): when all int8 misses, every unit with a dynamic form dynamic is tried first
     (`_all_dynamic`), and is the result when it meets the goal. `no_payoff` (the rescue: why no
     mix of int8 and float could pay off, when none could): all int8 missing the goal, every unit
-    is promoted at once, one trial, without a search."""
+    is promoted at once, one trial, without a search. `instead` (the rescue): asked about each
+    confirmed prefix of the accuracy search; True ends the search there, unpruned (the caller
+    has a better model than any prune of it: `_settle`)."""
     promotable = [u for u in units if u.node in costs]
     s = _Search(trials, goal, costs, promotable, {u.node: u.index for u in units},
-                [u.node for u in units if u.weighted])
+                [u.node for u in units if u.weighted], instead=instead)
     best: Choice | None = "float" if candidates is not None and "float" in candidates else None
     accurate = {n: best or p for n, p in s.cheapest.items()}  # what the accuracy search promotes to
     timed = goal.max_latency_ratio is not None
@@ -434,7 +437,8 @@ def _settle(s: _Search, ranking: _Promotions, cheaper: dict[str, Choice] | None 
     unit tried in its cheaper promotion, on the quick probe (a few samples: cheap), each result
     confirmed on all samples (a few samples can flatter a candidate: the prefix then doubles
     until it holds; a prune that does not hold is redone on all samples over the units it
-    changed: the ones the quick probe found needed stay promoted)."""
+    changed: the ones the quick probe found needed stay promoted). A confirmed prefix the
+    caller has better than (`s.instead`) is the result, unpruned."""
     k = _shortest_prefix(s, ranking, quick=True)
     if k is None:
         return None
@@ -448,6 +452,8 @@ def _settle(s: _Search, ranking: _Promotions, cheaper: dict[str, Choice] | None 
             return None
         k = min(2 * k, len(ranking.ranked))
     chosen = ranking.prefix(k)
+    if s.instead is not None and s.instead(chosen):
+        return chosen
     for what, change in [("the prune", None)] + ([("the cheaper promotions", cheaper)] if cheaper else []):
         order = [n for n in ranking.ranked[:k][::-1] if n in chosen]
         changed = _prune(s, ranking, chosen, order, quick=True, cheaper=change)

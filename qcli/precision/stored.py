@@ -51,16 +51,25 @@ class Stored:
 SAVES = 0.75
 
 
-def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_ratio: float | None) -> Stored | None:
-    """The weight-only model when the rescue's `current` (latency ratio `current_ratio`) is
-    mostly float and it does better: at most SAVES of its weight bytes, the goal met, not
-    measurably slower than `current` (module docstring); else None."""
+def mostly_float(trials: Trials, current: QuantizeResult) -> bool:
+    """Whether the weight-only step applies to the rescue's `current`: a config of 8-bit
+    weights and quantized activations, and less than half of the float model's weight bytes
+    in integers."""
     config = trials.config
     if config.activations.dtype == "float" or config.weights.dtype not in ("int8", "uint8"):
+        return False
+    float_bytes = weight_bytes(trials.prepared.model)[0]  # every graph
+    return bool(float_bytes) and 2 * weight_bytes(current.model)[0] >= float_bytes
+
+
+def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_ratio: float | None) -> Stored | None:
+    """The weight-only model when the rescue's `current` (latency ratio `current_ratio`, None:
+    not compared) is mostly float and it does better: at most SAVES of its weight bytes, the
+    goal met, not measurably slower than `current` (module docstring); else None."""
+    if not mostly_float(trials, current):
         return None
-    float_bytes, now = weight_bytes(trials.prepared.model)[0], weight_bytes(current.model)[0]  # every graph
-    if not float_bytes or 2 * now < float_bytes:  # half the bytes or more in integers already
-        return None
+    config = trials.config
+    float_bytes, now = weight_bytes(trials.prepared.model)[0], weight_bytes(current.model)[0]
     stored = config.model_copy(update={
         "activations": Activations(dtype="float", symmetric=config.activations.symmetric),
         "auto_precision": config.auto_precision.model_copy(update={"enabled": False}),
