@@ -63,6 +63,7 @@ class _Search:
     weighted: list[str] = field(default_factory=list)  # units with a constant weight (int4 candidates)
     scale: float = 1.0
     instead: Callable[[Choices], bool] | None = None  # True: the caller has better than this confirmed prefix
+    coarse: bool = False  # the block sensitivity stopped at its first level (`_needs_most`)
     steps: list[Step] = field(default_factory=list)
     sensitivity: dict[str, float] = field(default_factory=dict)
 
@@ -274,6 +275,9 @@ def _rank(s: _Search, promote: _Promotions, cheaper: dict[str, Choice]) -> tuple
     else:
         action = "sensitivity by blocks (one trial per unit does not fit the trial budget)"
         s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote))
+        if s.coarse:
+            action += ("; the goal needs more than half of the units (the most sensitive blocks miss it): "
+                       "no finer blocks")
         if dynamic:  # the dynamic forms judged together: two trials
             as_dynamic: Choices = {**choices, **dict.fromkeys(dynamic, "dynamic")}
             together = [as_dynamic, promote.promoting(dynamic)]
@@ -333,13 +337,14 @@ def _block_sensitivity(s: _Search, left: list[str], gain: Callable[[list[str]], 
     3 per level). About 8 + 12 log4(N) trials instead of N. A unit's score is its finest
     measured block's gain shared among the block's units. A level after the first runs only
     when it fits in half of what is left of the budget (`trials.affordable`): the prefix
-    search and the prune need the rest."""
+    search and the prune need the rest; and only when the goal does not need most units
+    (`_needs_most`)."""
     def split(nodes: list[str], parts: int) -> list[list[str]]:
         size = max(1, -(-len(nodes) // parts))  # no units left to rank: no blocks
         return [nodes[i: i + size] for i in range(0, len(nodes), size)]
 
     scores: dict[str, float] = {}
-    frontier = split(left, BLOCKS)
+    frontier, first = split(left, BLOCKS), True
     while frontier and not s.trials.exhausted():
         s.trials.fidelity_many([promote.promoting(block) for block in frontier], quick=True)
         measured = []
@@ -353,12 +358,29 @@ def _block_sensitivity(s: _Search, left: list[str], gain: Callable[[list[str]], 
             for n in block:
                 scores[n] = g / len(block)
         measured.sort(key=lambda gb: -gb[0])
+        if first and measured and _needs_most(s, measured, promote, len(left)):
+            s.coarse = True
+            break
+        first = False
         best = measured[0][0] if measured else 0.0
         frontier = [part for g, block in measured[:3] if g > max(floor, best / 10) and len(block) > 1
                     for part in split(block, 4)]
         if not s.trials.affordable(len(frontier)):
             break
     return scores
+
+
+def _needs_most(s: _Search, measured: list[tuple[float, list[str]]], promote: _Promotions, total: int) -> bool:
+    """Whether the goal needs more than half of the units: the most sensitive first-level
+    blocks (`measured`, by gain) that hold half of the `total` units, promoted, miss it on the
+    quick probe (one trial). The prefix search will then promote more than those blocks
+    whatever the order within them, so finer blocks would not pay for their trials."""
+    top: list[str] = []
+    for _, block in measured:
+        if 2 * len(top) >= total:
+            break
+        top += block
+    return not s.accurate(s.trials.fidelity(promote.promoting(top), quick=True))
 
 
 def _shortest_prefix(s: _Search, ranking: _Promotions, quick: bool = False) -> int | None:
