@@ -176,14 +176,15 @@ def test_a_small_budget_measures_blocks_of_units_and_stops_safely() -> None:
 def test_when_the_goal_needs_most_units_the_blocks_are_not_refined() -> None:
     """40 equally sensitive units of which 10 may stay int8: the most sensitive blocks holding
     half of the units, promoted, miss the goal, so finer blocks could not shorten the prefix
-    and are not measured; their trials go to the prune: the fewest promotions (30) within 30
-    trials, where refining the blocks left 32."""
+    and are not measured, and the prefix search starts past those 20; their trials go to the
+    prune: the fewest promotions (30) within 30 trials, where refining the blocks left 32."""
     names = [f"u{i}" for i in range(40)]
     us = units(*names)
     trials = FakeTrials({n: 0.001 for n in names}, max_trials=30)
     found = search(us, trials, Goal(max_drop=0.01), float_costs(us))
     assert found.steps[1].action.endswith("the goal needs more than half of the units (the most sensitive blocks "
                                           "miss it): no finer blocks")
+    assert [s.action for s in found.steps[2:4]] == ["promote top 40", "promote top 30"]
     assert found.met and len(found.choices) == 30 and trials.count <= 30
 
 

@@ -64,6 +64,7 @@ class _Search:
     scale: float = 1.0
     instead: Callable[[Choices], bool] | None = None  # True: the caller has better than this confirmed prefix
     coarse: bool = False  # the block sensitivity stopped at its first level (`_needs_most`)
+    missed: Choices | None = None  # the candidate `_needs_most` found missing the goal (quick)
     steps: list[Step] = field(default_factory=list)
     sensitivity: dict[str, float] = field(default_factory=dict)
 
@@ -380,13 +381,18 @@ def _needs_most(s: _Search, measured: list[tuple[float, list[str]]], promote: _P
         if 2 * len(top) >= total:
             break
         top += block
-    return not s.accurate(s.trials.fidelity(promote.promoting(top), quick=True))
+    if s.accurate(s.trials.fidelity(promote.promoting(top), quick=True)):
+        return False
+    s.missed = promote.promoting(top)
+    return True
 
 
 def _shortest_prefix(s: _Search, ranking: _Promotions, quick: bool = False) -> int | None:
-    """Smallest k whose first-k promotion meets the accuracy goal: doubling, then bisection."""
+    """Smallest k whose first-k promotion meets the accuracy goal: doubling, then bisection;
+    the doubling starts past the prefix `_needs_most` found missing the goal, when it is one."""
     ranked = ranking.ranked
-    lo, k = 0, 1
+    known = next((j for j in range(1, len(ranked)) if quick and ranking.prefix(j) == s.missed), None)
+    lo, k = (known, 2 * known) if known else (0, 1)
     while True:
         if s.trials.exhausted():
             return None
