@@ -332,7 +332,8 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal, no_payoff: str | None,
     config, ap = outcome.config, outcome.config.auto_precision
     # a 16-bit promotion takes the activations' signedness (`promoted_config`): uint16 names it too
     candidates = [_SAME_PROMOTION.get(c, c) for c in ap.candidates] if ap.enabled else list(RESCUE_CANDIDATES)
-    untimed = not ap.enabled and (goal.max_latency_ratio is None or goal.fast(trials.latency({})))
+    untimed = not ap.enabled and (no_payoff is not None or goal.max_latency_ratio is None
+                                  or goal.fast(trials.latency({})))  # no payoff: everything float anyway
     with phase("search"):
         costs = _untimed(trials) if untimed else trials.costs(candidates)
         found = search(trials.units, trials, goal, costs, shrink="int4" in candidates, candidates=candidates,
@@ -371,9 +372,10 @@ def _no_payoff(int8: QuantizeResult, trials: Trials, ratio: float | None) -> str
 
 
 def _untimed(trials: Trials) -> Costs:
-    """The rescue's costs without the profiles, when the all-int8 model is fast enough: the
-    search then never promotes for speed, and promotes to dynamic or float by fixed rules
-    (`_Search.smaller`), so kernel times would change nothing; every unit can go float."""
+    """The rescue's costs without the profiles, when the all-int8 model is fast enough (or no
+    mix can pay off: every unit goes float in one trial): the search then never promotes for
+    speed, and promotes to dynamic or float by fixed rules (`_Search.smaller`), so kernel
+    times would change nothing; every unit can go float."""
     return {u.node: ("float", 0.0) for u in trials.units}
 
 

@@ -153,6 +153,14 @@ def test_a_rescue_that_cannot_pay_off_goes_float_without_searching(cli, sensitiv
     assert {u["precision"] for u in p["promoted"].values()} == {"float"} and len(p["promoted"]) == 3
     assert {u["reason"] for u in p["promoted"].values()} == {
         "int8 would not pay off: all int8 keeps 0.87 of the weight bytes, too fast to time"}
+    # timed (int8 is slower at this size): the same, without profiling kernels for a search not run
+    config.write_text("version: 1\nexclude: {nodes: [/d/MatMul]}\nverify: {min_float_ms: 0}\n")
+    doc = cli.json("quantize", tmp_path / "wide.onnx", "-o", tmp_path / "t.onnx", "--data", sensitive[1],
+                   "--config", config)
+    reason = next(iter(doc["precision"]["promoted"].values()))["reason"]
+    assert re.fullmatch(r"int8 would not pay off: all int8 keeps 0\.87 of the weight bytes, at \d\.\d\dx float's latency",
+                        reason), reason
+    assert doc["precision"]["trials"] == 2 and not any(k.endswith("/profile") for k in doc["phases"])
 
 
 def test_rescue_is_deterministic(cli, sensitive, tmp_path: Path) -> None:
