@@ -306,7 +306,7 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         tried.append(weight_only(trials, goal, current, None))
         return tried[0] is not None
 
-    stores = not ap.enabled and _dynamic_scheme(config)
+    stores, int8 = not ap.enabled and _dynamic_scheme(config), outcome.result
     found = _rescue(outcome, trials, goal, None if ap.enabled else _no_payoff(outcome.result, trials, ratio),
                     instead if stores else None)
     if found.choices:
@@ -314,7 +314,10 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
             raise InternalError("the search chose a candidate it could not measure")
         base = found.fidelity
         ratio = found.latency_ratio if floors.max_latency_ratio is not None else None
-        if ratio is None and floors.max_latency_ratio is not None and not (tried and tried[0]):  # not replaced
+        ceiling = floors.max_latency_ratio
+        replaced = bool(tried and tried[0])  # by the weight-only model, timed on its own
+        by_construction = ceiling is not None and ceiling >= 1 and _all_float(int8, outcome) is not None
+        if ratio is None and ceiling is not None and not (replaced or by_construction):
             ratio = trials.latency(found.choices)
     stored = (tried[0] if tried else weight_only(trials, goal, outcome.result, ratio)) if stores else None
     if stored is not None:  # mostly float after the rescue: int8 weights, float compute, instead
@@ -462,6 +465,9 @@ def _verification(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | None
         if isinstance(ratio, Ratio) and ratio > limit and ratio.low <= limit:
             notes.append(f"latency ratio {ratio:.3f} is above {limit:g} but not measurably: its 95% interval over "
                          f"{ratio.count} rounds is {ratio.low:.3f}-{ratio.high:.3f}")
+    elif floors.max_latency_ratio is not None:  # applies, untimed: nothing is left quantized (`_measure_and_rescue`)
+        notes.append("latency ratio not timed: the model computes like the float model, so it holds the latency floor "
+                     "by construction")
     elif vf.max_latency_ratio is not None:
         notes.append(
             f"latency floor not applied: the float model runs in {probe.float_ms():.3f} ms "
