@@ -314,10 +314,9 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
             raise InternalError("the search chose a candidate it could not measure")
         base = found.fidelity
         ratio = found.latency_ratio if floors.max_latency_ratio is not None else None
-        ceiling = floors.max_latency_ratio
         replaced = bool(tried and tried[0])  # by the weight-only model, timed on its own
-        by_construction = ceiling is not None and ceiling >= 1 and _all_float(int8, outcome) is not None
-        if ratio is None and ceiling is not None and not (replaced or by_construction):
+        if ratio is None and floors.max_latency_ratio is not None and not (
+                replaced or _fast_by_construction(floors, _all_float(int8, outcome))):
             ratio = trials.latency(found.choices)
     stored = (tried[0] if tried else weight_only(trials, goal, outcome.result, ratio)) if stores else None
     if stored is not None:  # mostly float after the rescue: int8 weights, float compute, instead
@@ -434,6 +433,12 @@ def _fast(goal: Goal, ratio: float | None) -> bool:
     return _tolerant(goal).fast(ratio)
 
 
+def _fast_by_construction(floors: Goal, all_float: str | None) -> bool:
+    """Whether a model with nothing quantized (`all_float`: `_all_float`'s note) meets the
+    latency floor untimed: it computes like the float model, so a floor of at least 1 holds."""
+    return all_float is not None and floors.max_latency_ratio is not None and floors.max_latency_ratio >= 1.0
+
+
 def _tolerant(goal: Goal) -> Goal:
     """The goal with the latency ceiling widened by the measurement's resolution."""
     if goal.max_latency_ratio is None:
@@ -458,9 +463,8 @@ def _verification(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | None
     if all_float:
         notes.append(all_float)
     if ratio is not None and floors.max_latency_ratio is not None:
-        by_construction = all_float is not None and floors.max_latency_ratio >= 1.0
         checks.append(Check("latency ratio", ratio, floors.max_latency_ratio, False,
-                            by_construction or _fast(floors, ratio)))
+                            _fast_by_construction(floors, all_float) or _fast(floors, ratio)))
         limit = floors.max_latency_ratio + LATENCY_TOLERANCE
         if isinstance(ratio, Ratio) and ratio > limit and ratio.low <= limit:
             notes.append(f"latency ratio {ratio:.3f} is above {limit:g} but not measurably: its 95% interval over "

@@ -63,8 +63,7 @@ class _Search:
     weighted: list[str] = field(default_factory=list)  # units with a constant weight (int4 candidates)
     scale: float = 1.0
     instead: Callable[[Choices], bool] | None = None  # True: the caller has better than this confirmed prefix
-    coarse: bool = False  # the block sensitivity stopped at its first level (`_needs_most`)
-    missed: Choices | None = None  # the candidate `_needs_most` found missing the goal (quick)
+    missed: Choices | None = None  # the candidate `_needs_most` found missing the goal (quick): no finer blocks
     steps: list[Step] = field(default_factory=list)
     sensitivity: dict[str, float] = field(default_factory=dict)
 
@@ -276,7 +275,7 @@ def _rank(s: _Search, promote: _Promotions, cheaper: dict[str, Choice]) -> tuple
     else:
         action = "sensitivity by blocks (one trial per unit does not fit the trial budget)"
         s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote))
-        if s.coarse:
+        if s.missed is not None:
             action += ("; the goal needs more than half of the units (the most sensitive blocks miss it): "
                        "no finer blocks")
         if dynamic:  # the dynamic forms judged together: two trials
@@ -360,7 +359,6 @@ def _block_sensitivity(s: _Search, left: list[str], gain: Callable[[list[str]], 
                 scores[n] = g / len(block)
         measured.sort(key=lambda gb: -gb[0])
         if first and measured and _needs_most(s, measured, promote, len(left)):
-            s.coarse = True
             break
         first = False
         best = measured[0][0] if measured else 0.0
@@ -391,8 +389,8 @@ def _shortest_prefix(s: _Search, ranking: _Promotions, quick: bool = False) -> i
     """Smallest k whose first-k promotion meets the accuracy goal: doubling, then bisection;
     the doubling starts past the prefix `_needs_most` found missing the goal, when it is one."""
     ranked = ranking.ranked
-    known = next((j for j in range(1, len(ranked)) if quick and ranking.prefix(j) == s.missed), None)
-    lo, k = (known, 2 * known) if known else (0, 1)
+    known = len(s.missed) - len(ranking.fixed) if quick and s.missed is not None else 0
+    lo, k = (known, 2 * known) if 0 < known < len(ranked) and ranking.prefix(known) == s.missed else (0, 1)
     while True:
         if s.trials.exhausted():
             return None
