@@ -376,7 +376,7 @@ def _no_payoff(int8: QuantizeResult, trials: Trials, ratio: float | None) -> str
 def _untimed(trials: Trials) -> Costs:
     """The rescue's costs without the profiles, when the all-int8 model is fast enough (or no
     mix can pay off: every unit goes float in one trial): the search then never promotes for
-    speed, and promotes to dynamic or float by fixed rules (`_Search.smaller`), so kernel
+    speed, and promotes to dynamic or float by fixed rules (`SearchState.smaller`), so kernel
     times would change nothing; every unit can go float."""
     return {u.node: ("float", 0.0) for u in trials.units}
 

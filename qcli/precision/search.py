@@ -13,103 +13,14 @@ on timings, and the steps record them. README "Automatic mixed precision" descri
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field, replace
-from typing import cast
+from dataclasses import replace
 
-from qcli.analyze.probe import Fidelity
-from qcli.config import HALF_PRECISIONS
 from qcli.precision.goal import Goal
-from qcli.precision.steps import SearchResult, SearchTrials, Step, StepKind
+from qcli.precision.ranking import rank
+from qcli.precision.state import Point, Promotions, SearchState
+from qcli.precision.steps import SearchResult, SearchTrials, StepKind
 from qcli.precision.trials import SPEED_TIE
 from qcli.precision.units import Choice, Choices, Costs, Unit
-
-
-@dataclass(frozen=True)
-class _Point:
-    """A candidate and what was measured of it."""
-
-    choices: Choices
-    fidelity: Fidelity | None
-    ratio: float | None = None
-
-
-@dataclass(frozen=True)
-class _Promotions:
-    """Candidates made of fixed choices plus some units, each promoted to its own precision;
-    `ranked`: the units in the order they are added (most useful first)."""
-
-    fixed: Choices
-    to: dict[str, Choice]
-    ranked: list[str] = field(default_factory=list)
-
-    def promoting(self, nodes: list[str]) -> Choices:
-        return {**self.fixed, **{n: self.to[n] for n in nodes}}
-
-    def prefix(self, k: int) -> Choices:
-        """The first `k` ranked units promoted."""
-        return self.promoting(self.ranked[:k])
-
-
-@dataclass
-class _Search:
-    """One search's state, shared by its phases: what it measures with and against, and what it
-    has found (the steps, the sensitivities). `scale`: the share of the accuracy budget aimed at."""
-
-    trials: SearchTrials
-    goal: Goal
-    costs: Costs
-    units: list[Unit]  # the promotable ones (a candidate precision exists), in graph order
-    index: dict[str, int]  # unit -> graph position (steps list units in graph order)
-    weighted: list[str] = field(default_factory=list)  # units with a constant weight (int4 candidates)
-    scale: float = 1.0
-    instead: Callable[[Choices], bool] | None = None  # True: the caller has better than this confirmed prefix
-    missed: Choices | None = None  # the candidate `_needs_most` found missing the goal (quick): no finer blocks
-    steps: list[Step] = field(default_factory=list)
-    sensitivity: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def cheapest(self) -> dict[str, Choice]:
-        """Each unit's cheapest promotion (measured)."""
-        return {u.node: self.costs[u.node][0] for u in self.units}
-
-    def back(self, nodes: Collection[str]) -> str:
-        """The prune's step text for taking `nodes` back to their configured precision."""
-        kinds = {"16-bit float" if u.half else "int8" for u in self.units if u.node in nodes}
-        return "back to " + " / ".join(sorted(kinds, reverse=True))  # int8 first
-
-    def smaller(self, candidates: Collection[str] | None) -> dict[str, Choice]:
-        """What the accuracy search tries each promoted unit in before float: dynamic for the
-        units with a dynamic form (int8 weights, 4x smaller than float; a fixed rule, so timing
-        noise cannot flip it, and the result's latency is checked like any other), else the
-        cheapest promotion measured; where that is float, a float16/bfloat16 candidate (half the
-        bytes of float, and a speed CPU cannot show: also a fixed rule)."""
-        dynamic = candidates is not None and "dynamic" in candidates
-        half = next((cast(Choice, c) for c in candidates or () if c in HALF_PRECISIONS), None)
-        cheapest = self.cheapest
-        return {u.node: "dynamic" if dynamic and u.dynamic
-                else half if half and cheapest[u.node] == "float" and not (u.half or u.table)
-                else cheapest[u.node] for u in self.units}
-
-    def all_float(self, choices: Choices) -> bool:
-        """Whether `choices` promote every unit to float (computing like the float model)."""
-        return len(choices) == len(self.units) and all(p == "float" for p in choices.values())
-
-    def scaled(self, scale: float) -> _Search:
-        """The same search aiming at `scale` times the budget (the steps and sensitivities shared)."""
-        return replace(self, scale=scale)
-
-    def accurate(self, f: Fidelity | None) -> bool:
-        return self.goal.accurate(f, self.scale)
-
-    def log(self, kind: StepKind, action: str, changed: list[str], chosen: Choices, f: Fidelity | None,
-            ratio: float | None = None, kept: bool = True, quick: bool = False) -> None:
-        self.steps.append(Step(kind, action, sorted(changed, key=lambda n: self.index[n]), len(chosen),
-                               f.drop if f else None, f.noise if f else None, ratio, kept, quick))
-
-    def result(self, at: _Point, met: bool) -> SearchResult:
-        choices = dict(sorted(at.choices.items(), key=lambda kv: self.index[kv[0]]))
-        return SearchResult(choices, at.fidelity, at.ratio, met, self.steps, self.sensitivity, self.costs,
-                            self.trials.count, self.trials.stopped)
 
 
 def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, shrink: bool = False,
@@ -129,12 +40,12 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     confirmed prefix of the accuracy search; True ends the search there, unpruned (the caller
     has a better model than any prune of it: `_settle`)."""
     promotable = [u for u in units if u.node in costs]
-    s = _Search(trials, goal, costs, promotable, {u.node: u.index for u in units},
+    s = SearchState(trials, goal, costs, promotable, {u.node: u.index for u in units},
                 [u.node for u in units if u.weighted], instead=instead)
     best: Choice | None = "float" if candidates is not None and "float" in candidates else None
     accurate = {n: best or p for n, p in s.cheapest.items()}  # what the accuracy search promotes to
     timed = goal.max_latency_ratio is not None
-    here = _Point({}, trials.fidelity({}), trials.latency({}) if timed else None)
+    here = Point({}, trials.fidelity({}), trials.latency({}) if timed else None)
     start = "all int8" if not units or not all(u.half for u in units) else "as configured (16-bit float)"
     s.log(StepKind.ALL_INT8, start, [], here.choices, here.fidelity, here.ratio)
     met = goal.accurate(here.fidelity) and goal.fast(here.ratio)
@@ -144,14 +55,14 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
         everything = dict(accurate)
         f = trials.fidelity(everything)
         s.log(StepKind.NO_PAYOFF, no_payoff, list(everything), everything, f)
-        return s.result(_Point(everything, f), goal.accurate(f) and s.all_float(everything))
+        return s.result(Point(everything, f), goal.accurate(f) and s.all_float(everything))
     dynamic = _all_dynamic(s, candidates) if dynamic_first else None
     if dynamic is not None:
         return s.result(_shrink(s, dynamic) if shrink else dynamic, True)
     if timed and not goal.fast(here.ratio):
         here = _speed_up(s, here)
     if not goal.accurate(here.fidelity) or goal.criterion == "accuracy":
-        here = _accuracy(s, here, _Promotions(dict(here.choices), accurate), s.smaller(candidates))
+        here = _accuracy(s, here, Promotions(dict(here.choices), accurate), s.smaller(candidates))
         if timed:
             here = replace(here, ratio=trials.latency(here.choices))
     if shrink and goal.accurate(here.fidelity) and goal.fast(here.ratio) and not trials.exhausted():
@@ -161,7 +72,7 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     return s.result(here, met)
 
 
-def _all_dynamic(s: _Search, candidates: Collection[str] | None) -> _Point | None:
+def _all_dynamic(s: SearchState, candidates: Collection[str] | None) -> Point | None:
     """Every unit with a dynamic form in it, the rest as configured, when that meets the goal
     (one trial; timed under a latency ceiling when it is accurate): nothing goes float. The
     first candidate after all int8 misses, by a fixed rule: a transformer's MatMuls, whose
@@ -178,10 +89,10 @@ def _all_dynamic(s: _Search, candidates: Collection[str] | None) -> _Point | Non
     ok = s.goal.accurate(f) and s.goal.fast(r)
     s.log(StepKind.ALL_DYNAMIC, "every unit with a dynamic form dynamic", list(choices), choices if ok else {},
           f, r, kept=ok)
-    return _Point(choices, f, r) if ok else None
+    return Point(choices, f, r) if ok else None
 
 
-def _speed_up(s: _Search, here: _Point) -> _Point:
+def _speed_up(s: SearchState, here: Point) -> Point:
     """A missed latency ceiling: the units measurably faster unquantized (by more than SPEED_TIE
     µs, `Trials.costs`) promoted; if that is not enough, every unit. Each kept unless its
     latency interval lies above the current one's."""
@@ -201,11 +112,11 @@ def _speed_up(s: _Search, here: _Point) -> _Point:
         s.log(StepKind.SPEED, action, [n for n in trial if n not in here.choices], trial if kept else here.choices,
               f, r, kept)
         if kept:
-            here = _Point(dict(trial), f, r)
+            here = Point(dict(trial), f, r)
     return here
 
 
-def _accuracy(s: _Search, here: _Point, promote: _Promotions, cheaper: dict[str, Choice]) -> _Point:
+def _accuracy(s: SearchState, here: Point, promote: Promotions, cheaper: dict[str, Choice]) -> Point:
     """The accuracy search: rank the int8 units by measured sensitivity, find the shortest
     prefix of the ranking meeting the goal, then prune, then try each promoted unit in its
     `cheaper` form. Units whose error hides behind a worse one rank low (their gain is measured
@@ -214,7 +125,7 @@ def _accuracy(s: _Search, here: _Point, promote: _Promotions, cheaper: dict[str,
     ranking first promotes each to dynamic where that removes most of its error (float is the
     last resort), and only if that misses the goal to float throughout. `balanced` aims at half
     the budget first; out of reach, the best measured candidate (everything promoted)."""
-    ranked, smaller = _rank(s, promote, cheaper)
+    ranked, smaller = rank(s, promote, cheaper)
     ranking = replace(promote, ranked=ranked)
     if s.goal.criterion == "accuracy":
         return _most_within_speed(s, ranking, here)
@@ -224,73 +135,16 @@ def _accuracy(s: _Search, here: _Point, promote: _Promotions, cheaper: dict[str,
         for scale in scales:
             chosen = _settle(s.scaled(scale), candidate, cheaper)
             if chosen is not None:
-                return _Point(chosen, s.trials.fidelity(chosen), here.ratio)
+                return Point(chosen, s.trials.fidelity(chosen), here.ratio)
     everything = ranking.prefix(len(ranking.ranked))
     f = s.trials.fidelity(everything)
     if f is not None and (here.fidelity is None or f.noise < here.fidelity.noise):
         s.log(StepKind.BEST_REACHABLE, "best reachable: all promoted", ranking.ranked, everything, f)
-        return _Point(everything, f, here.ratio)
+        return Point(everything, f, here.ratio)
     return here
 
 
-DYNAMIC_SHARE = 0.75  # dynamic goes first when it removes this share of the error float removes
-
-
-def _rank(s: _Search, promote: _Promotions, cheaper: dict[str, Choice]) -> tuple[list[str], dict[str, Choice]]:
-    """The int8 units, most sensitive first (sensitivity measured on the quick probe, recorded
-    in `s.sensitivity`), and the units whose dynamic form removes at least DYNAMIC_SHARE of the
-    error their float form removes (each measured alone when the budget allows one trial per
-    unit and form, else all together). By sensitivity, not by cost: costs are timings, and ranking by them would
-    make the promotions depend on a busy machine. Units the budget left unmeasured (or below
-    the noise floor) come last, in graph order."""
-    choices = promote.fixed
-    left = [u.node for u in s.units if u.node not in choices]
-    dynamic = [n for n in left if cheaper.get(n) == "dynamic" and promote.to[n] != "dynamic"]
-    here = s.trials.fidelity(choices, quick=True)
-    base_noise = here.noise if here else float("inf")
-    floor = 1e-3 * max(base_noise, 1e-12)  # gains below this are measurement noise
-    spread: dict[str, int] = {}
-
-    def gain(nodes: list[str]) -> float | None:
-        trial = promote.promoting(nodes)
-        f = s.trials.fidelity(trial, quick=True)
-        if f is None:
-            return None
-        spread[nodes[0]] = max(s.trials.demoted(trial) - s.trials.demoted(choices), 1)
-        return base_noise - f.noise
-
-    smaller: dict[str, Choice] = {}
-    if s.trials.affordable(len(left) + len(dynamic)):
-        action = "sensitivity"  # of each unit in float, and in its dynamic form when it has one
-        alone = [{**choices, n: "dynamic"} for n in dynamic]
-        s.trials.fidelity_many([promote.promoting([n]) for n in left] + alone, quick=True)  # in parallel
-        for n in left:
-            g = gain([n])
-            if g is not None:
-                s.sensitivity[n] = g / spread[n]  # per unit actually left unquantized
-        for n, trial in zip(dynamic, alone, strict=True):
-            f, g = s.trials.fidelity(trial, quick=True), s.sensitivity.get(n)
-            if f is not None and g is not None and g > 0 and base_noise - f.noise >= DYNAMIC_SHARE * g * spread[n]:
-                smaller[n] = "dynamic"
-    else:
-        action = "sensitivity by blocks (one trial per unit does not fit the trial budget)"
-        s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote))
-        if s.missed is not None:
-            action += ("; the goal needs more than half of the units (the most sensitive blocks miss it): "
-                       "no finer blocks")
-        if dynamic:  # the dynamic forms judged together: two trials
-            as_dynamic: Choices = {**choices, **dict.fromkeys(dynamic, "dynamic")}
-            together = [as_dynamic, promote.promoting(dynamic)]
-            fd, ff = s.trials.fidelity_many(together, quick=True)
-            if fd is not None and ff is not None and base_noise - fd.noise >= DYNAMIC_SHARE * (base_noise - ff.noise):
-                smaller = {n: "dynamic" for n in dynamic}
-    s.log(StepKind.SENSITIVITY, action, [], choices, here, quick=True)
-    measured = [n for n in left if s.sensitivity.get(n, 0.0) > floor / len(left)]
-    ranked = sorted(measured, key=lambda n: (-s.sensitivity[n], s.index[n]))
-    return ranked + [n for n in left if n not in ranked], smaller
-
-
-def _shrink(s: _Search, here: _Point) -> _Point:
+def _shrink(s: SearchState, here: Point) -> Point:
     """int4 weights (`int4` among the candidates): with the goal met, the nodes whose int4
     weights add the least output noise (one quick trial each) go to int4, as many as keep the
     goal (bisection on the quick probe, confirmed on all samples, halving until it holds) and
@@ -304,7 +158,7 @@ def _shrink(s: _Search, here: _Point) -> _Point:
     added = {n: (f.noise - base.noise) if f is not None and base is not None else float("inf")
              for n, f in zip(pool, found, strict=True)}
     to: dict[str, Choice] = dict.fromkeys(pool, "int4")
-    int4 = _Promotions(choices, to, sorted(pool, key=lambda n: (added[n], s.index[n])))
+    int4 = Promotions(choices, to, sorted(pool, key=lambda n: (added[n], s.index[n])))
     s.log(StepKind.INT4, "int4 weights: noise each adds", [], choices, base, quick=True)
     lo, hi = 0, len(int4.ranked)
     while lo < hi and not s.trials.exhausted():
@@ -322,70 +176,12 @@ def _shrink(s: _Search, here: _Point) -> _Point:
         s.log(StepKind.INT4, f"confirm int4 weights on {k} on all samples", [], int4.prefix(k) if ok else choices,
               f, r, kept=ok)
         if ok:
-            return _Point(int4.prefix(k), f, r if r is not None else here.ratio)
+            return Point(int4.prefix(k), f, r if r is not None else here.ratio)
         k //= 2
     return here
 
 
-BLOCKS = 8  # the first split of the units into contiguous blocks; later splits: 4
-
-
-def _block_sensitivity(s: _Search, left: list[str], gain: Callable[[list[str]], float | None], floor: float,
-                       promote: _Promotions) -> dict[str, float]:
-    """Sensitivity by bisection over contiguous blocks of units (graph order): promote each
-    block, keep splitting the blocks whose gain is at least a tenth of the best one's (at most
-    3 per level). About 8 + 12 log4(N) trials instead of N. A unit's score is its finest
-    measured block's gain shared among the block's units. A level after the first runs only
-    when it fits in half of what is left of the budget (`trials.affordable`): the prefix
-    search and the prune need the rest; and only when the goal does not need most units
-    (`_needs_most`)."""
-    def split(nodes: list[str], parts: int) -> list[list[str]]:
-        size = max(1, -(-len(nodes) // parts))  # no units left to rank: no blocks
-        return [nodes[i: i + size] for i in range(0, len(nodes), size)]
-
-    scores: dict[str, float] = {}
-    frontier, first = split(left, BLOCKS), True
-    while frontier and not s.trials.exhausted():
-        s.trials.fidelity_many([promote.promoting(block) for block in frontier], quick=True)
-        measured = []
-        for block in frontier:
-            if s.trials.exhausted():
-                break
-            g = gain(block)
-            if g is None:
-                continue
-            measured.append((g, block))
-            for n in block:
-                scores[n] = g / len(block)
-        measured.sort(key=lambda gb: -gb[0])
-        if first and measured and _needs_most(s, measured, promote, len(left)):
-            break
-        first = False
-        best = measured[0][0] if measured else 0.0
-        frontier = [part for g, block in measured[:3] if g > max(floor, best / 10) and len(block) > 1
-                    for part in split(block, 4)]
-        if not s.trials.affordable(len(frontier)):
-            break
-    return scores
-
-
-def _needs_most(s: _Search, measured: list[tuple[float, list[str]]], promote: _Promotions, total: int) -> bool:
-    """Whether the goal needs more than half of the units: the most sensitive first-level
-    blocks (`measured`, by gain) that hold half of the `total` units, promoted, miss it on the
-    quick probe (one trial). The prefix search will then promote more than those blocks
-    whatever the order within them, so finer blocks would not pay for their trials."""
-    top: list[str] = []
-    for _, block in measured:
-        if 2 * len(top) >= total:
-            break
-        top += block
-    if s.accurate(s.trials.fidelity(promote.promoting(top), quick=True)):
-        return False
-    s.missed = promote.promoting(top)
-    return True
-
-
-def _shortest_prefix(s: _Search, ranking: _Promotions, quick: bool = False) -> int | None:
+def _shortest_prefix(s: SearchState, ranking: Promotions, quick: bool = False) -> int | None:
     """Smallest k whose first-k promotion meets the accuracy goal: doubling, then bisection;
     the doubling starts past the prefix `_needs_most` found missing the goal, when it is one."""
     ranked = ranking.ranked
@@ -407,7 +203,7 @@ def _shortest_prefix(s: _Search, ranking: _Promotions, quick: bool = False) -> i
     return hi
 
 
-def _try_prefix(s: _Search, ranking: _Promotions, k: int, quick: bool) -> bool:
+def _try_prefix(s: SearchState, ranking: Promotions, k: int, quick: bool) -> bool:
     """Whether the first `k` promoted meet the goal (one step)."""
     f = s.trials.fidelity(ranking.prefix(k), quick=quick)
     ok = s.accurate(f)
@@ -418,7 +214,7 @@ def _try_prefix(s: _Search, ranking: _Promotions, k: int, quick: bool) -> bool:
 PRUNE_ONE_BY_ONE = 8  # promoted units up to which the prune tries them one at a time
 
 
-def _prune(s: _Search, ranking: _Promotions, chosen: Choices, order: list[str], quick: bool = False,
+def _prune(s: SearchState, ranking: Promotions, chosen: Choices, order: list[str], quick: bool = False,
            cheaper: dict[str, Choice] | None = None) -> Choices:
     """Try the promoted units back at int8 (least useful first), or with `cheaper` each in its
     cheaper promotion; keep the changes that still meet the goal.
@@ -458,7 +254,7 @@ def _prune(s: _Search, ranking: _Promotions, chosen: Choices, order: list[str], 
     return chosen
 
 
-def _settle(s: _Search, ranking: _Promotions, cheaper: dict[str, Choice] | None = None) -> Choices | None:
+def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | None = None) -> Choices | None:
     """The accuracy search: the shortest prefix, the prune and (with `cheaper`) each promoted
     unit tried in its cheaper promotion, on the quick probe (a few samples: cheap), each result
     confirmed on all samples (a few samples can flatter a candidate: the prefix then doubles
@@ -492,7 +288,7 @@ def _settle(s: _Search, ranking: _Promotions, cheaper: dict[str, Choice] | None 
     return chosen
 
 
-def _most_within_speed(s: _Search, ranking: _Promotions, here: _Point) -> _Point:
+def _most_within_speed(s: SearchState, ranking: Promotions, here: Point) -> Point:
     """`accuracy` criterion: the longest prefix of the ranking whose latency stays within the
     speed floor (bisection on measured latency)."""
     lo, hi = 0, len(ranking.ranked)
@@ -505,7 +301,7 @@ def _most_within_speed(s: _Search, ranking: _Promotions, here: _Point) -> _Point
         ok = s.goal.fast(r) and f is not None
         s.log(StepKind.PREFIX, f"promote top {mid}", ranking.ranked[:mid], candidate, f, r, kept=ok)
         if ok:
-            lo, best = mid, _Point(candidate, f, r)
+            lo, best = mid, Point(candidate, f, r)
         else:
             hi = mid - 1
     return best

@@ -1,0 +1,125 @@
+"""The accuracy search's ranking: each int8 unit's sensitivity (the output noise promoting it
+removes, measured on the quick probe), one unit at a time when the trial budget allows, else
+by contiguous blocks; and which units to promote to their dynamic form before float."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from qcli.precision.state import Promotions, SearchState
+from qcli.precision.steps import StepKind
+from qcli.precision.units import Choice, Choices
+
+DYNAMIC_SHARE = 0.75  # dynamic goes first when it removes this share of the error float removes
+
+
+def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice]) -> tuple[list[str], dict[str, Choice]]:
+    """The int8 units, most sensitive first (sensitivity measured on the quick probe, recorded
+    in `s.sensitivity`), and the units whose dynamic form removes at least DYNAMIC_SHARE of the
+    error their float form removes (each measured alone when the budget allows one trial per
+    unit and form, else all together). By sensitivity, not by cost: costs are timings, and ranking by them would
+    make the promotions depend on a busy machine. Units the budget left unmeasured (or below
+    the noise floor) come last, in graph order."""
+    choices = promote.fixed
+    left = [u.node for u in s.units if u.node not in choices]
+    dynamic = [n for n in left if cheaper.get(n) == "dynamic" and promote.to[n] != "dynamic"]
+    here = s.trials.fidelity(choices, quick=True)
+    base_noise = here.noise if here else float("inf")
+    floor = 1e-3 * max(base_noise, 1e-12)  # gains below this are measurement noise
+    spread: dict[str, int] = {}
+
+    def gain(nodes: list[str]) -> float | None:
+        trial = promote.promoting(nodes)
+        f = s.trials.fidelity(trial, quick=True)
+        if f is None:
+            return None
+        spread[nodes[0]] = max(s.trials.demoted(trial) - s.trials.demoted(choices), 1)
+        return base_noise - f.noise
+
+    smaller: dict[str, Choice] = {}
+    if s.trials.affordable(len(left) + len(dynamic)):
+        action = "sensitivity"  # of each unit in float, and in its dynamic form when it has one
+        alone = [{**choices, n: "dynamic"} for n in dynamic]
+        s.trials.fidelity_many([promote.promoting([n]) for n in left] + alone, quick=True)  # in parallel
+        for n in left:
+            g = gain([n])
+            if g is not None:
+                s.sensitivity[n] = g / spread[n]  # per unit actually left unquantized
+        for n, trial in zip(dynamic, alone, strict=True):
+            f, g = s.trials.fidelity(trial, quick=True), s.sensitivity.get(n)
+            if f is not None and g is not None and g > 0 and base_noise - f.noise >= DYNAMIC_SHARE * g * spread[n]:
+                smaller[n] = "dynamic"
+    else:
+        action = "sensitivity by blocks (one trial per unit does not fit the trial budget)"
+        s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote))
+        if s.missed is not None:
+            action += ("; the goal needs more than half of the units (the most sensitive blocks miss it): "
+                       "no finer blocks")
+        if dynamic:  # the dynamic forms judged together: two trials
+            as_dynamic: Choices = {**choices, **dict.fromkeys(dynamic, "dynamic")}
+            together = [as_dynamic, promote.promoting(dynamic)]
+            fd, ff = s.trials.fidelity_many(together, quick=True)
+            if fd is not None and ff is not None and base_noise - fd.noise >= DYNAMIC_SHARE * (base_noise - ff.noise):
+                smaller = {n: "dynamic" for n in dynamic}
+    s.log(StepKind.SENSITIVITY, action, [], choices, here, quick=True)
+    measured = [n for n in left if s.sensitivity.get(n, 0.0) > floor / len(left)]
+    ranked = sorted(measured, key=lambda n: (-s.sensitivity[n], s.index[n]))
+    return ranked + [n for n in left if n not in ranked], smaller
+
+
+BLOCKS = 8  # the first split of the units into contiguous blocks; later splits: 4
+
+
+def _block_sensitivity(s: SearchState, left: list[str], gain: Callable[[list[str]], float | None], floor: float,
+                       promote: Promotions) -> dict[str, float]:
+    """Sensitivity by bisection over contiguous blocks of units (graph order): promote each
+    block, keep splitting the blocks whose gain is at least a tenth of the best one's (at most
+    3 per level). About 8 + 12 log4(N) trials instead of N. A unit's score is its finest
+    measured block's gain shared among the block's units. A level after the first runs only
+    when it fits in half of what is left of the budget (`trials.affordable`): the prefix
+    search and the prune need the rest; and only when the goal does not need most units
+    (`_needs_most`)."""
+    def split(nodes: list[str], parts: int) -> list[list[str]]:
+        size = max(1, -(-len(nodes) // parts))  # no units left to rank: no blocks
+        return [nodes[i: i + size] for i in range(0, len(nodes), size)]
+
+    scores: dict[str, float] = {}
+    frontier, first = split(left, BLOCKS), True
+    while frontier and not s.trials.exhausted():
+        s.trials.fidelity_many([promote.promoting(block) for block in frontier], quick=True)
+        measured = []
+        for block in frontier:
+            if s.trials.exhausted():
+                break
+            g = gain(block)
+            if g is None:
+                continue
+            measured.append((g, block))
+            for n in block:
+                scores[n] = g / len(block)
+        measured.sort(key=lambda gb: -gb[0])
+        if first and measured and _needs_most(s, measured, promote, len(left)):
+            break
+        first = False
+        best = measured[0][0] if measured else 0.0
+        frontier = [part for g, block in measured[:3] if g > max(floor, best / 10) and len(block) > 1
+                    for part in split(block, 4)]
+        if not s.trials.affordable(len(frontier)):
+            break
+    return scores
+
+
+def _needs_most(s: SearchState, measured: list[tuple[float, list[str]]], promote: Promotions, total: int) -> bool:
+    """Whether the goal needs more than half of the units: the most sensitive first-level
+    blocks (`measured`, by gain) that hold half of the `total` units, promoted, miss it on the
+    quick probe (one trial). The prefix search will then promote more than those blocks
+    whatever the order within them, so finer blocks would not pay for their trials."""
+    top: list[str] = []
+    for _, block in measured:
+        if 2 * len(top) >= total:
+            break
+        top += block
+    if s.accurate(s.trials.fidelity(promote.promoting(top), quick=True)):
+        return False
+    s.missed = promote.promoting(top)
+    return True
