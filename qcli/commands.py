@@ -19,6 +19,7 @@ from qcli.analyze import FORMATS, AnalyzeOptions, Report, analyze, evaluate, hea
 from qcli.analyze.gates import Gates
 from qcli.calibrate.table import METHODS, CalibrationTable, load_table, save_table, solved_methods
 from qcli.calibrate.trtcache import write_trt_cache
+from qcli.checks import Check
 from qcli.config import PRESETS, config_yaml, load_config, load_preprocess
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import GateFailed, QcliError
@@ -29,7 +30,7 @@ from qcli.model import fingerprint, load_model, save_model
 from qcli.phases import phase, recording
 from qcli.pipeline import PipelineResult, run_pipeline
 from qcli.quantize import calibrate, summary
-from qcli.verify import Check, Outcome, ProgressFactory, no_progress, quantize_checked
+from qcli.verify import Outcome, ProgressFactory, no_progress, quantize_checked
 
 # --------------------------------------------------------------------------- inspect and calibrate
 

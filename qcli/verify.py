@@ -16,8 +16,9 @@ The latency floor applies when the float model takes at least `verify.min_float_
 (its fastest run at batch 1, `Probe.float_ms`: noise only adds time):
 below that, onnxruntime's fixed cost per node, not arithmetic, decides the ratio. The ratio is a
 `latency.Ratio` (median of per-round ratios, with its interval); the floor widened by
-LATENCY_TOLERANCE (the spread between two runs of the same model) is missed only when the whole
-interval is above it (README "Verification"): timing noise alone cannot fail a model.
+LATENCY_TOLERANCE (qcli.checks: the spread between two runs of the same model) is missed
+only when the whole interval is above it (README "Verification"): timing noise alone cannot
+fail a model. What the verification reports, check by check: qcli.checks.
 """
 
 from __future__ import annotations
@@ -30,14 +31,19 @@ from pathlib import Path
 import onnx
 
 from qcli.analyze.kinds import check_outputs
-from qcli.analyze.latency import Ratio
 from qcli.analyze.plugin import load_metric
-from qcli.analyze.probe import AGREEMENT, Fidelity, Probe
-from qcli.analyze.report import rounded_pair
+from qcli.analyze.probe import Fidelity, Probe
 from qcli.analyze.size import weight_bytes
-from qcli.analyze.verdict import verdicts
 from qcli.calibrate.shards import Fold
 from qcli.calibrate.table import CalibrationTable, RangeSettings
+from qcli.checks import (
+    LATENCY_TOLERANCE,
+    Verification,
+    fast_by_construction,
+    latency_ok,
+    tolerant,
+    verification_of,
+)
 from qcli.config import Config
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import InternalError, QcliError
@@ -69,7 +75,6 @@ from qcli.quantize import (
 )
 from qcli.recovery.bias import needs_data as bias_needs_data
 
-LATENCY_TOLERANCE = 0.03
 QUICK_SAMPLES = 16  # samples the search ranks units on, at most (floors are checked on all of them)
 
 # progress(description, total, unit="samples") -> a context manager giving an `advance(n)`
@@ -79,69 +84,6 @@ ProgressFactory = Callable[..., AbstractContextManager[Callable[[int], None]]]
 
 def no_progress(description: str, total: int | None, unit: str = "samples"):
     return nullcontext(lambda n: None)
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    value: float
-    floor: float
-    at_least: bool  # value >= floor (else value <= floor)
-    passed: bool
-    output: str | None = None  # the output the value comes from (the lowest of its kind)
-    interval: tuple[float, float] | None = None  # its ~95% interval (qcli.analyze.verdict)
-    samples: int | None = None
-    how: str = ""  # how the verdict was reached
-
-    @property
-    def message(self) -> str:
-        sign = ">=" if self.at_least else "<="
-        verdict = "ok" if self.passed else "MISSED"
-        within = f" [{self.interval[0]:.4f}, {self.interval[1]:.4f}] on {self.samples}" if self.interval else ""
-        return f"{self.name} {self.value:.4f}{within} (floor {sign} {self.floor:g}): {verdict}"
-
-
-@dataclass
-class Verification:
-    source: str
-    samples: int
-    fidelity: Fidelity
-    latency_ratio: float | None
-    float_ms: float | None
-    checks: list[Check]
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
-
-    def to_dict(self) -> dict:
-        return {
-            "data": self.source,
-            "samples": self.samples,
-            "passed": self.passed,
-            "metric": self.fidelity.metric,
-            "drop": round(self.fidelity.drop, 6),
-            "checks": [
-                {"name": c.name, "output": c.output, "value": round(c.value, 6), "floor": c.floor,
-                 "kind": "at_least" if c.at_least else "at_most", "passed": c.passed,
-                 "interval": rounded_pair(c.interval),
-                 "samples": c.samples, "how": c.how}
-                for c in self.checks
-            ],
-            "outputs": [o.to_dict() for o in self.fidelity.outputs],
-            "latency_ratio": None if self.latency_ratio is None else round(self.latency_ratio, 4),
-            "latency_interval": _interval(self.latency_ratio),
-            "float_ms": None if self.float_ms is None else round(self.float_ms, 4),
-            "notes": self.notes,
-        }
-
-
-def _interval(ratio: float | None) -> dict | None:
-    """A latency ratio's ~95% interval and its rounds (JSON), when it was measured in rounds."""
-    if not isinstance(ratio, Ratio):
-        return None
-    return {"low": round(ratio.low, 4), "high": round(ratio.high, 4), "rounds": ratio.count}
 
 
 @dataclass
@@ -219,7 +161,7 @@ def quantize_checked(
         trials.seed(result)  # the all-int8 candidate is the model just made
         base, ratio, floors = _measure_and_rescue(outcome, trials)
     if vf.enabled:
-        outcome.verification = _verification(plan, probe, base, ratio, floors, config, _all_float(result, outcome))
+        outcome.verification = verification_of(plan, probe, base, ratio, floors, config, _all_float(result, outcome))
     return outcome
 
 
@@ -290,10 +232,10 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         wanted = goal_of(config)
         ceiling = min((r for r in (wanted.max_latency_ratio, floors.max_latency_ratio) if r is not None), default=None)
         goal = Goal(wanted.criterion, wanted.max_drop, floors.min_top1_agreement, floors.min_cosine, ceiling)
-    goal = _tolerant(goal)
+    goal = tolerant(goal)
     trials.ceiling = goal.max_latency_ratio
     ratio: float | None = trials.latency({}) if floors.max_latency_ratio is not None else None
-    needed = ap.enabled or (vf.rescue and not (floors.accurate(base) and _fast(floors, ratio)))
+    needed = ap.enabled or (vf.rescue and not (floors.accurate(base) and latency_ok(floors, ratio)))
     if not (needed and trials.units):
         return base, ratio, floors
     tried: list[Stored | None] = []  # the weight-only model, once tried
@@ -316,7 +258,7 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         ratio = found.latency_ratio if floors.max_latency_ratio is not None else None
         replaced = bool(tried and tried[0])  # by the weight-only model, timed on its own
         if ratio is None and floors.max_latency_ratio is not None and not (
-                replaced or _fast_by_construction(floors, _all_float(int8, outcome))):
+                replaced or fast_by_construction(floors, _all_float(int8, outcome))):
             ratio = trials.latency(found.choices)
     stored = (tried[0] if tried else weight_only(trials, goal, outcome.result, ratio)) if stores else None
     if stored is not None:  # mostly float after the rescue: int8 weights, float compute, instead
@@ -429,71 +371,12 @@ def _all_float(int8: QuantizeResult, outcome: Outcome) -> str | None:
     return None
 
 
-def _fast(goal: Goal, ratio: float | None) -> bool:
-    return _tolerant(goal).fast(ratio)
-
-
-def _fast_by_construction(floors: Goal, all_float: str | None) -> bool:
-    """Whether a model with nothing quantized (`all_float`: `_all_float`'s note) meets the
-    latency floor untimed: it computes like the float model, so a floor of at least 1 holds."""
-    return all_float is not None and floors.max_latency_ratio is not None and floors.max_latency_ratio >= 1.0
-
-
-def _tolerant(goal: Goal) -> Goal:
-    """The goal with the latency ceiling widened by the measurement's resolution."""
-    if goal.max_latency_ratio is None:
-        return goal
-    return replace(goal, max_latency_ratio=goal.max_latency_ratio + LATENCY_TOLERANCE)
-
-
 def _floors(config: Config, probe: Probe) -> Goal:
     vf = config.verify
     ceiling = vf.max_latency_ratio
     if ceiling is not None and probe.float_ms() < vf.min_float_ms:
         ceiling = None
     return Goal("performance", None, vf.min_top1_agreement, vf.min_cosine, ceiling)
-
-
-def _verification(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | None, floors: Goal,
-                  config: Config, all_float: str | None = None) -> Verification:
-    """The checks of `f` and `ratio` against the floors; `all_float`: the note saying why the
-    model has no quantized node left, if so."""
-    vf = config.verify
-    checks, notes = fidelity_checks(f, vf.min_top1_agreement, vf.min_cosine), []
-    if all_float:
-        notes.append(all_float)
-    if ratio is not None and floors.max_latency_ratio is not None:
-        checks.append(Check("latency ratio", ratio, floors.max_latency_ratio, False,
-                            _fast_by_construction(floors, all_float) or _fast(floors, ratio)))
-        limit = floors.max_latency_ratio + LATENCY_TOLERANCE
-        if isinstance(ratio, Ratio) and ratio > limit and ratio.low <= limit:
-            notes.append(f"latency ratio {ratio:.3f} is above {limit:g} but not measurably: its 95% interval over "
-                         f"{ratio.count} rounds is {ratio.low:.3f}-{ratio.high:.3f}")
-    elif floors.max_latency_ratio is not None:  # applies, untimed: nothing is left quantized (`_measure_and_rescue`)
-        notes.append("latency ratio not timed: the model computes like the float model, so it holds the latency floor "
-                     "by construction")
-    elif vf.max_latency_ratio is not None:
-        notes.append(
-            f"latency floor not applied: the float model runs in {probe.float_ms():.3f} ms "
-            f"(< verify.min_float_ms {vf.min_float_ms:g}), where per-node overhead decides the ratio"
-        )
-    return Verification(plan.description, probe.samples, f, ratio, probe.float_ms(), checks, notes)
-
-
-def fidelity_checks(f: Fidelity, min_agreement: float, min_cosine: float) -> list[Check]:
-    """One check per metric the outputs are gated on (agreements against `min_agreement`,
-    cosines against `min_cosine`, each by qcli.analyze.verdict's rule), on the output of its
-    kind that misses, else the lowest; then the plug-in's."""
-    checks = []
-    found = verdicts(f, min_agreement, min_cosine)
-    for metric in (*AGREEMENT.values(), "cosine"):
-        mine = [v for v in found if v.metric == metric]
-        if mine:
-            v = min(mine, key=lambda v: (v.passed, v.value))
-            checks.append(Check(metric, v.value, v.floor, True, v.passed, v.output, v.interval, v.samples, v.how))
-    if f.custom is not None:
-        checks.append(Check(f.custom.name, f.custom.score, f.custom.floor, True, f.custom.passed))
-    return checks
 
 
 def _explain(outcome: Outcome, why_of: dict[str, tuple[Why, str]], half: set[str]) -> None:

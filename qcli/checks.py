@@ -1,0 +1,139 @@
+"""What verification reports: each floor checked against what was measured (the fidelity
+by qcli.analyze.verdict's rule, the latency ratio with its tolerance), with notes, as
+`qcli quantize` prints them and `--json` writes them (README "Verification")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from qcli.analyze.latency import Ratio
+from qcli.analyze.probe import AGREEMENT, Fidelity, Probe
+from qcli.analyze.report import rounded_pair
+from qcli.analyze.verdict import verdicts
+from qcli.config import Config
+from qcli.holdout import DataPlan
+from qcli.precision import Goal
+
+LATENCY_TOLERANCE = 0.03
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    value: float
+    floor: float
+    at_least: bool  # value >= floor (else value <= floor)
+    passed: bool
+    output: str | None = None  # the output the value comes from (the lowest of its kind)
+    interval: tuple[float, float] | None = None  # its ~95% interval (qcli.analyze.verdict)
+    samples: int | None = None
+    how: str = ""  # how the verdict was reached
+
+    @property
+    def message(self) -> str:
+        sign = ">=" if self.at_least else "<="
+        verdict = "ok" if self.passed else "MISSED"
+        within = f" [{self.interval[0]:.4f}, {self.interval[1]:.4f}] on {self.samples}" if self.interval else ""
+        return f"{self.name} {self.value:.4f}{within} (floor {sign} {self.floor:g}): {verdict}"
+
+
+@dataclass
+class Verification:
+    source: str
+    samples: int
+    fidelity: Fidelity
+    latency_ratio: float | None
+    float_ms: float | None
+    checks: list[Check]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {
+            "data": self.source,
+            "samples": self.samples,
+            "passed": self.passed,
+            "metric": self.fidelity.metric,
+            "drop": round(self.fidelity.drop, 6),
+            "checks": [
+                {"name": c.name, "output": c.output, "value": round(c.value, 6), "floor": c.floor,
+                 "kind": "at_least" if c.at_least else "at_most", "passed": c.passed,
+                 "interval": rounded_pair(c.interval),
+                 "samples": c.samples, "how": c.how}
+                for c in self.checks
+            ],
+            "outputs": [o.to_dict() for o in self.fidelity.outputs],
+            "latency_ratio": None if self.latency_ratio is None else round(self.latency_ratio, 4),
+            "latency_interval": _interval(self.latency_ratio),
+            "float_ms": None if self.float_ms is None else round(self.float_ms, 4),
+            "notes": self.notes,
+        }
+
+
+def _interval(ratio: float | None) -> dict | None:
+    """A latency ratio's ~95% interval and its rounds (JSON), when it was measured in rounds."""
+    if not isinstance(ratio, Ratio):
+        return None
+    return {"low": round(ratio.low, 4), "high": round(ratio.high, 4), "rounds": ratio.count}
+
+
+def latency_ok(goal: Goal, ratio: float | None) -> bool:
+    return tolerant(goal).fast(ratio)
+
+
+def fast_by_construction(floors: Goal, all_float: str | None) -> bool:
+    """Whether a model with nothing quantized (`all_float`: the note saying so) meets the
+    latency floor untimed: it computes like the float model, so a floor of at least 1 holds."""
+    return all_float is not None and floors.max_latency_ratio is not None and floors.max_latency_ratio >= 1.0
+
+
+def tolerant(goal: Goal) -> Goal:
+    """The goal with the latency ceiling widened by the measurement's resolution."""
+    if goal.max_latency_ratio is None:
+        return goal
+    return replace(goal, max_latency_ratio=goal.max_latency_ratio + LATENCY_TOLERANCE)
+
+
+def verification_of(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | None, floors: Goal,
+                  config: Config, all_float: str | None = None) -> Verification:
+    """The checks of `f` and `ratio` against the floors; `all_float`: the note saying why the
+    model has no quantized node left, if so."""
+    vf = config.verify
+    checks, notes = fidelity_checks(f, vf.min_top1_agreement, vf.min_cosine), []
+    if all_float:
+        notes.append(all_float)
+    if ratio is not None and floors.max_latency_ratio is not None:
+        checks.append(Check("latency ratio", ratio, floors.max_latency_ratio, False,
+                            fast_by_construction(floors, all_float) or latency_ok(floors, ratio)))
+        limit = floors.max_latency_ratio + LATENCY_TOLERANCE
+        if isinstance(ratio, Ratio) and ratio > limit and ratio.low <= limit:
+            notes.append(f"latency ratio {ratio:.3f} is above {limit:g} but not measurably: its 95% interval over "
+                         f"{ratio.count} rounds is {ratio.low:.3f}-{ratio.high:.3f}")
+    elif floors.max_latency_ratio is not None:  # applies, untimed: nothing is left quantized (`qcli.verify`)
+        notes.append("latency ratio not timed: the model computes like the float model, so it holds the latency floor "
+                     "by construction")
+    elif vf.max_latency_ratio is not None:
+        notes.append(
+            f"latency floor not applied: the float model runs in {probe.float_ms():.3f} ms "
+            f"(< verify.min_float_ms {vf.min_float_ms:g}), where per-node overhead decides the ratio"
+        )
+    return Verification(plan.description, probe.samples, f, ratio, probe.float_ms(), checks, notes)
+
+
+def fidelity_checks(f: Fidelity, min_agreement: float, min_cosine: float) -> list[Check]:
+    """One check per metric the outputs are gated on (agreements against `min_agreement`,
+    cosines against `min_cosine`, each by qcli.analyze.verdict's rule), on the output of its
+    kind that misses, else the lowest; then the plug-in's."""
+    checks = []
+    found = verdicts(f, min_agreement, min_cosine)
+    for metric in (*AGREEMENT.values(), "cosine"):
+        mine = [v for v in found if v.metric == metric]
+        if mine:
+            v = min(mine, key=lambda v: (v.passed, v.value))
+            checks.append(Check(metric, v.value, v.floor, True, v.passed, v.output, v.interval, v.samples, v.how))
+    if f.custom is not None:
+        checks.append(Check(f.custom.name, f.custom.score, f.custom.floor, True, f.custom.passed))
+    return checks
