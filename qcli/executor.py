@@ -163,20 +163,27 @@ class LocalExecutor(_Base):
         pool, self._pool = self._pool, None
         if pool is None:
             return
+        results = getattr(pool, "_result_queue", None)  # shutdown() drops it
         # Python 3.14 has terminate_workers(); before it the processes are only reachable
         # through the private `_processes` (without this, a failed run would wait for the
         # other workers to finish their items before it could report the error).
         terminate = getattr(pool, "terminate_workers", None)
         if terminate is not None:
             terminate()
-            return
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-        for process in processes:
-            process.join()
+        else:
+            processes = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()
+            for process in processes:
+                process.join()
+        # A worker killed while it sent a result leaves half a message on the result pipe, and
+        # the pool's manager thread waits in read() for the rest: for ever, because this
+        # process holds the pipe's write end too (it never writes to it), and the interpreter
+        # joins that thread at exit. Closing it lets the read end in EOF, a broken pool.
+        if results is not None:
+            results._writer.close()
 
 
 class RayExecutor(_Base):

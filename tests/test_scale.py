@@ -6,7 +6,9 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import struct
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -287,6 +289,23 @@ def test_a_worker_that_died_between_maps_is_replaced() -> None:
             process.kill()
             process.join()
         assert executor.map(_square, [3]) == [9]
+
+
+def test_a_worker_killed_while_sending_a_result_does_not_hang_the_pool() -> None:
+    # Half a result on the pipe, as a worker killed in the middle of sending 300 KB leaves it:
+    # the pool's manager thread then reads it, waiting for the rest.
+    executor = LocalExecutor(1)
+    assert executor.map(_square, [2]) == [4]
+    pool = executor._pool
+    manager = pool._executor_manager_thread
+    os.write(pool._result_queue._writer.fileno(), struct.pack("!i", 300_000) + b"half")
+    time.sleep(0.2)
+    executor._terminate()
+    manager.join(timeout=10)
+    stuck = manager.is_alive()
+    if stuck:  # let the test process exit to report the failure
+        os.write(pool._result_queue._writer.fileno(), bytes(300_000 - 4))
+    assert not stuck
 
 
 def test_precision_search_trials_on_ray_match_one_process(ray_instance, tmp_path: Path) -> None:
