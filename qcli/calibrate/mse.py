@@ -220,5 +220,8 @@ def mse_range(stats: RangeStats, qdtype: QuantDtype, symmetric: bool, rounds: in
 
     for _ in range(rounds):
         hi = _search(functools.partial(upper_end, lo)) * hi_data
-        lo = _search(functools.partial(lower_end, hi)) * lo_data
+        lower = _search(functools.partial(lower_end, hi)) * lo_data
+        if lower == lo:  # a fixed point: the next round would repeat this one exactly
+            break
+        lo = lower
     return float(lo), float(hi)
