@@ -163,3 +163,39 @@ def test_the_rescue_keeps_float_the_weights_int8_cannot_hold(cli, tmp_path: Path
     again = tmp_path / "again.onnx"
     assert cli("quantize", model, "-o", again, "--data", folder, "--config", tmp_path / "q.precision.yaml").exit_code == 0
     assert again.read_bytes() == out.read_bytes()
+
+
+class _Verdicts:
+    """Trials whose full-probe verdict holds for at most `holds` int8 units (`rest_float(k)`
+    names the units kept float; k int8 of 40), counting the trials."""
+
+    def __init__(self, holds: int) -> None:
+        self.holds, self.tried = holds, []
+
+    def fidelity(self, choices):
+        k = 40 - len(choices)
+        self.tried.append(k)
+        return k <= self.holds
+
+    def exhausted(self) -> bool:
+        return False
+
+
+def test_a_flattered_partial_is_confirmed_by_halving_then_bisecting_back_up() -> None:
+    """The quick probe says 40 units int8 hold, all samples say 23 at most: halving alone
+    stopped at 20; the bisection between 20 and the miss above it finds 23."""
+    from qcli.precision.stored import _confirm
+
+    class Goal:
+        accurate = staticmethod(bool)
+
+    def rest_float(k: int) -> dict[str, str]:
+        return {f"u{i}": "float" for i in range(k, 40)}
+
+    wo = _Verdicts(23)
+    found = _confirm(wo, Goal(), 40, lambda k: k >= 6, rest_float)  # type: ignore[arg-type]
+    assert found == rest_float(23) and wo.tried == [40, 20, 30, 25, 22, 23, 24]
+    wo = _Verdicts(3)  # what holds saves too little: nothing
+    assert _confirm(wo, Goal(), 40, lambda k: k >= 6, rest_float) is None and wo.tried == [40, 20, 10]  # type: ignore[arg-type]
+    wo = _Verdicts(40)  # the quick probe was right: one trial
+    assert _confirm(wo, Goal(), 40, lambda k: k >= 6, rest_float) == rest_float(40) and wo.tried == [40]  # type: ignore[arg-type]

@@ -19,12 +19,13 @@ weight-only alone is measured on the quick probe (one trial each; the largest un
 POOL_SHARE of the bytes: the rest keep float weights), and the most units (least
 predicted loss, then output noise, per weight byte first: `_loss`) whose weights stay int8
 while the rest keep float weights and the goal is met (bisection on the quick probe, confirmed
-on all samples, halving until it holds; PARTIAL_TRIALS more at most) are written instead, on
-the same terms.
+on all samples: halving until one holds, then bisecting back up towards the smallest that
+missed; PARTIAL_TRIALS more at most) are written instead, on the same terms.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -174,9 +175,21 @@ def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
     while lo < hi and not wo.exhausted():
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if goal.accurate(wo.fidelity(rest_float(mid), quick=True)) else (lo, mid - 1)
-    k = lo
-    while k and sum(weighted[n] for n in order[:k]) >= needed and not wo.exhausted():
-        if goal.accurate(wo.fidelity(rest_float(k))):
-            return rest_float(k)
-        k //= 2
-    return None
+    return _confirm(wo, goal, lo, lambda k: sum(weighted[n] for n in order[:k]) >= needed, rest_float)
+
+
+def _confirm(wo: Trials, goal: Goal, k: int, saves: Callable[[int], bool],
+             rest_float: Callable[[int], Choices]) -> Choices | None:
+    """The most int8 units, at most `k` (the quick probe's answer, which can flatter), that
+    meet the goal on all samples while they save enough (`saves`): `k`, then halving until one
+    holds, then bisection between it and the smallest that missed."""
+    best, lo, hi, j = None, 0, k, k
+    while j > lo and saves(j) and not wo.exhausted():
+        if goal.accurate(wo.fidelity(rest_float(j))):
+            best, lo = rest_float(j), j
+            if j == hi:
+                break
+        else:
+            hi = j - 1
+        j = (lo + hi + 1) // 2 if best is not None else j // 2
+    return best
