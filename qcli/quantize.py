@@ -23,7 +23,7 @@ import onnx
 from qcli import __version__
 from qcli.calibrate.collect import Collected, collect
 from qcli.calibrate.shards import Fold, collect_folds, collect_sharded, merged_except
-from qcli.calibrate.table import METHODS, CalibrationTable, RangeSettings, build_table
+from qcli.calibrate.table import METHODS, CalibrationTable, RangeSettings, build_tables
 from qcli.config import FLOAT8, Config, config_document
 from qcli.data import DataFolder
 from qcli.errors import ConfigError
@@ -83,9 +83,8 @@ def calibrate(
         with phase("observe"):
             parts = collect_folds(work, folder, folds, executor, reference=model, **options)
         with phase("solve"):
-            table = _table(merged_except(parts), model, config, methods, plan.unmatched)
-            table.folds = [_table(merged_except(parts, k), model, config, methods, plan.unmatched)
-                           for k in range(len(parts))]
+            table, *table.folds = _tables([merged_except(parts, k) for k in [None, *range(len(parts))]],
+                                          model, config, methods, plan.unmatched)
         return table
     with phase("observe"):
         if executor is None or isinstance(executor, SerialExecutor):
@@ -93,7 +92,7 @@ def calibrate(
         else:
             collected = collect_sharded(work, folder, executor, **options)
     with phase("solve"):
-        return _table(collected, model, config, methods, plan.unmatched)
+        return _tables([collected], model, config, methods, plan.unmatched)[0]
 
 
 def _observing(model: onnx.ModelProto, config: Config, progress: Callable[[int], None] | None, force: bool,
@@ -112,17 +111,17 @@ def _observing(model: onnx.ModelProto, config: Config, progress: Callable[[int],
     return work, plan, options
 
 
-def _table(collected: Collected, model: onnx.ModelProto, config: Config, methods: tuple[str, ...],
-           unmatched: list[str]) -> CalibrationTable:
-    """The calibration table of what a pass collected (its ranges solved for `methods`)."""
-    table = build_table(
-        collected.observers, fingerprint(model), collected.samples, RangeSettings.of(config), methods,
-        collected.aliases,
-    )
-    table.channels = collected.channels
-    table.warnings += [f"config rule {text}" for text in unmatched]
-    table.graph_steps = graph_steps(config)
-    return table
+def _tables(parts: list[Collected], model: onnx.ModelProto, config: Config, methods: tuple[str, ...],
+            unmatched: list[str]) -> list[CalibrationTable]:
+    """The calibration table of what each pass (or fold) collected, their ranges solved for
+    `methods` together."""
+    tables = build_tables([(c.observers, c.samples, c.aliases) for c in parts], fingerprint(model),
+                          RangeSettings.of(config), methods)
+    for table, collected in zip(tables, parts, strict=True):
+        table.channels = collected.channels
+        table.warnings += [f"config rule {text}" for text in unmatched]
+        table.graph_steps = graph_steps(config)
+    return tables
 
 
 def quantize(

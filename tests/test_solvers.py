@@ -353,3 +353,18 @@ def test_clipped_fraction():
     outside = np.mean((x < 0.1) | (x > 0.8))
     assert clipped_fraction(obs, 0.1, 0.8) == pytest.approx(outside, abs=1e-3)
     assert clipped_fraction(obs, 2.0, 3.0) == 1.0
+
+
+def test_ranges_solved_on_two_processes_are_the_ones_solved_in_one():
+    """`solve_many` with a helper process (forced: min_jobs 0) gives each job's range, in order,
+    bit for bit as one process does; below its threshold it starts none."""
+    from qcli.calibrate.pool import solve_many
+    from qcli.calibrate.table import RangeSettings
+
+    rng = np.random.default_rng(5)
+    observers = [observe(rng.standard_t(3, 5_000) * (k + 1) + k % 3) for k in range(9)]
+    settings = [RangeSettings(method=m) for m in ("mse", "kl", "percentile")]
+    jobs = [(o, s, m) for o in observers for s in settings for m in ("minmax", s.method)]
+    serial = solve_many(jobs)
+    assert solve_many(jobs, min_jobs=0) == serial
+    assert len(serial) == len(jobs) and serial[1] == solve_range("mse", observers[0], UINT8, False)

@@ -20,11 +20,11 @@ from typing import Any
 
 from qcli.calibrate.channels import ChannelObserver
 from qcli.calibrate.observers import TensorObserver
+from qcli.calibrate.pool import Job, solve, solve_many
 from qcli.calibrate.ranges import Range
-from qcli.calibrate.solvers import clipped_fraction, solve_range
+from qcli.calibrate.solvers import clipped_fraction
 from qcli.errors import CalibrationError, QcliError
 from qcli.files import write_text_atomic
-from qcli.scheme import quant_dtype
 
 FORMAT = "qcli-calibration/1"
 METHODS = ("minmax", "percentile", "kl", "mse")
@@ -99,7 +99,7 @@ class CalibrationTable:
                 f"the calibration has no statistics for tensor {tensor!r}",
                 hint="calibrate again with the same --config as quantize",
             )
-        return _solve(observer, settings, settings.method)
+        return solve(observer, settings, settings.method)
 
     def clipped(self, tensor: str, method: str | None = None) -> float:
         """Share of observed values outside the range `method` chose for `tensor`."""
@@ -145,15 +145,6 @@ class CalibrationTable:
 
 
 
-def _solve(observer: TensorObserver, settings: RangeSettings, method: str) -> Range:
-    if observer.count == 0:  # only NaN/Inf (or nothing) seen: a range that quantizes to 0
-        return (0.0, 0.0)
-    lo, hi = solve_range(
-        method, observer, quant_dtype(settings.dtype), settings.symmetric, **settings.params(method)
-    )
-    return (float(lo), float(hi))
-
-
 def solved_methods(method: str) -> tuple[str, ...]:
     """What `qcli calibrate` solves now: minmax (the observed ends: free) and `method`.
 
@@ -175,22 +166,45 @@ def build_table(
     `quantize --data` only its own; another is solved from the histograms when asked for,
     `CalibrationTable.range`) and note tensors that need a look. A tensor in
     `aliases` holds the same values as another (a Reshape's output): its ranges are copied."""
-    aliases = aliases or {}
-    table = CalibrationTable(fingerprint, observers, samples, settings)
-    for method in methods:
-        ranges = {name: _solve(obs, settings, method) for name, obs in observers.items() if name not in aliases}
-        table.ranges[method] = {name: ranges[_root(name, aliases)] for name in observers}
+    return build_tables([(observers, samples, aliases or {})], fingerprint, settings, methods)[0]
+
+
+def build_tables(
+    parts: list[tuple[dict[str, TensorObserver], int, dict[str, str]]],
+    fingerprint: str,
+    settings: RangeSettings,
+    methods: tuple[str, ...] = METHODS,
+) -> list[CalibrationTable]:
+    """`build_table` of each (observers, samples, aliases), their ranges solved together (a
+    k-fold run's five tables: `solve_many` splits them over two processes)."""
+    jobs: list[Job] = [(obs, settings, method) for observers, _, aliases in parts for method in methods
+                       for name, obs in observers.items() if name not in aliases]
+    solved = iter(solve_many(jobs))
+    tables = []
+    for observers, samples, aliases in parts:
+        table = CalibrationTable(fingerprint, observers, samples, settings)
+        for method in methods:
+            ranges = {name: next(solved) for name in observers if name not in aliases}
+            table.ranges[method] = {name: ranges[_root(name, aliases)] for name in observers}
+        table.warnings += _warnings(observers)
+        tables.append(table)
+    return tables
+
+
+def _warnings(observers: dict[str, TensorObserver]) -> list[str]:
+    """The tensors that need a look: NaN/Inf seen, constant, or nothing finite."""
+    warnings = []
     for name, obs in observers.items():
         if obs.nonfinite_count:
-            table.warnings.append(
+            warnings.append(
                 f"tensor {name!r}: {obs.nonfinite_count} NaN/Inf value(s) ignored; its range "
                 "comes from the finite values"
             )
         if obs.count and obs.min == obs.max:
-            table.warnings.append(f"tensor {name!r} is constant ({obs.min:g}) over the calibration data")
+            warnings.append(f"tensor {name!r} is constant ({obs.min:g}) over the calibration data")
         elif obs.count == 0:
-            table.warnings.append(f"tensor {name!r} had no finite values; its range is [0, 0]")
-    return table
+            warnings.append(f"tensor {name!r} had no finite values; its range is [0, 0]")
+    return warnings
 
 
 def _root(name: str, aliases: dict[str, str]) -> str:
