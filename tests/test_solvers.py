@@ -355,16 +355,24 @@ def test_clipped_fraction():
     assert clipped_fraction(obs, 2.0, 3.0) == 1.0
 
 
-def test_ranges_solved_on_two_processes_are_the_ones_solved_in_one():
-    """`solve_many` with a helper process (forced: min_jobs 0) gives each job's range, in order,
-    bit for bit as one process does; below its threshold it starts none."""
-    from qcli.calibrate.pool import solve_many
+def test_ranges_solved_on_two_processes_are_the_ones_solved_in_one(monkeypatch):
+    """The helper process solves its jobs as this one does, bit for bit, and `solve_many` (forced:
+    min_jobs 0) gives each job's range in order; a helper that cannot start, or fails, leaves
+    its jobs to this process, with the same result."""
+    import shutil
+
+    from qcli.calibrate import pool
     from qcli.calibrate.table import RangeSettings
 
     rng = np.random.default_rng(5)
     observers = [observe(rng.standard_t(3, 5_000) * (k + 1) + k % 3) for k in range(9)]
     settings = [RangeSettings(method=m) for m in ("mse", "kl", "percentile")]
     jobs = [(o, s, m) for o in observers for s in settings for m in ("minmax", s.method)]
-    serial = solve_many(jobs)
-    assert solve_many(jobs, min_jobs=0) == serial
+    serial = pool.solve_many(jobs)
     assert len(serial) == len(jobs) and serial[1] == solve_range("mse", observers[0], UINT8, False)
+    assert pool._answer(pool._start(jobs), len(jobs)) == serial
+    assert pool.solve_many(jobs, min_jobs=0) == serial
+    for broken in ("/nonexistent/python", shutil.which("false")):
+        monkeypatch.setattr(pool.sys, "executable", broken)
+        assert pool._answer(pool._start(jobs), len(jobs)) is None
+        assert pool.solve_many(jobs, min_jobs=0) == serial

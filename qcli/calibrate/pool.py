@@ -2,20 +2,25 @@
 
 The histogram searches (mse above all: 2-3 ms a tensor, and a k-fold run solves five tables)
 are numpy calls on small arrays that hold the GIL between them: two threads ran them slower
-than one (the PaddleOCR recognizer's five tables 3.2 -> 4.2 s). So a helper process started
-with "spawn" (a fresh interpreter: this one may hold onnxruntime's threads; it imports numpy
-and the solvers in ~0.2 s) takes every other job while this process solves the rest. Below
-MIN_JOBS searches its start outweighs its half, and everything runs here, as it does inside a
-daemon process (a pool's worker may not start one) and when the helper cannot start or dies.
-The ranges are the same wherever they were solved (the same code on the same machine), in the
-jobs' order.
+than one (the PaddleOCR recognizer's five tables 3.2 -> 4.2 s). So a helper process takes
+every other job while this process solves the rest: `python -m qcli.calibrate.pool`, fed the
+jobs pickled on its stdin, answering on its stdout (a fresh interpreter that imports numpy and
+the solvers in ~0.2 s; not multiprocessing's "spawn", which imports the caller's main script
+again: a script without a `__main__` guard would run its work twice). Below MIN_JOBS searches
+its start outweighs its half, and everything runs here, as it does when the helper cannot
+start or fails. The ranges are the same wherever they were solved (the same code on the same
+machine), in the jobs' order.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qcli.calibrate.observers import TensorObserver
@@ -50,21 +55,57 @@ def _solve_all(jobs: Sequence[Job]) -> list[Range]:
 def solve_many(jobs: Sequence[Job], min_jobs: int = MIN_JOBS) -> list[Range]:
     """Each job's range, in order: half of them in a helper process when at least `min_jobs`
     are searches (module docstring)."""
-    searches = sum(method != "minmax" for _, _, method in jobs)
-    if searches < min_jobs or multiprocessing.current_process().daemon:
+    if sum(method != "minmax" for _, _, method in jobs) < min_jobs:
         return _solve_all(jobs)
     theirs = list(jobs[1::2])
-    try:
-        pool = cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        future = pool.submit(_solve_all, theirs)
-    except OSError:  # no process to be had: all here
-        return _solve_all(jobs)
-    with pool:
-        mine = _solve_all(jobs[0::2])
-        try:
-            other = future.result()
-        except (cf.process.BrokenProcessPool, OSError):
-            other = _solve_all(theirs)
+    helper = _start(theirs)
+    mine = _solve_all(jobs[0::2])
+    other = _answer(helper, len(theirs))
+    if other is None:
+        other = _solve_all(theirs)
     out: list[Range] = [(0.0, 0.0)] * len(jobs)
     out[0::2], out[1::2] = mine, other
     return out
+
+
+def _start(jobs: list[Job]) -> subprocess.Popen | None:
+    """The helper, solving `jobs` (fed on a thread: the pipe holds less than they take)."""
+    root = str(Path(__file__).resolve().parents[2])  # where `qcli` is, installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    try:
+        helper = subprocess.Popen([sys.executable, "-m", "qcli.calibrate.pool"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    except OSError:
+        return None
+    data = pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def feed() -> None:
+        assert helper.stdin is not None
+        try:
+            helper.stdin.write(data)
+            helper.stdin.close()
+        except OSError:  # it died: `_answer` finds out
+            pass
+
+    threading.Thread(target=feed, daemon=True).start()
+    return helper
+
+
+def _answer(helper: subprocess.Popen | None, count: int) -> list[Range] | None:
+    """The helper's ranges, or None when it failed (its jobs are then solved here)."""
+    if helper is None:
+        return None
+    assert helper.stdout is not None
+    try:
+        data = helper.stdout.read()
+        ok = helper.wait() == 0
+        ranges = pickle.loads(data) if ok else None
+    except (OSError, pickle.UnpicklingError, EOFError):
+        helper.kill()
+        return None
+    return ranges if isinstance(ranges, list) and len(ranges) == count else None
+
+
+if __name__ == "__main__":  # the helper: jobs on stdin, their ranges on stdout
+    sys.stdout.buffer.write(pickle.dumps(_solve_all(pickle.loads(sys.stdin.buffer.read())),
+                                         protocol=pickle.HIGHEST_PROTOCOL))
