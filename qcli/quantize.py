@@ -83,9 +83,10 @@ def calibrate(
         with phase("observe"):
             parts = collect_folds(work, folder, folds, executor, reference=model, **options)
         with phase("solve"):
-            table, *table.folds = _tables([merged_except(parts, k) for k in [None, *range(len(parts))]],
-                                          model, config, methods, plan.unmatched)
-        return table
+            tables = _tables([merged_except(parts, k) for k in [None, *range(len(parts))]], model, config,
+                             methods, plan.unmatched)
+        tables[0].folds = tables[1:]  # the table of every fold but k
+        return tables[0]
     with phase("observe"):
         if executor is None or isinstance(executor, SerialExecutor):
             collected = collect(work, folder, reference=model, **options)
