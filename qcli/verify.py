@@ -248,8 +248,9 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         tried.append(weight_only(trials, goal, current, None))
         return tried[0] is not None
 
-    stores, int8 = not ap.enabled and _dynamic_scheme(config), outcome.result
-    found = _rescue(outcome, trials, goal, None if ap.enabled else _no_payoff(outcome.result, trials, ratio),
+    int8 = outcome.result  # the rescue replaces outcome.result with what it found
+    stores = not ap.enabled and _dynamic_scheme(config)
+    found = _rescue(outcome, trials, goal, None if ap.enabled else _no_payoff(int8, trials, ratio),
                     instead if stores else None)
     if found.choices:
         if found.fidelity is None:
