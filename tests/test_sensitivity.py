@@ -162,7 +162,9 @@ def test_json_shape(cli: Cli, chain) -> None:
     sens = doc["sensitivity"]
     assert list(sens) == ["metric", "source", "samples", "loss", "noise", "rebuilt", "trials", "stopped", "units",
                           "notes"]
-    assert sens["trials"] == 1 + 2 * 3 and sens["stopped"] is None and sens["notes"] == []
+    # the int8 model, each unit alone, each unit float; "second" float takes "first" along (below),
+    # which is "third" alone's model: measured once
+    assert sens["trials"] == 1 + 2 * 3 - 1 and sens["stopped"] is None and sens["notes"] == []
     assert sens["metric"] == "top-1 agreement (y)"  # the output's kind (a [N, C] MatMul: class scores)
     assert list(sens["units"][0]) == ["node", "op_type", "nodes", "precision", "rank", "alone_loss", "alone_noise",
                                       "float_gain", "float_noise", "float_units"]

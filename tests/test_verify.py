@@ -590,3 +590,33 @@ def test_node_runs_profiles_models_taking_turns_run_by_run() -> None:
     assert set(first) == set(second) == {"/a/MatMul", "/a/Relu", "/b/MatMul", "/b/Relu", "/c/MatMul"}
     assert all(t.shape == (6,) and (t >= 0).all() for t in (*first.values(), *second.values()))
     assert sum(t.sum() for t in first.values()) > 0  # µs each: a tiny Relu may take 0
+
+
+def test_choices_that_build_a_model_measured_already_cost_no_trial(tmp_path: Path, monkeypatch) -> None:
+    """An Add between two MatMuls sent back to int8 while both MatMuls are float stays float
+    (nothing quantized reads or writes it): the same model as the Add float, measured once and
+    counted once, on the quick probe and on all samples alike; a different model is measured."""
+    from qcli.precision.trials import Trials
+    from qcli.verify import quantize_checked
+
+    made: list[Trials] = []
+
+    class Kept(Trials):
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            made.append(self)
+
+    monkeypatch.setattr("qcli.verify.Trials", Kept)
+    m = mlp(False)
+    m.graph.node[1].CopyFrom(helper.make_node("Add", ["h1", "h1"], ["r1"], name="/a/Add"))
+    config = Config.model_validate({"verify": {"rescue": False, "max_latency_ratio": None}})
+    quantize_checked(m, config, data=mlp_data(tmp_path / "data", 32, False))
+    trials = made[0]
+    both = {"/a/MatMul": "float", "/b/MatMul": "float"}
+    for quick in (True, False):
+        count = trials.count
+        f = trials.fidelity(both, quick)
+        assert trials.count == count + 1
+        assert trials.fidelity({**both, "/a/Add": "float"}, quick) is f and trials.count == count + 1
+        assert trials.demoted({**both, "/a/Add": "float"}) == trials.demoted(both)
+        assert trials.fidelity({"/a/MatMul": "float"}, quick) is not f and trials.count == count + 2

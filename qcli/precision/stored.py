@@ -111,7 +111,7 @@ def _own_trials(trials: Trials, stored: Config) -> Trials:
     weighted = sum(u.weighted for u in trials.units)
     return replace(trials, config=stored, table=replace(trials.table, folds=[]), count=0,
                    max_trials=2 + weighted + PARTIAL_TRIALS, stopped=None, _fidelity={}, _latency={}, _demoted={},
-                   _shared=None, _built={})
+                   _same={}, _digests={}, _shared=None, _built={})
 
 
 POOL_SHARE = 0.95  # the partial search weighs the largest units that hold this share of the bytes

@@ -3,7 +3,12 @@ and measure it, once.
 
 Every measurement (fidelity, latency, kernel times) is cached by the candidate's choices, so a
 search never pays twice for one candidate; independent candidates run on the executor's workers
-and land in the cache in order, so nothing downstream depends on the number of workers.
+and land in the cache in order, so nothing downstream depends on the number of workers. Nor
+twice for one model: choices that build the same model as a candidate measured already (a unit
+sent back to int8 whose neighbours are all float stays float: the prune's trials of mostly-float
+models) take its fidelity, without a trial. The model is known by a digest of the first one the
+probe would run (the one model, or its first fold's: a plan comes from the config and the graph
+alone, the tables only fill in its ranges, so one fold's model the same means every fold's is).
 A unit's speed cost is measured, not assumed: onnxruntime's profiler gives each node's kernel
 time in each run, and a unit's time is its own node's (or a fusion named after it) plus its
 share of the Q/DQ nodes of its tensors; cost = time promoted - time int8 over the same runs
@@ -12,6 +17,7 @@ share of the Q/DQ nodes of its tensors; cost = time promoted - time int8 over th
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -50,6 +56,15 @@ def _key(candidate: Candidate) -> Alone | frozenset:
     return candidate if isinstance(candidate, Alone) else frozenset(candidate.items())
 
 
+def _digest(model: onnx.ModelProto) -> bytes:
+    """What tells two built models' computations apart: a digest of their graph, functions and
+    opsets (not their metadata, which records the config that made each)."""
+    h = hashlib.sha256(model.graph.SerializeToString())
+    for part in (*model.functions, *model.opset_import):
+        h.update(part.SerializeToString())
+    return h.digest()
+
+
 SETTLE_TIMINGS = 3  # timings of 40 rounds at most for one latency verdict
 SPEED_TIE = 2.0  # µs: a unit whose int8 form is slower by less than this is a tie (stays int8)
 
@@ -78,6 +93,8 @@ class Trials:
     _demoted: dict[Alone | frozenset, int] = field(default_factory=dict)
     _shared: _Context | None = None  # what workers set up from
     _built: dict[Alone | frozenset, QuantizeResult] = field(default_factory=dict)  # recent candidates, by choices
+    _same: dict[tuple[bytes, bool], tuple] = field(default_factory=dict)  # (model digest, quick) -> fidelity key
+    _digests: dict[tuple, bytes | None] = field(default_factory=dict)  # fidelity key -> its model's digest
 
     def __post_init__(self) -> None:
         self.started = time.monotonic()
@@ -112,22 +129,24 @@ class Trials:
                             prepared=self.prepared, lean=lean)
 
     def measured(self, choices: Candidate, probe: Probe) -> tuple[onnx.ModelProto | Callable[[int], onnx.ModelProto],
-                                                                    Callable[[], QuantizeResult]]:
+                                                                    Callable[[], QuantizeResult], bytes]:
         """What `probe` measures of the candidate: the model built with `table`, or (k-fold:
         `table.folds`, the probe's batches tagged by fold) the function building fold k's
-        model from the table without that fold, as the probe asks for it; and the function
-        giving one of them built (for its plan)."""
+        model from the table without that fold, as the probe asks for it (the first fold's
+        built already); the function giving one of them built (for its plan); and the digest
+        of the first model the probe runs (module docstring)."""
         if not self.table.folds:
             built = self.build(choices)
-            return built.model, lambda: built
+            return built.model, lambda: built, _digest(built.model)
         folds: dict[int, QuantizeResult] = {}
 
         def fold_model(k: int) -> onnx.ModelProto:
-            folds.clear()  # the last one only: one fold's model in memory at a time
-            folds[k] = self._quantize(choices, self.table.folds[k], lean=True)  # measured, never kept
+            if k not in folds:
+                folds.clear()  # the last one only: one fold's model in memory at a time
+                folds[k] = self._quantize(choices, self.table.folds[k], lean=True)  # measured, never kept
             return folds[k].model
 
-        return fold_model, lambda: next(iter(folds.values()))
+        return fold_model, lambda: next(iter(folds.values())), _digest(fold_model(probe.folds[0] if probe.folds else 0))
 
     def seed(self, int8: QuantizeResult) -> None:
         """The all-int8 candidate (choices {}) when the caller built it already."""
@@ -138,26 +157,45 @@ class Trials:
         rank, not to check a floor); None when it cannot be built from the calibration."""
         key = (_key(choices), quick)
         if key not in self._fidelity:
-            self.count += 1
             try:
                 probe = self.quick_probe if quick and self.quick_probe is not None else self.probe
-                models, built = self.measured(choices, probe)
-                with built_by_qcli(), phase("measure"):
-                    self._fidelity[key] = probe.measure(models)
+                models, built, digest = self.measured(choices, probe)
                 kept = {d.name for d in built().plan.nodes if d.quantized and not d.reason}
-                if not isinstance(choices, Alone):  # alone, every other unit is float (`demoted`)
-                    self._demoted[key[0]] = sum(1 for u in self.units if u.node not in kept)
+                demoted = sum(1 for u in self.units if u.node not in kept)
+                if (digest, quick) in self._same:  # no trial: the model was measured (module docstring)
+                    self._record(key, None, demoted, digest)
+                    return self._fidelity[key]
+                with built_by_qcli(), phase("measure"):
+                    f = probe.measure(models)
+                self._record(key, f, demoted, digest)
             except CalibrationError:
-                self._fidelity[key] = None
+                self._record(key, None, None, None)
             if self.progress is not None:
                 self.progress(1)
         return self._fidelity[key]
+
+    def _record(self, key: tuple, f: Fidelity | None, demoted: int | None, digest: bytes | None) -> None:
+        """A candidate's measurement (`demoted`: the units it leaves unquantized; `digest`: its
+        model's, None when it could not be built): a trial, or, for a model measured already,
+        that model's fidelity and no trial."""
+        same = self._same.get((digest, key[1])) if digest is not None else None
+        if same is not None:
+            f = self._fidelity[same]
+        else:
+            self.count += 1
+            if digest is not None:
+                self._same[(digest, key[1])] = key
+        self._fidelity[key] = f
+        self._digests[key] = digest
+        if demoted is not None and not isinstance(key[0], Alone):  # alone, every other unit is float
+            self._demoted[key[0]] = demoted
 
     def fidelity_many(self, candidates: Sequence[Candidate], quick: bool = False) -> list[Fidelity | None]:
         """`fidelity` of independent candidates, on the executor's workers when there are
         several: each worker gets one contiguous chunk and sets up its own copy of the trials
         once (prepared model, probe, float outputs); results land in this cache in order, so
-        what follows does not depend on the number of workers."""
+        what follows does not depend on the number of workers (nor do the trials counted: a
+        model measured twice by workers counts once, with its first measurement)."""
         todo: list[Candidate] = []
         for c in candidates:
             if (_key(c), quick) not in self._fidelity and c not in todo:
@@ -170,10 +208,8 @@ class Trials:
             tasks = [(context, [c if isinstance(c, Alone) else tuple(sorted(c.items())) for c in chunk], quick,
                       self.executor.threads) for chunk in chunks]
             for chunk, results in zip(chunks, self.executor.map(_run_trials, tasks), strict=True):
-                for c, (f, demoted) in zip(chunk, results, strict=True):
-                    self._fidelity[(_key(c), quick)] = f
-                    self._demoted[_key(c)] = demoted
-            self.count += len(todo)
+                for c, (f, demoted, digest) in zip(chunk, results, strict=True):
+                    self._record((_key(c), quick), f, demoted, digest)
             if self.progress is not None:
                 self.progress(len(todo))
         return [self.fidelity(c, quick) for c in candidates]
@@ -309,7 +345,7 @@ class _Context:
 _WORKER_TRIALS: dict[str, Trials] = {}
 
 
-def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
+def _run_trials(task) -> list[tuple[Fidelity | None, int | None, bytes | None]]:
     """Worker side of `Trials.fidelity_many`: set up once per search, then measure a chunk."""
     from qcli.plan import make_plan
     from qcli.quantize import prepare_for
@@ -329,7 +365,9 @@ def _run_trials(task) -> list[tuple[Fidelity | None, int]]:
     results = []
     for item in chunk:
         candidate = item if isinstance(item, Alone) else dict(item)
-        results.append((trials.fidelity(candidate, quick), trials.demoted(candidate)))
+        key = (_key(candidate), quick)
+        f = trials.fidelity(candidate, quick)
+        results.append((f, trials._demoted.get(key[0]), trials._digests.get(key)))
     return results
 
 
