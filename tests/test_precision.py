@@ -188,6 +188,21 @@ def test_when_the_goal_needs_most_units_the_blocks_are_not_refined() -> None:
     assert found.met and len(found.choices) == 30 and trials.count <= 30
 
 
+def test_when_the_goal_needs_most_units_the_prune_stops_once_they_prove_dense() -> None:
+    """60 equally sensitive units of which 9 may stay int8 (blocks: the goal needs most): the
+    prefix promotes 51, every one of them needed. The prune finds one needed alone, then the
+    rest at once and the rest's least useful half needed too, and stops there, where going on
+    would spend a dozen trials on each of the other 50 (a hidden unit, the test above, leaves
+    that half free)."""
+    names = [f"u{i}" for i in range(60)]
+    us = units(*names)
+    trials = FakeTrials({n: 0.001 for n in names}, max_trials=100)  # one trial per unit does not fit
+    found = search(us, trials, Goal(max_drop=0.0095), float_costs(us))
+    assert found.met and len(found.choices) == 51 and found.stopped is None
+    prune = [s for s in found.steps if s.action == "back to int8"]
+    assert [len(s.changed) for s in prune] == [25, 12, 6, 3, 1, 50, 25] and not any(s.kept for s in prune)
+
+
 def test_what_the_search_can_afford_is_counted_not_timed() -> None:
     """Per unit or by blocks follows the trials left, whatever time the run has spent: a path
     that followed the clock would change the model with the machine's load."""

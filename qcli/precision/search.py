@@ -223,7 +223,11 @@ def _prune(s: SearchState, ranking: Promotions, chosen: Choices, order: list[str
     a chunk that cannot go back whole is split in two (both tried, in order), and once a unit
     alone cannot go back, all the units still to try are tried at once first. A ranking that
     missed a unit (its error hidden behind a worse one's: it ranks last, so the prefix takes
-    nearly everything along) then costs about 2 log2(n) trials per needed unit instead of n."""
+    nearly everything along) then costs about 2 log2(n) trials per needed unit instead of n.
+    When the goal needs most units (`s.missed`: the sensitivity found it so), the prune ends
+    once a unit alone could not go back, then the rest at once, then the rest's least useful
+    half: needed units are then dense among the rest, and it would spend a dozen trials on each
+    (README "Automatic mixed precision"); a unit the ranking missed leaves that half free."""
     pending = [n for n in order if n not in ranking.fixed and n in chosen]
     if cheaper is not None:
         pending = [n for n in pending if cheaper[n] != chosen[n]]
@@ -233,6 +237,9 @@ def _prune(s: SearchState, ranking: Promotions, chosen: Choices, order: list[str
         chunks = [pending[:half], pending[half:]]
     else:
         chunks = [[n] for n in pending]
+    needs_most = chunked and cheaper is None and s.missed is not None
+    rest: list[str] | None = None  # the units still to try after a needed unit, at once
+    rest_missed = False
     while chunks and not s.trials.exhausted():
         chunk = chunks.pop(0)
         trial = ({k: v for k, v in chosen.items() if k not in chunk} if cheaper is None
@@ -245,12 +252,16 @@ def _prune(s: SearchState, ranking: Promotions, chosen: Choices, order: list[str
             s.log(StepKind.CHEAPER, f"to {cheaper[chunk[0]]} (cheaper)", chunk, trial if ok else chosen, f, kept=ok,
                   quick=quick)
         if ok:
-            chosen = trial
+            chosen, rest_missed = trial, False
+        elif needs_most and rest_missed:  # the rest's least useful half is needed too
+            break
         elif len(chunk) > 1:
+            rest_missed = needs_most and chunk is rest
             half = len(chunk) // 2
             chunks[:0] = [chunk[:half], chunk[half:]]
         elif chunked and len(chunks) > 1:  # a needed unit found: the rest, at once first
-            chunks = [[n for c in chunks for n in c]]
+            rest = [n for c in chunks for n in c]
+            chunks = [rest]
     return chosen
 
 
