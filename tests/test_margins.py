@@ -53,3 +53,31 @@ def test_probabilities_are_compared_in_log_space_and_sequences_per_position() ->
     assert rate is not None and 0 < rate < 1
     assert acc.predicted(1) == pytest.approx((1 - rate) ** 2)
 
+
+
+def test_a_few_samples_changes_with_many_samples_margins_predict_as_all_of_them_would() -> None:
+    """A quick probe's 8 samples of 40 decisions each, against the check on all 32, changes
+    growing with the margins (as in log space: PaddleOCR's recognizer): paired with the 32
+    samples' margins (`MarginPool`, in strata) they give nearly the figure all 32 give, where
+    their own 320 margins (one stratum: large changes drawn with small margins) give a fraction
+    of it; with the pool holding exactly the measured margins, the figure is the plain one."""
+    from qcli.analyze.margins import MarginPool
+
+    rng = np.random.default_rng(2)
+    own, pooled, full = [], [], []
+    for _ in range(100):
+        m = rng.exponential(4.0, 32 * 40)
+        e = rng.normal(0.0, 0.02 + 0.15 * m)
+        everything = MarginAccumulator()
+        everything.add(m, e)
+        quick, with_pool = MarginAccumulator(), MarginAccumulator(MarginPool(m, 32))
+        quick.add(m[:320], e[:320])
+        with_pool.add(m[:320], e[:320])
+        own.append(quick.predicted(8))
+        pooled.append(with_pool.predicted(8))
+        full.append(everything.predicted(32))
+    assert np.abs(np.array(pooled) - np.array(full)).mean() < 0.05
+    assert np.mean(own) < 0.25 < 0.6 < np.mean(full)
+    same = MarginAccumulator(MarginPool(m, 32))
+    same.add(m, e)
+    assert same.predicted(32) == pytest.approx(everything.predicted(32), rel=1e-9)

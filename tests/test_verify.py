@@ -547,6 +547,10 @@ def test_the_quick_probe_takes_the_first_samples_across_batches() -> None:
     folded = Probe(model, batches, model_inputs(model), folds=[0, 0, 1])
     assert folded.ranking(16).samples == 6 and folded.ranking(16).folds == [0, 0]  # one fold's model a trial
     assert folded.ranking(4).samples == 4
+    # the float margins of all 9 samples' decisions go along (qcli.analyze.margins): the logits
+    # are class scores, one decision a sample; a candidate's 5 changes are judged against them
+    assert head.pools is not None and head.pools["logits"].samples == 9 and head.pools["logits"].margins.size == 9
+    assert head.measure(model).outputs[0].predicted_agreement == 1.0
 
 
 def test_a_probe_runs_batches_in_parallel_with_the_figures_of_one_at_a_time(monkeypatch) -> None:

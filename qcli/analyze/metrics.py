@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qcli.analyze.kinds import Kind, OutputKind, decide
-from qcli.analyze.margins import MarginAccumulator
+from qcli.analyze.margins import MarginAccumulator, MarginPool
 from qcli.analyze.sequences import SequenceAccumulator
 
 # Below this much noise power per unit of signal the two tensors are equal for any purpose;
@@ -247,6 +247,7 @@ class FidelityAccumulator:
     """
 
     kind: OutputKind | None = None
+    pool: MarginPool | None = None  # the float margins of more samples (qcli.analyze.margins)
 
     samples: int = 0
     agree: int = 0
@@ -279,7 +280,7 @@ class FidelityAccumulator:
             if self.kind.kind is Kind.SEQUENCE and self.floating:
                 self.sequence = SequenceAccumulator(self.kind.blank, self.kind.trim)
             if self.kind.kind in (Kind.TOP1, Kind.SEQUENCE) and self.floating:
-                self.margins = MarginAccumulator()
+                self.margins = MarginAccumulator(self.pool)
             if self.kind.kind is Kind.MASK and self.floating:
                 self.mask = MaskAccumulator(0.5 if self.kind.threshold is None else self.kind.threshold)
         x, y = _rows(reference, batch), _rows(value, batch)

@@ -38,6 +38,7 @@ import onnx
 
 from qcli.analyze.kinds import Kind, OutputKind, output_kinds
 from qcli.analyze.latency import Ratio, measure, paired, timed_inputs
+from qcli.analyze.margins import MarginPool
 from qcli.analyze.metrics import FidelityAccumulator, TopKAccumulator, as_array
 from qcli.analyze.plugin import CustomScore, load_metric
 from qcli.analyze.report import rounded_pair
@@ -187,6 +188,9 @@ class Probe:
     # k-fold verification: the fold of each batch (its samples are compared on that fold's
     # candidate, calibrated without them: `measure`); None: one candidate for every batch
     folds: list[int] | None = None
+    # given by `head`: per output, the float margins of every sample of the probe it heads, so
+    # that a few samples' changes are judged as all of them would be (qcli.analyze.margins)
+    pools: dict[str, MarginPool] | None = None
     reference: list[list[np.ndarray]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -221,7 +225,7 @@ class Probe:
             return candidate(k) if callable(candidate) else candidate
 
         assert self.kinds is not None  # set in __post_init__
-        accs = [FidelityAccumulator(self.kinds[n]) for n in self.names]
+        accs = [FidelityAccumulator(self.kinds[n], pool=(self.pools or {}).get(n)) for n in self.names]
         topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
         custom = self._metric.start() if self._metric else None
         k = next((j for j, n in enumerate(self.names) if self.kinds[n].kind is Kind.TOP1), None)
@@ -299,7 +303,21 @@ class Probe:
             taken += k
         folds = self.folds[:len(batches)] if self.folds is not None else None
         return Probe(self.float_model, batches, self.inputs, self.threads, f"{self.source} (first {taken})",
-                     session=self._float_session, verify=self.verify, kinds=self.kinds, folds=folds)
+                     session=self._float_session, verify=self.verify, kinds=self.kinds, folds=folds,
+                     pools=self.pools or self._margin_pools())
+
+    def _margin_pools(self) -> dict[str, MarginPool]:
+        """Per top-1 or sequence output, the float model's margins of every sample's decisions."""
+        assert self.kinds is not None  # set in __post_init__
+        pools = {}
+        for k, name in enumerate(self.names):
+            acc = FidelityAccumulator(self.kinds[name])
+            for batch, reference in zip(self.batches, self.reference, strict=True):
+                value = np.asarray(reference[k])
+                acc.update(value.copy(), value.copy(), batch.size)  # overwritten on the way
+            if acc.margins is not None:
+                pools[name] = MarginPool(acc.margins.margins, acc.samples)
+        return pools
 
     def feeds(self) -> dict[str, np.ndarray]:
         """One sample (batch 1 when the inputs allow it): what latency is timed on."""
