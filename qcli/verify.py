@@ -241,8 +241,9 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
     tried: list[Stored | None] = []  # the weight-only model, once tried
 
     def instead(choices: Choices) -> bool:
-        """Whether the weight-only model, tried as soon as a confirmed prefix is mostly float,
-        meets the goal: then no prune of that prefix would be written (README "Verification")."""
+        """Whether the weight-only model, tried as soon as a confirmed prefix is mostly float
+        (or everything promoted, when the goal needs most units), meets the goal: then no
+        prune of that prefix would be written (README "Verification")."""
         if tried or not mostly_float(trials, current := trials.build(choices)):
             return False
         tried.append(weight_only(trials, goal, current, None))

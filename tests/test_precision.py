@@ -188,6 +188,29 @@ def test_when_the_goal_needs_most_units_the_blocks_are_not_refined() -> None:
     assert found.met and len(found.choices) == 30 and trials.count <= 30
 
 
+def test_when_the_goal_needs_most_units_the_callers_better_model_is_asked_before_the_prefix() -> None:
+    """The rescue's `instead` (its weight-only model) is asked about everything promoted as
+    soon as the blocks show that the goal needs most units, before the prefix search: the
+    prefix would be mostly float anyway. Taken, the search ends there; refused, the search
+    goes on as before, asking again at the confirmed prefix (the rescue's `instead` tries its
+    model once and refuses after)."""
+    names = [f"u{i}" for i in range(40)]
+    us = units(*names)
+    asked: list[int] = []
+
+    def instead(choices: dict) -> bool:
+        asked.append(len(choices))
+        return True
+
+    found = search(us, FakeTrials({n: 0.001 for n in names}, max_trials=30), Goal(max_drop=0.01), float_costs(us),
+                   instead=instead)
+    assert asked == [40] and len(found.choices) == 40
+    assert not any(s.action.startswith("promote top") for s in found.steps)
+    refused = search(us, FakeTrials({n: 0.001 for n in names}, max_trials=30), Goal(max_drop=0.01),
+                     float_costs(us), instead=lambda choices: asked.append(len(choices)) or False)
+    assert asked == [40, 40, 30] and refused.met and len(refused.choices) == 30
+
+
 def test_when_the_goal_needs_most_units_the_prune_stops_once_they_prove_dense() -> None:
     """60 equally sensitive units of which 9 may stay int8 (blocks: the goal needs most): the
     prefix promotes 51, every one of them needed. The prune finds one needed alone, then the

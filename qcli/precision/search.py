@@ -124,11 +124,18 @@ def _accuracy(s: SearchState, here: Point, promote: Promotions, cheaper: dict[st
     every one the goal does not need. When units were measured in their dynamic form too, the
     ranking first promotes each to dynamic where that removes most of its error (float is the
     last resort), and only if that misses the goal to float throughout. `balanced` aims at half
-    the budget first; out of reach, the best measured candidate (everything promoted)."""
+    the budget first; out of reach, the best measured candidate (everything promoted). When
+    the ranking found that the goal needs most units (`s.missed`), the prefix will be mostly
+    float: the caller's better model (`s.instead`, asked about everything promoted) is taken
+    before the prefix search when it has one."""
     ranked, smaller = rank(s, promote, cheaper)
     ranking = replace(promote, ranked=ranked)
     if s.goal.criterion == "accuracy":
         return _most_within_speed(s, ranking, here)
+    if s.missed is not None and s.instead is not None:  # the goal needs most units: see `_settle`
+        everything = ranking.prefix(len(ranked))
+        if s.instead(everything):
+            return Point(everything, s.trials.fidelity(everything), here.ratio)
     scales = [0.5, 1.0] if s.goal.criterion == "balanced" and s.goal.max_drop is not None else [1.0]
     rankings = [replace(ranking, to={**promote.to, **smaller}), ranking] if smaller else [ranking]
     for candidate in rankings:
