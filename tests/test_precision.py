@@ -290,6 +290,23 @@ def test_the_accuracy_search_promotes_to_float_then_tries_the_cheaper_promotion(
     assert not found.met and found.choices["b"] == "int16"
 
 
+def test_when_every_weight_goes_dynamic_the_units_without_one_go_float_with_them() -> None:
+    """A transformer's shape: every weighted unit has a dynamic form; `r` (a residual Add) has
+    no weight. The rescue's first candidate makes the weights dynamic and `r` float: its static
+    Q/DQ pairs would feed no int8 kernel. With a weighted unit left static (`c`, a Conv), the
+    rest stays as configured."""
+    errors = {"a": 0.004, "b": 0.03, "r": 0.002}
+    us = [replace(u, dynamic=u.node != "r", weighted=u.node != "r") for u in units(*errors)]
+    costs = {n: ("float", 5.0) for n in errors}
+    goal, candidates = Goal(max_drop=0.01, max_latency_ratio=1.0), ["dynamic", "float"]
+    found = search(us, DynamicTrials(errors, hard=set()), goal, costs, candidates=candidates, dynamic_first=True)
+    assert found.met and found.choices == {"a": "dynamic", "b": "dynamic", "r": "float"}
+    conv = [*us, replace(units("c")[0], index=3, weighted=True)]
+    found = search(conv, DynamicTrials(errors | {"c": 0.001}, hard=set()), goal, costs | {"c": ("float", 5.0)},
+                   candidates=candidates, dynamic_first=True)
+    assert found.met and found.choices == {"a": "dynamic", "b": "dynamic"}
+
+
 class DynamicTrials(FakeTrials):
     """FakeTrials where dynamic int8 leaves a tenth of a unit's error, except for the units in
     `hard` (their error is not in the activation ranges: dynamic keeps all of it)."""
@@ -325,10 +342,11 @@ def test_dynamic_is_tried_before_float_and_float_is_the_last_resort() -> None:
 
 def test_the_rescue_tries_every_dynamic_form_first_and_stops_there_when_it_meets_the_goal() -> None:
     """`dynamic_first` (verification's rescue): all int8 misses, every unit with a dynamic form
-    dynamic meets the goal: that is the result, in one more trial, nothing float. When it misses
-    (`a`'s error stays), the search goes on as without it and float takes what dynamic cannot."""
+    dynamic meets the goal: that is the result, in one more trial, no weight float (`c`, a
+    weighted unit without a dynamic form, stays int8). When it misses (`a`'s error stays), the
+    search goes on as without it and float takes what dynamic cannot."""
     errors = {"a": 0.004, "b": 0.03, "c": 0.002}
-    us = [replace(u, dynamic=u.node != "c") for u in units(*errors)]
+    us = [replace(u, dynamic=u.node != "c", weighted=True) for u in units(*errors)]
     costs = {n: ("float", 5.0) for n in errors}
     goal, candidates = Goal(max_drop=0.01, max_latency_ratio=1.0), ["dynamic", "float"]
     trials = DynamicTrials(errors, hard=set())
