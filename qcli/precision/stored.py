@@ -106,13 +106,12 @@ PARTIAL_TRIALS = 16  # the partial search's trials after one per weighted unit
 
 
 def _own_trials(trials: Trials, stored: Config) -> Trials:
-    """`trials` for the weight-only config `stored`: their own caches and budget (one trial per
-    weighted unit, then PARTIAL_TRIALS), no folds (float activations need no ranges: one model
-    serves every fold)."""
+    """`trials` for the weight-only config `stored`: their own caches (empty after `replace`)
+    and budget (one trial per weighted unit, then PARTIAL_TRIALS), no folds (float activations
+    need no ranges: one model serves every fold)."""
     weighted = sum(u.weighted for u in trials.units)
     return replace(trials, config=stored, table=replace(trials.table, folds=[]), count=0,
-                   max_trials=2 + weighted + PARTIAL_TRIALS, stopped=None, _fidelity={}, _latency={}, _demoted={},
-                   _same={}, _digests={}, _shared=None, _built={})
+                   max_trials=2 + weighted + PARTIAL_TRIALS, stopped=None)
 
 
 POOL_SHARE = 0.95  # the partial search weighs the largest units that hold this share of the bytes

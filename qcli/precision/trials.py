@@ -88,13 +88,14 @@ class Trials:
     quick_probe: Probe | None = None  # a few of the probe's samples, for ranking
     executor: Any = None  # qcli.executor: independent trials run on its workers
     force: bool = False  # prepare's --force, for workers that prepare the model again
-    _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict)
-    _latency: dict[frozenset, Ratio] = field(default_factory=dict)
-    _demoted: dict[Alone | frozenset, int] = field(default_factory=dict)
-    _shared: _Context | None = None  # what workers set up from
-    _built: dict[Alone | frozenset, QuantizeResult] = field(default_factory=dict)  # recent candidates, by choices
-    _same: dict[tuple[bytes, bool], tuple] = field(default_factory=dict)  # (model digest, quick) -> fidelity key
-    _digests: dict[tuple, bytes | None] = field(default_factory=dict)  # fidelity key -> its model's digest
+    # The caches: not init fields, so `dataclasses.replace` (another config's trials) starts empty
+    _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict, init=False)
+    _latency: dict[frozenset, Ratio] = field(default_factory=dict, init=False)
+    _demoted: dict[Alone | frozenset, int] = field(default_factory=dict, init=False)
+    _shared: _Context | None = field(default=None, init=False)  # what workers set up from
+    _built: dict[Alone | frozenset, QuantizeResult] = field(default_factory=dict, init=False)  # recent, by choices
+    _same: dict[tuple[bytes, bool], tuple] = field(default_factory=dict, init=False)  # (digest, quick) -> key
+    _digests: dict[tuple, bytes | None] = field(default_factory=dict, init=False)  # fidelity key -> model digest
 
     def __post_init__(self) -> None:
         self.started = time.monotonic()
