@@ -134,7 +134,8 @@ class MarginAccumulator:
         if not self._margins:
             return None
         margins, changes = self.margins, self.changes
-        if self.pool is not None and self.pool.margins.size and margins.size:
+        if self._pooled and margins.size:
+            assert self.pool is not None  # _pooled
             return self.pool.flip_rate(margins, changes)
         order = np.argsort(margins, kind="stable")
         strata = np.array_split(order, max(1, min(STRATA, margins.size // STRATUM)))
@@ -147,9 +148,15 @@ class MarginAccumulator:
         rate = self.flip_rate
         if rate is None or samples <= 0:
             return None
-        if self.pool is not None and self.pool.margins.size and self._margins:
+        if self._pooled:
+            assert self.pool is not None  # _pooled
             return (1.0 - rate) ** (self.pool.margins.size / self.pool.samples)
         return (1.0 - rate) ** (self.decisions / samples)
+
+    @property
+    def _pooled(self) -> bool:
+        """Whether the flip rate comes from the pool's margins (module docstring)."""
+        return self.pool is not None and self.pool.margins.size > 0 and self.decisions > 0
 
 
 class MarginPool:
