@@ -25,7 +25,7 @@ from qcli.yamlfile import read_yaml
 
 Method = Literal["minmax", "percentile", "kl", "mse"]
 ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float8e4m3fn", "float8e5m2", "float"]  # float: w-only
-WeightDtype = Literal["int8", "uint8", "int4", "uint4", "float8e4m3fn", "float8e5m2"]
+WeightDtype = Literal["int8", "uint8", "int16", "int4", "uint4", "float8e4m3fn", "float8e5m2"]  # int16: w-only
 FLOAT8 = ("float8e4m3fn", "float8e5m2")  # FP8: symmetric only (zero point 0), opset 19
 GranularityName = Literal["per_tensor", "per_channel", "per_block"]  # the core types it: scheme.granularity_of
 Criterion = Literal["performance", "balanced", "accuracy", "custom"]
@@ -92,7 +92,7 @@ class Weights(Section):
 
     @model_validator(mode="after")
     def _float8_is_symmetric(self) -> Weights:
-        if self.dtype in FLOAT8 and self.granularity == "per_block":
+        if self.dtype in (*FLOAT8, "int16") and self.granularity == "per_block":
             raise ValueError(f"{self.dtype} weights are per channel or per tensor, not per block")
         check_float8(self.dtype, self.symmetric)
         return self

@@ -33,6 +33,7 @@ from qcli.half import BFLOAT16_OPSET, HalfResult, to_half
 from qcli.model import fingerprint, opset_version
 from qcli.phases import phase
 from qcli.plan import DynamicNode, Plan, assign_ranges, make_plan
+from qcli.plan.context import node_names
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
 from qcli.recovery import bias, check_table, graph_steps
@@ -318,16 +319,18 @@ def summary(result: QuantizeResult) -> dict:
     precisions the quantized nodes run in (from the model written), and the activation dtypes
     and weight schemes the plan chose (overrides and fallbacks included, not the config's)."""
     plan = result.plan
-    quantized = Counter(d.op_type for d in plan.nodes if d.quantized and not d.reason)
+    labels = precision_labels(result)
+    bare = _without_integers(result, labels)
+    quantized = Counter(d.op_type for d in plan.nodes if d.quantized and not d.reason and d.name not in bare)
     folded = Counter(d.op_type for d in plan.nodes if d.quantized and d.reason)
     half = result.half
     converted = set(half.converted) if half else set()
-    floats: Counter[tuple[str, str]] = Counter((d.op_type, _float_reason(d.name, d.reason, half))
-                                               for d in plan.nodes if not d.quantized and d.name not in converted)
-    labels = {**node_precisions(result.model), **dynamic_precisions(plan)}
+    floats: Counter[tuple[str, str]] = Counter(
+        (d.op_type, bare.get(d.name) or _float_reason(d.name, d.reason, half))
+        for d in plan.nodes if (not d.quantized or d.name in bare) and d.name not in converted)
     precisions: dict[str, Counter[str]] = {}
     for d in plan.nodes:
-        if d.quantized and not d.reason:
+        if d.quantized and not d.reason and d.name not in bare:
             precisions.setdefault(d.op_type, Counter())[labels.get(d.name, "int8")] += 1
     by_group = {t: g.scheme.dtype.name for g in plan.groups for t in g.tensors if t != g.constant}
     activations = Counter(by_group.values())
@@ -385,10 +388,36 @@ def _scheme_text(scheme: QuantScheme) -> str:
                                 " per_channel" if isinstance(g, PerChannel) else " per_tensor")
 
 
+def _without_integers(result: QuantizeResult, labels: dict[str, str]) -> dict[str, str]:
+    """The plan's quantized nodes that read and write only float in the model written (under
+    float activations, the nodes without a weight of their own), and why."""
+    planned, plan = result.planned or result.model, result.plan
+    grouped = {t for g in plan.groups for t in g.tensors}
+    nodes = planned.graph.node
+    return {d.name: "weight-only: no weight of its own" for d in plan.nodes
+            if d.quantized and not d.reason and d.name not in labels and d.index < len(nodes)
+            and not any(t in grouped for t in (*nodes[d.index].input, *nodes[d.index].output))}
+
+
+def precision_labels(result: QuantizeResult) -> dict[str, str]:
+    """Display name (the plan's) -> what the node runs in, for the nodes `node_precisions` and
+    `dynamic_precisions` label; an unnamed node is found by its first output (or, when a
+    Relu/Clip folded into it, by the output it took over)."""
+    labels = node_precisions(result.model)
+    planned = result.planned or result.model
+    nodes = planned.graph.node
+    keys = {name: [n.name or n.output[0]] for name, n in zip(node_names(planned), nodes, strict=True)}
+    for d in result.plan.nodes:
+        if d.folded_into in keys:
+            keys[d.folded_into].append(nodes[d.index].output[0])
+    found = {name: labels[k] for name, ks in keys.items() for k in ks[::-1] if k in labels}
+    return {**found, **dynamic_precisions(result.plan)}
+
+
 def node_precisions(model: onnx.ModelProto) -> dict[str, str]:
-    """Node name -> the integer types it reads ("uint8 act, int8 weights"; "float act, int4
-    weights" for weight-only), from the DequantizeLinear nodes feeding it in the model written
-    (and the Cast, Mul of an 8-bit weight-only weight)."""
+    """Node name (an unnamed node's first output) -> the integer types it reads ("uint8 act,
+    int8 weights"; "float act, int4 weights" for weight-only), from the DequantizeLinear nodes
+    feeding it in the model written (and the Cast, Mul of a weight-only weight)."""
     graph = model.graph
     types = {t.name: t.data_type for t in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
@@ -408,6 +437,6 @@ def node_precisions(model: onnx.ModelProto) -> dict[str, str]:
             if dtype != "int32":  # a bias: its type follows the others
                 (weights if dq.input[0] in types else acts).add(dtype)
         if acts or weights:
-            out[node.name] = f"{'/'.join(sorted(acts)) or 'float'} act" + (
+            out[node.name or node.output[0]] = f"{'/'.join(sorted(acts)) or 'float'} act" + (
                 f", {'/'.join(sorted(weights))} weights" if weights else "")
     return out

@@ -141,6 +141,17 @@ RULES: dict[str, OpRule] = {
     "Tanh": OpRule("compute", default_float=True, reason="no int8 kernel"),
 }
 
+#: Ops without an int8 kernel whose constant weights a weight-only config (activations float)
+#: still stores as integers: written as Cast, Mul, which onnxruntime folds at load, so the node
+#: computes in float as before from a smaller file (qcli/weightonly.py). The recurrent cells' W
+#: and R, per channel along their gates x hidden rows (axis 1 of [directions, rows, inputs]); the
+#: bias stays float. Only under float activations (`weight_only_rule`): a static 8-bit config
+#: quantizes an LSTM dynamically (DYNAMIC_ONLY) and keeps a GRU float.
+WEIGHT_ONLY: dict[str, OpRule] = {
+    op: OpRule("compute", activations=(), weights=(1, 2), channel_axis=1, anchor=True, constant_weight=True)
+    for op in ("LSTM", "GRU", "RNN")
+}
+
 #: Mul of a tensor by itself: x**2 as JAX/TensorFlow exports spell it (the E[x**2] of a
 #: LayerNorm that computes the variance as E[x**2] - E[x]**2, where 8 bits on the square cancel
 #: away the variance; GELU's x**3). Pow's rule, not Mul's. Measured on magika's jax2tf model:
@@ -245,6 +256,12 @@ def rule_for(node: onnx.NodeProto) -> OpRule | None:
     if node.op_type == "Mul" and len(node.input) == 2 and node.input[1].endswith(SMOOTHING_SUFFIX):
         return SMOOTHING
     return RULES.get(node.op_type)
+
+
+def weight_only_rule(node: onnx.NodeProto) -> OpRule | None:
+    """The rule of a node under float activations (weight-only): its own, else `WEIGHT_ONLY`'s."""
+    rule = rule_for(node)
+    return rule if rule is not None or node.domain not in ("", "ai.onnx") else WEIGHT_ONLY.get(node.op_type)
 
 
 def is_kind(node: onnx.NodeProto, kind: Kind) -> bool:

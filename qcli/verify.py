@@ -353,7 +353,7 @@ def _no_promotion(config: Config, candidates: Sequence[str]) -> str:
     elif not {"int16", "uint16"} & set(candidates):
         why = "no node here has a dynamic form (MatMul, Gemm or LSTM with a constant weight, quantized statically)"
     elif config.activations.dtype == "float":
-        why = "int16 widens quantized activations, and this config keeps activations float"
+        why = "under float activations int16 widens weights, and no unit here has one of its own"
     else:
         why = "int16 needs activations this calibration did not measure"
     return (f"no unit can be promoted with auto_precision.candidates [{', '.join(candidates)}]: {why}; the model "

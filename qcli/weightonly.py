@@ -1,9 +1,11 @@
-"""Weight-only 8-bit weights as Cast(integers) [- zero point] * scale, written and read back.
+"""Weight-only 8- and 16-bit weights as Cast(integers) [- zero point] * scale, written and read back.
 
 onnxruntime folds these constants at load, so a weight-only node computes in float at float's
 speed from a file about 4x smaller; a DequantizeLinear before a float Conv runs on every
 inference instead (magika: 0.67x float's speed), and one before a MatMul becomes MatMulNBits,
-which quantizes its input at run time. The values are DequantizeLinear's: (q - zero) * scale in
+which quantizes its input at run time. 16-bit weights (`weights.dtype: int16`, the rescue's
+step between int8 and float weights, qcli/precision/stored.py) halve a float weight's bytes
+with rounding about 256x finer than int8's. The values are DequantizeLinear's: (q - zero) * scale in
 float32. qcli/qdq.py writes the form (`folded_weight`) where `weight_only` holds;
 `folded_integers` finds it again in a written model (qcli.quantize.node_precisions).
 """
@@ -19,13 +21,16 @@ from onnx import helper, numpy_helper
 from qcli.plan import WeightPlan
 from qcli.scheme import PerBlock
 
+#: the integer types written as Cast, Mul
+INTEGERS = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16)
+
 
 def weight_only(wp: WeightPlan, readers: Collection[int], graph: onnx.GraphProto, dynamic: Collection[int],
                 quantized: Collection[str]) -> bool:
-    """Whether only nodes computing in float read the 8-bit integer weight `wp`: its quantized
+    """Whether only nodes computing in float read the 8- or 16-bit integer weight `wp`: its quantized
     `readers` (node indices) have no input among the `quantized` activations and none is
     `dynamic`; per tensor or channel (per-block weights keep DequantizeLinear: MatMulNBits)."""
-    if wp.scheme.dtype.bits != 8 or wp.scheme.dtype.is_float or isinstance(wp.scheme.granularity, PerBlock):
+    if wp.scheme.dtype.bits not in (8, 16) or wp.scheme.dtype.is_float or isinstance(wp.scheme.granularity, PerBlock):
         return False
     return bool(readers) and not any(
         i in dynamic or any(t in quantized for t in graph.node[i].input if t != wp.name) for i in readers)
@@ -56,7 +61,7 @@ def folded_weight(wp: WeightPlan, q: np.ndarray, scale: np.ndarray, zero: np.nda
 
 def folded_integers(node: onnx.NodeProto | None, producers: Mapping[str, onnx.NodeProto],
                     types: Mapping[str, int]) -> str | None:
-    """The 8-bit integer initializer a Mul(Cast(q) [- zero], scale) dequantizes, else None."""
+    """The 8- or 16-bit integer initializer a Mul(Cast(q) [- zero], scale) dequantizes, else None."""
     if node is None or node.op_type != "Mul":
         return None
     source = producers.get(node.input[0])
@@ -64,4 +69,4 @@ def folded_integers(node: onnx.NodeProto | None, producers: Mapping[str, onnx.No
         source = producers.get(source.input[0])
     if source is None or source.op_type != "Cast" or source.input[0] not in types:
         return None
-    return source.input[0] if types[source.input[0]] in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8) else None
+    return source.input[0] if types[source.input[0]] in INTEGERS else None

@@ -106,16 +106,16 @@ def test_default_quantize_rescues_a_layer_with_extreme_outliers(cli, sensitive, 
         r"where per-node overhead decides the ratio", v["notes"][0])
     p = doc["precision"]
     # Layer a alone float keeps 0.987 of 20,000 unseen samples (its 20 held back all agree; their
-    # margins predict the flips): the rescue goes on to b, which takes a along (a's output then
-    # feeds float nodes only), and keeps 0.992. The last layer stays int8.
-    assert list(p["promoted"]) == ["/b/MatMul"]
-    assert p["promoted"]["/b/MatMul"]["precision"] == "float"
-    assert p["promoted"]["/b/MatMul"]["reason"].startswith("sensitive: promoting it alone cuts output noise by ")
-    assert p["file"] == str(tmp_path / "q.precision.yaml")
-    assert doc["quantized"] == {"MatMul": 1}
-    float_rows = [r for r in doc["float"] if r["op_type"] == "MatMul"]
-    assert float_rows == [{"op_type": "MatMul", "reason": "its output only feeds nodes kept float", "count": 1},
-                          {"op_type": "MatMul", "reason": "sensitive to 8 bits (precision search)", "count": 1}]
+    # margins predict the flips): the rescue goes on to b, and a and b float keep 0.992. That
+    # model is mostly float, so the weight-only step is asked (qcli/precision/stored.py): int8
+    # weights misses (c's outliers), 16-bit weights throughout hold, and are written instead.
+    assert p["steps"][-1]["action"] == "confirm top 2 on all samples"
+    assert p["steps"][-1]["promoted"] == 2 and p["steps"][-1]["kept"]
+    assert p["steps"][-2]["changed"] == ["/a/MatMul", "/b/MatMul"]
+    assert p["file"] == str(tmp_path / "q.precision.yaml") and p["promoted"] == {}
+    assert any(n.startswith("weight-only: ") and "the model with int16 weights and float activations" in n
+               for n in doc["notes"])
+    assert doc["precisions"] == {"MatMul": {"float act, int16 weights": 3}}
     unseen = mlp_data(tmp_path / "unseen", 20000, True, seed=7)
     report = cli.json("analyze", model, out, "--data", unseen, "--runs", "0", "--samples", "20000")
     assert report["fidelity"][0]["top1_agreement"] >= 0.99
@@ -181,9 +181,11 @@ def test_the_precision_file_reproduces_the_model_without_searching(cli, sensitiv
     first = tmp_path / "q.onnx"
     cli.json("quantize", model, "-o", first, "--data", data)
     precision = tmp_path / "q.precision.yaml"
-    assert yaml.safe_load(precision.read_text())["overrides"] == [{"match": {"nodes": ["/b/MatMul"], "op_types": [], "tensors": []},
-                                                                   "precision": "float", "activations": None,
-                                                                   "weights": None, "calibration": None, "range": None}]
+    written = yaml.safe_load(precision.read_text())  # the weight-only model: 16-bit weights throughout
+    assert written["activations"]["dtype"] == "float" and written["overrides"] == [
+        {"match": {"nodes": ["/a/MatMul", "/b/MatMul", "/c/MatMul"], "op_types": [], "tensors": []},
+         "precision": None, "activations": None, "calibration": None, "range": None,
+         "weights": {"dtype": "int16", "symmetric": True, "granularity": "per_channel", "block_size": 32}}]
     again = tmp_path / "again.onnx"
     doc = cli.json("quantize", model, "-o", again, "--data", data, "--config", precision)
     assert doc["precision"] is None and doc["verification"]["passed"]

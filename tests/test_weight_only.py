@@ -68,6 +68,68 @@ def test_weight_only_weights_fold_to_float_at_load(cli, tmp_path: Path) -> None:
     np.testing.assert_allclose(_run(out, x), _run(float_model, x), rtol=1e-6, atol=1e-6)
 
 
+def test_16_bit_weights_fold_too_with_rounding_256x_finer(cli, tmp_path: Path) -> None:
+    """`weights.dtype: int16` under float activations: int16 initializers, Cast and Mul folded at
+    load (half the float bytes), the values DequantizeLinear's, their error ~1/256 of int8's."""
+    out = _quantize(cli, tmp_path, "{dtype: int16}")
+    written = onnx.load(str(out))
+    types = {t.name: t.data_type for t in written.graph.initializer}
+    assert types["w_quantized"] == types["m_quantized"] == onnx.TensorProto.INT16 and "w" not in types
+    assert not {"Cast", "DequantizeLinear", "Mul"} & set(fused_op_counts(out, tmp_path))
+    w = numpy_helper.to_array(next(t for t in onnx.load(str(_model(tmp_path))).graph.initializer if t.name == "w"))
+    step = np.abs(w).reshape(8, -1).max(axis=1) / 32767  # per output channel
+    error = np.abs(_dequantized(written, "w") - w).reshape(8, -1).max(axis=1)
+    assert np.all(error <= step / 2 * (1 + 1e-3))
+    int8 = _quantize(cli, tmp_path / "8", "{dtype: int8}") if (tmp_path / "8").mkdir() is None else None
+    assert int8 is not None
+    error8 = np.abs(_dequantized(onnx.load(str(int8)), "w") - w).max()
+    assert error.max() < error8 / 100
+
+
+def test_16_bit_weights_beside_quantized_activations_are_dequantized(cli, tmp_path: Path) -> None:
+    """No int8 kernel takes 16-bit weights: with uint8 activations the Conv reads its weight
+    through a DequantizeLinear (com.microsoft's below opset 21) and computes in float."""
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\nverify: {enabled: false}\nweights: {dtype: int16}\n")
+    out = tmp_path / "q.onnx"
+    data = normal_folder(tmp_path / "calib", 4, x=(1, 4, 8, 8))
+    doc = cli.json("quantize", _model(tmp_path), "-o", out, "--data", data, "--config", config)
+    assert doc["precisions"]["Conv"] == {"uint8 act, int16 weights": 1}
+    x = np.random.default_rng(0).normal(size=(2, 4, 8, 8)).astype(np.float32)
+    assert np.abs(_run(out, x) - _run(_model(tmp_path), x)).max() < 0.05
+
+
+LSTM = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[T, 1, 6] x) => (float[T, 1, 1, 5] y) <float[1, 20, 6] w = {W}, float[1, 20, 5] r = {R}> {
+    y = LSTM <hidden_size = 5> (x, w, r)
+}
+"""
+
+
+def test_recurrent_weights_are_stored_weight_only(cli, tmp_path: Path) -> None:
+    """An LSTM has no int8 kernel; under float activations its W and R are stored as integers
+    all the same, per channel along their 4 x hidden rows, and fold at load: the LSTM computes
+    exactly what onnxruntime computes with the dequantized weights."""
+    model = save(parse_model(LSTM.replace("{W}", _values(120, 1)).replace("{R}", _values(100, 2))), tmp_path / "m.onnx")
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\nverify: {enabled: false}\nactivations: {dtype: float}\nweights: {dtype: int16}\n")
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", normal_folder(tmp_path / "calib", 4, x=(3, 1, 6)),
+                   "--config", config)
+    assert doc["precisions"] == {"LSTM": {"float act, int16 weights": 1}}
+    written = onnx.load(str(out))
+    scales = {t.name: list(t.dims) for t in written.graph.initializer if t.name.endswith("_scale")}
+    assert scales == {"w_scale": [1, 20, 1], "r_scale": [1, 20, 1]}
+    assert not {"Cast", "Mul"} & set(fused_op_counts(out, tmp_path))
+    reference = onnx.load(str(model))
+    for t in reference.graph.initializer:
+        t.CopyFrom(numpy_helper.from_array(_dequantized(written, t.name), t.name))
+    x = np.random.default_rng(0).normal(size=(7, 1, 6)).astype(np.float32)
+    np.testing.assert_array_equal(_run(out, x), _run(reference, x))
+    np.testing.assert_allclose(_run(out, x), _run(model, x), atol=1e-4)
+
+
 def test_asymmetric_weights_subtract_their_zero_point(cli, tmp_path: Path) -> None:
     out = _quantize(cli, tmp_path, "{dtype: uint8, symmetric: false, granularity: per_tensor}")
     ops = op_counts(out)
@@ -135,34 +197,57 @@ net (float[N, 16] x) => (float[N, 4] y) <float[16, 64] w1 = {W1}, float[64, 16] 
 """
 
 
-def test_the_rescue_keeps_float_the_weights_int8_cannot_hold(cli, tmp_path: Path) -> None:
-    """As above, and w2 holds a weight 1000x the others on a hidden unit that is always 0: its
-    int8 grid rounds the rest of w2 to zero, so the whole model weight-only misses too. w2 keeps
-    float weights and w1 int8 ones (qcli/precision/stored.py, the partial search; w3, 3% of the
-    bytes, is not weighed and stays float), and that model keeps the decisions of samples
-    nothing read, reproducibly."""
+def _deep_mlp(tmp_path: Path, outlier: float) -> Path:
+    """DEEP_MLP whose w2 holds `outlier` on a hidden unit that is always 0 (w1's column 0 is
+    0): float never counts it, and a grid that holds it rounds the rest of w2 to zero."""
     rng = np.random.default_rng(0)
     w1 = rng.normal(0, 0.5, (16, 64))
     w1[0] = 0.0  # the loud channel does not move the output
     w1[:, 0] = 0.0  # hidden unit 0 is always 0...
     w2 = rng.normal(0, 0.5, (64, 16))
-    w2[0] = 500.0  # ...so its huge weights never count in float
+    w2[0] = outlier  # ...so its huge weights never count in float
     text = DEEP_MLP
     for name, values in (("{W1}", w1), ("{W2}", w2), ("{W3}", rng.normal(0, 0.5, (16, 4)))):
         text = text.replace(name, "{" + ", ".join(f"{v:.5f}" for v in values.ravel()) + "}")
-    model = save(parse_model(text), tmp_path / "mlp.onnx")
+    return save(parse_model(text), tmp_path / "mlp.onnx")
+
+
+def test_the_rescue_widens_to_16_bits_the_weights_int8_cannot_hold(cli, tmp_path: Path) -> None:
+    """As above, and w2 holds a weight 100x the others: its int8 grid rounds the rest of w2 to
+    zero, so the whole model weight-only misses too. w2 keeps 16-bit weights (a step of 0.0015
+    where its others spread 0.5) and w1 int8 ones (qcli/precision/stored.py, the partial
+    search; w3, 3% of the bytes, is not weighed and is 16-bit too), and that model keeps the
+    decisions of samples nothing read, reproducibly."""
+    model = _deep_mlp(tmp_path, 50.0)
     folder = _loud_folder(tmp_path / "calib")
     out = tmp_path / "q.onnx"
     doc = cli.json("quantize", model, "-o", out, "--data", folder)
     note = next(n for n in doc["notes"] if n.startswith("weight-only: "))
-    assert "(2 units with float weights)" in note and doc["verification"]["passed"]
-    inits = {t.name: t for t in onnx.load(out).graph.initializer}
-    assert {"w1_quantized", "w2", "w3"} <= inits.keys() and "w2_quantized" not in inits
+    assert "the model with int8 weights (2 units with int16 weights) and float activations" in note
+    assert doc["verification"]["passed"]
+    types = {t.name: t.data_type for t in onnx.load(out).graph.initializer}
+    assert types["w1_quantized"] == onnx.TensorProto.INT8 and "w2" not in types
+    assert types["w2_quantized"] == types["w3_quantized"] == onnx.TensorProto.INT16
+    assert doc["precisions"]["MatMul"] == {"float act, int16 weights": 2, "float act, int8 weights": 1}
     float_top, kept_top = (_run(m, _loud(7, 4000)).argmax(axis=1) for m in (model, out))
     assert (float_top == kept_top).mean() >= 0.99
     again = tmp_path / "again.onnx"
     assert cli("quantize", model, "-o", again, "--data", folder, "--config", tmp_path / "q.precision.yaml").exit_code == 0
     assert again.read_bytes() == out.read_bytes()
+
+
+def test_the_rescue_keeps_float_the_weights_16_bits_cannot_hold(cli, tmp_path: Path) -> None:
+    """w2's weight 2e6 times the others: a 16-bit grid (a step of 61) rounds the rest of w2 to
+    zero too, so the weights that are not int8 stay float."""
+    model = _deep_mlp(tmp_path, 1e6)
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", _loud_folder(tmp_path / "calib"))
+    note = next(n for n in doc["notes"] if n.startswith("weight-only: "))
+    assert "the model with int8 weights (2 units with float weights) and float activations" in note
+    inits = {t.name: t for t in onnx.load(out).graph.initializer}
+    assert {"w1_quantized", "w2", "w3"} <= inits.keys() and "w2_quantized" not in inits
+    float_top, kept_top = (_run(m, _loud(7, 4000)).argmax(axis=1) for m in (model, out))
+    assert (float_top == kept_top).mean() >= 0.99
 
 
 class _Verdicts:

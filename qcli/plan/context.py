@@ -14,7 +14,7 @@ from qcli.errors import InternalError
 from qcli.graph import GraphIndex
 from qcli.info import iter_graphs, node_subgraphs
 from qcli.plan.match import Selections
-from qcli.rules import Kind, OpRule, activation_inputs, rule_for
+from qcli.rules import Kind, OpRule, activation_inputs, rule_for, weight_only_rule
 
 
 def node_names(model: onnx.ModelProto) -> list[str]:
@@ -37,7 +37,8 @@ class Context:
     def of(cls, model: onnx.ModelProto, config: Config, index: GraphIndex | None = None) -> Context:
         index = index if index is not None else GraphIndex.of(model)
         names = node_names(model)
-        rules = [rule_for(node) for node in model.graph.node]
+        ruling = weight_only_rule if config.activations.dtype == "float" else rule_for
+        rules = [ruling(node) for node in model.graph.node]
         return cls(index, names, rules, config, Selections.of(config, names, index), float_readers(model.graph))
 
     def node(self, i: int) -> onnx.NodeProto:

@@ -11,7 +11,7 @@ from qcli.config import NO_QDQ, Activations, Weights
 from qcli.plan.context import Context
 from qcli.plan.result import BiasPlan, WeightPlan
 from qcli.plan.tensors import operands
-from qcli.rules import bias_scale_factor, block_axis, channel_repeats, rule_for, weight_axis
+from qcli.rules import OpRule, bias_scale_factor, block_axis, channel_repeats, rule_for, weight_axis
 from qcli.scheme import PerBlock, PerChannel, PerTensor, QuantScheme, quant_dtype
 
 
@@ -25,11 +25,13 @@ def weight_scheme(w: Weights) -> QuantScheme:
     return QuantScheme.of(w.dtype, w.granularity, w.symmetric, w.block_size)
 
 
-def weight_plan(name: str, scheme: QuantScheme, node: onnx.NodeProto, rank: int) -> WeightPlan:
-    """The scheme's axis for this weight; per-tensor where the op has no such axis."""
+def weight_plan(name: str, scheme: QuantScheme, node: onnx.NodeProto, rank: int, rule: OpRule | None = None
+                ) -> WeightPlan:
+    """The scheme's axis for this weight (by `rule`, default the op's); per-tensor where the op
+    has no such axis."""
     axis = None
+    rule = rule or rule_for(node)
     if isinstance(scheme.granularity, PerChannel):
-        rule = rule_for(node)
         axis = weight_axis(node, rule, rank) if rule is not None else None
     elif isinstance(scheme.granularity, PerBlock):
         axis = block_axis(node, rank)
@@ -79,7 +81,7 @@ def agreed_plan(
     plans = []
     for i, k in readers:
         if k in ctx.rule(i).weights:
-            plans.append(weight_plan(name, weight, ctx.node(i), rank))
+            plans.append(weight_plan(name, weight, ctx.node(i), rank, ctx.rule(i)))
         elif operand is not None:
             plans.append(WeightPlan(name, replace(operand, granularity=PerTensor()), None))
     if not plans or all(p.axis == plans[0].axis for p in plans):

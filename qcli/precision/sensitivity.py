@@ -40,8 +40,7 @@ from qcli.precision.units import Unit, find_units
 from qcli.prepare import PrepareResult
 from qcli.quantize import (
     QuantizeResult,
-    dynamic_precisions,
-    node_precisions,
+    precision_labels,
     prepare_for,
     quantize,
 )
@@ -117,7 +116,7 @@ def measure_sensitivity(
         base = gated(found)
         kept = _within_budget(trials, [{u.node: "float"} for u in units])
         solo = _within_budget(trials, [Alone(u.node) for u in units]) if len(kept) == len(units) else []
-    precisions = {**node_precisions(setup.result.model), **dynamic_precisions(setup.result.plan)}
+    precisions = precision_labels(setup.result)
     rows = [_row(u, base, _at(kept, k), _at(solo, k), trials.demoted({u.node: "float"}) if k < len(kept) else None,
                  precisions.get(u.node, "int8"))
             for k, u in enumerate(units)]

@@ -26,6 +26,7 @@ missed; PARTIAL_TRIALS more at most) are written instead, on the same terms.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -38,7 +39,7 @@ from qcli.info import tensor_bytes
 from qcli.phases import phase
 from qcli.precision.goal import Goal
 from qcli.precision.trials import Alone, Trials
-from qcli.precision.units import Choices, promoted_config
+from qcli.precision.units import Choice, Choices, promoted_config
 from qcli.quantize import QuantizeResult
 
 
@@ -82,7 +83,7 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
     with phase("weight-only"):
         if weight_bytes(wo.build({}).model)[0] > SAVES * now:  # even every weight int8 would not save enough
             return None
-        choices = _partial(wo, goal, (float_bytes - SAVES * now) / 0.75)
+        choices = _partial(wo, goal, float_bytes - SAVES * now)
         if choices is None:
             return None
         result = wo.build(choices)
@@ -92,14 +93,30 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
         f = wo.fidelity(choices)
         assert f is not None  # measured by `_partial`
         ratio = trials.probe.latency_ratio(result.model) if goal.max_latency_ratio is not None else None
-    kept = f" ({len(choices)} unit{'s' if len(choices) > 1 else ''} with float weights)" if choices else ""
+    widths = _widths(choices, sum(u.weighted for u in wo.units))
     note = (f"weight-only: the rescue's model kept most weights float ({now / float_bytes:.2f} of the float "
-            f"model's weight bytes); the model with int8 weights and float activations{kept} (computed in float, "
-            f"its weights folded at load) meets the floors in {after / float_bytes:.2f} of them and is written instead")
+            f"model's weight bytes); the model with {widths} and float activations (computed in float, its "
+            f"weights folded at load) meets the floors in {after / float_bytes:.2f} of them and is written instead")
     slower = ratio is not None and current_ratio is not None and getattr(ratio, "low", ratio) > getattr(
         current_ratio, "high", current_ratio)
     return Stored(result, promoted_config(stored, choices, wo.units), f, ratio, note) if goal.fast(
         ratio) and not slower else None
+
+
+def _widths(choices: Choices, units: int) -> str:
+    """The weights' types in words.
+
+    >>> _widths({}, 3), _widths({"a": "int16", "b": "float"}, 3), _widths({"a": "int16"}, 1)
+    ('int8 weights', 'int8 weights (1 unit with int16 weights, 1 with float weights)', 'int16 weights')
+    """
+    wider = sorted(Counter(choices.values()).items(), key=lambda kv: kv[0] != "int16")
+    if len(choices) == units and len(wider) == 1:
+        return f"{wider[0][0]} weights"
+    if not choices:
+        return "int8 weights"
+    first, rest = wider[0], wider[1:]
+    said = [f"{first[1]} unit{'s' if first[1] > 1 else ''} with {first[0]} weights"]
+    return f"int8 weights ({', '.join(said + [f'{n} with {p} weights' for p, n in rest])})"
 
 
 PARTIAL_TRIALS = 16  # the partial search's trials after one per weighted unit
@@ -146,17 +163,28 @@ def _loss(f: Fidelity | None) -> float:
 
 
 def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
-    """The units whose weights stay float (choices `float`) for the most int8 weights meeting
-    the goal (module docstring): none when the whole model does; None when nothing does, or
-    what does keeps fewer than `needed` float bytes' worth of weights in int8 (it would not
-    save enough: not confirmed)."""
+    """The units whose weights are not int8 (choices `int16`, or `float` when even 16-bit
+    weights throughout miss the goal) for the most int8 weights meeting the goal (module
+    docstring): none when the whole model does; None when nothing does, or what does saves
+    fewer than `needed` bytes of the float weights (not confirmed)."""
     if goal.accurate(wo.fidelity({})):
         return {}
     sizes = {t.name: tensor_bytes(t.data_type, int(np.prod(t.dims))) for t in wo.prepared.model.graph.initializer}
     weighted = {u.node: sum(sizes.get(t, 0) for t in u.tensors) for u in wo.units if u.weighted}
+    wide: Choice = "int16" if goal.accurate(wo.fidelity(dict.fromkeys(weighted, "int16"))) else "float"
+    kept = 0.5 if wide == "int16" else 0.0  # the share of a unit's float bytes its wider weights save
+
+    def rest_wide(k: int) -> Choices:
+        return dict.fromkeys(order[k:] + small, wide)
+
+    def saves(k: int) -> bool:
+        narrow = sum(weighted[n] for n in order[:k])
+        return 0.75 * narrow + kept * (sum(weighted.values()) - narrow) >= needed
+
     pool = _largest(weighted)
+    order, small = list(pool), [n for n in weighted if n not in pool]
     if not pool:
-        return None
+        return rest_wide(0) if wide == "int16" and saves(0) else None
     found = wo.fidelity_many([Alone(n) for n in pool], quick=True)
     position = {u.node: k for k, u in enumerate(wo.units)}
 
@@ -165,28 +193,27 @@ def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
         return _loss(f) / size, (f.noise if f is not None else float("inf")) / size, position[n]
 
     keys = {n: per_byte(n, f) for n, f in zip(pool, found, strict=True)}
-    order = sorted(keys, key=keys.__getitem__)  # the least loss for the bytes it saves first
-    small = [n for n in weighted if n not in keys]  # float weights throughout
-
-    def rest_float(k: int) -> Choices:
-        return dict.fromkeys(order[k:] + small, "float")
+    order[:] = sorted(keys, key=keys.__getitem__)  # the least loss for the bytes it saves first
 
     lo, hi = 0, len(order) - 1  # all of them int8 missed already
     while lo < hi and not wo.exhausted():
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if goal.accurate(wo.fidelity(rest_float(mid), quick=True)) else (lo, mid - 1)
-    return _confirm(wo, goal, lo, lambda k: sum(weighted[n] for n in order[:k]) >= needed, rest_float)
+        lo, hi = (mid, hi) if goal.accurate(wo.fidelity(rest_wide(mid), quick=True)) else (lo, mid - 1)
+    best = _confirm(wo, goal, lo, saves, rest_wide)
+    if best is None and wide == "int16" and saves(0):  # 16-bit weights throughout held above
+        return rest_wide(0)
+    return best
 
 
 def _confirm(wo: Trials, goal: Goal, k: int, saves: Callable[[int], bool],
-             rest_float: Callable[[int], Choices]) -> Choices | None:
+             rest_wide: Callable[[int], Choices]) -> Choices | None:
     """The most int8 units, at most `k` (the quick probe's answer, which can flatter), that
     meet the goal on all samples while they save enough (`saves`): `k`, then halving until one
     holds, then bisection between it and the smallest that missed."""
     best, lo, hi, j = None, 0, k, k
     while j > lo and saves(j) and not wo.exhausted():
-        if goal.accurate(wo.fidelity(rest_float(j))):
-            best, lo = rest_float(j), j
+        if goal.accurate(wo.fidelity(rest_wide(j))):
+            best, lo = rest_wide(j), j
             if j == hi:
                 break
         else:

@@ -10,10 +10,11 @@ qcli.half keeps float32 by rule are float32 already).
 Nodes that read one constant weight (an unrolled decoder's steps sharing a cell's weights) are
 one unit, so that the weight is stored once, in one precision. A unit stays int8 (the config's
 default) or is promoted (`dynamic`: int8 weights, activations quantized at run time, for ops with
-a dynamic form; `int16` activations, A16W8; `float16`/`bfloat16`, the node in that type; or
-`float`), or gets `int4` weights. Every choice is an ordinary override on the nodes' names,
-appended after the user's, so the choices are a config that `qcli quantize --config` reproduces
-exactly. `alone` cuts a plan down to one unit: what it costs on its own (the sensitivity report,
+a dynamic form; `int16` activations, A16W8, or under a weight-only config (activations float)
+int16 weights; `float16`/`bfloat16`, the node in that type; or `float`), or gets `int4`
+weights. Every choice is an ordinary override on the nodes' names, appended after the user's,
+so the choices are a config that `qcli quantize --config` reproduces exactly. `alone` cuts a
+plan down to one unit: what it costs on its own (the sensitivity report,
 qcli.precision.sensitivity).
 """
 
@@ -28,7 +29,7 @@ import onnx
 from qcli.config import HALF_PRECISIONS, ActivationDtype, Activations, Config, Match, Override, Weights
 from qcli.half import moves_only, subgraph_reads
 from qcli.plan import Plan
-from qcli.rules import FLOAT32_IN_HALF, dynamic_rule, rule_for
+from qcli.rules import FLOAT32_IN_HALF, dynamic_rule, rule_for, weight_only_rule
 
 # run-time int8 activations; 16-bit ones (int8 weights); the node in float16/bfloat16; float
 Promotion = Literal["dynamic", "int16", "float16", "bfloat16", "float"]
@@ -85,6 +86,8 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
                 units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in node.output if t), half=True))
             continue
         # which inputs are weights: the dynamic form's (an LSTM has no static rule), else the op's
+        # (a recurrent cell the plan quantized statically: weight-only, rules.WEIGHT_ONLY)
+        rule = rule or (weight_only_rule(node) if d.quantized and not d.dynamic else None)
         form = dynamic_rule(node)[0] if d.dynamic else rule if rule is not None and rule.kind == "compute" else None
         if not d.quantized or d.reason or form is None:
             continue
@@ -179,5 +182,7 @@ def _override(config: Config, precision: Choice, match: Match) -> Override:
         return Override(match=match, weights=Weights(dtype="int4", symmetric=True, granularity="per_channel"))
     if precision in ("float", "dynamic", *HALF_PRECISIONS):
         return Override(match=match, precision=precision)
+    if config.activations.dtype == "float":  # weight-only: 16 bits where the weights widen
+        return Override(match=match, weights=Weights(dtype="int16", symmetric=True, granularity="per_channel"))
     wide: ActivationDtype = "uint16" if config.activations.dtype in ("uint8", "uint16") else "int16"
     return Override(match=match, activations=Activations(dtype=wide, symmetric=config.activations.symmetric))
