@@ -187,7 +187,7 @@ def test_the_rescue_writes_the_model_weight_only_when_int8_activations_cannot_ho
 
 DEEP_MLP = """
 <ir_version: 8, opset_import: ["" : 17]>
-net (float[N, 16] x) => (float[N, 4] y) <float[16, 64] w1 = {W1}, float[64, 16] w2 = {W2}, float[16, 4] w3 = {W3}> {
+net (float[N, 16] x) => (float[N, 4] y) <float[16, 64] w1 = {W1}, float[64, {M}] w2 = {W2}, float[{M}, 4] w3 = {W3}> {
     h = MatMul (x, w1)
     r = Relu (h)
     g = MatMul (r, w2)
@@ -197,17 +197,18 @@ net (float[N, 16] x) => (float[N, 4] y) <float[16, 64] w1 = {W1}, float[64, 16] 
 """
 
 
-def _deep_mlp(tmp_path: Path, outlier: float) -> Path:
-    """DEEP_MLP whose w2 holds `outlier` on a hidden unit that is always 0 (w1's column 0 is
-    0): float never counts it, and a grid that holds it rounds the rest of w2 to zero."""
+def _deep_mlp(tmp_path: Path, outlier: float, width: int = 16) -> Path:
+    """DEEP_MLP (w2's `width` outputs) whose w2 holds `outlier` on a hidden unit that is always
+    0 (w1's column 0 is 0): float never counts it, and a grid that holds it rounds the rest of
+    w2 to zero."""
     rng = np.random.default_rng(0)
     w1 = rng.normal(0, 0.5, (16, 64))
     w1[0] = 0.0  # the loud channel does not move the output
     w1[:, 0] = 0.0  # hidden unit 0 is always 0...
-    w2 = rng.normal(0, 0.5, (64, 16))
+    w2 = rng.normal(0, 0.5, (64, width))
     w2[0] = outlier  # ...so its huge weights never count in float
-    text = DEEP_MLP
-    for name, values in (("{W1}", w1), ("{W2}", w2), ("{W3}", rng.normal(0, 0.5, (16, 4)))):
+    text = DEEP_MLP.replace("{M}", str(width))
+    for name, values in (("{W1}", w1), ("{W2}", w2), ("{W3}", rng.normal(0, 0.5, (width, 4)))):
         text = text.replace(name, "{" + ", ".join(f"{v:.5f}" for v in values.ravel()) + "}")
     return save(parse_model(text), tmp_path / "mlp.onnx")
 
@@ -216,9 +217,10 @@ def test_the_rescue_widens_to_16_bits_the_weights_int8_cannot_hold(cli, tmp_path
     """As above, and w2 holds a weight 100x the others: its int8 grid rounds the rest of w2 to
     zero, so the whole model weight-only misses too. w2 keeps 16-bit weights (a step of 0.0015
     where its others spread 0.5) and w1 int8 ones (qcli/precision/stored.py, the partial
-    search; w3, 3% of the bytes, is not weighed and is 16-bit too), and that model keeps the
-    decisions of samples nothing read, reproducibly."""
-    model = _deep_mlp(tmp_path, 50.0)
+    search; w3, 3% of the bytes, is not weighed and is 16-bit too; w1 holds 56% of the bytes,
+    so int8 there is worth its risk), and that model keeps the decisions of samples nothing
+    read, reproducibly."""
+    model = _deep_mlp(tmp_path, 50.0, width=12)
     folder = _loud_folder(tmp_path / "calib")
     out = tmp_path / "q.onnx"
     doc = cli.json("quantize", model, "-o", out, "--data", folder)
@@ -234,6 +236,14 @@ def test_the_rescue_widens_to_16_bits_the_weights_int8_cannot_hold(cli, tmp_path
     again = tmp_path / "again.onnx"
     assert cli("quantize", model, "-o", again, "--data", folder, "--config", tmp_path / "q.precision.yaml").exit_code == 0
     assert again.read_bytes() == out.read_bytes()
+
+
+def test_int8_units_beside_16_bit_weights_must_save_a_quarter(cli, tmp_path: Path) -> None:
+    """As above with w2 wider: w1 holds 48% of the bytes, and int8 there would cut the 16-bit
+    model by less than SAVES asks, not worth a decision on unseen data: 16-bit throughout."""
+    model = _deep_mlp(tmp_path, 50.0)
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", _loud_folder(tmp_path / "calib"))
+    assert doc["precisions"] == {"MatMul": {"float act, int16 weights": 3}} and doc["verification"]["passed"]
 
 
 def test_the_rescue_keeps_float_the_weights_16_bits_cannot_hold(cli, tmp_path: Path) -> None:
