@@ -46,6 +46,7 @@ from qcli.gates import integer_gates
 from qcli.graph import GraphIndex
 from qcli.info import names_used_inside
 from qcli.plan import BiasPlan, Group, Plan, WeightPlan
+from qcli.plan.context import float_readers
 from qcli.qweights import Weight, WeightMemo, weight_of
 from qcli.rules import is_kind, rule_for
 from qcli.runtime import SharedWeights
@@ -74,7 +75,7 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
 
     The steps: what each weight, group and bias adds (initializers, nodes, rewired inputs),
     read off the float graph; the rewiring applied; redundant Relu/Clips dropped; float
-    initializers nothing reads any more dropped; the nodes put in topological order; the
+    initializers nothing reads any more (or a new node writes) dropped; the nodes put in topological order; the
     quantized HardSwish/HardSigmoid nodes rewritten (qcli/gates.py)."""
     out = _copy_to_edit(model, memo)
     graph = out.graph
@@ -127,6 +128,7 @@ class _Source:
     keep_float: set[int]
     opset: int
     memo: WeightMemo | None = None
+    float_reads: Mapping[str, str] = field(default_factory=dict)  # plan.context.float_readers
 
     @classmethod
     def of(cls, model: onnx.ModelProto, plan: Plan, index: GraphIndex, memo: WeightMemo | None = None) -> _Source:
@@ -136,6 +138,7 @@ class _Source:
             keep_float=plan.keep_float,
             opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13),
             memo=memo,
+            float_reads=float_readers(model.graph),
         )
 
     @property
@@ -214,8 +217,13 @@ def _weight_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.nda
         dtype = wp.scheme.dtype
         readers = {i for i, _ in source.uses(wp.name, only_quantized=True)}
         if weight_only(wp, readers, source.index.graph, plan.dynamic, quantized):
-            inits, nodes = folded_weight(wp, q, scale, zero)
+            # read by control flow too (or a graph output), where it would stay float: the folded
+            # value takes the weight's own name, so that it is stored once and every reader reads it
+            elsewhere = wp.name in source.float_reads
+            inits, nodes = folded_weight(wp, q, scale, zero, wp.name if elsewhere else None)
             edits.add(_Edits(inits=inits, nodes=nodes))
+            if elsewhere:  # its readers read it by its name: nothing to rewire
+                continue
         else:
             edits.inits += [
                 _tensor(q, f"{wp.name}_quantized", dtype.onnx_type),
@@ -396,6 +404,7 @@ def _drop_unread_initializers(
     read = {name for node in [*old_nodes, *edits.nodes] for name in node.input}
     read |= {name for node in old_nodes for name in names_used_inside(node)}
     read |= {o.name for o in graph.output}  # a graph output reads its initializer too
+    read -= {name for node in edits.nodes for name in node.output}  # a folded weight-only weight
     kept = [t for t in (inits.values() if withheld else graph.initializer) if t.name in read]
     if shared is not None:
         kept = [shared.reference(t) for t in kept]

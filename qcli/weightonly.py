@@ -36,10 +36,11 @@ def weight_only(wp: WeightPlan, readers: Collection[int], graph: onnx.GraphProto
         i in dynamic or any(t in quantized for t in graph.node[i].input if t != wp.name) for i in readers)
 
 
-def folded_weight(wp: WeightPlan, q: np.ndarray, scale: np.ndarray, zero: np.ndarray
+def folded_weight(wp: WeightPlan, q: np.ndarray, scale: np.ndarray, zero: np.ndarray, out: str | None = None
                   ) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
-    """The initializers and nodes writing `<w>_dequantized` from `<w>_quantized` (module
-    docstring); the zero point only when it is not all zeros."""
+    """The initializers and nodes writing `<w>_dequantized` (or `out`: the weight's own name,
+    when others read it too) from `<w>_quantized` (module docstring); the zero point only when
+    it is not all zeros."""
     shape = [1] * q.ndim
     if wp.axis is not None and scale.ndim == 1 and q.ndim:
         shape[wp.axis] = scale.size
@@ -55,7 +56,8 @@ def folded_weight(wp: WeightPlan, q: np.ndarray, scale: np.ndarray, zero: np.nda
         inits.append(numpy_helper.from_array(zero.reshape(shape).astype(np.float32), f"{name}_zero_point"))
         nodes.append(helper.make_node("Sub", [integers, f"{name}_zero_point"], [f"{name}_centred"], name=f"{name}_Sub"))
         integers = f"{name}_centred"
-    nodes.append(helper.make_node("Mul", [integers, f"{name}_scale"], [f"{name}_dequantized"], name=f"{name}_Mul"))
+    written = out or f"{name}_dequantized"
+    nodes.append(helper.make_node("Mul", [integers, f"{name}_scale"], [written], name=f"{name}_Mul"))
     return inits, nodes
 
 

@@ -294,3 +294,32 @@ def test_a_flattered_partial_is_confirmed_by_halving_then_bisecting_back_up() ->
     assert _confirm(wo, Goal(), 40, lambda k: k >= 6, rest_float) is None and wo.tried == [40, 20, 10]  # type: ignore[arg-type]
     wo = _Verdicts(40)  # the quick probe was right: one trial
     assert _confirm(wo, Goal(), 40, lambda k: k >= 6, rest_float) == rest_float(40) and wo.tried == [40]  # type: ignore[arg-type]
+
+
+def test_a_weight_control_flow_reads_too_is_stored_once_folded_under_its_name(cli, tmp_path: Path) -> None:
+    """`w` is read by a MatMul and, from the outer scope, by a Loop body (nakdimon's Keras
+    LSTMs): int8 kernels would store it twice, so a quantized MatMul leaves it float. Weight-only,
+    the folded value takes the name `w` and every reader reads it: stored once, in 16 bits, and
+    the model computes what onnxruntime computes with the dequantized `w` everywhere."""
+    from tests.test_half import LOOP
+
+    model = save(parse_model(LOOP), tmp_path / "loop.onnx")
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\nverify: {enabled: false}\nactivations: {dtype: float}\nweights: {dtype: int16}\n")
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", normal_folder(tmp_path / "calib", 4, x=(2, 4)),
+                   "--config", config)
+    assert doc["precisions"] == {"MatMul": {"float act, int16 weights": 1}}
+    written = onnx.load(str(out))
+    types = {t.name: t.data_type for t in written.graph.initializer}
+    assert types["w_quantized"] == onnx.TensorProto.INT16 and "w" not in types and types["k"] == onnx.TensorProto.FLOAT
+    assert [n.op_type for n in written.graph.node if "w" in n.output] == ["Mul"]
+    onnx.checker.check_model(written, full_check=True)
+    reference = onnx.load(str(model))
+    w = next(t for t in reference.graph.initializer if t.name == "w")
+    w.CopyFrom(numpy_helper.from_array(_dequantized(written, "w"), "w"))
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    expected = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"])
+    for got, want in zip(session.run(None, {"x": x}), expected.run(None, {"x": x}), strict=True):
+        np.testing.assert_array_equal(got, want)

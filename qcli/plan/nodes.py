@@ -92,11 +92,15 @@ def why_not_candidate(ctx: Context, i: int) -> str | None:
 def weights_read_in_float(ctx: Context, candidates: frozenset[int]) -> dict[int, str]:
     """Candidates whose weight control flow or the graph's outputs also read: the weight stays
     float for those readers, and quantized readers would store it a second time
-    (`float_readers`). They stay float too, unless an override asks for them."""
+    (`float_readers`). They stay float too, unless an override asks for them. A weight-only
+    node's weight is stored once all the same: its folded float value takes the weight's name,
+    and every reader reads it (qcli/qdq.py)."""
     float_reads = ctx.float_reads
     rejected = {}
     for i in sorted(candidates):
         node = ctx.node(i)
+        if _weight_only(ctx, i):
+            continue
         shared = [node.input[k] for k in ctx.rule(i).weights if k < len(node.input) and node.input[k] in float_reads]
         if shared and not ctx.selections.asked_for(i):
             rejected[i] = f"its weight is also read in float (by {float_reads[shared[0]]}): int8 would store it twice"
