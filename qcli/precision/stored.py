@@ -6,7 +6,8 @@ When the rescue's model keeps less than half of the float model's weight bytes i
 float at float's speed from a file about 4x smaller. It needs no calibration, so every
 compared sample is unseen by it, whatever the folds. It replaces the rescue's model when it
 meets the same goal (the floors by the verdict rule, the latency ceiling), is not measurably
-slower than it, and its weights take at most 3/4 of its bytes (none are measured when even
+slower than it (untimed when it computes in float too: as fast by construction, its weights
+folded at load), and its weights take at most 3/4 of its bytes (none are measured when even
 every weight int8 would not). The rescue tries it at the first prefix of the search's ranking
 that it confirms mostly float, or against everything promoted as soon as the ranking finds
 that the goal needs most units, and stops the search there when it holds (qcli.verify). Its
@@ -93,7 +94,10 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
             return None
         f = wo.fidelity(choices)
         assert f is not None  # measured by `_partial`
-        ratio = trials.probe.latency_ratio(result.model) if goal.max_latency_ratio is not None else None
+        # against a rescue's model that computes in float too, as fast by construction: untimed
+        plan = current.plan
+        timed = goal.max_latency_ratio is not None and bool(plan.groups or plan.weights or plan.dynamic)
+        ratio = trials.probe.latency_ratio(result.model) if timed else None
     widths = _widths(choices, sum(u.weighted for u in wo.units))
     note = (f"weight-only: the rescue's model kept most weights float ({now / float_bytes:.2f} of the float "
             f"model's weight bytes); the model with {widths} and float activations (computed in float, its "
@@ -205,7 +209,8 @@ def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
     keys = {n: per_byte(n, f) for n, f in zip(pool, found, strict=True)}
     order[:] = sorted(keys, key=keys.__getitem__)  # the least loss for the bytes it saves first
 
-    lo, hi = 0, len(order) - 1  # all of them int8 missed already
+    # all of them int8 missed already; when each alone misses too, none can join another
+    lo, hi = 0, len(order) - 1 if any(goal.accurate(f) for f in found) else 0
     while lo < hi and not wo.exhausted():
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if goal.accurate(wo.fidelity(rest_wide(mid), quick=True)) else (lo, mid - 1)
