@@ -1,4 +1,4 @@
-"""The rescue's step before float: the model weight-only (int8 weights, float activations).
+"""The rescue's step before float: the model weight-only (8- or 16-bit weights, float activations).
 
 When the rescue's model keeps less than half of the float model's weight bytes in integers
 (it went mostly float), the model quantized weight-only (`activations: {dtype: float}`: its
@@ -16,13 +16,18 @@ asymmetric activations, 8-bit weights, as for the rescue's dynamic forms): a Ten
 (int8 symmetric) asks for int8 kernels.
 
 When the whole model weight-only misses the goal, some weights matter more than others (the
-first convolutions of a CNN, whose rounding the network amplifies): each weighted unit
+first convolutions of a CNN, whose rounding the network amplifies). The rest's weights are
+wider: 16-bit (half the float bytes, rounding 256x finer than int8's) when the model 16-bit
+throughout meets the goal (one trial on all samples), else float. Each weighted unit
 weight-only alone is measured on the quick probe (one trial each; the largest units holding
-POOL_SHARE of the bytes: the rest keep float weights), and the most units (least
-predicted loss, then output noise, per weight byte first: `_loss`) whose weights stay int8
-while the rest keep float weights and the goal is met (bisection on the quick probe, confirmed
-on all samples: halving until one holds, then bisecting back up towards the smallest that
-missed; PARTIAL_TRIALS more at most) are written instead, on the same terms.
+POOL_SHARE of the bytes: the rest keep wider weights), and the most units (least predicted
+loss, then output noise, per weight byte first: `_loss`) whose weights stay int8 while the rest
+keep wider ones and the goal is met (bisection on the quick probe, confirmed on all samples:
+halving until one holds, then bisecting back up towards the smallest that missed;
+PARTIAL_TRIALS more at most) are written instead, on the same terms; beside 16-bit weights,
+only when they save a quarter of the 16-bit model's bytes (`_partial`), else the model is
+16-bit throughout. The units are the weight-only plan's: recurrent cells (LSTM, GRU, RNN)
+store their weights there too (rules.WEIGHT_ONLY).
 """
 
 from __future__ import annotations
