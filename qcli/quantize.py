@@ -411,7 +411,10 @@ def precision_labels(result: QuantizeResult) -> dict[str, str]:
         if d.folded_into in keys:
             keys[d.folded_into].append(nodes[d.index].output[0])
     found = {name: labels[k] for name, ks in keys.items() for k in ks[::-1] if k in labels}
-    return {**found, **dynamic_precisions(result.plan)}
+    plan, names = result.plan, node_names(planned)
+    flows = {names[i]: f"float act, {'/'.join(sorted(dtypes))} weights" for i, ws in plan.control_flow.items()
+             if (dtypes := {plan.weights[w].scheme.dtype.name for w in ws if w in plan.weights})}
+    return {**found, **flows, **dynamic_precisions(plan)}
 
 
 def node_precisions(model: onnx.ModelProto) -> dict[str, str]:

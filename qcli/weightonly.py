@@ -29,10 +29,11 @@ def weight_only(wp: WeightPlan, readers: Collection[int], graph: onnx.GraphProto
                 quantized: Collection[str]) -> bool:
     """Whether only nodes computing in float read the 8- or 16-bit integer weight `wp`: its quantized
     `readers` (node indices) have no input among the `quantized` activations and none is
-    `dynamic`; per tensor or channel (per-block weights keep DequantizeLinear: MatMulNBits)."""
+    `dynamic` (none: only control flow reads it, qcli.plan.controlflow); per tensor or channel
+    (per-block weights keep DequantizeLinear: MatMulNBits)."""
     if wp.scheme.dtype.bits not in (8, 16) or wp.scheme.dtype.is_float or isinstance(wp.scheme.granularity, PerBlock):
         return False
-    return bool(readers) and not any(
+    return not any(
         i in dynamic or any(t in quantized for t in graph.node[i].input if t != wp.name) for i in readers)
 
 

@@ -323,3 +323,52 @@ def test_a_weight_control_flow_reads_too_is_stored_once_folded_under_its_name(cl
     expected = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"])
     for got, want in zip(session.run(None, {"x": x}), expected.run(None, {"x": x}), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+IF_MODEL = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 4] x, bool c) => (float[2, 4] y)
+    <float[4, 4] w = {0.5, -1, 2, 0.25, 1.5, -0.75, 1, 2, -2, 0.125, 3, -1, 1, 0.3, 0.1, 0.7}> {
+    y = If (c) <then_branch = t () => (float[2, 4] a) {
+                    wt = Transpose <perm = [1, 0]> (w)
+                    a = MatMul (x, wt)
+                }, else_branch = e () => (float[2, 4] b) {
+                    b = MatMul (x, w)
+                }>
+}
+"""
+
+
+def test_a_weight_only_branches_read_is_stored_weight_only_and_the_if_is_a_unit(cli, tmp_path: Path) -> None:
+    """Silero VAD's LSTM sits in If branches, which read its weights from the outer scope
+    (sliced and reordered on the way): weight-only, such a weight is stored in integers all the
+    same, its folded value under its own name; the If owns it (a unit of the precision search)."""
+    from qcli.config import load_config
+    from qcli.plan import make_plan
+    from qcli.precision.units import find_units
+
+    model = save(parse_model(IF_MODEL), tmp_path / "if.onnx")
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\nverify: {enabled: false}\nactivations: {dtype: float}\nweights: {dtype: int16}\n")
+    plan = make_plan(onnx.load(str(model)), load_config(config))
+    assert plan.control_flow == {0: ["w"]} and plan.weights["w"].axis == 0  # moved (transposed): rows
+    assert [(u.node, u.weighted) for u in find_units(onnx.load(str(model)), plan)] == [("If_0", True)]
+    out = tmp_path / "q.onnx"
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for i in range(4):
+        np.savez(folder / f"{i}.npz", x=np.random.default_rng(i).normal(size=(2, 4)).astype(np.float32),
+                 c=np.array(i % 2 == 0))
+    doc = cli.json("quantize", model, "-o", out, "--data", folder, "--config", config)
+    assert doc["precisions"] == {"If": {"float act, int16 weights": 1}}
+    written = onnx.load(str(out))
+    types = {t.name: t.data_type for t in written.graph.initializer}
+    assert types == {"w_quantized": onnx.TensorProto.INT16, "w_scale": onnx.TensorProto.FLOAT}
+    reference = onnx.load(str(model))
+    reference.graph.initializer[0].CopyFrom(numpy_helper.from_array(_dequantized(written, "w"), "w"))
+    x = np.random.default_rng(9).normal(size=(2, 4)).astype(np.float32)
+    for c in (True, False):
+        feed = {"x": x, "c": np.array(c)}
+        got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        want = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+        np.testing.assert_array_equal(got, want[0])

@@ -37,13 +37,14 @@ Decisions (README "What gets quantized" and "Configuration" say the same for use
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import onnx
 
 from qcli.config import Config
 from qcli.graph import GraphIndex, element_types
 from qcli.plan.context import Context, node_names
+from qcli.plan.controlflow import control_flow_weights
 from qcli.plan.dynamic import Dynamic, embedding_tables, plan_dynamic
 from qcli.plan.groups import assign_ranges, groups_of, requests_of
 from qcli.plan.match import Selection, pattern, select
@@ -74,17 +75,20 @@ def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | Non
     biases = {key: b for key, b in weighted.biases.items() if b.weight in weights and b.name not in constants}
     static = set(weights) | {c for c in constants if c} | {b.name for b in biases.values()}
     dynamic = without_static_weights(embedding_tables(ctx, candidates.nodes, dynamic), static)
+    flows = control_flow_weights(ctx, static | {w.name for d in dynamic.nodes.values() for w in d.weights})
+    weights.update((name, w) for found in flows.values() for name, w in found.items())
     return Plan(
         groups=groups,
         weights=weights,
         biases=biases,
-        nodes=decisions(ctx, candidates, shared.quantized.folded, dynamic),
+        nodes=decisions(ctx, candidates, shared.quantized.folded, dynamic, flows.keys()),
         unmatched=ctx.selections.unmatched(config, ctx.names, ctx.index),
         keep_float=set(screened.keep_float),
         notes=notes + block_notes,
         dynamic=dynamic.nodes,
         half=sorted(ctx.selections.half),
         half_tensors=half_activations(ctx),
+        control_flow={i: list(found) for i, found in flows.items()},
     )
 
 
@@ -95,14 +99,15 @@ def half_activations(ctx: Context) -> list[str]:
     return list(dict.fromkeys(t for t in names if t and index.is_float(t) and t not in index.initializers))
 
 
-def decisions(ctx: Context, candidates: Candidates, folded: Mapping[int, int], dynamic: Dynamic) -> list[NodeDecision]:
-    """One decision per node, in graph order: quantized (statically or dynamically), folded into
-    its producer, or float and why."""
+def decisions(ctx: Context, candidates: Candidates, folded: Mapping[int, int], dynamic: Dynamic,
+              flows: Collection[int] = ()) -> list[NodeDecision]:
+    """One decision per node, in graph order: quantized (statically or dynamically; control
+    flow whose bodies' weights are stored weight-only), folded into its producer, or float and why."""
     out = []
     for i, node in enumerate(ctx.index.graph.node):
         name = ctx.names[i]
-        if i in dynamic.nodes:
-            out.append(NodeDecision(i, name, node.op_type, True, dynamic=True))
+        if i in dynamic.nodes or i in flows:
+            out.append(NodeDecision(i, name, node.op_type, True, dynamic=i in dynamic.nodes))
         elif i in dynamic.reasons:
             out.append(NodeDecision(i, name, node.op_type, False, dynamic.reasons[i]))
         elif i in folded:

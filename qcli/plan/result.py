@@ -79,6 +79,7 @@ class Plan:
     dynamic: dict[int, DynamicNode] = field(default_factory=dict)  # node -> its dynamic form
     half: list[int] = field(default_factory=list)  # nodes run in float16/bfloat16 (qcli/half.py)
     half_tensors: list[str] = field(default_factory=list)  # their float activations: observed for range
+    control_flow: dict[int, list[str]] = field(default_factory=dict)  # node -> weights only its bodies read
 
     @property
     def activations(self) -> list[str]:

@@ -81,6 +81,10 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
         if table:
             units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in node.output if t), table=True))
             continue
+        if d.index in plan.control_flow:  # weights only its bodies read (qcli.plan.controlflow)
+            weights = plan.control_flow[d.index]
+            units.append(Unit(d.name, d.op_type, d.index, frozenset([*weights, *(t for t in node.output if t)]), True))
+            continue
         if d.index in half:
             if _rounds_in_half(node, float_constants):
                 units.append(Unit(d.name, d.op_type, d.index, frozenset(t for t in node.output if t), half=True))
