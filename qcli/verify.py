@@ -246,7 +246,9 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         prune of that prefix would be written (README "Verification")."""
         if tried or not mostly_float(trials, current := trials.build(choices)):
             return False
-        tried.append(weight_only(trials, goal, current, None))
+        plan = current.plan  # timed when it computes in int8 somewhere: the weight-only one must not be slower
+        timed = floors.max_latency_ratio is not None and bool(plan.groups or plan.weights or plan.dynamic)
+        tried.append(weight_only(trials, goal, current, trials.latency(choices) if timed else None))
         return tried[0] is not None
 
     int8 = outcome.result  # the rescue replaces outcome.result with what it found
