@@ -372,3 +372,28 @@ def test_a_weight_only_branches_read_is_stored_weight_only_and_the_if_is_a_unit(
         got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feed)[0]
         want = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
         np.testing.assert_array_equal(got, want[0])
+
+
+def test_the_alone_probes_stop_once_too_few_bytes_are_left_for_a_worthy_int8_set() -> None:
+    """Beside 16-bit weights an int8 set must hold `least` bytes: once the units that miss
+    alone (largest first) leave fewer, the rest are not probed (qcli/precision/stored.py)."""
+    from qcli.precision.stored import _alone
+
+    class Goal:
+        accurate = staticmethod(bool)
+
+    class Trials:
+        def __init__(self, misses: set[str]) -> None:
+            self.misses, self.tried = misses, []
+
+        def fidelity(self, alone, quick=False):
+            self.tried.append(alone.unit)
+            return alone.unit not in self.misses
+
+    sizes = {"a": 60, "b": 30, "c": 10}
+    wo = Trials({"a"})
+    assert _alone(wo, Goal(), ["a", "b", "c"], sizes, 50) is None and wo.tried == ["a"]  # type: ignore[arg-type]
+    wo = Trials({"c"})
+    assert _alone(wo, Goal(), ["a", "b", "c"], sizes, 50) == [True, True, False]  # type: ignore[arg-type]
+    wo = Trials(set())
+    assert _alone(wo, Goal(), ["b", "c"], sizes, 50) is None and wo.tried == []  # type: ignore[arg-type]

@@ -202,9 +202,13 @@ def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
 
     pool = _largest(weighted)
     order, small = list(pool), [n for n in weighted if n not in pool]
-    if not pool:
-        return rest_wide(0) if wide == "int16" and saves(0) else None
-    found = wo.fidelity_many([Alone(n) for n in pool], quick=True)
+    fallback = rest_wide(0) if wide == "int16" and saves(0) else None
+    # beside 16-bit weights a worthy int8 set holds at least `least` bytes: once the units
+    # missing alone leave less than that, no set is (largest first: they decide soonest)
+    least = (1 - SAVES) * (1 - kept) * sum(weighted.values()) / (0.75 - kept) if wide == "int16" else 0.0
+    found = _alone(wo, goal, pool, weighted, least)
+    if found is None:
+        return fallback
     position = {u.node: k for k, u in enumerate(wo.units)}
 
     def per_byte(n: str, f: Fidelity | None) -> tuple[float, float, int]:
@@ -214,15 +218,38 @@ def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
     keys = {n: per_byte(n, f) for n, f in zip(pool, found, strict=True)}
     order[:] = sorted(keys, key=keys.__getitem__)  # the least loss for the bytes it saves first
 
-    # all of them int8 missed already; when each alone misses too, none can join another
+    # all of them int8 missed already; when each alone misses too, none can join another; the
+    # least that saves enough holds on the quick probe, or no more does either
+    worthy = next((k for k in range(1, len(order)) if saves(k)), len(order))
     lo, hi = 0, len(order) - 1 if any(goal.accurate(f) for f in found) else 0
+    if worthy > 1 and worthy <= hi:
+        lo, hi = (worthy, hi) if goal.accurate(wo.fidelity(rest_wide(worthy), quick=True)) else (0, 0)
+    elif worthy > hi:
+        hi = 0
     while lo < hi and not wo.exhausted():
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if goal.accurate(wo.fidelity(rest_wide(mid), quick=True)) else (lo, mid - 1)
     best = _confirm(wo, goal, lo, saves, rest_wide)
-    if best is None and wide == "int16" and saves(0):  # 16-bit weights throughout held above
-        return rest_wide(0)
-    return best
+    return fallback if best is None else best  # 16-bit weights throughout held above
+
+
+def _alone(wo: Trials, goal: Goal, pool: list[str], weighted: dict[str, int], least: float
+           ) -> list[Fidelity | None] | None:
+    """Each unit of `pool` int8 alone, on the quick probe; None as soon as the units that meet
+    the goal alone, with those not measured yet, hold fewer than `least` bytes (a unit that
+    misses alone joins no set that holds: the search's monotone premise)."""
+    if not least:
+        return wo.fidelity_many([Alone(n) for n in pool], quick=True)
+    found: list[Fidelity | None] = []
+    left = sum(weighted[n] for n in pool)
+    if left < least:
+        return None
+    for n in pool:
+        found.append(wo.fidelity(Alone(n), quick=True))
+        left -= 0 if goal.accurate(found[-1]) else weighted[n]
+        if left < least:
+            return None
+    return found
 
 
 def _confirm(wo: Trials, goal: Goal, k: int, saves: Callable[[int], bool],
