@@ -34,6 +34,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import onnx
@@ -128,7 +129,6 @@ class _Source:
     keep_float: set[int]
     opset: int
     memo: WeightMemo | None = None
-    float_reads: Mapping[str, str] = field(default_factory=dict)  # plan.context.float_readers
 
     @classmethod
     def of(cls, model: onnx.ModelProto, plan: Plan, index: GraphIndex, memo: WeightMemo | None = None) -> _Source:
@@ -138,12 +138,17 @@ class _Source:
             keep_float=plan.keep_float,
             opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13),
             memo=memo,
-            float_reads=float_readers(model.graph),
         )
 
     @property
     def inits(self) -> Mapping[str, onnx.TensorProto]:
         return self.index.initializers
+
+    @cached_property
+    def float_reads(self) -> Mapping[str, str]:
+        """What control flow and the graph outputs read (plan.context.float_readers): asked by
+        weight-only weights only, so a static build does not walk the graph for it."""
+        return float_readers(self.index.graph)
 
     @property
     def producer(self) -> Mapping[str, Use]:  # name -> (node, output index)

@@ -403,15 +403,14 @@ def precision_labels(result: QuantizeResult) -> dict[str, str]:
     """Display name (the plan's) -> what the node runs in, for the nodes `node_precisions` and
     `dynamic_precisions` label; an unnamed node is found by its first output (or, when a
     Relu/Clip folded into it, by the output it took over)."""
-    labels = node_precisions(result.model)
+    labels, plan = node_precisions(result.model), result.plan
     planned = result.planned or result.model
-    nodes = planned.graph.node
-    keys = {name: [n.name or n.output[0]] for name, n in zip(node_names(planned), nodes, strict=True)}
-    for d in result.plan.nodes:
+    nodes, names = planned.graph.node, node_names(planned)
+    keys = {name: [n.name or n.output[0]] for name, n in zip(names, nodes, strict=True)}
+    for d in plan.nodes:
         if d.folded_into in keys:
             keys[d.folded_into].append(nodes[d.index].output[0])
     found = {name: labels[k] for name, ks in keys.items() for k in ks[::-1] if k in labels}
-    plan, names = result.plan, node_names(planned)
     flows = {names[i]: f"float act, {'/'.join(sorted(dtypes))} weights" for i, ws in plan.control_flow.items()
              if (dtypes := {plan.weights[w].scheme.dtype.name for w in ws if w in plan.weights})}
     return {**found, **flows, **dynamic_precisions(plan)}

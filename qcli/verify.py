@@ -246,8 +246,8 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         prune of that prefix would be written (README "Verification")."""
         if tried or not mostly_float(trials, current := trials.build(choices)):
             return False
-        plan = current.plan  # timed when it computes in int8 somewhere: the weight-only one must not be slower
-        timed = floors.max_latency_ratio is not None and bool(plan.groups or plan.weights or plan.dynamic)
+        # timed when it computes in int8 somewhere: the weight-only one must not be slower
+        timed = floors.max_latency_ratio is not None and current.plan.quantizes
         tried.append(weight_only(trials, goal, current, trials.latency(choices) if timed else None))
         return tried[0] is not None
 
@@ -366,10 +366,10 @@ def _all_float(int8: QuantizeResult, outcome: Outcome) -> str | None:
     """Why the model written has no quantized node left, if so."""
     if int8.half is not None and int8.half.converted:
         return None
-    if not int8.plan.groups and not int8.plan.weights and not int8.plan.dynamic:
+    if not int8.plan.quantizes:
         return ("nothing to quantize: no node of this model has an int8 form here (the node table says why "
                 "each stays float); the model written computes like the original")
-    if not (outcome.result.plan.groups or outcome.result.plan.weights or outcome.result.plan.dynamic):
+    if not outcome.result.plan.quantizes:
         return ("nothing is left quantized: the model computes in float like the original (int8 did not pay off "
                 "here)")
     return None

@@ -82,6 +82,11 @@ class Plan:
     control_flow: dict[int, list[str]] = field(default_factory=dict)  # node -> weights only its bodies read
 
     @property
+    def quantizes(self) -> bool:
+        """Whether the model built from it computes anything in integers (or reads integer weights)."""
+        return bool(self.groups or self.weights or self.dynamic)
+
+    @property
     def activations(self) -> list[str]:
         """Every tensor that gets a Q/DQ pair, in group order."""
         return [t for g in self.groups for t in g.tensors if t != g.constant]

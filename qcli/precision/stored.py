@@ -100,8 +100,7 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
         f = wo.fidelity(choices)
         assert f is not None  # measured by `_partial`
         # against a rescue's model that computes in float too, as fast by construction: untimed
-        plan = current.plan
-        timed = goal.max_latency_ratio is not None and bool(plan.groups or plan.weights or plan.dynamic)
+        timed = goal.max_latency_ratio is not None and current.plan.quantizes
         ratio = trials.probe.latency_ratio(result.model) if timed else None
     widths = _widths(choices, sum(u.weighted for u in wo.units))
     note = (f"weight-only: the rescue's model kept most weights float ({now / float_bytes:.2f} of the float "
