@@ -309,8 +309,9 @@ def test_a_worker_killed_while_sending_a_result_does_not_hang_the_pool() -> None
 
 
 def test_precision_search_trials_on_ray_match_one_process(ray_instance, tmp_path: Path) -> None:
-    """The rescue's sensitivity trials on two Ray workers: same promotions and model bytes as
-    in one process."""
+    """The rescue's sensitivity trials on two Ray workers: same search steps, outcome and model
+    bytes as in one process. (The rescue promotes layers a and b; that model is mostly float, so
+    the weight-only step writes 16-bit weights instead: test_verify's rescue test.)"""
     from test_verify import mlp, mlp_data
 
     from qcli.config import Config
@@ -322,5 +323,9 @@ def test_precision_search_trials_on_ray_match_one_process(ray_instance, tmp_path
     single = quantize_checked(model, Config(), data=data)
     with RayExecutor(2) as executor:
         spread = quantize_checked(model, Config(), data=data, executor=executor)
-    assert single.promoted == spread.promoted != {}
+    assert single.search is not None and spread.search is not None
+    assert [s.changed for s in single.search.steps] == [s.changed for s in spread.search.steps]
+    assert any(s.changed for s in single.search.steps)
+    assert single.search.choices == spread.search.choices != {}
+    assert (single.promoted, single.weight_only) == (spread.promoted, spread.weight_only)
     assert single.result.model.SerializeToString() == spread.result.model.SerializeToString()
