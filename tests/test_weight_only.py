@@ -260,40 +260,52 @@ def test_the_rescue_keeps_float_the_weights_16_bits_cannot_hold(cli, tmp_path: P
     assert (float_top == kept_top).mean() >= 0.99
 
 
-class _Verdicts:
-    """Trials whose full-probe verdict holds for at most `holds` int8 units (`rest_float(k)`
-    names the units kept float; k int8 of 40), counting the trials."""
+class _Holds:
+    """Trials whose verdict holds when the int8 units (those `choices` leave out) avoid `bad`
+    and number at most `most`, recording each candidate's int8 units ("?": on the quick probe)."""
 
-    def __init__(self, holds: int) -> None:
-        self.holds, self.tried = holds, []
+    def __init__(self, units: str, bad: str, most: int = 99) -> None:
+        self.units, self.bad, self.most, self.tried = units, set(bad), most, []
 
-    def fidelity(self, choices):
-        k = 40 - len(choices)
-        self.tried.append(k)
-        return k <= self.holds
+    def fidelity(self, choices, quick=False):
+        int8 = "".join(u for u in self.units if u not in choices)
+        self.tried.append(int8 + "?" * quick)
+        return not self.bad & set(int8) and len(int8) <= self.most
 
     def exhausted(self) -> bool:
         return False
 
 
-def test_a_flattered_partial_is_confirmed_by_halving_then_bisecting_back_up() -> None:
-    """The quick probe says 40 units int8 hold, all samples say 23 at most: halving alone
-    stopped at 20; the bisection between 20 and the miss above it finds 23."""
-    from qcli.precision.stored import _confirm
+def _greedy(wo: _Holds, saves=lambda k: True) -> tuple[int, str]:
+    from qcli.precision.stored import _greedy
 
     class Goal:
         accurate = staticmethod(bool)
 
-    def rest_float(k: int) -> dict[str, str]:
-        return {f"u{i}": "float" for i in range(k, 40)}
+    order = list(wo.units)
+    k = _greedy(wo, Goal(), lambda j: dict.fromkeys(order[j:], "int16"), saves, order)  # type: ignore[arg-type]
+    return k, "".join(order)
 
-    wo = _Verdicts(23)
-    found = _confirm(wo, Goal(), 40, lambda k: k >= 6, rest_float)  # type: ignore[arg-type]
-    assert found == rest_float(23) and wo.tried == [40, 20, 30, 25, 22, 23, 24]
-    wo = _Verdicts(3)  # what holds saves too little: nothing
-    assert _confirm(wo, Goal(), 40, lambda k: k >= 6, rest_float) is None and wo.tried == [40, 20, 10]  # type: ignore[arg-type]
-    wo = _Verdicts(40)  # the quick probe was right: one trial
-    assert _confirm(wo, Goal(), 40, lambda k: k >= 6, rest_float) == rest_float(40) and wo.tried == [40]  # type: ignore[arg-type]
+
+def test_the_partial_search_sends_what_misses_to_the_back_and_goes_on() -> None:
+    """Largest first (qcli/precision/stored.py `_greedy`): 1, 2, 4 units until a miss, then
+    bisection; c misses beside a and b and goes to the back, the rest hold with them. A unit
+    alone beside those held is screened on the quick probe first."""
+    wo = _Holds("abcdefgh", "c")
+    assert _greedy(wo) == (7, "abdefghc")
+    assert wo.tried == ["a?", "a", "ab", "abcd", "abc", "abd?", "abd", "abde", "abdefg", "abdefgh"]
+    wo = _Holds("abcdefgh", "", most=5)  # no single culprit: any sixth unit is one too many
+    assert _greedy(wo) == (5, "abcdefgh")
+    assert wo.tried == ["a?", "a", "ab", "abcd", "abcdefg", "abcde", "abcdef", "abcdeg?", "abcdeh?"]
+
+
+def test_a_model_that_misses_with_any_unit_int8_stops_after_two_units() -> None:
+    """a and b each miss alone on the quick probe (nakdimon): two rounds that keep none end
+    the search, one quick trial each; so does a culprit that leaves too few bytes (`saves`)."""
+    wo = _Holds("abcdefgh", "ab")
+    assert _greedy(wo) == (0, "cdefghab") and wo.tried == ["a?", "b?"]
+    wo = _Holds("abcdefgh", "a")
+    assert _greedy(wo, saves=lambda k: k >= 8) == (0, "bcdefgha") and wo.tried == ["a?"]
 
 
 def test_a_weight_control_flow_reads_too_is_stored_once_folded_under_its_name(cli, tmp_path: Path) -> None:
@@ -372,28 +384,3 @@ def test_a_weight_only_branches_read_is_stored_weight_only_and_the_if_is_a_unit(
         got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feed)[0]
         want = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
         np.testing.assert_array_equal(got, want[0])
-
-
-def test_the_alone_probes_stop_once_too_few_bytes_are_left_for_a_worthy_int8_set() -> None:
-    """Beside 16-bit weights an int8 set must hold `least` bytes: once the units that miss
-    alone (largest first) leave fewer, the rest are not probed (qcli/precision/stored.py)."""
-    from qcli.precision.stored import _alone
-
-    class Goal:
-        accurate = staticmethod(bool)
-
-    class Trials:
-        def __init__(self, misses: set[str]) -> None:
-            self.misses, self.tried = misses, []
-
-        def fidelity(self, alone, quick=False):
-            self.tried.append(alone.unit)
-            return alone.unit not in self.misses
-
-    sizes = {"a": 60, "b": 30, "c": 10}
-    wo = Trials({"a"})
-    assert _alone(wo, Goal(), ["a", "b", "c"], sizes, 50) is None and wo.tried == ["a"]  # type: ignore[arg-type]
-    wo = Trials({"c"})
-    assert _alone(wo, Goal(), ["a", "b", "c"], sizes, 50) == [True, True, False]  # type: ignore[arg-type]
-    wo = Trials(set())
-    assert _alone(wo, Goal(), ["b", "c"], sizes, 50) is None and wo.tried == []  # type: ignore[arg-type]

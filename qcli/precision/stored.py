@@ -18,16 +18,16 @@ asymmetric activations, 8-bit weights, as for the rescue's dynamic forms): a Ten
 When the whole model weight-only misses the goal, some weights matter more than others (the
 first convolutions of a CNN, whose rounding the network amplifies). The rest's weights are
 wider: 16-bit (half the float bytes, rounding 256x finer than int8's) when the model 16-bit
-throughout meets the goal (one trial on all samples), else float. Each weighted unit
-weight-only alone is measured on the quick probe (one trial each; the largest units holding
-POOL_SHARE of the bytes: the rest keep wider weights), and the most units (least predicted
-loss, then output noise, per weight byte first: `_loss`) whose weights stay int8 while the rest
-keep wider ones and the goal is met (bisection on the quick probe, confirmed on all samples:
-halving until one holds, then bisecting back up towards the smallest that missed;
-PARTIAL_TRIALS more at most) are written instead, on the same terms; beside 16-bit weights,
-only when they save a quarter of the 16-bit model's bytes (`_partial`), else the model is
-16-bit throughout. The units are the weight-only plan's: recurrent cells (LSTM, GRU, RNN)
-store their weights there too (rules.WEIGHT_ONLY).
+throughout meets the goal (one trial on all samples), else float. The units whose weights stay
+int8 are found greedily, largest first (the largest units holding POOL_SHARE of the bytes: the
+small rest keeps wider weights), on all samples (`_greedy`; PARTIAL_TRIALS at most): rounds
+that add 1, 2, 4, ... units beside those already held until one misses, then bisect, each
+sending the first unit that misses to the back. No trial per unit, and the quick probe only
+screens a unit alone: its few samples flatter (PP-LCNet: 13 units held on 8 samples, 10 on
+32), so what misses there misses. They are written instead, on the same terms;
+beside 16-bit weights, only when they save a quarter of the 16-bit model's bytes (`_partial`),
+else the model is 16-bit throughout. The units are the weight-only plan's: recurrent cells
+(LSTM, GRU, RNN) store their weights there too (rules.WEIGHT_ONLY).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from qcli.info import tensor_bytes
 from qcli.phases import phase
 from qcli.plan import make_plan
 from qcli.precision.goal import Goal
-from qcli.precision.trials import Alone, Trials
+from qcli.precision.trials import Trials
 from qcli.precision.units import Choice, Choices, find_units, promoted_config
 from qcli.quantize import QuantizeResult
 
@@ -128,49 +128,37 @@ def _widths(choices: Choices, units: int) -> str:
     return f"int8 weights ({', '.join(said + [f'{n} with {p} weights' for p, n in rest])})"
 
 
-PARTIAL_TRIALS = 16  # the partial search's trials after one per weighted unit
+PARTIAL_TRIALS = 16  # the partial search's trials after the whole model's two
 
 
 def _own_trials(trials: Trials, stored: Config) -> Trials:
     """`trials` for the weight-only config `stored`: their own units (its plan's: recurrent
     cells store weights there, rules.WEIGHT_ONLY, as a worker finds them), caches (empty after
-    `replace`) and budget (one trial per weighted unit, then PARTIAL_TRIALS), no folds (float
-    activations need no ranges: one model serves every fold)."""
+    `replace`) and budget (the whole model in 8 and in 16 bits, then PARTIAL_TRIALS), no folds
+    (float activations need no ranges: one model serves every fold)."""
     units = find_units(trials.prepared.model, make_plan(trials.prepared.model, stored))
-    weighted = sum(u.weighted for u in units)
     return replace(trials, config=stored, units=units, table=replace(trials.table, folds=[]), count=0,
-                   max_trials=2 + weighted + PARTIAL_TRIALS, stopped=None)
+                   max_trials=2 + PARTIAL_TRIALS, stopped=None)
 
 
 POOL_SHARE = 0.95  # the partial search weighs the largest units that hold this share of the bytes
 
 
-def _largest(sizes: dict[str, int]) -> list[str]:
-    """The largest units (by weight bytes) that together hold POOL_SHARE of them: the small
-    rest saves little and would cost a trial each.
+def _largest(sizes: dict[str, int], position: dict[str, int]) -> list[str]:
+    """The largest units (by weight bytes; in graph order among equals) that together hold
+    POOL_SHARE of them, largest first: the small rest saves little and would stretch the
+    bisection.
 
-    >>> _largest({"a": 10, "b": 900, "c": 90})
+    >>> _largest({"a": 10, "b": 900, "c": 90}, {"a": 0, "b": 1, "c": 2})
     ['b', 'c']
     """
     total, pool, held = sum(sizes.values()), [], 0
-    for name in sorted(sizes, key=lambda n: -sizes[n]):
+    for name in sorted(sizes, key=lambda n: (-sizes[n], position[n])):
         if held >= POOL_SHARE * total:
             break
         pool.append(name)
         held += sizes[name]
     return pool
-
-
-def _loss(f: Fidelity | None) -> float:
-    """The largest loss a candidate is predicted to have on unseen samples: 1 - the predicted
-    agreement of decisions (top-1, sequence), 1 - the agreement or cosine of other outputs. The
-    margins' prediction follows what the floors judge, where the output noise of a softmax can
-    stay small while decisions flip (ddddocr's recognizer)."""
-    if f is None:
-        return float("inf")
-    losses = [1.0 - (o.predicted_agreement if o.predicted_agreement is not None else v)
-              for o in f.outputs for v in (o.gated_agreement, o.gated_cosine) if v is not None]
-    return max(losses, default=0.0)
 
 
 def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
@@ -199,70 +187,44 @@ def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
         worth = wide == "float" or k == 0 or wide_bytes - (0.75 - kept) * narrow <= SAVES * wide_bytes
         return worth and 0.75 * narrow + kept * (total - narrow) >= needed
 
-    pool = _largest(weighted)
-    order, small = list(pool), [n for n in weighted if n not in pool]
+    order = _largest(weighted, {u.node: k for k, u in enumerate(wo.units)})
+    small = [n for n in weighted if n not in order]
     fallback = rest_wide(0) if wide == "int16" and saves(0) else None
-    # beside 16-bit weights a worthy int8 set holds at least `least` bytes: once the units
-    # missing alone leave less than that, no set is (largest first: they decide soonest)
-    least = (1 - SAVES) * (1 - kept) * sum(weighted.values()) / (0.75 - kept) if wide == "int16" else 0.0
-    found = _alone(wo, goal, pool, weighted, least)
-    if found is None:
-        return fallback
-    position = {u.node: k for k, u in enumerate(wo.units)}
-
-    def per_byte(n: str, f: Fidelity | None) -> tuple[float, float, int]:
-        size = max(weighted[n], 1)
-        return _loss(f) / size, (f.noise if f is not None else float("inf")) / size, position[n]
-
-    keys = {n: per_byte(n, f) for n, f in zip(pool, found, strict=True)}
-    order[:] = sorted(keys, key=keys.__getitem__)  # the least loss for the bytes it saves first
-
-    # all of them int8 missed already; when each alone misses too, none can join another; the
-    # least that saves enough holds on the quick probe, or no more does either
-    worthy = next((k for k in range(1, len(order)) if saves(k)), len(order))
-    lo, hi = 0, len(order) - 1 if any(goal.accurate(f) for f in found) else 0
-    if worthy > 1 and worthy <= hi:
-        lo, hi = (worthy, hi) if goal.accurate(wo.fidelity(rest_wide(worthy), quick=True)) else (0, 0)
-    elif worthy > hi:
-        hi = 0
-    while lo < hi and not wo.exhausted():
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if goal.accurate(wo.fidelity(rest_wide(mid), quick=True)) else (lo, mid - 1)
-    best = _confirm(wo, goal, lo, saves, rest_wide)
+    k = _greedy(wo, goal, rest_wide, saves, order)
+    best = rest_wide(k) if k and saves(k) else None
     return fallback if best is None else best  # 16-bit weights throughout held above
 
 
-def _alone(wo: Trials, goal: Goal, pool: list[str], weighted: dict[str, int], least: float
-           ) -> list[Fidelity | None] | None:
-    """Each unit of `pool` int8 alone, on the quick probe; None as soon as the units that meet
-    the goal alone, with those not measured yet, hold fewer than `least` bytes (a unit that
-    misses alone joins no set that holds: the search's monotone premise)."""
-    if not least:
-        return wo.fidelity_many([Alone(n) for n in pool], quick=True)
-    found: list[Fidelity | None] = []
-    left = sum(weighted[n] for n in pool)
-    if left < least:
-        return None
-    for n in pool:
-        found.append(wo.fidelity(Alone(n), quick=True))
-        left -= 0 if goal.accurate(found[-1]) else weighted[n]
-        if left < least:
-            return None
-    return found
+def _greedy(wo: Trials, goal: Goal, rest_wide: Callable[[int], Choices], saves: Callable[[int], bool],
+            order: list[str]) -> int:
+    """The most units of `order` int8 (largest first) that hold together on all samples,
+    PARTIAL_TRIALS at most: `order` reordered in place so that its first k units (returned)
+    are those. Each round adds 1, 2, 4, ... units after those held until a miss, then bisects
+    (in the first round the whole pool is taken to miss, as the whole model did), and sends
+    the first unit that misses beside those held to the back. A unit alone beside them is
+    screened on the quick probe first: its few samples flatter, so what misses there misses.
+    Rounds end after two in a row keep none (nakdimon misses with any unit int8: the rest
+    would cost a trial each), or once the units held and untried together could not save
+    enough (`saves`)."""
+    k, end, missed = 0, len(order), 0
 
+    def holds(j: int) -> bool:
+        if j == k + 1 and not goal.accurate(wo.fidelity(rest_wide(j), quick=True)):
+            return False
+        return goal.accurate(wo.fidelity(rest_wide(j)))
 
-def _confirm(wo: Trials, goal: Goal, k: int, saves: Callable[[int], bool],
-             rest_wide: Callable[[int], Choices]) -> Choices | None:
-    """The most int8 units, at most `k` (the quick probe's answer, which can flatter), that
-    meet the goal on all samples while they save enough (`saves`): `k`, then halving until one
-    holds, then bisection between it and the smallest that missed."""
-    best, lo, hi, j = None, 0, k, k
-    while j > lo and saves(j) and not wo.exhausted():
-        if goal.accurate(wo.fidelity(rest_wide(j))):
-            best, lo = rest_wide(j), j
-            if j == hi:
-                break
-        else:
-            hi = j - 1
-        j = (lo + hi + 1) // 2 if best is not None else j // 2
-    return best
+    while k < end and missed < 2 and saves(end) and not wo.exhausted():
+        lo, hi, step = 0, end - k - (1 if end == len(order) else 0), 1
+        while lo < hi and not wo.exhausted():
+            mid = min(step, hi) if step else (lo + hi + 1) // 2
+            if holds(k + mid):
+                lo, step = mid, 2 * step
+            else:
+                hi, step = mid - 1, 0
+        if lo < hi:  # out of trials mid-round: what held stands
+            return k + lo
+        k, missed = k + lo, 0 if lo else missed + 1
+        if k < end:
+            order.append(order.pop(k))
+            end -= 1
+    return k
