@@ -240,16 +240,17 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         return base, ratio, floors
     tried: list[Stored | None] = []  # the weight-only model, once tried
 
-    def instead(choices: Choices) -> bool:
-        """Whether the weight-only model, tried as soon as a confirmed prefix is mostly float
-        (or everything promoted, when the goal needs most units), meets the goal: then no
-        prune of that prefix would be written (README "Verification")."""
+    def instead(choices: Choices) -> Fidelity | None:
+        """The weight-only model's fidelity when it meets the goal, tried as soon as the
+        search's next prefix to confirm is mostly float (or everything promoted, when the goal
+        needs most units): then no prune of that prefix would be written (README
+        "Verification")."""
         if tried or not mostly_float(trials, current := trials.build(choices)):
-            return False
+            return None
         # timed when it computes in int8 somewhere: the weight-only one must not be slower
         timed = floors.max_latency_ratio is not None and current.plan.quantizes
         tried.append(weight_only(trials, goal, current, trials.latency(choices) if timed else None))
-        return tried[0] is not None
+        return tried[0].fidelity if tried[0] is not None else None
 
     int8 = outcome.result  # the rescue replaces outcome.result with what it found
     stores = not ap.enabled and _dynamic_scheme(config)
@@ -274,7 +275,7 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
 
 
 def _rescue(outcome: Outcome, trials: Trials, goal: Goal, no_payoff: str | None,
-            instead: Callable[[Choices], bool] | None) -> SearchResult:
+            instead: Callable[[Choices], Fidelity | None] | None) -> SearchResult:
     """The search for `goal` (`no_payoff`: why it would be in vain; `instead`: `search`'s), and
     the outcome made of what it found."""
     config, ap = outcome.config, outcome.config.auto_precision

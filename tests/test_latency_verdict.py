@@ -151,3 +151,19 @@ def test_a_model_near_parity_gives_the_same_exit_code_and_bytes_each_run(cli, tm
         assert doc["verification"]["latency_interval"]["rounds"] >= 40
     assert codes == [0, 0, 0]
     assert files[0] == files[1] == files[2]
+
+
+@pytest.mark.parametrize("float_ms, count", [(0.02, 40), (18.5, 16), (400.0, 12)])
+def test_a_slow_float_model_is_timed_in_fewer_rounds(tmp_path: Path, float_ms: float, count: int) -> None:
+    """40 rounds, fewer when the float model's runs would take over TIMING_MS (12 at least):
+    nakdimon's 18.5 ms runs took 1.9 s of timing at 40."""
+    import onnx
+
+    from qcli.analyze.probe import Probe
+    from qcli.data import DataFolder, model_inputs
+
+    model = onnx.load(str(near_parity(tmp_path)))
+    specs = model_inputs(model)
+    probe = Probe(model, list(DataFolder(normal_folder(tmp_path / "d", 2, x=(1, 32, 40, 40)), specs).batches(2)), specs)
+    probe._float_ms = float_ms  # as measured once (`float_ms`)
+    assert probe.latency_ratio(model).count == count

@@ -191,24 +191,47 @@ def test_when_the_goal_needs_most_units_the_blocks_are_not_refined() -> None:
 def test_when_the_goal_needs_most_units_the_callers_better_model_is_asked_before_the_prefix() -> None:
     """The rescue's `instead` (its weight-only model) is asked about everything promoted as
     soon as the blocks show that the goal needs most units, before the prefix search: the
-    prefix would be mostly float anyway. Taken, the search ends there; refused, the search
-    goes on as before, asking again at the confirmed prefix (the rescue's `instead` tries its
-    model once and refuses after)."""
+    prefix would be mostly float anyway. Taken, the search ends there, with its model's
+    fidelity; refused, the search goes on as before, asking again at the prefix to confirm
+    (the rescue's `instead` tries its model once and refuses after)."""
     names = [f"u{i}" for i in range(40)]
     us = units(*names)
     asked: list[int] = []
+    better = Fidelity((OutputFidelity("y", False, None, 1.0, None),), noise=0.0)
 
-    def instead(choices: dict) -> bool:
+    def instead(choices: dict) -> Fidelity:
         asked.append(len(choices))
-        return True
+        return better
 
-    found = search(us, FakeTrials({n: 0.001 for n in names}, max_trials=30), Goal(max_drop=0.01), float_costs(us),
-                   instead=instead)
-    assert asked == [40] and len(found.choices) == 40
+    trials = FakeTrials({n: 0.001 for n in names}, max_trials=30)
+    found = search(us, trials, Goal(max_drop=0.01), float_costs(us), instead=instead)
+    assert asked == [40] and len(found.choices) == 40 and found.fidelity is better
     assert not any(s.action.startswith("promote top") for s in found.steps)
     refused = search(us, FakeTrials({n: 0.001 for n in names}, max_trials=30), Goal(max_drop=0.01),
-                     float_costs(us), instead=lambda choices: asked.append(len(choices)) or False)
+                     float_costs(us), instead=lambda choices: asked.append(len(choices)))
     assert asked == [40, 40, 30] and refused.met and len(refused.choices) == 30
+
+
+def test_a_prefix_the_caller_has_better_than_is_not_confirmed() -> None:
+    """The quick probe flatters the top 10 (all samples need 30): the doubling asks the
+    rescue's `instead` about each prefix before confirming it; at 20 (mostly float: from there
+    on any prefix that holds is) its model meets the goal, and top 20 is neither confirmed
+    nor pruned."""
+    names = [f"u{i}" for i in range(40)]
+    us = units(*names)
+
+    class Flattered(FakeTrials):
+        def fidelity(self, choices, quick=False):
+            f = super().fidelity(choices, quick)
+            return replace(f, outputs=(replace(f.outputs[0], cosine=1.0),)) if quick and len(choices) >= 10 else f
+
+    asked: list[int] = []
+    better = Fidelity((OutputFidelity("y", False, None, 1.0, None),), noise=0.0)
+    trials = Flattered({n: 0.001 for n in names}, max_trials=200)
+    found = search(us, trials, Goal(max_drop=0.01), float_costs(us),
+                   instead=lambda c: asked.append(len(c)) or (better if len(c) >= 20 else None))
+    assert asked == [10, 20] and len(found.choices) == 20 and found.fidelity is better
+    assert [s.action for s in found.steps if s.action.startswith("confirm")] == ["confirm top 10 on all samples"]
 
 
 def test_when_the_goal_needs_most_units_the_prune_stops_once_they_prove_dense() -> None:

@@ -259,8 +259,9 @@ def test_verification_and_the_rescue_index_the_smoothed_graph(cli, tmp_path: Pat
     assert result.exit_code in (0, 1), result.stderr
     doc = json.loads(result.stdout)
     assert doc["precision"]["steps"][0]["action"] == "all int8"  # the rescue ran on the smoothed graph
-    assert doc["precision"]["steps"][-1]["action"] == "confirm top 3 on all samples"
-    # everything promoted: the weight-only model (16-bit weights, nothing to smooth) is written instead
+    assert doc["precision"]["steps"][-1]["action"] == "promote top 3"
+    # everything promoted, about to be confirmed: the weight-only model (16-bit weights, nothing to
+    # smooth) is tried first and written instead
     assert any(n.startswith("weight-only: ") for n in doc["notes"]) and doc["recovery"]["smoothquant"] == []
 
 

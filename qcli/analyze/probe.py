@@ -51,6 +51,8 @@ from qcli.runtime import make_session
 
 PROFILE_RUNS = (5, 20)  # profiled runs per node-time profile: at least, at most
 PROFILE_MS = 100.0  # float run time the profiled runs take at most, above the least runs
+TIMING_ROUNDS = (12, 40)  # rounds of one latency timing: at least, at most
+TIMING_MS = 300.0  # float run time one timing's rounds take at most, above the least rounds
 # The agreement each kind is gated on, by name (a check's name; cosine is gated apart).
 _POOLS: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked worker's copy has no threads
 
@@ -324,11 +326,15 @@ class Probe:
         feeds, _ = timed_inputs(self.batches[0], self.inputs, 1)
         return feeds
 
-    def latency_ratio(self, candidate: onnx.ModelProto, runs: int = 40, warmup: int = 5,
+    def latency_ratio(self, candidate: onnx.ModelProto, runs: int | None = None, warmup: int = 5,
                       fresh: bool = False) -> Ratio:
         """Latency of `candidate` / latency of the float model (batch 1): the median of `runs`
         alternating rounds' ratios, with its interval (`latency.Ratio`). `fresh`: against a new
-        float session too (a timing again: `Ratio.retimed`)."""
+        float session too (a timing again: `Ratio.retimed`). Default runs: 40, fewer (12 at
+        least) when the float model's take more than TIMING_MS in all: a slow model's rounds
+        vary less, and nakdimon's 40 (18.5 ms a run) took 1.9 s."""
+        if runs is None:
+            runs = max(TIMING_ROUNDS[0], min(TIMING_ROUNDS[1], int(TIMING_MS / max(self.float_ms(), 1e-3))))
         session = make_session(candidate, self.threads, timing=True)
         reference = make_session(self.float_model, self.threads) if fresh else self._float_session
         feeds = self.feeds()

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import replace
 
+from qcli.analyze.probe import Fidelity
 from qcli.precision.goal import Goal
 from qcli.precision.ranking import rank
 from qcli.precision.state import Point, Promotions, SearchState
@@ -25,7 +26,8 @@ from qcli.precision.units import Choice, Choices, Costs, Unit
 
 def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, shrink: bool = False,
            candidates: Collection[str] | None = None, dynamic_first: bool = False,
-           no_payoff: str | None = None, instead: Callable[[Choices], bool] | None = None) -> SearchResult:
+           no_payoff: str | None = None, instead: Callable[[Choices], Fidelity | None] | None = None,
+           ) -> SearchResult:
     """Find the choices meeting `goal` (README "Automatic mixed precision"): all int8 when that
     meets it; else units slower in int8 promoted (a missed latency ceiling), then the accuracy
     search; then, with `shrink`, int4 weights where they keep the goal. `candidates`: the
@@ -37,8 +39,8 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     (`_all_dynamic`), and is the result when it meets the goal. `no_payoff` (the rescue: why no
     mix of int8 and float could pay off, when none could): all int8 missing the goal, every unit
     is promoted at once, one trial, without a search. `instead` (the rescue): asked about each
-    confirmed prefix of the accuracy search; True ends the search there, unpruned (the caller
-    has a better model than any prune of it: `_settle`)."""
+    prefix of the accuracy search before it is confirmed; a fidelity (the caller's better
+    model's, which meets the goal) ends the search there, unpruned (`_settle`)."""
     promotable = [u for u in units if u.node in costs]
     s = SearchState(trials, goal, costs, promotable, {u.node: u.index for u in units},
                 [u.node for u in units if u.weighted], instead=instead)
@@ -139,15 +141,15 @@ def _accuracy(s: SearchState, here: Point, promote: Promotions, cheaper: dict[st
         return _most_within_speed(s, ranking, here)
     if s.missed is not None and s.instead is not None:  # the goal needs most units: see `_settle`
         everything = ranking.prefix(len(ranked))
-        if s.instead(everything):
-            return Point(everything, s.trials.fidelity(everything), here.ratio)
+        if (better := s.instead(everything)) is not None:
+            return Point(everything, better, here.ratio)
     scales = [0.5, 1.0] if s.goal.criterion == "balanced" and s.goal.max_drop is not None else [1.0]
     rankings = [replace(ranking, to={**promote.to, **smaller}), ranking] if smaller else [ranking]
     for candidate in rankings:
         for scale in scales:
-            chosen = _settle(s.scaled(scale), candidate, cheaper)
-            if chosen is not None:
-                return Point(chosen, s.trials.fidelity(chosen), here.ratio)
+            settled = _settle(s.scaled(scale), candidate, cheaper)
+            if settled is not None:
+                return replace(settled, ratio=here.ratio)
     everything = ranking.prefix(len(ranking.ranked))
     f = s.trials.fidelity(everything)
     if f is not None and (here.fidelity is None or f.noise < here.fidelity.noise):
@@ -277,17 +279,21 @@ def _prune(s: SearchState, ranking: Promotions, chosen: Choices, order: list[str
     return chosen
 
 
-def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | None = None) -> Choices | None:
+def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | None = None) -> Point | None:
     """The accuracy search: the shortest prefix, the prune and (with `cheaper`) each promoted
     unit tried in its cheaper promotion, on the quick probe (a few samples: cheap), each result
     confirmed on all samples (a few samples can flatter a candidate: the prefix then doubles
     until it holds; a prune that does not hold is redone on all samples over the units it
-    changed: the ones the quick probe found needed stay promoted). A confirmed prefix the
-    caller has better than (`s.instead`) is the result, unpruned."""
+    changed: the ones the quick probe found needed stay promoted). A prefix the caller has
+    better than (`s.instead`, asked before it is confirmed: the rescue's weight-only model,
+    for a prefix mostly float, as any that holds from there on is) is the result, unpruned,
+    with the caller's model's fidelity."""
     k = _shortest_prefix(s, ranking, quick=True)
     if k is None:
         return None
     while True:
+        if s.instead is not None and (better := s.instead(ranking.prefix(k))) is not None:
+            return Point(ranking.prefix(k), better)
         f = s.trials.fidelity(ranking.prefix(k))
         ok = s.accurate(f)
         s.log(StepKind.CONFIRM, f"confirm top {k} on all samples", [], ranking.prefix(k), f, kept=ok)
@@ -297,8 +303,6 @@ def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | No
             return None
         k = min(2 * k, len(ranking.ranked))
     chosen = ranking.prefix(k)
-    if s.instead is not None and s.instead(chosen):
-        return chosen
     for what, change in [("the prune", None)] + ([("the cheaper promotions", cheaper)] if cheaper else []):
         order = [n for n in ranking.ranked[:k][::-1] if n in chosen]
         changed = _prune(s, ranking, chosen, order, quick=True, cheaper=change)
@@ -308,7 +312,7 @@ def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | No
             s.log(StepKind.CONFIRM, f"confirm {what} on all samples", [], changed if ok else chosen, f, kept=ok)
             redo = [n for n in order if changed.get(n) != chosen.get(n)]  # what the quick prune changed
             chosen = changed if ok else _prune(s, ranking, chosen, redo, cheaper=change)
-    return chosen
+    return Point(chosen, s.trials.fidelity(chosen))
 
 
 def _most_within_speed(s: SearchState, ranking: Promotions, here: Point) -> Point:

@@ -9,7 +9,7 @@ meets the same goal (the floors by the verdict rule, the latency ceiling), is no
 slower than it (untimed when it computes in float too: as fast by construction, its weights
 folded at load), and its weights take at most 3/4 of its bytes (none are measured when even
 every weight int8 would not). The rescue tries it at the first prefix of the search's ranking
-that it confirms mostly float, or against everything promoted as soon as the ranking finds
+that it is about to confirm mostly float, or against everything promoted as soon as the ranking finds
 that the goal needs most units, and stops the search there when it holds (qcli.verify). Its
 trials are its own, not counted in the search's. Only in onnxruntime's CPU scheme (uint8
 asymmetric activations, 8-bit weights, as for the rescue's dynamic forms): a TensorRT config

@@ -65,7 +65,7 @@ def _digest(model: onnx.ModelProto) -> bytes:
     return h.digest()
 
 
-SETTLE_TIMINGS = 3  # timings of 40 rounds at most for one latency verdict
+SETTLE_TIMINGS = 3  # timings (of 40 rounds at most: Probe.latency_ratio) for one latency verdict
 SPEED_TIE = 2.0  # µs: a unit whose int8 form is slower by less than this is a tie (stays int8)
 
 
