@@ -192,14 +192,14 @@ def test_when_the_goal_needs_most_units_the_callers_better_model_is_asked_before
     """The rescue's `instead` (its weight-only model) is asked about everything promoted as
     soon as the blocks show that the goal needs most units, before the prefix search: the
     prefix would be mostly float anyway. Taken, the search ends there, with its model's
-    fidelity; refused, the search goes on as before, asking again at the prefix to confirm
-    (the rescue's `instead` tries its model once and refuses after)."""
+    fidelity; refused, the search goes on as before, asking again at the prefix it confirms,
+    before and after (the rescue's `instead` tries its model once and refuses after)."""
     names = [f"u{i}" for i in range(40)]
     us = units(*names)
     asked: list[int] = []
     better = Fidelity((OutputFidelity("y", False, None, 1.0, None),), noise=0.0)
 
-    def instead(choices: dict) -> Fidelity:
+    def instead(choices: dict, confirmed: bool) -> Fidelity:
         asked.append(len(choices))
         return better
 
@@ -208,8 +208,8 @@ def test_when_the_goal_needs_most_units_the_callers_better_model_is_asked_before
     assert asked == [40] and len(found.choices) == 40 and found.fidelity is better
     assert not any(s.action.startswith("promote top") for s in found.steps)
     refused = search(us, FakeTrials({n: 0.001 for n in names}, max_trials=30), Goal(max_drop=0.01),
-                     float_costs(us), instead=lambda choices: asked.append(len(choices)))
-    assert asked == [40, 40, 30] and refused.met and len(refused.choices) == 30
+                     float_costs(us), instead=lambda choices, confirmed: asked.append(len(choices)))
+    assert asked == [40, 40, 30, 30] and refused.met and len(refused.choices) == 30
 
 
 def test_a_prefix_the_caller_has_better_than_is_not_confirmed() -> None:
@@ -229,7 +229,7 @@ def test_a_prefix_the_caller_has_better_than_is_not_confirmed() -> None:
     better = Fidelity((OutputFidelity("y", False, None, 1.0, None),), noise=0.0)
     trials = Flattered({n: 0.001 for n in names}, max_trials=200)
     found = search(us, trials, Goal(max_drop=0.01), float_costs(us),
-                   instead=lambda c: asked.append(len(c)) or (better if len(c) >= 20 else None))
+                   instead=lambda c, confirmed: asked.append(len(c)) or (better if len(c) >= 20 else None))
     assert asked == [10, 20] and len(found.choices) == 20 and found.fidelity is better
     assert [s.action for s in found.steps if s.action.startswith("confirm")] == ["confirm top 10 on all samples"]
 

@@ -26,7 +26,7 @@ from qcli.precision.units import Choice, Choices, Costs, Unit
 
 def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, shrink: bool = False,
            candidates: Collection[str] | None = None, dynamic_first: bool = False,
-           no_payoff: str | None = None, instead: Callable[[Choices], Fidelity | None] | None = None,
+           no_payoff: str | None = None, instead: Callable[[Choices, bool], Fidelity | None] | None = None,
            ) -> SearchResult:
     """Find the choices meeting `goal` (README "Automatic mixed precision"): all int8 when that
     meets it; else units slower in int8 promoted (a missed latency ceiling), then the accuracy
@@ -39,8 +39,9 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     (`_all_dynamic`), and is the result when it meets the goal. `no_payoff` (the rescue: why no
     mix of int8 and float could pay off, when none could): all int8 missing the goal, every unit
     is promoted at once, one trial, without a search. `instead` (the rescue): asked about each
-    prefix of the accuracy search before it is confirmed; a fidelity (the caller's better
-    model's, which meets the goal) ends the search there, unpruned (`_settle`)."""
+    prefix of the accuracy search before it is confirmed (False) and once it is (True); a
+    fidelity (the caller's better model's, which meets the goal) ends the search there,
+    unpruned (`_settle`)."""
     promotable = [u for u in units if u.node in costs]
     s = SearchState(trials, goal, costs, promotable, {u.node: u.index for u in units},
                 [u.node for u in units if u.weighted], instead=instead)
@@ -141,7 +142,7 @@ def _accuracy(s: SearchState, here: Point, promote: Promotions, cheaper: dict[st
         return _most_within_speed(s, ranking, here)
     if s.missed is not None and s.instead is not None:  # the goal needs most units: see `_settle`
         everything = ranking.prefix(len(ranked))
-        if (better := s.instead(everything)) is not None:
+        if (better := s.instead(everything, True)) is not None:
             return Point(everything, better, here.ratio)
     scales = [0.5, 1.0] if s.goal.criterion == "balanced" and s.goal.max_drop is not None else [1.0]
     rankings = [replace(ranking, to={**promote.to, **smaller}), ranking] if smaller else [ranking]
@@ -285,14 +286,15 @@ def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | No
     confirmed on all samples (a few samples can flatter a candidate: the prefix then doubles
     until it holds; a prune that does not hold is redone on all samples over the units it
     changed: the ones the quick probe found needed stay promoted). A prefix the caller has
-    better than (`s.instead`, asked before it is confirmed: the rescue's weight-only model,
-    for a prefix mostly float, as any that holds from there on is) is the result, unpruned,
-    with the caller's model's fidelity."""
+    better than (`s.instead`: the rescue's weight-only model, for a prefix mostly float, as
+    any that holds from there on is; asked before the prefix is confirmed, which it would
+    replace, and again once it is) is the result, unpruned, with the caller's model's
+    fidelity."""
     k = _shortest_prefix(s, ranking, quick=True)
     if k is None:
         return None
     while True:
-        if s.instead is not None and (better := s.instead(ranking.prefix(k))) is not None:
+        if s.instead is not None and (better := s.instead(ranking.prefix(k), False)) is not None:
             return Point(ranking.prefix(k), better)
         f = s.trials.fidelity(ranking.prefix(k))
         ok = s.accurate(f)
@@ -303,6 +305,8 @@ def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | No
             return None
         k = min(2 * k, len(ranking.ranked))
     chosen = ranking.prefix(k)
+    if s.instead is not None and (better := s.instead(chosen, True)) is not None:
+        return Point(chosen, better)
     for what, change in [("the prune", None)] + ([("the cheaper promotions", cheaper)] if cheaper else []):
         order = [n for n in ranking.ranked[:k][::-1] if n in chosen]
         changed = _prune(s, ranking, chosen, order, quick=True, cheaper=change)
