@@ -223,15 +223,12 @@ class Probe:
         function giving the candidate of each fold, each run on its own fold's batches (the
         folds one after another: one fold's model and session in memory at a time), into one
         set of figures."""
-        def model_of(k: int) -> onnx.ModelProto:
-            return candidate(k) if callable(candidate) else candidate
-
         assert self.kinds is not None  # set in __post_init__
         accs = [FidelityAccumulator(self.kinds[n], pool=(self.pools or {}).get(n)) for n in self.names]
         topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
         custom = self._metric.start() if self._metric else None
         k = next((j for j, n in enumerate(self.names) if self.kinds[n].kind is Kind.TOP1), None)
-        for j, values in self._outputs(model_of):
+        for j, values in self._outputs(candidate):
             batch, reference = self.batches[j], self.reference[j]
             for acc, ref, value in zip(accs, reference, values, strict=True):
                 acc.update(ref, value, batch.size)
@@ -255,17 +252,20 @@ class Probe:
             custom=custom.result() if custom is not None else None,
         )
 
-    def _outputs(self, model_of: Callable[[int], onnx.ModelProto]) -> Iterator[tuple[int, list[np.ndarray]]]:
+    def _outputs(self, candidate: onnx.ModelProto | Callable[[int], onnx.ModelProto],
+                 ) -> Iterator[tuple[int, list[np.ndarray]]]:
         """(batch index, the candidate's outputs) for every batch, in order: the batches of one
-        fold on that fold's session (one session in memory at a time), `parallel` batches at a
-        time (the first on this thread, the others on a pool's), each on one core: sessions of
-        one thread give the same bits as one of several threads, and per-batch threads use 2
-        cores better than onnxruntime's intra-op threads on small batches (`parallel_runs`)."""
-        folds = self.folds if self.folds is not None else [0] * len(self.batches)
+        fold on that fold's session (one session in memory at a time; one model, as a
+        weight-only candidate is for every fold: one session), `parallel` batches at a time
+        (the first on this thread, the others on a pool's), each on one core: sessions of one
+        thread give the same bits as one of several threads, and per-batch threads use 2 cores
+        better than onnxruntime's intra-op threads on small batches (`parallel_runs`)."""
+        folds = self.folds if self.folds is not None and callable(candidate) else [0] * len(self.batches)
         parallel = parallel_runs(self.threads)
         for fold, members in itertools.groupby(range(len(self.batches)), key=lambda j: folds[j]):
             group = list(members)
-            session = make_session(model_of(fold), 1 if parallel > 1 and len(group) > 1 else self.threads)
+            model = candidate(fold) if callable(candidate) else candidate
+            session = make_session(model, 1 if parallel > 1 and len(group) > 1 else self.threads)
             for w in range(0, len(group), parallel):
                 window = group[w: w + parallel]
                 runs = [_pool().submit(session.run, self.names, self.batches[j].inputs) for j in window[1:]]
