@@ -240,17 +240,18 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         return base, ratio, floors
     tried: list[Stored | None] = []  # the weight-only model, once tried
 
-    def instead(choices: Choices, confirmed: bool) -> Fidelity | None:
+    def instead(choices: Choices, settled: bool) -> Fidelity | None:
         """The weight-only model's fidelity when it meets the goal, tried as soon as the
         search's next prefix to confirm is mostly float (or everything promoted, when the goal
         needs most units): then no prune of that prefix would be written (README
         "Verification"). Timed against the prefix when that computes in int8 somewhere (the
-        weight-only one must not be slower): then only once the prefix is `confirmed`, the
-        model the search would write (Silero's unconfirmed int8 convolutions were faster)."""
+        weight-only one must not be slower): then only once the prefix is `settled` (confirmed,
+        or everything promoted), the model the search would write (Silero's unconfirmed int8
+        convolutions were faster)."""
         if tried or not mostly_float(trials, current := trials.build(choices)):
             return None
         timed = floors.max_latency_ratio is not None and current.plan.quantizes
-        if timed and not confirmed:
+        if timed and not settled:
             return None
         tried.append(weight_only(trials, goal, current, trials.latency(choices) if timed else None))
         return tried[0].fidelity if tried[0] is not None else None

@@ -196,20 +196,21 @@ def test_when_the_goal_needs_most_units_the_callers_better_model_is_asked_before
     before and after (the rescue's `instead` tries its model once and refuses after)."""
     names = [f"u{i}" for i in range(40)]
     us = units(*names)
-    asked: list[int] = []
+    asked: list = []  # lengths, then (length, settled)
     better = Fidelity((OutputFidelity("y", False, None, 1.0, None),), noise=0.0)
 
-    def instead(choices: dict, confirmed: bool) -> Fidelity:
+    def instead(choices: dict, settled: bool) -> Fidelity:
         asked.append(len(choices))
         return better
 
     trials = FakeTrials({n: 0.001 for n in names}, max_trials=30)
     found = search(us, trials, Goal(max_drop=0.01), float_costs(us), instead=instead)
-    assert asked == [40] and len(found.choices) == 40 and found.fidelity is better
+    assert asked == [40] and len(found.choices) == 40 and found.fidelity is better  # settled: everything
     assert not any(s.action.startswith("promote top") for s in found.steps)
+    asked.clear()
     refused = search(us, FakeTrials({n: 0.001 for n in names}, max_trials=30), Goal(max_drop=0.01),
-                     float_costs(us), instead=lambda choices, confirmed: asked.append(len(choices)))
-    assert asked == [40, 40, 30, 30] and refused.met and len(refused.choices) == 30
+                     float_costs(us), instead=lambda choices, settled: asked.append((len(choices), settled)))
+    assert asked == [(40, True), (30, False), (30, True)] and refused.met and len(refused.choices) == 30
 
 
 def test_a_prefix_the_caller_has_better_than_is_not_confirmed() -> None:
@@ -225,12 +226,12 @@ def test_a_prefix_the_caller_has_better_than_is_not_confirmed() -> None:
             f = super().fidelity(choices, quick)
             return replace(f, outputs=(replace(f.outputs[0], cosine=1.0),)) if quick and len(choices) >= 10 else f
 
-    asked: list[int] = []
+    asked: list[tuple[int, bool]] = []
     better = Fidelity((OutputFidelity("y", False, None, 1.0, None),), noise=0.0)
     trials = Flattered({n: 0.001 for n in names}, max_trials=200)
     found = search(us, trials, Goal(max_drop=0.01), float_costs(us),
-                   instead=lambda c, confirmed: asked.append(len(c)) or (better if len(c) >= 20 else None))
-    assert asked == [10, 20] and len(found.choices) == 20 and found.fidelity is better
+                   instead=lambda c, settled: asked.append((len(c), settled)) or (better if len(c) >= 20 else None))
+    assert asked == [(10, False), (20, False)] and len(found.choices) == 20 and found.fidelity is better
     assert [s.action for s in found.steps if s.action.startswith("confirm")] == ["confirm top 10 on all samples"]
 
 

@@ -39,9 +39,10 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     (`_all_dynamic`), and is the result when it meets the goal. `no_payoff` (the rescue: why no
     mix of int8 and float could pay off, when none could): all int8 missing the goal, every unit
     is promoted at once, one trial, without a search. `instead` (the rescue): asked about each
-    prefix of the accuracy search before it is confirmed (False) and once it is (True); a
-    fidelity (the caller's better model's, which meets the goal) ends the search there,
-    unpruned (`_settle`)."""
+    prefix of the accuracy search before it is confirmed (settled: False) and once it is
+    (True; and about everything promoted when the goal needs most units); a fidelity (the
+    caller's better model's, which meets the goal) ends the search there, unpruned
+    (`_settle`)."""
     promotable = [u for u in units if u.node in costs]
     s = SearchState(trials, goal, costs, promotable, {u.node: u.index for u in units},
                 [u.node for u in units if u.weighted], instead=instead)

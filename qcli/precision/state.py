@@ -52,7 +52,7 @@ class SearchState:
     index: dict[str, int]  # unit -> graph position (steps list units in graph order)
     weighted: list[str] = field(default_factory=list)  # units with a constant weight (int4 candidates)
     scale: float = 1.0
-    instead: Callable[[Choices, bool], Fidelity | None] | None = None  # the caller's better model's (confirmed?)
+    instead: Callable[[Choices, bool], Fidelity | None] | None = None  # the caller's better model's (settled?)
     missed: Choices | None = None  # the candidate `_needs_most` found missing the goal (quick): no finer blocks
     steps: list[Step] = field(default_factory=list)
     sensitivity: dict[str, float] = field(default_factory=dict)
