@@ -34,8 +34,7 @@ def control_flow_weights(ctx: Context, planned: Collection[str]) -> dict[int, di
     out: dict[int, dict[str, WeightPlan]] = {}
     seen = set(planned)
     for i, node in enumerate(ctx.index.graph.node):
-        section = _section(ctx, i)
-        if section is None or not any(True for _ in node_subgraphs(node)):
+        if not any(True for _ in node_subgraphs(node)) or (section := _section(ctx, i)) is None:
             continue
         found = {}
         for body in node_subgraphs(node):
