@@ -148,7 +148,10 @@ def test_a_model_near_parity_gives_the_same_exit_code_and_bytes_each_run(cli, tm
         codes.append(result.exit_code)
         files.append(out.read_bytes())
         doc = json.loads(result.stdout)
-        assert doc["verification"]["latency_interval"]["rounds"] >= 40
+        # timed in full rounds; untimed only where a rescue left nothing computing in int8 (a
+        # machine where int8 measures slower: float, or weight-only, is as fast by construction)
+        interval = doc["verification"]["latency_interval"]
+        assert interval["rounds"] >= 40 if interval else doc["verification"]["latency_ratio"] is None
     assert codes == [0, 0, 0]
     assert files[0] == files[1] == files[2]
 

@@ -81,3 +81,39 @@ def test_a_few_samples_changes_with_many_samples_margins_predict_as_all_of_them_
     same = MarginAccumulator(MarginPool(m, 32))
     same.add(m, e)
     assert same.predicted(32) == pytest.approx(everything.predicted(32), rel=1e-9)
+
+
+def _runs_one_by_one(x: np.ndarray, y: np.ndarray, ids: np.ndarray, blank: int) -> tuple[list[float], list[float]]:
+    """The character runs' survival margins as the definition reads: run by run, over the run
+    and the blanks beside it, the run's character against the best other class."""
+    def best(scores: np.ndarray, c: int) -> float:
+        with np.errstate(invalid="ignore"):
+            return float((scores[:, c] - np.delete(scores, c, axis=-1).max(axis=-1)).max())
+
+    margins, moved = [], []
+    for i, path in enumerate(ids):
+        starts = np.flatnonzero(np.concatenate(([True], path[1:] != path[:-1])))
+        for s, e in zip(starts, np.append(starts[1:], path.size), strict=True):
+            if path[s] != blank:
+                window = [p for p in (s - 1, e) if 0 <= p < path.size and path[p] == blank] + list(range(s, e))
+                margins.append(best(x[i, window], int(path[s])))
+                moved.append(best(y[i, window], int(path[s])))
+    return margins, moved
+
+
+def test_character_runs_are_measured_as_their_definition_reads() -> None:
+    """`sequences._runs` works on all positions at once: the same margins, in the same order, as
+    run by run, with ties, -inf scores (merged ends) and paths of one run or of blanks only."""
+    from qcli.analyze.sequences import _runs
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        n, t, c = (int(v) for v in (rng.integers(1, 4), rng.integers(1, 30), rng.integers(2, 6)))
+        x = rng.normal(size=(n, t, c)).astype(np.float32)
+        x[..., 0] += rng.choice([0.0, 2.0, 9.0])  # some, many or only blanks
+        x[rng.random(x.shape) < 0.05] = -np.inf
+        x = np.round(x) if rng.random() < 0.3 else x  # ties
+        y = x + rng.normal(scale=0.5, size=x.shape).astype(np.float32)
+        ids = x.argmax(axis=-1)
+        for got, want in zip(_runs(x, y, ids, 0), _runs_one_by_one(x, y, ids, 0), strict=True):
+            assert got.dtype == np.float64 and np.array_equal(got, np.array(want), equal_nan=True)
