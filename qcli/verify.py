@@ -234,7 +234,15 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         goal = Goal(wanted.criterion, wanted.max_drop, floors.min_top1_agreement, floors.min_cosine, ceiling)
     goal = tolerant(goal)
     trials.ceiling = goal.max_latency_ratio
-    ratio: float | None = trials.latency({}) if floors.max_latency_ratio is not None else None
+    timed = floors.max_latency_ratio is not None
+    # one timing first: a rescue the fidelity needs anyway goes float in one trial when int8
+    # cannot pay off (`_no_payoff`), and that timing shows it; the verdict's further timings
+    # (`Trials.latency`) only where a latency verdict is taken
+    ratio: float | None = trials.latency({}, settle=False) if timed else None
+    no_payoff = None if ap.enabled or not (vf.rescue and trials.units) else _no_payoff(outcome.result, trials, ratio)
+    if timed and (no_payoff is None or floors.accurate(base)):
+        ratio = trials.latency({})
+        no_payoff = None if no_payoff is None else _no_payoff(outcome.result, trials, ratio)
     needed = ap.enabled or (vf.rescue and not (floors.accurate(base) and latency_ok(floors, ratio)))
     if not (needed and trials.units):
         return base, ratio, floors
@@ -258,8 +266,7 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
 
     int8 = outcome.result  # the rescue replaces outcome.result with what it found
     stores = not ap.enabled and _dynamic_scheme(config)
-    found = _rescue(outcome, trials, goal, None if ap.enabled else _no_payoff(int8, trials, ratio),
-                    instead if stores else None)
+    found = _rescue(outcome, trials, goal, no_payoff, instead if stores else None)
     if found.choices:
         if found.fidelity is None:
             raise InternalError("the search chose a candidate it could not measure")

@@ -93,6 +93,16 @@ def test_a_ratio_above_the_ceiling_within_its_noise_is_timed_again_and_pooled() 
     assert len(probe.calls) == SETTLE_TIMINGS
 
 
+def test_one_timing_until_a_verdict_is_asked() -> None:
+    """Unsettled, a ratio above the ceiling is timed once (enough to see int8 not paying off:
+    qcli.verify's no-payoff check); asked for a verdict, the further timings follow, pooled."""
+    probe = StubProbe([1.04] * 5, 0.15)
+    trials = trials_with(probe, 1.03)
+    assert trials.latency({}, settle=False).count == 40 and len(probe.calls) == 1
+    assert trials.latency({}).count == 40 * SETTLE_TIMINGS and len(probe.calls) == SETTLE_TIMINGS
+    assert trials.latency({}, settle=False).count == 40 * SETTLE_TIMINGS  # settled stays settled
+
+
 def test_a_burst_in_one_timing_is_outvoted() -> None:
     """One timing clearly slower (a neighbour's burst through all 40 rounds), the next two at
     parity: pooled, the median is back under the ceiling."""

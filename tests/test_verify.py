@@ -162,6 +162,8 @@ def test_a_rescue_that_cannot_pay_off_goes_float_without_searching(cli, sensitiv
     assert re.fullmatch(r"int8 would not pay off: all int8 keeps 0\.87 of the weight bytes, at \d\.\d\dx float's latency",
                         reason), reason
     assert doc["precision"]["trials"] == 2 and not any(k.endswith("/profile") for k in doc["phases"])
+    # one timing told it (the reason's figure); the search, which promotes everything, times nothing
+    assert doc["precision"]["steps"][0]["latency_ratio"] is None
     v = doc["verification"]  # everything float: at float's speed by construction, not timed again
     assert v["passed"] and v["latency_ratio"] is None and [c["name"] for c in v["checks"]] == ["top-1 agreement"]
     assert "latency ratio not timed: the model computes like the float model, so it holds the latency floor by " \

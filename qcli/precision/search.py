@@ -49,7 +49,8 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     best: Choice | None = "float" if candidates is not None and "float" in candidates else None
     accurate = {n: best or p for n, p in s.cheapest.items()}  # what the accuracy search promotes to
     timed = goal.max_latency_ratio is not None
-    here = Point({}, trials.fidelity({}), trials.latency({}) if timed else None)
+    # no payoff: everything goes float whatever the all-int8 latency (the caller timed it once)
+    here = Point({}, trials.fidelity({}), trials.latency({}) if timed and no_payoff is None else None)
     start = "all int8" if not units or not all(u.half for u in units) else "as configured (16-bit float)"
     s.log(StepKind.ALL_INT8, start, [], here.choices, here.fidelity, here.ratio)
     met = goal.accurate(here.fidelity) and goal.fast(here.ratio)

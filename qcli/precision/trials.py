@@ -90,7 +90,7 @@ class Trials:
     force: bool = False  # prepare's --force, for workers that prepare the model again
     # The caches: not init fields, so `dataclasses.replace` (another config's trials) starts empty
     _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict, init=False)
-    _latency: dict[frozenset, Ratio] = field(default_factory=dict, init=False)
+    _latency: dict[frozenset, tuple[Ratio, int]] = field(default_factory=dict, init=False)  # ratio, timings
     _demoted: dict[Alone | frozenset, int] = field(default_factory=dict, init=False)
     _shared: _Context | None = field(default=None, init=False)  # what workers set up from
     _built: dict[Alone | frozenset, QuantizeResult] = field(default_factory=dict, init=False)  # recent, by choices
@@ -237,24 +237,27 @@ class Trials:
             return len(self.units) - 1
         return self._demoted.get(frozenset(choices.items()), len(choices))
 
-    def latency(self, choices: Choices) -> Ratio:
+    def latency(self, choices: Choices, settle: bool = True) -> Ratio:
         """Latency ratio to the float model, with its interval (`latency.Ratio`). A ratio above
         `ceiling` is timed again, up to SETTLE_TIMINGS times in all (fresh sessions of both
         models each time, `Ratio.retimed`), while the pooled median stays above it: one timing
         on a busy machine, or with unlucky thread placement, can be off by several percent in
         either direction, with a narrow interval. The interval spanning the timings decides
-        (`Goal.fast`): measurably slower only when every timing says so."""
+        (`Goal.fast`): measurably slower only when every timing says so. Without `settle`, one
+        timing (enough to see a model that is not faster than float); asked again with it, the
+        further timings follow."""
         key = frozenset(choices.items())
-        if key not in self._latency:
+        ratio, timings = self._latency.get(key, (None, 0))
+        wanted = SETTLE_TIMINGS if settle else 1
+        if ratio is None or (timings < wanted and self.ceiling is not None and ratio > self.ceiling):
             model = self.build(choices).model
             with built_by_qcli(), phase("time"):
-                ratio = self.probe.latency_ratio(model)
-                for _ in range(SETTLE_TIMINGS - 1):
-                    if self.ceiling is None or ratio <= self.ceiling:
-                        break
-                    ratio = ratio.retimed(self.probe.latency_ratio(model, fresh=True))
-            self._latency[key] = ratio
-        return self._latency[key]
+                if ratio is None:
+                    ratio, timings = self.probe.latency_ratio(model), 1
+                while timings < wanted and self.ceiling is not None and ratio > self.ceiling:
+                    ratio, timings = ratio.retimed(self.probe.latency_ratio(model, fresh=True)), timings + 1
+            self._latency[key] = (ratio, timings)
+        return ratio
 
     def costs(self, candidates: Collection[str], base: Choices | None = None) -> Costs:
         """Per unit: the promotion among `candidates` with the least measured cost, and that
