@@ -15,6 +15,7 @@ from conftest import SAMPLE_MODELS, op_counts, save, write_npz
 from qcli.config import Config
 from qcli.holdout import MIN_SAMPLES, plan_data
 from qcli.model import clamp_ir_version
+from qcli.precision.goal import Goal
 
 
 def mlp(outliers: bool) -> onnx.ModelProto:
@@ -586,6 +587,29 @@ def test_a_probe_runs_batches_in_parallel_with_the_figures_of_one_at_a_time(monk
     serial = Probe(model, batches, model_inputs(model), threads=1, folds=folds).measure(candidate)
     assert parallel == serial and made == [0, 1, 2, 0, 1, 2]
     assert parallel.outputs[0].cosine < 1.0 and parallel.outputs[0].samples == 9
+
+
+def test_a_measurement_for_a_floor_stops_once_the_floor_must_be_missed() -> None:
+    """`Probe.measure(stop_below=)`: the batches stop once so many samples changed their class
+    that the agreement over all of them must end below the floor (a miss whatever the rest do);
+    a candidate that keeps the floor is measured on every sample, with the same figures."""
+    from qcli.analyze.probe import Probe
+    from qcli.data import Batch, model_inputs
+
+    model = mlp(False)
+    x = np.random.default_rng(3).standard_normal((40, 16)).astype(np.float32)
+    probe = Probe(model, [Batch({"x": x[i: i + 4]}, None, None, [f"{j}.npy" for j in range(i, i + 4)])
+                          for i in range(0, 40, 4)], model_inputs(model))
+    worse = onnx.ModelProto()
+    worse.CopyFrom(model)
+    wc = numpy_helper.to_array(worse.graph.initializer[2])[:, ::-1]  # the classes' weights reversed
+    worse.graph.initializer[2].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(wc), "wc"))
+    full, stopped = probe.measure(worse), probe.measure(worse, stop_below=0.9)
+    assert full.outputs[0].samples == 40 and full.outputs[0].top1_agreement < 0.5
+    changed = round(stopped.outputs[0].samples * (1 - stopped.outputs[0].top1_agreement))
+    assert stopped.outputs[0].samples < 40 and changed > 40 * (1 - 0.9)  # 37 of 40 at best: below
+    assert not Goal(min_top1_agreement=0.9).accurate(stopped)
+    assert probe.measure(model, stop_below=0.9) == probe.measure(model)  # held: every sample
 
 
 def test_node_runs_profiles_models_taking_turns_run_by_run() -> None:

@@ -270,7 +270,8 @@ class _Holds:
     def __init__(self, units: str, bad: str, most: int = 99) -> None:
         self.units, self.bad, self.most, self.tried = units, set(bad), most, []
 
-    def fidelity(self, choices, quick=False):
+    def fidelity(self, choices, quick=False, stop_below=None):
+        assert quick or stop_below == 0.99  # a full trial may stop once it must miss the floor
         int8 = "".join(u for u in self.units if u not in choices)
         self.tried.append(int8 + "?" * quick)
         return not self.bad & set(int8) and len(int8) <= self.most
@@ -284,6 +285,7 @@ def _greedy(wo: _Holds, saves=lambda k: True) -> tuple[int, str]:
 
     class Goal:
         accurate = staticmethod(bool)
+        min_top1_agreement = 0.99
 
     order = list(wo.units)
     k = _greedy(wo, Goal(), lambda j: dict.fromkeys(order[j:], "int16"), saves, order)  # type: ignore[arg-type]

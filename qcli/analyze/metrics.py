@@ -321,6 +321,15 @@ class FidelityAccumulator:
     def top1_agreement(self) -> float | None:
         return self.agree / self.samples if self.class_scores and self.samples else None
 
+    def changed(self) -> int | None:
+        """Samples whose gated decision changed so far, for the outputs whose gated agreement
+        is a share of samples (top-1, sequence); None for the rest."""
+        if self.class_scores:
+            return self.samples - self.agree
+        if self.sequence is not None:
+            return self.sequence.samples - self.sequence.same
+        return None
+
     @property
     def predicted_agreement(self) -> float | None:
         """The agreement unseen samples would keep (top-1, sequence), as the decisions' margins

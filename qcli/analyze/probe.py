@@ -218,11 +218,15 @@ class Probe:
         """The folds this probe's batches come from ([0] when it is not folded)."""
         return sorted(set(self.folds)) if self.folds is not None else [0]
 
-    def measure(self, candidate: onnx.ModelProto | Callable[[int], onnx.ModelProto]) -> Fidelity:
+    def measure(self, candidate: onnx.ModelProto | Callable[[int], onnx.ModelProto],
+                stop_below: float | None = None) -> Fidelity:
         """`candidate` compared with the float model on every batch; folded (`folds`): a
         function giving the candidate of each fold, each run on its own fold's batches (the
         folds one after another: one fold's model and session in memory at a time), into one
-        set of figures."""
+        set of figures. `stop_below`: an agreement floor; the batches stop once a top-1 or
+        sequence output has changed so many samples that its agreement over all of them must
+        end below it (a miss by the verdict rule, qcli.analyze.verdict), and the figures are
+        those of the samples compared so far."""
         assert self.kinds is not None  # set in __post_init__
         accs = [FidelityAccumulator(self.kinds[n], pool=(self.pools or {}).get(n)) for n in self.names]
         topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
@@ -242,6 +246,8 @@ class Probe:
                         topk = (TopKAccumulator(classes), TopKAccumulator(classes))
                     topk[0].update(np.asarray(reference[k]), batch.label)
                     topk[1].update(np.asarray(values[k]), batch.label)
+            if stop_below is not None and _doomed(accs, self.samples, stop_below):
+                break
         outputs = tuple(output_fidelity(name, acc) for name, acc in zip(self.names, accs, strict=True))
         noise = sum(acc.sqnr.noise / max(acc.sqnr.signal, 1e-30) for acc in accs
                     if acc.floating and acc.kind is not None and acc.kind.kind is not Kind.IGNORE)
@@ -395,6 +401,18 @@ def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
         mask_agreement=mask.agreement if mask else None, mask_iou=mask.iou if mask else None,
         samples=acc.samples, agreement_interval=acc.agreement_interval, cosine_interval=acc.cosine_interval,
     )
+
+
+def _doomed(accs: list[FidelityAccumulator], total: int, floor: float) -> bool:
+    """Whether an output's samples changed so far leave its agreement over `total` samples
+    below `floor` whatever the rest do.
+
+    >>> acc = FidelityAccumulator(OutputKind(Kind.TOP1, "class scores"))
+    >>> acc.update(np.eye(3), np.eye(3)[[1, 1, 2]], 3)  # the first sample's class changed
+    >>> _doomed([acc], 32, 0.99), _doomed([acc], 100, 0.99), _doomed([acc], 101, 0.99)
+    (True, False, False)
+    """
+    return any((changed := acc.changed()) is not None and total - changed < floor * total for acc in accs)
 
 
 def node_runs(models: list[onnx.ModelProto], feeds: dict[str, np.ndarray], runs: int = 20,

@@ -169,11 +169,13 @@ def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
     int8 units are kept only when they cut the 16-bit model's unit bytes to SAVES of them
     (each int8 unit risks a decision on unseen data; tashkeel's few int8 units saved 1% and
     changed 3 of 256 held-out sequences): else the model is 16-bit throughout."""
-    if goal.accurate(wo.fidelity({})):
+    floor = goal.min_top1_agreement  # a trial stops once it must miss this (`Trials.fidelity`)
+    if goal.accurate(wo.fidelity({}, stop_below=floor)):
         return {}
     sizes = {t.name: tensor_bytes(t.data_type, int(np.prod(t.dims))) for t in wo.prepared.model.graph.initializer}
     weighted = {u.node: sum(sizes.get(t, 0) for t in u.tensors) for u in wo.units if u.weighted}
-    wide: Choice = "int16" if goal.accurate(wo.fidelity(dict.fromkeys(weighted, "int16"))) else "float"
+    int16 = wo.fidelity(dict.fromkeys(weighted, "int16"), stop_below=floor)
+    wide: Choice = "int16" if goal.accurate(int16) else "float"
     kept = 0.5 if wide == "int16" else 0.0  # the share of a unit's float bytes its wider weights save
 
     def rest_wide(k: int) -> Choices:
@@ -211,7 +213,7 @@ def _greedy(wo: Trials, goal: Goal, rest_wide: Callable[[int], Choices], saves: 
     def holds(j: int) -> bool:
         if j == k + 1 and not goal.accurate(wo.fidelity(rest_wide(j), quick=True)):
             return False
-        return goal.accurate(wo.fidelity(rest_wide(j)))
+        return goal.accurate(wo.fidelity(rest_wide(j), stop_below=goal.min_top1_agreement))
 
     while k < end and missed < 2 and saves(end) and not wo.exhausted():
         lo, hi, step = 0, end - k - (1 if end == len(order) else 0), 1

@@ -153,9 +153,12 @@ class Trials:
         """The all-int8 candidate (choices {}) when the caller built it already."""
         self._built[frozenset()] = int8
 
-    def fidelity(self, choices: Candidate, quick: bool = False) -> Fidelity | None:
+    def fidelity(self, choices: Candidate, quick: bool = False, stop_below: float | None = None) -> Fidelity | None:
         """The candidate's fidelity (on the quick probe's few samples with `quick`: enough to
-        rank, not to check a floor); None when it cannot be built from the calibration."""
+        rank, not to check a floor); None when it cannot be built from the calibration.
+        `stop_below` (`Probe.measure`): for a caller that only asks whether the candidate meets
+        that agreement floor; a miss may then be measured on fewer samples, and is cached so
+        (the weight-only search's own trials: nothing else reads its figures)."""
         key = (_key(choices), quick)
         if key not in self._fidelity:
             try:
@@ -167,7 +170,7 @@ class Trials:
                     self._record(key, None, demoted, digest)
                     return self._fidelity[key]
                 with built_by_qcli(), phase("measure"):
-                    f = probe.measure(models)
+                    f = probe.measure(models, stop_below)
                 self._record(key, f, demoted, digest)
             except CalibrationError:
                 self._record(key, None, None, None)
