@@ -24,7 +24,8 @@ small rest keeps wider weights), on all samples (`_greedy`; PARTIAL_TRIALS at mo
 that add 1, 2, 4, ... units beside those already held until one misses, then bisect, each
 sending the first unit that misses to the back. No trial per unit, and the quick probe only
 screens a unit alone: its few samples flatter (PP-LCNet: 13 units held on 8 samples, 10 on
-32), so what misses there misses. They are written instead, on the same terms;
+32), so what misses there misses; a trial on all samples stops once it must miss the floor
+(`Trials.fidelity`'s `stop_below`: only verdicts are read here). They are written instead, on the same terms;
 beside 16-bit weights, only when they save a quarter of the 16-bit model's bytes (`_partial`),
 else the model is 16-bit throughout. The units are the weight-only plan's: recurrent cells
 (LSTM, GRU, RNN) store their weights there too (rules.WEIGHT_ONLY).
