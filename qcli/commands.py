@@ -191,7 +191,7 @@ def precision_document(outcome: Outcome, path: Path | None) -> dict | None:
         "promoted": {n: {"precision": p, "reason": outcome.reasons.get(n, "")} for n, p in outcome.promoted.items()},
         "steps": [
             {"action": s.action, "changed": s.changed, "promoted": s.promoted, "drop": s.drop, "noise": s.noise,
-             "latency_ratio": s.latency_ratio, "kept": s.kept, "quick": s.quick}
+             "latency_ratio": s.latency_ratio, "kept": s.kept, "quick": s.quick, "samples": s.samples}
             for s in found.steps
         ],
     }

@@ -38,7 +38,7 @@ class FakeTrials:
                 error += extra
         return error
 
-    def fidelity(self, choices: dict[str, str], quick: bool = False) -> Fidelity:
+    def fidelity(self, choices: dict[str, str], quick: bool = False, stop_below: float | None = None) -> Fidelity:
         key = frozenset(choices.items())
         if key not in self.seen:
             self.seen.append(key)
@@ -222,7 +222,7 @@ def test_a_prefix_the_caller_has_better_than_is_not_confirmed() -> None:
     us = units(*names)
 
     class Flattered(FakeTrials):
-        def fidelity(self, choices, quick=False):
+        def fidelity(self, choices, quick=False, stop_below=None):
             f = super().fidelity(choices, quick)
             return replace(f, outputs=(replace(f.outputs[0], cosine=1.0),)) if quick and len(choices) >= 10 else f
 
@@ -538,7 +538,7 @@ class HiddenOnFewSamples(FakeTrials):
         super().__init__(errors)
         self.hidden, self.extra = hidden, extra
 
-    def fidelity(self, choices: dict[str, str], quick: bool = False) -> Fidelity:
+    def fidelity(self, choices: dict[str, str], quick: bool = False, stop_below: float | None = None) -> Fidelity:
         f = super().fidelity(choices, quick)
         if quick or self.hidden in choices:
             return f
@@ -557,3 +557,30 @@ def test_a_prune_that_does_not_hold_is_redone_over_the_units_it_changed() -> Non
     assert found.met and found.choices == {"a": "float", "x": "float"}
     redone = [s.changed for s in found.steps if s.kind is StepKind.PRUNE and not s.quick]
     assert redone == [["x"], ["c"], ["b"]]
+
+
+def test_a_confirmation_measured_in_part_stands_for_no_other_model() -> None:
+    """`Trials.fidelity(stop_below=)`: a miss measured until it had to miss is cached for the
+    verdict it gave, not shared with another candidate of the same bytes, and measured whole
+    when its figures are asked for (`best reachable` compares noise)."""
+    from types import SimpleNamespace
+
+    from qcli.analyze.probe import OutputFidelity
+    from qcli.precision.trials import Trials
+
+    class Probe:
+        samples, asked = 10, []
+
+        def measure(self, models, stop_below=None):
+            self.asked.append(stop_below)
+            return Fidelity((OutputFidelity("y", True, 0.5, 0.9, None, samples=4 if stop_below else 10),), noise=0.1)
+
+    probe = Probe()
+    trials = Trials(None, None, None, None, probe, [])  # type: ignore[arg-type]
+    built = SimpleNamespace(plan=SimpleNamespace(nodes=[]))
+    trials.measured = lambda choices, p: (None, lambda: built, b"the same bytes")  # type: ignore[method-assign]
+    assert trials.fidelity({"a": "float"}, stop_below=0.99).outputs[0].samples == 4
+    assert trials.fidelity({"a": "float"}, stop_below=0.99).outputs[0].samples == 4  # cached
+    assert trials.fidelity({"b": "float"}).outputs[0].samples == 10  # measured: the part is no figure for it
+    assert trials.fidelity({"a": "float"}).outputs[0].samples == 10  # whole, as b's bytes were
+    assert probe.asked == [0.99, None] and trials.count == 2

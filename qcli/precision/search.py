@@ -261,7 +261,7 @@ def _prune(s: SearchState, ranking: Promotions, chosen: Choices, order: list[str
         chunk = chunks.pop(0)
         trial = ({k: v for k, v in chosen.items() if k not in chunk} if cheaper is None
                  else {**chosen, **{n: cheaper[n] for n in chunk}})
-        f = s.trials.fidelity(trial, quick=quick)
+        f = s.trials.fidelity(trial, quick=quick, stop_below=None if quick else s.goal.min_top1_agreement)
         ok = s.accurate(f)
         if cheaper is None:
             s.log(StepKind.PRUNE, s.back(chunk), chunk, trial if ok else chosen, f, kept=ok, quick=quick)
@@ -287,7 +287,8 @@ def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | No
     unit tried in its cheaper promotion, on the quick probe (a few samples: cheap), each result
     confirmed on all samples (a few samples can flatter a candidate: the prefix then doubles
     until it holds; a prune that does not hold is redone on all samples over the units it
-    changed: the ones the quick probe found needed stay promoted). A prefix the caller has
+    changed: the ones the quick probe found needed stay promoted; a confirmation stops once it
+    must miss the agreement floor, `Trials.fidelity`'s `stop_below`). A prefix the caller has
     better than (`s.instead`: the rescue's weight-only model, for a prefix mostly float, as
     any that holds from there on is; asked before the prefix is confirmed, which it would
     replace, and again once it is) is the result, unpruned, with the caller's model's
@@ -298,7 +299,7 @@ def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | No
     while True:
         if s.instead is not None and (better := s.instead(ranking.prefix(k), False)) is not None:
             return Point(ranking.prefix(k), better)
-        f = s.trials.fidelity(ranking.prefix(k))
+        f = s.trials.fidelity(ranking.prefix(k), stop_below=s.goal.min_top1_agreement)  # a miss: in part
         ok = s.accurate(f)
         s.log(StepKind.CONFIRM, f"confirm top {k} on all samples", [], ranking.prefix(k), f, kept=ok)
         if ok:
@@ -313,7 +314,7 @@ def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | No
         order = [n for n in ranking.ranked[:k][::-1] if n in chosen]
         changed = _prune(s, ranking, chosen, order, quick=True, cheaper=change)
         if changed != chosen:
-            f = s.trials.fidelity(changed)
+            f = s.trials.fidelity(changed, stop_below=s.goal.min_top1_agreement)
             ok = s.accurate(f)
             s.log(StepKind.CONFIRM, f"confirm {what} on all samples", [], changed if ok else chosen, f, kept=ok)
             redo = [n for n in order if changed.get(n) != chosen.get(n)]  # what the quick prune changed

@@ -94,7 +94,8 @@ class SearchState:
     def log(self, kind: StepKind, action: str, changed: list[str], chosen: Choices, f: Fidelity | None,
             ratio: float | None = None, kept: bool = True, quick: bool = False) -> None:
         self.steps.append(Step(kind, action, sorted(changed, key=lambda n: self.index[n]), len(chosen),
-                               f.drop if f else None, f.noise if f else None, ratio, kept, quick))
+                               f.drop if f else None, f.noise if f else None, ratio, kept, quick,
+                               min((o.samples for o in f.outputs), default=None) if f else None))
 
     def result(self, at: Point, met: bool) -> SearchResult:
         choices = dict(sorted(at.choices.items(), key=lambda kv: self.index[kv[0]]))

@@ -39,6 +39,7 @@ class Step:
     latency_ratio: float | None = None
     kept: bool = True
     quick: bool = False  # measured on the quick probe's few samples
+    samples: int | None = None  # the samples its figures cover (a confirmation that must miss stops early)
 
 
 @dataclass
@@ -60,7 +61,7 @@ class SearchTrials(Protocol):
     count: int  # trials run so far
     stopped: str | None  # why the budget ran out, once it has
 
-    def fidelity(self, choices: Choices, quick: bool = False) -> Fidelity | None: ...
+    def fidelity(self, choices: Choices, quick: bool = False, stop_below: float | None = None) -> Fidelity | None: ...
     def fidelity_many(self, candidates: list[Choices], quick: bool = False) -> list[Fidelity | None]: ...
     def latency(self, choices: Choices) -> float: ...
     def demoted(self, choices: Choices) -> int: ...

@@ -96,6 +96,7 @@ class Trials:
     _built: dict[Alone | frozenset, QuantizeResult] = field(default_factory=dict, init=False)  # recent, by choices
     _same: dict[tuple[bytes, bool], tuple] = field(default_factory=dict, init=False)  # (digest, quick) -> key
     _digests: dict[tuple, bytes | None] = field(default_factory=dict, init=False)  # fidelity key -> model digest
+    _stopped: set[tuple] = field(default_factory=set, init=False)  # fidelity keys measured in part (`fidelity`)
 
     def __post_init__(self) -> None:
         self.started = time.monotonic()
@@ -157,9 +158,13 @@ class Trials:
         """The candidate's fidelity (on the quick probe's few samples with `quick`: enough to
         rank, not to check a floor); None when it cannot be built from the calibration.
         `stop_below` (`Probe.measure`): for a caller that only asks whether the candidate meets
-        that agreement floor; a miss may then be measured on fewer samples, and is cached so
-        (the weight-only search's own trials: nothing else reads its figures)."""
+        that agreement floor (a confirmation); a miss may then be measured on fewer samples (a
+        k-fold one without building the later folds' models): such a figure stands for no other
+        model of the same bytes, and a caller asking without `stop_below` has it measured whole."""
         key = (_key(choices), quick)
+        if key in self._stopped and stop_below is None:  # a miss measured in part, wanted whole
+            self._stopped.discard(key)
+            del self._fidelity[key]
         if key not in self._fidelity:
             try:
                 probe = self.quick_probe if quick and self.quick_probe is not None else self.probe
@@ -171,7 +176,10 @@ class Trials:
                     return self._fidelity[key]
                 with built_by_qcli(), phase("measure"):
                     f = probe.measure(models, stop_below)
-                self._record(key, f, demoted, digest)
+                stopped = any(o.samples < probe.samples for o in f.outputs)
+                self._record(key, f, demoted, None if stopped else digest)
+                if stopped:
+                    self._stopped.add(key)
             except CalibrationError:
                 self._record(key, None, None, None)
             if self.progress is not None:
