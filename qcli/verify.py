@@ -234,16 +234,16 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         goal = Goal(wanted.criterion, wanted.max_drop, floors.min_top1_agreement, floors.min_cosine, ceiling)
     goal = tolerant(goal)
     trials.ceiling = goal.max_latency_ratio
-    timed = floors.max_latency_ratio is not None
-    # one timing first: a rescue the fidelity needs anyway goes float in one trial when int8
-    # cannot pay off (`_no_payoff`), and that timing shows it; the verdict's further timings
-    # (`Trials.latency`) only where a latency verdict is taken
-    ratio: float | None = trials.latency({}, settle=False) if timed else None
-    no_payoff = None if ap.enabled or not (vf.rescue and trials.units) else _no_payoff(outcome.result, trials, ratio)
-    if timed and (no_payoff is None or floors.accurate(base)):
-        ratio = trials.latency({})
-        no_payoff = None if no_payoff is None else _no_payoff(outcome.result, trials, ratio)
-    needed = ap.enabled or (vf.rescue and not (floors.accurate(base) and latency_ok(floors, ratio)))
+    timed, accurate = floors.max_latency_ratio is not None, floors.accurate(base)
+    # a rescue the fidelity needs anyway goes float in one trial when int8 cannot pay off
+    # (`_no_payoff`): one timing shows that; the verdict's further timings (`Trials.latency`)
+    # come only where a latency verdict is taken
+    ratio: float | None = trials.latency({}, settle=accurate) if timed else None
+    rescues = not ap.enabled and vf.rescue and bool(trials.units) and not (accurate and latency_ok(floors, ratio))
+    no_payoff = _no_payoff(outcome.result, trials, ratio) if rescues else None
+    if timed and no_payoff is None:
+        ratio = trials.latency({})  # settled, for the search's latency verdicts
+    needed = ap.enabled or (vf.rescue and not (accurate and latency_ok(floors, ratio)))
     if not (needed and trials.units):
         return base, ratio, floors
     tried: list[Stored | None] = []  # the weight-only model, once tried
