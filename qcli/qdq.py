@@ -46,6 +46,7 @@ from qcli.errors import InternalError
 from qcli.gates import integer_gates
 from qcli.graph import GraphIndex
 from qcli.info import names_used_inside
+from qcli.model import without_initializers
 from qcli.plan import BiasPlan, Group, Plan, WeightPlan
 from qcli.plan.context import float_readers
 from qcli.qweights import Weight, WeightMemo, weight_of
@@ -93,7 +94,7 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
     shared = None
     if memo is not None and lean:
         shared = memo.shared = memo.shared or SharedWeights(source.inits.values())
-    _drop_unread_initializers(graph, source.inits, old_nodes, edits, withheld=memo is not None, shared=shared)
+    _drop_unread_initializers(graph, source.inits, old_nodes, edits, shared=shared)
     _import_contrib_domain(out, edits.nodes)
     nodes = _toposort([*old_nodes, *edits.nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
     del graph.node[:]
@@ -103,18 +104,15 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
 
 
 def _copy_to_edit(model: onnx.ModelProto, memo: WeightMemo | None) -> onnx.ModelProto:
-    """A copy of `model` to edit; with `memo`, without its initializers (the ones still read
-    are added back at the end, `_drop_unread_initializers`): a build then copies no float
-    weight it quantizes (the encoder's 69 MB: ~23 ms a build). The initializer-less copy is
-    made once and kept in `memo`."""
-    out = onnx.ModelProto()
+    """A copy of `model` to edit, without its initializers (the ones still read are added back
+    at the end, `_drop_unread_initializers`): a build then copies no float weight it quantizes
+    (the encoder's 69 MB: ~23 ms a build), and the copy's protobuf arena never holds them
+    (`without_initializers`). With `memo`, that copy is made once and kept there."""
     if memo is None:
-        out.CopyFrom(model)
-        return out
+        return without_initializers(model)
     if memo.shell is None:
-        memo.shell = onnx.ModelProto()
-        memo.shell.CopyFrom(model)
-        del memo.shell.graph.initializer[:]
+        memo.shell = without_initializers(model)
+    out = onnx.ModelProto()
     out.CopyFrom(memo.shell)
     return out
 
@@ -400,20 +398,19 @@ def _rewire(graph: onnx.GraphProto, edits: _Edits) -> None:
 
 def _drop_unread_initializers(
     graph: onnx.GraphProto, inits: Mapping[str, onnx.TensorProto], old_nodes: list[onnx.NodeProto], edits: _Edits,
-    withheld: bool = False, shared: SharedWeights | None = None,
+    shared: SharedWeights | None = None,
 ) -> None:
-    """The float initializers nothing reads any more dropped (and their graph inputs, in old
-    models that list initializers as inputs), the new ones appended. `withheld`: the graph was
-    copied without its initializers (`_copy_to_edit`): the ones still read come from `inits`
-    (as references to `shared` when given)."""
+    """The float initializers still read added to the graph, copied without them
+    (`_copy_to_edit`), from `inits` (as references to `shared` when given), then the new
+    ones; the graph inputs of those nothing reads any more dropped (old models list
+    initializers as inputs)."""
     read = {name for node in [*old_nodes, *edits.nodes] for name in node.input}
     read |= {name for node in old_nodes for name in names_used_inside(node)}
     read |= {o.name for o in graph.output}  # a graph output reads its initializer too
     read -= {name for node in edits.nodes for name in node.output}  # a folded weight-only weight
-    kept = [t for t in (inits.values() if withheld else graph.initializer) if t.name in read]
+    kept = [t for t in inits.values() if t.name in read]
     if shared is not None:
         kept = [shared.reference(t) for t in kept]
-    del graph.initializer[:]
     graph.initializer.extend(kept + edits.inits)
     inputs = [i for i in graph.input if i.name not in inits or i.name in read]
     del graph.input[:]

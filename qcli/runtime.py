@@ -140,7 +140,7 @@ def make_session(
         try:
             data = _serialized(model)
             if data is not None:
-                return ort.InferenceSession(data, options, providers=providers)
+                return _without_bytes(ort.InferenceSession(data, options, providers=providers))
             with tempfile.TemporaryDirectory(prefix="qcli-") as tmp:
                 path = save_model(model, Path(tmp) / "model.onnx")
                 return ort.InferenceSession(str(path), options, providers=providers)
@@ -153,3 +153,12 @@ def make_session(
             f"onnxruntime cannot load the model: {str(exc).strip()}",
             hint="check that the model runs in onnxruntime on its own",
         ) from exc
+
+
+def _without_bytes(session: ort.InferenceSession) -> ort.InferenceSession:
+    """`session` without onnxruntime's Python-side copy of the serialized model, which it keeps
+    only to create the session again on another provider (qcli runs on CPU alone): the float
+    reference session of ddddocr held 52 MB of it for the whole verification."""
+    if hasattr(session, "_model_bytes"):
+        session._model_bytes = None
+    return session

@@ -19,6 +19,7 @@ from qcli.model import (
     load_model,
     max_ir_version,
     save_model,
+    without_initializers,
 )
 
 
@@ -157,3 +158,29 @@ def test_a_model_past_the_in_memory_limit_loads_through_a_file(monkeypatch: pyte
     monkeypatch.setattr(runtime, "_INLINE_LIMIT", 0)
     assert runtime._serialized(model) is None
     assert runtime.make_session(model).run(None, x)[0].tolist() == inline.tolist() == [3.0, -6.0]
+
+
+def test_a_copy_without_initializers_holds_everything_else() -> None:
+    """`without_initializers` (made field by field, so that its protobuf arena never holds the
+    weights) is the model less its main-graph initializers: put back, the same bytes."""
+    model = parse_model("""
+        <ir_version: 8, opset_import: ["" : 17], producer_name: "exporter">
+        g (float[N, 4] x) => (float[N, 4] y) <float[4] w = {1.0, 2.0, 3.0, 4.0}> { y = Add(x, w) }
+    """)
+    model.graph.initializer.append(numpy_helper.from_array(np.ones(1 << 18, np.float32), "big"))
+    shell = without_initializers(model)
+    assert len(shell.graph.initializer) == 0 and shell.ByteSize() < 1024
+    shell.graph.initializer.extend(model.graph.initializer)
+    assert shell.SerializeToString() == model.SerializeToString()
+
+
+def test_a_session_keeps_no_copy_of_the_serialized_model() -> None:
+    """onnxruntime's Python session keeps the bytes it was made from, to remake itself on
+    another provider; qcli's sessions run on CPU alone and drop them (a float reference
+    session held its whole model again for the run)."""
+    from qcli import runtime
+
+    model = parse_model(IMAGE_MODEL)
+    session = runtime.make_session(model)
+    assert getattr(session, "_model_bytes", None) is None
+    assert session.run(None, {"image": np.ones((1, 1, 4, 4), np.float32)})[0].shape == (1, 3)

@@ -13,6 +13,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qcli.info import iter_graphs, names_used_inside
+from qcli.model import without_initializers
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 TARGET_OPSET = 13  # per-channel QuantizeLinear/DequantizeLinear
@@ -182,13 +183,7 @@ def light_copy(model: onnx.ModelProto, threshold: int = LIGHT_THRESHOLD) -> Ligh
     The C++ tools serialise the whole model (and refuse above 2 GB); handing them this copy
     keeps them fast and memory-flat whatever the weight size, and never copies the weights.
     """
-    light = onnx.ModelProto()
-    for descriptor, value in model.ListFields():
-        if descriptor.name != "graph":
-            _copy_field(light, descriptor, value)
-    for descriptor, value in model.graph.ListFields():
-        if descriptor.name != "initializer":
-            _copy_field(light.graph, descriptor, value)
+    light = without_initializers(model)
     declared = {v.name for v in model.graph.input}
     left_out, added = [], []
     for tensor in model.graph.initializer:
@@ -202,18 +197,6 @@ def light_copy(model: onnx.ModelProto, threshold: int = LIGHT_THRESHOLD) -> Ligh
             )
             added.append(tensor.name)
     return LightCopy(light, left_out, added)
-
-
-def _copy_field(target, descriptor, value) -> None:
-    repeated = descriptor.is_repeated if hasattr(descriptor, "is_repeated") else (
-        descriptor.label == descriptor.LABEL_REPEATED  # protobuf < 5.28
-    )
-    if repeated:
-        getattr(target, descriptor.name).extend(value)
-    elif descriptor.type == descriptor.TYPE_MESSAGE:
-        getattr(target, descriptor.name).CopyFrom(value)
-    else:
-        setattr(target, descriptor.name, value)
 
 
 def transplant(converted: onnx.ModelProto, model: onnx.ModelProto, light: LightCopy) -> None:
