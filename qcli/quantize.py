@@ -13,6 +13,7 @@ precision search read too (a caller passing `prepared` gets it from there).
 from __future__ import annotations
 
 import json
+import subprocess
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import onnx
 
 from qcli import __version__
 from qcli.calibrate.collect import Collected, collect
+from qcli.calibrate.pool import started
 from qcli.calibrate.shards import Fold, collect_folds, collect_sharded, merged_except
 from qcli.calibrate.table import METHODS, CalibrationTable, RangeSettings, build_tables
 from qcli.config import FLOAT8, Config, config_document
@@ -80,21 +82,23 @@ def calibrate(
     apart; the table is the same, and `table.folds[k]` is the table of every fold but k.
     """
     work, plan, options = _observing(model, config, progress, force, strict, prepared)
-    if folds:
+    searches = len(set(plan.observed_tensors)) * sum(m != "minmax" for m in methods) * (1 + len(folds or ()))
+    with started(searches) as helper:  # the solves' helper process imports during the pass
+        if folds:
+            with phase("observe"):
+                parts = collect_folds(work, folder, folds, executor, reference=model, **options)
+            with phase("solve"):
+                tables = _tables([merged_except(parts, k) for k in [None, *range(len(parts))]], model, config,
+                                 methods, plan.unmatched, helper)
+            tables[0].folds = tables[1:]  # the table of every fold but k
+            return tables[0]
         with phase("observe"):
-            parts = collect_folds(work, folder, folds, executor, reference=model, **options)
+            if executor is None or isinstance(executor, SerialExecutor):
+                collected = collect(work, folder, reference=model, **options)
+            else:
+                collected = collect_sharded(work, folder, executor, **options)
         with phase("solve"):
-            tables = _tables([merged_except(parts, k) for k in [None, *range(len(parts))]], model, config,
-                             methods, plan.unmatched)
-        tables[0].folds = tables[1:]  # the table of every fold but k
-        return tables[0]
-    with phase("observe"):
-        if executor is None or isinstance(executor, SerialExecutor):
-            collected = collect(work, folder, reference=model, **options)
-        else:
-            collected = collect_sharded(work, folder, executor, **options)
-    with phase("solve"):
-        return _tables([collected], model, config, methods, plan.unmatched)[0]
+            return _tables([collected], model, config, methods, plan.unmatched, helper)[0]
 
 
 def _observing(model: onnx.ModelProto, config: Config, progress: Callable[[int], None] | None, force: bool,
@@ -114,11 +118,11 @@ def _observing(model: onnx.ModelProto, config: Config, progress: Callable[[int],
 
 
 def _tables(parts: list[Collected], model: onnx.ModelProto, config: Config, methods: tuple[str, ...],
-            unmatched: list[str]) -> list[CalibrationTable]:
+            unmatched: list[str], helper: subprocess.Popen | None = None) -> list[CalibrationTable]:
     """The calibration table of what each pass (or fold) collected, their ranges solved for
-    `methods` together."""
+    `methods` together (`helper`: the solves' helper process, `pool.started`)."""
     tables = build_tables([(c.observers, c.samples, c.aliases) for c in parts], fingerprint(model),
-                          RangeSettings.of(config), methods)
+                          RangeSettings.of(config), methods, helper)
     for table, collected in zip(tables, parts, strict=True):
         table.channels = collected.channels
         table.warnings += [f"config rule {text}" for text in unmatched]

@@ -370,9 +370,32 @@ def test_ranges_solved_on_two_processes_are_the_ones_solved_in_one(monkeypatch):
     jobs = [(o, s, m) for o in observers for s in settings for m in ("minmax", s.method)]
     serial = pool.solve_many(jobs)
     assert len(serial) == len(jobs) and serial[1] == solve_range("mse", observers[0], UINT8, False)
-    assert pool._answer(pool._start(jobs), len(jobs)) == serial
+    assert pool._answer(pool._feed(pool._spawn(), jobs), len(jobs)) == serial
     assert pool.solve_many(jobs, min_jobs=0) == serial
     for broken in filter(None, ("/nonexistent/python", shutil.which("false"))):
         monkeypatch.setattr(pool.sys, "executable", broken)
-        assert pool._answer(pool._start(jobs), len(jobs)) is None
+        assert pool._answer(pool._feed(pool._spawn(), jobs), len(jobs)) is None
         assert pool.solve_many(jobs, min_jobs=0) == serial
+        with pool.started(pool.READY_JOBS) as helper:
+            assert pool.solve_many(jobs, helper=helper) == serial
+
+
+def test_a_helper_started_ahead_solves_as_this_process_does_and_ends_unused():
+    """`pool.started` starts the helper before its jobs exist (from READY_JOBS searches): given
+    to `solve_many`, it takes half of them, bit for bit as this process solves them; left
+    unused (too few searches after all, or an error in between), it is ended on the way out."""
+    from qcli.calibrate import pool
+    from qcli.calibrate.table import RangeSettings
+
+    rng = np.random.default_rng(7)
+    jobs = [(observe(rng.standard_t(3, 4_000) * (k + 1)), RangeSettings(method="mse"), "mse") for k in range(6)]
+    serial = [pool.solve(*job) for job in jobs]
+    with pool.started(pool.READY_JOBS - 1) as helper:
+        assert helper is None
+    with pool.started(pool.READY_JOBS) as helper:
+        assert helper is not None
+        assert pool.solve_many(jobs, helper=helper) == serial
+    assert helper.returncode == 0
+    with pytest.raises(RuntimeError), pool.started(pool.READY_JOBS) as unused:
+        raise RuntimeError("the pass failed")
+    assert unused is not None and unused.returncode is not None and unused.stdin.closed

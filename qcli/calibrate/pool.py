@@ -8,8 +8,10 @@ jobs pickled on its stdin, answering on its stdout (a fresh interpreter that imp
 the solvers in ~0.2 s; not multiprocessing's "spawn", which imports the caller's main script
 again: a script without a `__main__` guard would run its work twice). Below MIN_JOBS searches
 its start outweighs its half, and everything runs here, as it does when the helper cannot
-start or fails. The ranges are the same wherever they were solved (the same code on the same
-machine), in the jobs' order.
+start or fails. A caller that knows the searches to come before it has their statistics (the
+calibration pass: its tensors, methods and folds) starts the helper ahead (`started`), from
+READY_JOBS searches: it imports while the pass runs. The ranges are the same wherever they
+were solved (the same code on the same machine), in the jobs' order.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +39,9 @@ Job = tuple[TensorObserver, "RangeSettings", str]  # the statistics, the target,
 #: Searches (jobs of a method other than minmax, which reads two numbers) below which one
 #: process solves them all: the helper costs ~0.23 s (start, imports, pickling), a search ~2.5 ms.
 MIN_JOBS = 240
+#: The same for a helper `started` ahead of its searches: its start-up is hidden, and what it
+#: still costs (its CPU time beside the pass, the pickling) is that of ~90 searches at most.
+READY_JOBS = 96
 
 
 def solve(observer: TensorObserver, settings: RangeSettings, method: str) -> Range:
@@ -52,13 +58,15 @@ def _solve_all(jobs: Sequence[Job]) -> list[Range]:
     return [solve(*job) for job in jobs]
 
 
-def solve_many(jobs: Sequence[Job], min_jobs: int = MIN_JOBS) -> list[Range]:
+def solve_many(jobs: Sequence[Job], min_jobs: int = MIN_JOBS, helper: subprocess.Popen | None = None) -> list[Range]:
     """Each job's range, in order: half of them in a helper process when at least `min_jobs`
-    are searches (module docstring)."""
-    if sum(method != "minmax" for _, _, method in jobs) < min_jobs:
+    are searches, or in `helper` (`started` ahead of them) when it is given (module docstring)."""
+    if helper is None and sum(method != "minmax" for _, _, method in jobs) >= min_jobs:
+        helper = _spawn()
+    if helper is None or len(jobs) < 2:  # a helper started ahead and left unused is ended by `started`
         return _solve_all(jobs)
     theirs = list(jobs[1::2])
-    helper = _start(theirs)
+    _feed(helper, theirs)
     mine = _solve_all(jobs[0::2])
     other = _answer(helper, len(theirs))
     if other is None:
@@ -68,14 +76,37 @@ def solve_many(jobs: Sequence[Job], min_jobs: int = MIN_JOBS) -> list[Range]:
     return out
 
 
-def _start(jobs: list[Job]) -> subprocess.Popen | None:
-    """The helper, solving `jobs` (fed on a thread: the pipe holds less than they take)."""
+@contextmanager
+def started(searches: int) -> Iterator[subprocess.Popen | None]:
+    """A helper started now for `searches` searches to come (None below READY_JOBS), so that
+    its start-up overlaps the work before them (the calibration pass); ended on the way out
+    when it was not used."""
+    helper = _spawn() if searches >= READY_JOBS else None
+    try:
+        yield helper
+    finally:
+        if helper is not None and helper.poll() is None:
+            helper.kill()
+            helper.wait()
+        for pipe in (helper.stdin, helper.stdout) if helper is not None else ():
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+
+
+def _spawn() -> subprocess.Popen | None:
+    """The helper process, waiting for its jobs on stdin; None when it cannot start."""
     root = str(Path(__file__).resolve().parents[2])  # where `qcli` is, installed or not
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     try:
-        helper = subprocess.Popen([sys.executable, "-m", "qcli.calibrate.pool"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        return subprocess.Popen([sys.executable, "-m", "qcli.calibrate.pool"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     except OSError:
+        return None
+
+
+def _feed(helper: subprocess.Popen | None, jobs: list[Job]) -> subprocess.Popen | None:
+    """`helper` given `jobs` (on a thread: the pipe holds less than they take)."""
+    if helper is None:
         return None
     data = pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL)
 

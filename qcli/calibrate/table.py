@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,12 +175,14 @@ def build_tables(
     fingerprint: str,
     settings: RangeSettings,
     methods: tuple[str, ...] = METHODS,
+    helper: subprocess.Popen | None = None,
 ) -> list[CalibrationTable]:
     """`build_table` of each (observers, samples, aliases), their ranges solved together (a
-    k-fold run's five tables: `solve_many` splits them over two processes)."""
+    k-fold run's five tables: `solve_many` splits them over two processes; `helper`: one
+    `pool.started` for them)."""
     jobs: list[Job] = [(obs, settings, method) for observers, _, aliases in parts for method in methods
                        for name, obs in observers.items() if name not in aliases]
-    solved = iter(solve_many(jobs))
+    solved = iter(solve_many(jobs, helper=helper))
     tables = []
     for observers, samples, aliases in parts:
         table = CalibrationTable(fingerprint, observers, samples, settings)
