@@ -51,7 +51,7 @@ from qcli.plan import BiasPlan, Group, Plan, WeightPlan
 from qcli.plan.context import float_readers
 from qcli.qweights import Weight, WeightMemo, weight_of
 from qcli.rules import is_kind, rule_for
-from qcli.runtime import SharedWeights
+from qcli.runtime import SharedStore
 from qcli.scheme import PerBlock, quantize
 from qcli.weightonly import folded_weight, weight_only
 
@@ -73,7 +73,7 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
     `memo`: what earlier calls on `model` left (`WeightMemo`: its quantized weights, the graph
     without its initializers), which this call adds to (one per float graph, never shared).
     `lean` (with `memo`): the float initializers kept are references to the memo's
-    `SharedWeights`: a model for onnxruntime sessions only (qcli.runtime.make_session).
+    `SharedStore`: a model for onnxruntime sessions only (qcli.runtime.make_session).
 
     The steps: what each weight, group and bias adds (initializers, nodes, rewired inputs),
     read off the float graph; the rewiring applied; redundant Relu/Clips dropped; float
@@ -93,7 +93,7 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
     old_nodes = [n for i, n in enumerate(graph.node) if i not in dropped]
     shared = None
     if memo is not None and lean:
-        shared = memo.shared = memo.shared or SharedWeights(source.inits.values())
+        shared = memo.shared = memo.shared or SharedStore()
     _drop_unread_initializers(graph, source.inits, old_nodes, edits, shared=shared)
     _import_contrib_domain(out, edits.nodes)
     nodes = _toposort([*old_nodes, *edits.nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
@@ -398,7 +398,7 @@ def _rewire(graph: onnx.GraphProto, edits: _Edits) -> None:
 
 def _drop_unread_initializers(
     graph: onnx.GraphProto, inits: Mapping[str, onnx.TensorProto], old_nodes: list[onnx.NodeProto], edits: _Edits,
-    shared: SharedWeights | None = None,
+    shared: SharedStore | None = None,
 ) -> None:
     """The float initializers still read added to the graph, copied without them
     (`_copy_to_edit`), from `inits` (as references to `shared` when given), then the new
@@ -410,7 +410,7 @@ def _drop_unread_initializers(
     read -= {name for node in edits.nodes for name in node.output}  # a folded weight-only weight
     kept = [t for t in inits.values() if t.name in read]
     if shared is not None:
-        kept = [shared.reference(t) for t in kept]
+        kept = shared.references(kept)
     graph.initializer.extend(kept + edits.inits)
     inputs = [i for i in graph.input if i.name not in inits or i.name in read]
     del graph.input[:]

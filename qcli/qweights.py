@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from qcli.plan import WeightPlan
-from qcli.runtime import SharedWeights
+from qcli.runtime import SharedStore
 from qcli.scheme import PerBlock, choose_qparams, quantize
 
 Weight = tuple[np.ndarray, np.ndarray, np.ndarray]  # integers, scale, zero point
@@ -24,11 +24,11 @@ class WeightMemo:
     """What the builds from one float graph share (qcli.prepare's PrepareResult.quantized):
     its weights as quantized by earlier builds, by what they were quantized for, and the graph
     without its initializers (qcli.qdq copies that, not the float weights it replaces), and its
-    float initializers held once for the sessions of lean builds (`SharedWeights`)."""
+    float initializers held once for the sessions of lean builds (`SharedStore`)."""
 
     weights: dict[Hashable, Weight] = field(default_factory=dict)
     shell: onnx.ModelProto | None = None
-    shared: SharedWeights | None = None
+    shared: SharedStore | None = None
 
 
 def quantized_weight(values: np.ndarray, plan: WeightPlan) -> Weight:

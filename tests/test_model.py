@@ -184,3 +184,27 @@ def test_a_session_keeps_no_copy_of_the_serialized_model() -> None:
     session = runtime.make_session(model)
     assert getattr(session, "_model_bytes", None) is None
     assert session.run(None, {"image": np.ones((1, 1, 4, 4), np.float32)})[0].shape == (1, 3)
+
+
+def test_a_session_loads_large_weights_from_a_buffer_it_then_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From ASIDE_MIN_BYTES of inline weights, a session loads them from a temporary in-memory
+    buffer (onnxruntime copies them; nothing serializes them): the same outputs, bit for bit,
+    as the session loading them inline, and no buffer left behind once it exists."""
+    import gc
+
+    from qcli import runtime
+
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 512] x) => (float[N, 1024] y) { y = MatMul(x, w) }
+    """)
+    rng = np.random.default_rng(3)
+    model.graph.initializer.append(numpy_helper.from_array(rng.standard_normal((512, 1024), np.float32), "w"))
+    x = {"x": rng.standard_normal((4, 512), np.float32)}
+    held = len(runtime._SHARED)
+    aside = runtime.make_session(model)
+    gc.collect()
+    assert len(runtime._SHARED) == held and runtime._weights_aside(model)[1] is not None
+    monkeypatch.setattr(runtime, "ASIDE_MIN_BYTES", 1 << 40)
+    assert runtime._weights_aside(model)[1] is None
+    assert np.array_equal(aside.run(None, x)[0], runtime.make_session(model).run(None, x)[0])

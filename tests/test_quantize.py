@@ -173,7 +173,7 @@ def test_builds_from_one_prepared_model_share_its_quantized_weights(tmp_path: Pa
 
 def test_a_lean_build_runs_as_the_full_build_without_copying_float_weights() -> None:
     """A lean build (the search's fold models: sessions only) keeps its float weights as
-    references to the prepared model's, held once in memory (`SharedWeights`): its session's
+    references to the prepared model's, held once in memory (`SharedStore`): its session's
     outputs are the full build's, bit for bit, and its bytes hold none of those weights."""
     from qcli.config import Match, Override, load_config
     from qcli.data import DataFolder, model_inputs
@@ -191,7 +191,7 @@ def test_a_lean_build_runs_as_the_full_build_without_copying_float_weights() -> 
     lean = quantize(model, config, table, prepared=prepared, lean=True).model
     referenced = [t.name for t in lean.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     assert referenced and prepared.quantized.shared is not None
-    assert set(referenced) <= set(prepared.quantized.shared.at)
+    assert set(referenced) == prepared.quantized.shared.held
     assert len(lean.SerializeToString()) < len(full.SerializeToString()) / 2
     feeds = next(iter(folder.batches(4))).inputs
     expected = make_session(full).run(None, feeds)
