@@ -149,8 +149,10 @@ class TensorObserver:
         flats = [a.reshape(-1) for a, _, _ in parts]
         values = flats[0] if len(flats) == 1 else np.concatenate(flats)
         binned = values
-        if self.sample_values is not None:
-            subsets = [sample_subset(a, n, self.sample_values, first) for a, n, first in parts]
+        m = self.sample_values
+        # a sample of fewer than 2m values is binned whole (`sample_walk`): no call needed for it
+        if m is not None and any(a.size >= 2 * m * max(n, 1) for a, n, _ in parts):
+            subsets = [sample_subset(a, n, m, first) if a.size >= 2 * m * max(n, 1) else None for a, n, first in parts]
             if any(sub is not None for sub in subsets):  # else every value is binned
                 picked = [flat if sub is None else sub for flat, sub in zip(flats, subsets, strict=True)]
                 binned = picked[0] if len(picked) == 1 else np.concatenate(picked)
