@@ -149,12 +149,14 @@ ASIDE_MIN_BYTES = 1 << 20
 
 def _weights_aside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, SharedWeights | None]:
     """`model` with its main graph's inline weights as references into a new in-memory buffer,
-    and the buffer; `(model, None)` below ASIDE_MIN_BYTES. onnxruntime copies such weights when
-    it loads them, so the buffer is dropped once the session exists, and the load neither
-    serializes the weights nor parses them as protobuf (faster, and a lower peak while it
+    and the buffer; `(model, None)` below ASIDE_MIN_BYTES, and from `_INLINE_LIMIT` (such a
+    model loads through a file, as before: no second copy in memory). onnxruntime copies the
+    weights when it loads them, so the buffer is dropped once the session exists, and the load
+    neither serializes them nor parses them as protobuf (faster, and a lower peak while it
     loads: README, session 27). The outputs are the same bits (the same tensors)."""
     inline = [t for t in model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
-    if sum(tensor_bytes(t.data_type, int(np.prod(t.dims))) for t in inline) < ASIDE_MIN_BYTES:
+    size = sum(tensor_bytes(t.data_type, int(np.prod(t.dims))) for t in inline)
+    if not ASIDE_MIN_BYTES <= size < _INLINE_LIMIT:  # past it, through a file as before: no copy in memory
         return model, None
     weights = SharedWeights(inline)
     if not weights.at:

@@ -187,9 +187,10 @@ def test_a_session_keeps_no_copy_of_the_serialized_model() -> None:
 
 
 def test_a_session_loads_large_weights_from_a_buffer_it_then_drops(monkeypatch: pytest.MonkeyPatch) -> None:
-    """From ASIDE_MIN_BYTES of inline weights, a session loads them from a temporary in-memory
-    buffer (onnxruntime copies them; nothing serializes them): the same outputs, bit for bit,
-    as the session loading them inline, and no buffer left behind once it exists."""
+    """From ASIDE_MIN_BYTES of inline weights (and below the size that loads through a file), a
+    session loads them from a temporary in-memory buffer (onnxruntime copies them; nothing
+    serializes them): the same outputs, bit for bit, as the session loading them inline, and no
+    buffer left behind once it exists."""
     import gc
 
     from qcli import runtime
@@ -205,6 +206,9 @@ def test_a_session_loads_large_weights_from_a_buffer_it_then_drops(monkeypatch: 
     aside = runtime.make_session(model)
     gc.collect()
     assert len(runtime._SHARED) == held and runtime._weights_aside(model)[1] is not None
+    monkeypatch.setattr(runtime, "_INLINE_LIMIT", 1 << 20)  # a model that loads through a file keeps that way
+    assert runtime._weights_aside(model)[1] is None
+    monkeypatch.undo()
     monkeypatch.setattr(runtime, "ASIDE_MIN_BYTES", 1 << 40)
     assert runtime._weights_aside(model)[1] is None
     assert np.array_equal(aside.run(None, x)[0], runtime.make_session(model).run(None, x)[0])
