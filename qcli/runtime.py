@@ -85,9 +85,8 @@ class SharedStore:
     reference never changes once made, so a model built twice serializes the same."""
 
     def __init__(self) -> None:
-        self.parts: list[SharedWeights] = []  # held: the lean models' sessions read them
         self._offered: set[str] = set()
-        self._holder: dict[str, SharedWeights] = {}
+        self._holder: dict[str, SharedWeights] = {}  # holds the buffers: the lean models' sessions read them
 
     def references(self, tensors: list[onnx.TensorProto]) -> list[onnx.TensorProto]:
         """`tensors` (initializers of the graph, unchanged), each as a reference into a buffer
@@ -97,9 +96,7 @@ class SharedStore:
         if new:
             self._offered.update(t.name for t in new)
             part = SharedWeights(new)
-            if part.at:
-                self.parts.append(part)
-                self._holder.update(dict.fromkeys(part.at, part))
+            self._holder.update(dict.fromkeys(part.at, part))
         return [self._holder[t.name].reference(t) if t.name in self._holder else t for t in tensors]
 
     @property

@@ -25,7 +25,7 @@ from qcli.calibrate.grid import (
     grid_exponent,
     grid_index,
 )
-from qcli.calibrate.sampling import sample_subset
+from qcli.calibrate.sampling import binned_whole, sample_subset
 from qcli.errors import CalibrationError, ConfigError
 
 #: numpy dtype -> its name (`dtype.name` is a slow property, and `update` needs it per batch).
@@ -150,9 +150,10 @@ class TensorObserver:
         values = flats[0] if len(flats) == 1 else np.concatenate(flats)
         binned = values
         m = self.sample_values
-        # a sample of fewer than 2m values is binned whole (`sample_walk`): no call needed for it
-        if m is not None and any(a.size >= 2 * m * max(n, 1) for a, n, _ in parts):
-            subsets = [sample_subset(a, n, m, first) if a.size >= 2 * m * max(n, 1) else None for a, n, first in parts]
+        walked = [m is not None and not binned_whole(a.size, n, m) for a, n, _ in parts]
+        if any(walked):
+            subsets = [sample_subset(a, n, m, first) if w else None
+                       for (a, n, first), w in zip(parts, walked, strict=True)]
             if any(sub is not None for sub in subsets):  # else every value is binned
                 picked = [flat if sub is None else sub for flat, sub in zip(flats, subsets, strict=True)]
                 binned = picked[0] if len(picked) == 1 else np.concatenate(picked)

@@ -79,6 +79,17 @@ def sample_walk(n: int, sample_values: int) -> tuple[int, int]:
     return p, -(-n // q)
 
 
+def binned_whole(size: int, samples: int, sample_values: int) -> bool:
+    """Whether a batch of `size` values holding `samples` samples is binned whole because each
+    sample holds fewer than `2 * sample_values` values (`sample_walk`'s `(1, n)`): a caller
+    with many small batches asks this before calling `sample_subset`.
+
+    >>> binned_whole(8 * 4095, 8, 2048), binned_whole(8 * 4096, 8, 2048)
+    (True, False)
+    """
+    return size < 2 * sample_values * max(samples, 1)
+
+
 def _is_prime(p: int) -> bool:
     return p >= 2 and all(p % d for d in range(2, math.isqrt(p) + 1))
 
