@@ -8,8 +8,9 @@ calibrate` against plain fp32 inference over the same samples.
 Models and inputs: those of benchmarks/heldout.py (`make real-models`), 32 real calibration
 samples each (rendered text lines and pages, photos, captchas, files, espeak-ng speech,
 gettext messages). Each run is its own child process, one after another, timed from start to
-exit (Python's start and imports included, the same for all) with its peak RSS (the VmHWM it
-reports at exit: `child`):
+exit (Python's start and imports included, the same for all; qcli's bytecode compiled ahead,
+as an installed package's is: `installed_env`) with its peak RSS (the VmHWM it reports at
+exit: `child`):
 
 * ``qcli``: `qcli quantize MODEL -o OUT --data CALIB --json` (default config: calibration,
   k-fold verification, the rescue when a floor is missed, the model written and checked);
@@ -48,7 +49,19 @@ from qcli.phases import peak_phase  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = [name for name in heldout.MODELS if name != "cnn-pages"]  # one data set per model
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def installed_env() -> dict[str, str]:
+    """The children's environment: qcli from this checkout, its bytecode compiled ahead (into
+    its `__pycache__` folders, as Python does by default and `pip install` does for a package;
+    onnxruntime's tools run from theirs), also where the caller's environment says not to
+    write bytecode (PYTHONDONTWRITEBYTECODE: then qcli's ~110 modules are compiled again in
+    every process, ~0.15 s)."""
+    import compileall
+
+    compileall.compile_dir(ROOT / "qcli", quiet=1)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPATH": str(ROOT)}
 
 
 @dataclass
@@ -61,13 +74,13 @@ class Run:
     out: str = ""
 
 
-def child(kind: str, model: Path, calib: Path, out: Path) -> Run:
+def child(kind: str, model: Path, calib: Path, out: Path, env: dict[str, str]) -> Run:
     """One kind in a child process (this script's `--child`), timed to its exit. Its peak RSS
     is the VmHWM the child reports at exit: the kernel's ru_maxrss of a forked child starts
     from this (large) process's RSS and survives exec."""
     args = [sys.executable, str(Path(__file__).resolve()), "--child", kind, str(model), str(calib), str(out)]
     start = time.perf_counter()
-    done = subprocess.run(args, capture_output=True, text=True, env=ENV)
+    done = subprocess.run(args, capture_output=True, text=True, env=env)
     took = time.perf_counter() - start
     lines = done.stderr.strip().splitlines()
     peak = next((float(line.split()[1]) for line in reversed(lines) if line.startswith(PEAK)), float("nan"))
@@ -143,7 +156,7 @@ def run_fp32(model: Path, calib: Path, out: Path) -> int:
 KINDS = ("qcli", "ort", "fp32", "calibrate")
 
 
-def measure(name: str, work: Path, rounds: int) -> Row:
+def measure(name: str, work: Path, rounds: int, env: dict[str, str]) -> Row:
     """Every kind on one model, `rounds` times, one kind after another."""
     model, writer, _ = heldout.MODELS[name]
     calib = writer(work / "inputs")["calib"]
@@ -151,7 +164,7 @@ def measure(name: str, work: Path, rounds: int) -> Row:
     for _ in range(rounds):
         for kind in KINDS:
             out = work / (f"{kind}.onnx" if kind != "calibrate" else "calib.json")
-            row.runs.setdefault(kind, []).append(child(kind, model, calib, out))
+            row.runs.setdefault(kind, []).append(child(kind, model, calib, out, env))
     return row
 
 
@@ -240,12 +253,13 @@ def main(argv: list[str] | None = None) -> int:
     console = bench_console(f"{args.rounds} round(s)")
     start, rows = time.perf_counter(), []
     with tempfile.TemporaryDirectory(prefix="qcli-bench-exported-") as tmp:
+        env = installed_env()
         for name in args.models:
             if lacks := heldout.missing(name):
                 console.print(f"[yellow]skipped {name}: {', '.join(lacks)} not found (`make real-models`)[/yellow]")
                 continue
             began = time.perf_counter()
-            rows.append(measure(name, Path(tmp) / name, args.rounds))
+            rows.append(measure(name, Path(tmp) / name, args.rounds, env))
             console.print(f"{name}: {time.perf_counter() - began:.0f} s")
     if rows:
         console.print(cost_table(rows))
