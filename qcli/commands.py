@@ -26,7 +26,7 @@ from qcli.errors import GateFailed, QcliError
 from qcli.files import check_writable, write_text_atomic
 from qcli.flags import CalibrateFlags, QuantizeFlags, SensitivityFlags
 from qcli.info import describe_data, describe_model, file_bytes
-from qcli.model import fingerprint, load_model, save_model
+from qcli.model import Owned, fingerprint, load_model, save_model
 from qcli.phases import phase, recording
 from qcli.pipeline import PipelineResult, run_pipeline
 from qcli.quantize import calibrate, summary
@@ -130,9 +130,11 @@ def _quantize_run(flags: QuantizeFlags, progress: ProgressFactory) -> QuantizeRu
     if flags.calib is not None:
         table = load_table(flags.calib, fingerprint(model))
         config = flags.with_table(config, table)
+    handed = Owned(model)  # nothing else holds it: the verification frees its weights
+    del model
     with flags.scale.make() if flags.needs_executor else nullcontext() as pool:
         outcome = quantize_checked(
-            model, config, data=flags.data, table=table, eval_data=flags.eval_data, force=flags.force,
+            handed, config, data=flags.data, table=table, eval_data=flags.eval_data, force=flags.force,
             strict=flags.strict, progress=progress, executor=pool,
         )
     result = outcome.result
@@ -154,7 +156,7 @@ def _quantize_run(flags: QuantizeFlags, progress: ProgressFactory) -> QuantizeRu
     if flags.eval_data is not None:
         with phase("evaluate"):
             run.evaluation = evaluate(
-                model, flags.output, flags.eval_data, max_accuracy_drop=flags.max_accuracy_drop,
+                flags.model, flags.output, flags.eval_data, max_accuracy_drop=flags.max_accuracy_drop,
                 preprocess=config.data.preprocess, verify=config.verify,
             )
         doc["evaluation"] = {"summary": headline(run.evaluation), **run.evaluation.to_dict()}

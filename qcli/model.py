@@ -83,6 +83,21 @@ def external_data_files(model: onnx.ModelProto) -> list[str]:
     return sorted(names)
 
 
+class Owned:
+    """A model handed over with nothing else holding it (the CLI's, read from its file), to a
+    function that may then free its weights once it holds them elsewhere (qcli.verify: lent by
+    the prepared model, `qcli.runtime.Loan`). `take()` gives the model and forgets it."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self._model: onnx.ModelProto | None = model
+
+    def take(self) -> onnx.ModelProto:
+        model, self._model = self._model, None
+        if model is None:
+            raise ValueError("this model was taken already")
+        return model
+
+
 def without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` whose main graph has no initializers, made field by field. Copying the
     whole model and deleting them is not the same: protobuf's upb keeps the deleted weights'

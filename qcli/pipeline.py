@@ -22,7 +22,7 @@ from qcli.calibrate.trtcache import write_trt_cache
 from qcli.config import Config, Section, config_error, load_config, parse_config
 from qcli.errors import ConfigError
 from qcli.files import check_writable
-from qcli.model import load_model, save_model
+from qcli.model import Owned, load_model, save_model
 from qcli.quantize import QuantizeResult
 from qcli.verify import Outcome, ProgressFactory, no_progress, quantize_checked
 from qcli.yamlfile import read_yaml
@@ -110,8 +110,8 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -
 
     model_path = local(pipeline.model)
     outcome = quantize_checked(
-        load_model(model_path), config, data=local(pipeline.calibration_data), eval_data=optional(pipeline.eval_data),
-        labels=optional(pipeline.labels), progress=progress,
+        Owned(load_model(model_path)), config, data=local(pipeline.calibration_data),
+        eval_data=optional(pipeline.eval_data), labels=optional(pipeline.labels), progress=progress,
         methods=solved_methods(config.calibration.method),  # minmax (free) and the method used
     )
     calibration_file = None

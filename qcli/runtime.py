@@ -25,7 +25,7 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import EncodeError
 
-from qcli.errors import ModelError
+from qcli.errors import InternalError, ModelError
 from qcli.info import tensor_bytes
 from qcli.model import clamp_ir_version, save_model, without_initializers
 from qcli.scheme import FLOAT8_TYPES
@@ -66,15 +66,106 @@ class SharedWeights:
         itself when the buffer does not hold it."""
         if tensor.name not in self.at:
             return tensor
-        offset, length = self.at[tensor.name]
-        ref = onnx.TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type,
-                               data_location=onnx.TensorProto.EXTERNAL)
-        for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(length))):
-            ref.external_data.add(key=key, value=value)
-        return ref
+        return _external(tensor, self.location, *self.at[tensor.name])
+
+
+def _external(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> onnx.TensorProto:
+    """`tensor`'s name, type and shape, its values at `offset` in the in-memory file `location`."""
+    ref = onnx.TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type,
+                           data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        ref.external_data.add(key=key, value=value)
+    return ref
 
 
 _SHARED: weakref.WeakValueDictionary[str, SharedWeights] = weakref.WeakValueDictionary()
+
+
+class Loan:
+    """The float model's main-graph initializers that `lender` (the prepared model) holds byte
+    for byte, lent by it: `with Loan(model, prepared.model) as model:` gives a copy of `model`
+    whose such initializers are references, and keeps no reference to `model`, so that a
+    caller who held the only one frees its weights (the verification's float model: else held
+    twice beside the prepared one; the encoder's peak 477 -> 428 MB). A session of the copy
+    reads them from a buffer made from the lender's tensors while it loads (`make_session`;
+    onnxruntime copies them), so the lender must not change meanwhile. Outside the block the
+    references resolve no more: the copy is for the block's sessions and graph reads only
+    (`inlined` gives a whole model)."""
+
+    _counter = itertools.count()
+
+    def __init__(self, model: onnx.ModelProto, lender: onnx.ModelProto):
+        theirs = {t.name: t for t in lender.graph.initializer}
+        self.lender, self.at, self.size = lender, {}, 0  # name -> (offset, length); the buffer's size
+        self.location = f"qcli-lent-{next(self._counter)}.bin"  # never a file: only a key
+        for tensor in model.graph.initializer:
+            length = _same_bytes(tensor, theirs.get(tensor.name))
+            if length:
+                self.size += -self.size % 64  # aligned as onnxruntime's own external data files are
+                self.at[tensor.name] = (self.size, length)
+                self.size += length
+        light = without_initializers(model) if self.at else model
+        if self.at:
+            light.graph.initializer.extend(
+                _external(t, self.location, *self.at[t.name]) if t.name in self.at else t
+                for t in model.graph.initializer)
+        self.model: onnx.ModelProto | None = light
+
+    def __enter__(self) -> onnx.ModelProto:
+        _LENT[self.location] = self
+        model, self.model = self.model, None  # the caller's from here
+        assert model is not None, "a Loan is entered once"
+        return model
+
+    def __exit__(self, *exc: object) -> None:
+        _LENT.pop(self.location, None)
+
+    def buffer(self) -> np.ndarray:
+        """The lent tensors' bytes at their offsets (a new buffer: for one session's load)."""
+        data = bytearray(self.size)
+        for tensor in self.lender.graph.initializer:
+            if tensor.name in self.at:
+                offset, length = self.at[tensor.name]
+                raw = tensor.raw_data
+                if len(raw) != length:
+                    raise InternalError(f"the prepared model's {tensor.name!r} changed while it lent its bytes")
+                data[offset:offset + length] = raw
+        return np.frombuffer(data, np.uint8)
+
+    def tensor(self, name: str) -> onnx.TensorProto:
+        return next(t for t in self.lender.graph.initializer if t.name == name)
+
+
+def _same_bytes(tensor: onnx.TensorProto, other: onnx.TensorProto | None) -> int:
+    """The length of `tensor`'s bytes when `other` holds its values the same way (both inline
+    raw bytes, from SHARED_MIN_BYTES; the same type, shape and bytes), else 0."""
+    if other is None or onnx.TensorProto.EXTERNAL in (tensor.data_location, other.data_location) or (
+            tensor.data_type != other.data_type or list(tensor.dims) != list(other.dims)):
+        return 0
+    raw = tensor.raw_data
+    return len(raw) if len(raw) >= SHARED_MIN_BYTES and raw == other.raw_data else 0
+
+
+_LENT: dict[str, Loan] = {}  # the loans whose block runs (`Loan.__enter__`)
+
+
+def _locations(model: onnx.ModelProto) -> list[str]:
+    """The in-memory files the model's main-graph initializers reference, sorted."""
+    return sorted({e.value for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+                   for e in t.external_data if e.key == "location"})
+
+
+def inlined(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its lent initializers (`Loan`) inline again: a whole model, for another
+    process (qcli.precision.trials' workers); `model` itself when it has none."""
+    loans = [_LENT[name] for name in _locations(model) if name in _LENT]
+    if not loans:
+        return model
+    lent = {name: loan for loan in loans for name in loan.at}
+    whole = without_initializers(model)
+    whole.graph.initializer.extend(lent[t.name].tensor(t.name) if t.name in lent else t
+                                   for t in model.graph.initializer)
+    return whole
 
 
 class SharedStore:
@@ -105,11 +196,11 @@ class SharedStore:
         return set(self._holder)
 
 
-def _shared_by(model: onnx.ModelProto) -> list[SharedWeights]:
-    """The SharedWeights the model's initializers reference."""
-    locations = {e.value for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
-                 for e in t.external_data if e.key == "location"}
-    return [_SHARED[name] for name in sorted(locations) if name in _SHARED]
+def _in_memory(model: onnx.ModelProto) -> tuple[list[str], list[np.ndarray]]:
+    """The in-memory files the model's initializers reference (`SharedWeights`, `Loan`) and
+    their buffers, for a session's load."""
+    locations = [name for name in _locations(model) if name in _SHARED or name in _LENT]
+    return locations, [_SHARED[n].buffer if n in _SHARED else _LENT[n].buffer() for n in locations]
 
 
 def session_options(threads: int | None = None) -> ort.SessionOptions:
@@ -181,10 +272,9 @@ def make_session(
     if isinstance(model, onnx.ModelProto):
         model = emulated(model, rounding=not timing) or model  # float16/bfloat16 nodes: a float32 twin
         model, aside = _weights_aside(model)  # noqa: F841 - held until the session has copied it
-        shared = _shared_by(model)
-        if shared:
-            options.add_external_initializers_from_files_in_memory(
-                [w.location for w in shared], [w.buffer for w in shared], [len(w.buffer) for w in shared])
+        locations, buffers = _in_memory(model)  # held until the session has copied them
+        if locations:
+            options.add_external_initializers_from_files_in_memory(locations, buffers, [len(b) for b in buffers])
     try:
         if isinstance(model, (str, Path)):
             return ort.InferenceSession(str(model), options, providers=providers)

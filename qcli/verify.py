@@ -45,10 +45,10 @@ from qcli.checks import (
     verification_of,
 )
 from qcli.config import Config
-from qcli.data import DataFolder, model_inputs
+from qcli.data import DataFolder, InputSpec, model_inputs
 from qcli.errors import InternalError, QcliError
 from qcli.holdout import DataPlan, fold_plan, make_probe, plan_samples
-from qcli.model import fingerprint
+from qcli.model import Owned, fingerprint
 from qcli.phases import phase
 from qcli.plan import make_plan
 from qcli.precision import (
@@ -74,6 +74,7 @@ from qcli.quantize import (
     quantize,
 )
 from qcli.recovery.bias import needs_data as bias_needs_data
+from qcli.runtime import Loan
 
 QUICK_SAMPLES = 16  # samples the search ranks units on, at most (floors are checked on all of them)
 
@@ -103,7 +104,7 @@ class Outcome:
 
 
 def quantize_checked(
-    model: onnx.ModelProto,
+    model: onnx.ModelProto | Owned,
     config: Config,
     *,
     data: Path | None = None,
@@ -119,7 +120,11 @@ def quantize_checked(
     """Calibrate (when `data` is given), quantize, verify and rescue; see the module docstring.
     `methods`: the range methods the calibration solves (default: only the config's);
     `executor`: where the calibration pass and the search's independent trials run
-    (qcli.executor; default this process)."""
+    (qcli.executor; default this process). `model` handed over (`Owned`, as the CLI does): the
+    float weights the prepared model holds byte for byte are held once through the
+    verification (`qcli.runtime.Loan`), not twice."""
+    owned = isinstance(model, Owned)
+    model = model.take() if isinstance(model, Owned) else model
     if data is not None and table is not None:
         raise ValueError("give at most one of data or table")
     if config.recovery.bias_correction is not None and data is None:
@@ -150,8 +155,20 @@ def quantize_checked(
         if ap.enabled:
             raise QcliError("auto-precision needs data to measure on", hint="give --eval-data DIR (or --data DIR)")
         return outcome
+    labels = labels if eval_data is not None else None
+    if not owned:
+        return _verified(outcome, model, prepared, inputs, labels, executor, force, progress)
+    with Loan(model, prepared.model) as model:  # the caller's copy of the weights is freed here
+        return _verified(outcome, model, prepared, inputs, labels, executor, force, progress)
+
+
+def _verified(outcome: Outcome, model: onnx.ModelProto, prepared: PrepareResult, inputs: list[InputSpec],
+              labels: Path | None, executor, force: bool, progress: ProgressFactory) -> Outcome:
+    """`outcome` verified against the float `model` on the plan's samples, and rescued."""
+    config, table, plan, result = outcome.config, outcome.table, outcome.data, outcome.result
+    ap, vf = config.auto_precision, config.verify
     with phase("reference"):  # the float model's outputs
-        probe = make_probe(model, inputs, config, plan, labels if eval_data is not None else None)
+        probe = make_probe(model, inputs, config, plan, labels)
     units = find_units(result.planned or prepared.model, result.plan)
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
     with phase("verify"), progress("verifying" if not ap.enabled else "searching precisions", None,

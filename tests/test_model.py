@@ -212,3 +212,56 @@ def test_a_session_loads_large_weights_from_a_buffer_it_then_drops(monkeypatch: 
     monkeypatch.setattr(runtime, "ASIDE_MIN_BYTES", 1 << 40)
     assert runtime._weights_aside(model)[1] is None
     assert np.array_equal(aside.run(None, x)[0], runtime.make_session(model).run(None, x)[0])
+
+
+def _two_weights(changed: bool) -> onnx.ModelProto:
+    """y = (x @ w) + b, a 512 KB w and a 4 KB b; b scaled by 2 when `changed`."""
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 128] x) => (float[N, 1024] y) { t = MatMul(x, w)  y = Add(t, b) }
+    """)
+    rng = np.random.default_rng(5)
+    b = rng.standard_normal(1024).astype(np.float32)
+    model.graph.initializer.extend([numpy_helper.from_array(rng.standard_normal((128, 1024), np.float32), "w"),
+                                    numpy_helper.from_array(2 * b if changed else b, "b")])
+    return model
+
+
+def test_a_loan_references_the_tensors_the_lender_holds_byte_for_byte() -> None:
+    """`Loan`: the model's initializers that the lender holds byte for byte become references
+    (the others stay inline), its sessions compute what the model's did, bit for bit, `inlined`
+    gives the whole model back, and once the block ends the references resolve no more."""
+    from qcli import runtime
+
+    model, lender = _two_weights(False), _two_weights(True)
+    x = {"x": np.random.default_rng(1).standard_normal((3, 128), np.float32)}
+    expected = runtime.make_session(model).run(None, x)[0]
+    original = model.SerializeToString()
+    with runtime.Loan(model, lender) as light:
+        kinds = {t.name: t.data_location for t in light.graph.initializer}
+        assert kinds == {"w": onnx.TensorProto.EXTERNAL, "b": onnx.TensorProto.DEFAULT}
+        assert light.ByteSize() < 8 * 1024  # w is not in it
+        assert np.array_equal(runtime.make_session(light).run(None, x)[0], expected)
+        assert runtime.inlined(light).SerializeToString() == original
+    assert runtime.inlined(light) is light
+    with pytest.raises(ModelError, match="onnxruntime cannot load the model"):
+        runtime.make_session(light)
+
+
+def test_a_loan_keeps_no_reference_to_the_model_it_was_made_from() -> None:
+    """A caller that hands over the only reference (`Owned`) frees the model's weights when
+    the loan's copy replaces it: the loan holds the lender, not the model."""
+    import sys
+
+    from qcli import runtime
+    from qcli.model import Owned
+
+    handed = Owned(_two_weights(False))
+    model = handed.take()
+    with pytest.raises(ValueError, match="taken already"):
+        handed.take()
+    before = sys.getrefcount(model)
+    loan = runtime.Loan(model, _two_weights(False))
+    assert sys.getrefcount(model) == before
+    with loan as light:
+        assert light is not model and loan.model is None

@@ -36,6 +36,7 @@ from qcli.errors import CalibrationError, InternalError, ModelError
 from qcli.phases import phase
 from qcli.precision.units import PROMOTIONS, Choices, Costs, Unit, alone, find_units, promoted_config
 from qcli.prepare import PrepareResult
+from qcli.runtime import inlined
 
 if TYPE_CHECKING:
     from qcli.quantize import QuantizeResult
@@ -231,7 +232,7 @@ class Trials:
             import uuid
 
             quick = self.quick_probe.samples if self.quick_probe is not None else self.probe.samples
-            self._shared = _Context(uuid.uuid4().hex, self.model.SerializeToString(), self.config, self.table,
+            self._shared = _Context(uuid.uuid4().hex, inlined(self.model).SerializeToString(), self.config, self.table,
                                     self.probe.batches, self.probe.inputs, quick, self.force, self.probe.folds)
         return self._shared
 
