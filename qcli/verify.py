@@ -91,7 +91,7 @@ def no_progress(description: str, total: int | None, unit: str = "samples"):
 class Outcome:
     result: QuantizeResult
     config: Config  # reproduces the model: the input config plus the promotions as overrides
-    table: CalibrationTable
+    table: CalibrationTable  # its fold tables (k-fold verification) dropped once a search ran
     data: DataPlan
     verification: Verification | None = None
     search: SearchResult | None = None
@@ -284,6 +284,9 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
     int8 = outcome.result  # the rescue replaces outcome.result with what it found
     stores = not ap.enabled and _dynamic_scheme(config)
     found = _rescue(outcome, trials, goal, no_payoff, instead if stores else None)
+    # only the search's candidates are built from the fold tables: their histograms go now
+    # (what follows builds from the whole table; tashkeel's peak 196-202 -> 185-187 MB)
+    outcome.table.folds = []
     if found.choices:
         if found.fidelity is None:
             raise InternalError("the search chose a candidate it could not measure")

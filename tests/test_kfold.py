@@ -130,3 +130,15 @@ def test_fold_bias_shifts_equal_measuring_on_the_other_folds_alone(tmp_path: Pat
         measure_bias_shifts(model, config, alone, [others], prepared=prepared)
         assert folded.folds[k].bias_shifts == alone.bias_shifts, k
     assert folded.folds[0].bias_shifts != folded.bias_shifts
+
+
+def test_the_fold_tables_go_once_the_search_ends(identity) -> None:
+    """After the rescue's search only the whole table is read: its fold tables (their histograms:
+    tashkeel's were 15 MB) are dropped, and the model is the same."""
+    from qcli.config import load_config
+    from qcli.model import load_model
+    from qcli.verify import quantize_checked
+
+    model, data, config = identity
+    outcome = quantize_checked(load_model(model), load_config(config), data=data)
+    assert outcome.promoted and outcome.table.folds == [] and outcome.table.observers

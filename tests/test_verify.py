@@ -653,3 +653,32 @@ def test_choices_that_build_a_model_measured_already_cost_no_trial(tmp_path: Pat
         assert trials.fidelity({**both, "/a/Add": "float"}, quick) is f and trials.count == count + 1
         assert trials.demoted({**both, "/a/Add": "float"}) == trials.demoted(both)
         assert trials.fidelity({"/a/MatMul": "float"}, quick) is not f and trials.count == count + 2
+
+
+def test_a_model_handed_over_is_lent_its_weights_and_writes_the_same_model() -> None:
+    """`Owned` (the CLI's model): the verification's float model references the weights the
+    prepared model holds byte for byte (`Loan`) instead of holding them again; the model
+    written and every figure but the timings are the same as for a model the caller keeps."""
+    from qcli import runtime
+    from qcli.model import Owned, load_model
+    from qcli.verify import quantize_checked
+
+    path, data = SAMPLE_MODELS / "cnn" / "model.onnx", SAMPLE_MODELS / "cnn" / "calib"
+    lent = []
+    original = runtime.Loan.__enter__
+
+    def enter(loan: runtime.Loan) -> onnx.ModelProto:
+        lent.append(len(loan.at))
+        return original(loan)
+
+    kept = quantize_checked(load_model(path), Config(), data=data)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runtime.Loan, "__enter__", enter)
+        handed = quantize_checked(Owned(load_model(path)), Config(), data=data)
+    assert lent and lent[0] > 0 and not runtime._LENT
+    assert handed.result.model.SerializeToString() == kept.result.model.SerializeToString()
+    figures = [{k: v for k, v in outcome.verification.to_dict().items() if "latency" not in k and k != "float_ms"}
+               for outcome in (handed, kept)]
+    for doc in figures:
+        doc["checks"] = [c for c in doc["checks"] if c["name"] != "latency ratio"]  # timings differ run to run
+    assert figures[0] == figures[1] and figures[0]["outputs"]
