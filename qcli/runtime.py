@@ -90,7 +90,8 @@ class Loan:
     reads them from a buffer made from the lender's tensors while it loads (`make_session`;
     onnxruntime copies them), so the lender must not change meanwhile. Outside the block the
     references resolve no more: the copy is for the block's sessions and graph reads only
-    (`inlined` gives a whole model)."""
+    (`inlined` gives a whole model). A model past `_INLINE_LIMIT` borrows nothing: it loads
+    through a file, with no second copy in memory."""
 
     _counter = itertools.count()
 
@@ -99,11 +100,15 @@ class Loan:
         self.lender, self.at, self.size = lender, {}, 0  # name -> (offset, length); the buffer's size
         self.location = f"qcli-lent-{next(self._counter)}.bin"  # never a file: only a key
         for tensor in model.graph.initializer:
+            if self.size >= _INLINE_LIMIT:
+                break
             length = _same_bytes(tensor, theirs.get(tensor.name))
             if length:
                 self.size += -self.size % 64  # aligned as onnxruntime's own external data files are
                 self.at[tensor.name] = (self.size, length)
                 self.size += length
+        if self.size >= _INLINE_LIMIT:  # such a model loads through a file (`make_session`): nothing lent
+            self.at, self.size = {}, 0
         light = without_initializers(model) if self.at else model
         if self.at:
             light.graph.initializer.extend(

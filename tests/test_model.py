@@ -248,6 +248,17 @@ def test_a_loan_references_the_tensors_the_lender_holds_byte_for_byte() -> None:
         runtime.make_session(light)
 
 
+def test_a_model_past_the_in_memory_limit_borrows_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Such a model loads through a file, with no second copy of its weights in memory: a loan
+    would make one (its buffer), so there is none."""
+    from qcli import runtime
+
+    monkeypatch.setattr(runtime, "_INLINE_LIMIT", 1 << 16)
+    model = _two_weights(False)
+    with runtime.Loan(model, _two_weights(False)) as light:
+        assert light is model
+
+
 def test_a_loan_keeps_no_reference_to_the_model_it_was_made_from() -> None:
     """A caller that hands over the only reference (`Owned`) frees the model's weights when
     the loan's copy replaces it: the loan holds the lender, not the model."""
