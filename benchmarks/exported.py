@@ -202,8 +202,8 @@ def cost_table(rows: list[Row]):
 
 PHASES = ("load", "prepare", "calibrate", "calibrate/observe", "calibrate/solve", "build", "reference", "verify",
           "verify/measure", "verify/time", "verify/search", "verify/search/build", "verify/search/measure",
-          "verify/search/measure/build",
-          "verify/search/profile", "verify/search/time", "verify/search/weight-only", "verify/weight-only", "write")
+          "verify/search/measure/build", "verify/search/noise", "verify/search/profile", "verify/search/time",
+          "verify/search/weight-only", "verify/weight-only", "write")
 
 
 def phase_table(rows: list[Row]):

@@ -213,6 +213,46 @@ def test_when_the_goal_needs_most_units_the_callers_better_model_is_asked_before
     assert asked == [(40, True), (30, False), (30, True)] and refused.met and len(refused.choices) == 30
 
 
+class NoisyTrials(FakeTrials):
+    """FakeTrials with each unit's own noise (`Trials.unit_noise`): its error, as if one run
+    showed exactly that."""
+
+    def unit_noise(self, choices: dict[str, str], nodes: list[str]) -> dict[str, float]:
+        return {n: self.errors[n] for n in nodes if n not in choices}
+
+
+def test_the_noisiest_half_asks_whether_the_goal_needs_most_units_before_any_block() -> None:
+    """40 equally sensitive units of which 10 may stay int8: the noisiest half promoted misses
+    the goal (one trial), so no block is measured and the rescue's model is asked about
+    everything at once: 2 trials in all, against the blocks' 10."""
+    names = [f"u{i}" for i in range(40)]
+    us = units(*names)
+    better = Fidelity((OutputFidelity("y", False, None, 1.0, None),), noise=0.0)
+    asked: list[int] = []
+    counts = []
+    for trials in (FakeTrials({n: 0.001 for n in names}, max_trials=30),
+                   NoisyTrials({n: 0.001 for n in names}, max_trials=30)):
+        found = search(us, trials, Goal(max_drop=0.01), float_costs(us),
+                       instead=lambda c, settled: asked.append(len(c)) or better)
+        assert found.fidelity is better and len(found.choices) == 40
+        counts.append(trials.count)
+    assert asked == [40, 40] and counts == [10, 2]
+    assert found.steps[1].action == ("sensitivity by each unit's own noise (one run): the goal needs more than half "
+                                     "of the units (the noisiest half misses it)")
+
+
+def test_when_the_noisiest_half_holds_the_blocks_rank_as_before_in_as_many_trials() -> None:
+    """One sensitive unit: the noisiest half (holding it) meets the goal, and that trial stands
+    for the blocks' own first question, so the blocks find the same unit in the same trials."""
+    names = [f"u{i}" for i in range(40)]
+    errors = {n: 0.0002 for n in names} | {"u29": 0.3}
+    us = units(*names)
+    plain, noisy = FakeTrials(errors, max_trials=30), NoisyTrials(errors, max_trials=30)
+    found = [search(us, t, Goal(max_drop=0.01), float_costs(us)) for t in (plain, noisy)]
+    assert found[0].choices == found[1].choices == {"u29": "float"}
+    assert plain.count == noisy.count and [s.action for s in found[0].steps] == [s.action for s in found[1].steps]
+
+
 def test_a_prefix_the_caller_has_better_than_is_not_confirmed() -> None:
     """The quick probe flatters the top 10 (all samples need 30): the doubling asks the
     rescue's `instead` about each prefix before confirming it; at 20 (mostly float: from there
@@ -584,3 +624,38 @@ def test_a_confirmation_measured_in_part_stands_for_no_other_model() -> None:
     assert trials.fidelity({"b": "float"}).outputs[0].samples == 10  # measured: the part is no figure for it
     assert trials.fidelity({"a": "float"}).outputs[0].samples == 10  # whole, as b's bytes were
     assert probe.asked == [0.99, None] and trials.count == 2
+
+
+def test_a_units_own_noise_is_what_it_adds_to_its_input_noise() -> None:
+    """`unit_noise`: one run of a candidate against the prepared float model. Here only the
+    second MatMul's weight differs (as rounding would make it): the first adds nothing, the
+    second all of the output's noise, which its input does not carry."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from qcli.data import Batch
+    from qcli.precision.noise import unit_noise
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((16, 4)).astype(np.float32)
+
+    def mlp(second: np.ndarray) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "a"], ["h"], name="first"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "b"], ["y"], name="second")],
+            "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 8])],
+            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4])],
+            [numpy_helper.from_array(a, "a"), numpy_helper.from_array(second, "b")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+    candidate = mlp(b + 0.05 * rng.standard_normal(b.shape).astype(np.float32))
+    probe = SimpleNamespace(batches=[Batch({"x": rng.standard_normal((4, 8)).astype(np.float32)}, None, None)],
+                            folds=None)
+    trials = SimpleNamespace(quick_probe=probe, probe=probe, prepared=SimpleNamespace(model=mlp(b)),
+                             measured=lambda choices, p: (candidate, None, None))
+    noise = unit_noise(trials, ["first", "second", "relu"], {})
+    assert noise["first"] == 0.0 and noise["relu"] == 0.0 and 1e-5 < noise["second"] < 0.1

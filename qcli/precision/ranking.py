@@ -50,11 +50,18 @@ def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice]) -> tup
             if f is not None and g is not None and g > 0 and base_noise - f.noise >= DYNAMIC_SHARE * g * spread[n]:
                 smaller[n] = "dynamic"
     else:
-        action = "sensitivity by blocks (one trial per unit does not fit the trial budget)"
-        s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote))
-        if s.missed is not None:
-            action += ("; the goal needs more than half of the units (the most sensitive blocks miss it): "
-                       "no finer blocks")
+        noise = getattr(s.trials, "unit_noise", None)  # a first guess at the noisiest half (qcli.precision.noise)
+        noisiest = _noisiest(s, left, noise(choices, left)) if noise is not None else None
+        if noisiest is not None and _needs_most(s, noisiest, promote, len(left)):
+            action = ("sensitivity by each unit's own noise (one run): the goal needs more than half of the units "
+                      "(the noisiest half misses it)")
+            s.sensitivity.update({n: g for g, (n,) in noisiest})
+        else:
+            action = "sensitivity by blocks (one trial per unit does not fit the trial budget)"
+            s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote, asked=noisiest is not None))
+            if s.missed is not None:
+                action += ("; the goal needs more than half of the units (the most sensitive blocks miss it): "
+                           "no finer blocks")
         if dynamic:  # the dynamic forms judged together: two trials
             as_dynamic: Choices = {**choices, **dict.fromkeys(dynamic, "dynamic")}
             together = [as_dynamic, promote.promoting(dynamic)]
@@ -70,15 +77,22 @@ def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice]) -> tup
 BLOCKS = 8  # the first split of the units into contiguous blocks; later splits: 4
 
 
+def _noisiest(s: SearchState, left: list[str], noise: dict[str, float]) -> list[tuple[float, list[str]]]:
+    """(noise, [unit]) of every unit, noisiest first (graph order among equals; units without
+    a figure last): what `_needs_most` takes the first half of."""
+    return [(noise.get(n, 0.0), [n]) for n in sorted(left, key=lambda n: (-noise.get(n, 0.0), s.index[n]))]
+
+
 def _block_sensitivity(s: SearchState, left: list[str], gain: Callable[[list[str]], float | None], floor: float,
-                       promote: Promotions) -> dict[str, float]:
+                       promote: Promotions, asked: bool = False) -> dict[str, float]:
     """Sensitivity by bisection over contiguous blocks of units (graph order): promote each
     block, keep splitting the blocks whose gain is at least a tenth of the best one's (at most
     3 per level). About 8 + 12 log4(N) trials instead of N. A unit's score is its finest
     measured block's gain shared among the block's units. A level after the first runs only
     when it fits in half of what is left of the budget (`trials.affordable`): the prefix
     search and the prune need the rest; and only when the goal does not need most units
-    (`_needs_most`)."""
+    (`_needs_most`; `asked`: the noisiest half answered that already, so the first level is not
+    asked again: the trials stay as many as before)."""
     def split(nodes: list[str], parts: int) -> list[list[str]]:
         size = max(1, -(-len(nodes) // parts))  # no units left to rank: no blocks
         return [nodes[i: i + size] for i in range(0, len(nodes), size)]
@@ -98,7 +112,7 @@ def _block_sensitivity(s: SearchState, left: list[str], gain: Callable[[list[str
             for n in block:
                 scores[n] = g / len(block)
         measured.sort(key=lambda gb: -gb[0])
-        if first and measured and _needs_most(s, measured, promote, len(left)):
+        if first and measured and not asked and _needs_most(s, measured, promote, len(left)):
             break
         first = False
         best = measured[0][0] if measured else 0.0

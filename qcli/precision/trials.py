@@ -236,6 +236,14 @@ class Trials:
                                     self.probe.batches, self.probe.inputs, quick, self.force, self.probe.folds)
         return self._shared
 
+    def unit_noise(self, choices: Choices, nodes: list[str]) -> dict[str, float]:
+        """Each of `nodes`' own noise in the candidate `choices` (qcli.precision.noise): not a
+        trial, and not counted as one."""
+        from qcli.precision.noise import unit_noise
+
+        with phase("noise"):
+            return unit_noise(self, nodes, choices)
+
     def affordable(self, n: int) -> bool:
         """Whether `n` more trials fit in half of the trials left. Counted, not timed: what the
         search measures (one trial per unit, or blocks) must not depend on how busy the machine

@@ -1,0 +1,71 @@
+"""Each unit's own noise in a candidate, from one sample: the relative squared error at the
+unit's output less that at its input, the candidate against the prepared float model.
+
+A first guess, not a measurement of what promoting a unit removes (the ranking measures that:
+qcli.precision.ranking). The ranking by blocks uses it for one question only: does the goal
+need more than half of the units? The noisiest half promoted, one quick trial, answers it
+before any block is measured; when that half misses the goal, the rescue's weight-only model
+is tried at once (the blocks' first level, 8 trials, asked the same question of the half with
+the largest measured gains: PP-LCNet photos, ddddocr and the recognizer answered the same
+way). When it holds, the blocks rank the units as before. One sample, run in groups of
+outputs (`GROUP` tensors a run) on two sessions: a few MB of outputs at a time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from qcli.plan.context import node_names
+
+if TYPE_CHECKING:
+    from qcli.precision.trials import Trials
+    from qcli.precision.units import Choices
+
+GROUP = 16  # observed tensors a run returns
+
+
+def unit_noise(trials: Trials, nodes: list[str], choices: Choices) -> dict[str, float]:
+    """Unit -> the noise it adds (0 at least) in the candidate `choices` on the quick probe's
+    first sample; units whose output or input the candidate does not keep are left out."""
+    from qcli.calibrate.collect import session_with_outputs
+
+    probe = trials.quick_probe or trials.probe
+    float_model = trials.prepared.model
+    models, _, _ = trials.measured(choices, probe)
+    model = models(probe.folds[0] if probe.folds else 0) if callable(models) else models
+    kept = _made(model) & _made(float_model)
+    position = {name: i for i, name in enumerate(node_names(float_model))}
+    ends: dict[str, tuple[str, str]] = {}  # unit -> (its input, its output)
+    for name in nodes:
+        node = float_model.graph.node[position[name]] if name in position else None
+        if node is not None and node.input and node.input[0] in kept and node.output[0] in kept:
+            ends[name] = (node.input[0], node.output[0])
+    tensors = sorted({t for pair in ends.values() for t in pair})
+    feeds = {k: v[:1] for k, v in probe.batches[0].inputs.items()}
+    runs = [session_with_outputs(m, tensors) for m in (model, float_model)]
+    noise: dict[str, float] = {}
+    for start in range(0, len(tensors), GROUP):
+        group = tensors[start: start + GROUP]
+        for name, q, f in zip(group, *(session.run(group, feeds) for session in runs), strict=True):
+            noise[name] = _relative_error(np.asarray(q), np.asarray(f))
+    return {n: max(noise[o] - noise[i], 0.0) for n, (i, o) in ends.items()}
+
+
+def _made(model) -> set[str]:
+    """The tensors the model's main graph computes or takes as inputs."""
+    return {o for node in model.graph.node for o in node.output if o} | {i.name for i in model.graph.input}
+
+
+def _relative_error(q: np.ndarray, f: np.ndarray) -> float:
+    """|q - f|^2 / |f|^2 (0 for a float tensor of zeros, or one that is not float).
+
+    >>> _relative_error(np.array([1.0, 2.0]), np.array([1.0, 1.0]))
+    0.5
+    """
+    if q.shape != f.shape or f.dtype.kind != "f":
+        return 0.0
+    d = (q - f).ravel().astype(np.float64)
+    signal = float(np.dot(f.ravel().astype(np.float64), f.ravel().astype(np.float64)))
+    return float(np.dot(d, d)) / signal if signal > 0 else 0.0
