@@ -87,7 +87,10 @@ def test_text_direction_classifier_is_verified_by_default(cli, tmp_path: Path) -
     doc = cli.json("quantize", CLS, "-o", out, "--data", data)
     v = doc["verification"]
     assert v["passed"], v
-    assert [c["name"] for c in v["checks"]] == ["top-1 agreement", "latency ratio"]
+    # timed unless the model written computes in float (weight-only, tried against everything
+    # promoted: as fast by construction)
+    assert [c["name"] for c in v["checks"]] in (["top-1 agreement", "latency ratio"], ["top-1 agreement"])
+    assert all(c["passed"] for c in v["checks"])
     assert "turned" in " ".join(doc["notes"])  # Constant nodes became initializers
     check_model(out)
 
