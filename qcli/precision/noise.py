@@ -13,20 +13,32 @@ outputs (`GROUP` tensors a run) on two sessions: a few MB of outputs at a time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
+import onnx
 
+from qcli.analyze.probe import Probe
 from qcli.plan.context import node_names
-
-if TYPE_CHECKING:
-    from qcli.precision.trials import Trials
-    from qcli.precision.units import Choices
+from qcli.precision.units import Choices
+from qcli.prepare import PrepareResult
 
 GROUP = 16  # observed tensors a run returns
 
 
-def unit_noise(trials: Trials, nodes: list[str], choices: Choices) -> dict[str, float]:
+class Candidates(Protocol):
+    """What `unit_noise` reads of `qcli.precision.trials.Trials`."""
+
+    probe: Probe
+    quick_probe: Probe | None
+    prepared: PrepareResult
+
+    def measured(self, choices: Any, probe: Probe) -> tuple[onnx.ModelProto | Callable[[int], onnx.ModelProto],
+                                                             Any, bytes]: ...
+
+
+def unit_noise(trials: Candidates, nodes: list[str], choices: Choices) -> dict[str, float]:
     """Unit -> the noise it adds (0 at least) in the candidate `choices` on the quick probe's
     first sample; units whose output or input the candidate does not keep are left out."""
     from qcli.calibrate.collect import session_with_outputs
@@ -53,7 +65,7 @@ def unit_noise(trials: Trials, nodes: list[str], choices: Choices) -> dict[str, 
     return {n: max(noise[o] - noise[i], 0.0) for n, (i, o) in ends.items()}
 
 
-def _made(model) -> set[str]:
+def _made(model: onnx.ModelProto) -> set[str]:
     """The tensors the model's main graph computes or takes as inputs."""
     return {o for node in model.graph.node for o in node.output if o} | {i.name for i in model.graph.input}
 
