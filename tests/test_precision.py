@@ -658,4 +658,22 @@ def test_a_units_own_noise_is_what_it_adds_to_its_input_noise() -> None:
     trials = SimpleNamespace(quick_probe=probe, probe=probe, prepared=SimpleNamespace(model=mlp(b)),
                              measured=lambda choices, p: (candidate, None, None))
     noise = unit_noise(trials, ["first", "second", "relu"], {})
-    assert noise["first"] == 0.0 and noise["relu"] == 0.0 and 1e-5 < noise["second"] < 0.1
+    assert noise is not None and noise["first"] == 0.0 and noise["relu"] == 0.0 and 1e-5 < noise["second"] < 0.1
+    probe.batches = [Batch({"x": np.zeros((4, 7), np.float32)}, None, None)]  # a sample the model cannot run
+    assert unit_noise(trials, ["first", "second"], {}) is None
+
+
+def test_without_a_guess_the_blocks_rank_as_before() -> None:
+    """A noise run that fails (None) leaves the ranking by blocks as it was, its own question included."""
+    names = [f"u{i}" for i in range(40)]
+    us = units(*names)
+
+    class Unguessed(FakeTrials):
+        def unit_noise(self, choices: dict[str, str], nodes: list[str]) -> None:
+            return None
+
+    plain, unguessed = FakeTrials({n: 0.001 for n in names}, max_trials=30), Unguessed({n: 0.001 for n in names},
+                                                                                        max_trials=30)
+    found = [search(us, t, Goal(max_drop=0.01), float_costs(us)) for t in (plain, unguessed)]
+    assert [s.action for s in found[0].steps] == [s.action for s in found[1].steps] and plain.count == unguessed.count
+    assert found[1].steps[1].action.endswith("no finer blocks")

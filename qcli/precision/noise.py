@@ -38,9 +38,10 @@ class Candidates(Protocol):
                                                              Any, bytes]: ...
 
 
-def unit_noise(trials: Candidates, nodes: list[str], choices: Choices) -> dict[str, float]:
+def unit_noise(trials: Candidates, nodes: list[str], choices: Choices) -> dict[str, float] | None:
     """Unit -> the noise it adds (0 at least) in the candidate `choices` on the quick probe's
-    first sample; units whose output or input the candidate does not keep are left out."""
+    first sample; units whose output or input the candidate does not keep are left out. None
+    when onnxruntime cannot run the sample so (the caller goes on without the guess)."""
     from qcli.calibrate.collect import session_with_outputs
 
     probe = trials.quick_probe or trials.probe
@@ -55,12 +56,18 @@ def unit_noise(trials: Candidates, nodes: list[str], choices: Choices) -> dict[s
         if node is not None and node.input and node.input[0] in kept and node.output[0] in kept:
             ends[name] = (node.input[0], node.output[0])
     tensors = sorted({t for pair in ends.values() for t in pair})
-    feeds = {k: v[:1] for k, v in probe.batches[0].inputs.items()}
+    first = probe.batches[0]  # its first sample (the whole batch when it cannot be cut)
+    feeds = {k: v[:1] if not first.whole and v.ndim and v.shape[0] == first.size else v
+             for k, v in first.inputs.items()}
     runs = [session_with_outputs(m, tensors) for m in (model, float_model)]
     noise: dict[str, float] = {}
     for start in range(0, len(tensors), GROUP):
         group = tensors[start: start + GROUP]
-        for name, q, f in zip(group, *(session.run(group, feeds) for session in runs), strict=True):
+        try:
+            outputs = [session.run(group, feeds) for session in runs]
+        except Exception:  # noqa: BLE001 - onnxruntime's Fail / InvalidArgument: no guess, not a failed run
+            return None
+        for name, q, f in zip(group, *outputs, strict=True):
             noise[name] = _relative_error(np.asarray(q), np.asarray(f))
     return {n: max(noise[o] - noise[i], 0.0) for n, (i, o) in ends.items()}
 

@@ -50,8 +50,9 @@ def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice]) -> tup
             if f is not None and g is not None and g > 0 and base_noise - f.noise >= DYNAMIC_SHARE * g * spread[n]:
                 smaller[n] = "dynamic"
     else:
-        noise = getattr(s.trials, "unit_noise", None)  # a first guess at the noisiest half (qcli.precision.noise)
-        noisiest = _noisiest(s, left, noise(choices, left)) if noise is not None else None
+        guess = getattr(s.trials, "unit_noise", None)  # a first guess at the noisiest half (qcli.precision.noise)
+        noise = guess(choices, left) if guess is not None else None
+        noisiest = _noisiest(s, left, noise) if noise is not None else None
         if noisiest is not None and _needs_most(s, noisiest, promote, len(left)):
             action = ("sensitivity by each unit's own noise (one run): the goal needs more than half of the units "
                       "(the noisiest half misses it)")

@@ -236,13 +236,17 @@ class Trials:
                                     self.probe.batches, self.probe.inputs, quick, self.force, self.probe.folds)
         return self._shared
 
-    def unit_noise(self, choices: Choices, nodes: list[str]) -> dict[str, float]:
+    def unit_noise(self, choices: Choices, nodes: list[str]) -> dict[str, float] | None:
         """Each of `nodes`' own noise in the candidate `choices` (qcli.precision.noise): not a
-        trial, and not counted as one."""
+        trial, and not counted as one. None when the candidate cannot be built or run on one
+        sample (a first guess: the caller goes on without it)."""
         from qcli.precision.noise import unit_noise
 
         with phase("noise"):
-            return unit_noise(self, nodes, choices)
+            try:
+                return unit_noise(self, nodes, choices)
+            except (CalibrationError, ModelError):
+                return None
 
     def affordable(self, n: int) -> bool:
         """Whether `n` more trials fit in half of the trials left. Counted, not timed: what the
