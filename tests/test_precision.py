@@ -248,9 +248,35 @@ def test_when_the_noisiest_half_holds_the_blocks_rank_as_before_in_as_many_trial
     errors = {n: 0.0002 for n in names} | {"u29": 0.3}
     us = units(*names)
     plain, noisy = FakeTrials(errors, max_trials=30), NoisyTrials(errors, max_trials=30)
-    found = [search(us, t, Goal(max_drop=0.01), float_costs(us)) for t in (plain, noisy)]
+    found = [search(us, t, Goal(max_drop=0.01), float_costs(us), instead=lambda c, settled: None)
+             for t in (plain, noisy)]
     assert found[0].choices == found[1].choices == {"u29": "float"}
     assert plain.count == noisy.count and [s.action for s in found[0].steps] == [s.action for s in found[1].steps]
+
+
+def test_a_guess_the_callers_model_refuses_leaves_the_blocks_to_rank_as_before() -> None:
+    """The noisiest half misses, but the caller's model is refused about everything promoted:
+    the blocks then rank as they would have without the guess (their own question too, one
+    trial more), and the search ends where it ended without the guess. Without a better model
+    to ask (auto-precision, a TensorRT config) no guess is made at all."""
+    names = [f"u{i}" for i in range(40)]
+    us = units(*names)
+    asked: list[list[tuple[int, bool]]] = []
+    found, counts = [], []
+    for trials in (FakeTrials({n: 0.001 for n in names}, max_trials=30),
+                   NoisyTrials({n: 0.001 for n in names}, max_trials=30)):
+        asked.append([])
+        found.append(search(us, trials, Goal(max_drop=0.01), float_costs(us),
+                            instead=lambda c, settled, seen=asked[-1]: seen.append((len(c), settled))))
+        counts.append(trials.count)
+    assert found[0].choices == found[1].choices and len(found[1].choices) == 30
+    # (here the noisiest half is the blocks' half too: the same candidate, measured once)
+    assert asked[0] == asked[1] == [(40, True), (30, False), (30, True)] and counts[1] <= counts[0] + 1
+    plain = [s.action for s in found[0].steps]
+    assert [s.action for s in found[1].steps] == plain[:1] + [found[1].steps[1].action] + plain[1:]
+    unasked = NoisyTrials({n: 0.001 for n in names}, max_trials=30)
+    assert [s.action for s in search(us, unasked, Goal(max_drop=0.01), float_costs(us)).steps] == plain
+    assert unasked.count == counts[0]
 
 
 def test_a_prefix_the_caller_has_better_than_is_not_confirmed() -> None:

@@ -13,13 +13,18 @@ from qcli.precision.units import Choice, Choices
 DYNAMIC_SHARE = 0.75  # dynamic goes first when it removes this share of the error float removes
 
 
-def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice]) -> tuple[list[str], dict[str, Choice]]:
+def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice],
+         guess: bool = True) -> tuple[list[str], dict[str, Choice]]:
     """The int8 units, most sensitive first (sensitivity measured on the quick probe, recorded
     in `s.sensitivity`), and the units whose dynamic form removes at least DYNAMIC_SHARE of the
     error their float form removes (each measured alone when the budget allows one trial per
     unit and form, else all together). By sensitivity, not by cost: costs are timings, and ranking by them would
     make the promotions depend on a busy machine. Units the budget left unmeasured (or below
-    the noise floor) come last, in graph order."""
+    the noise floor) come last, in graph order. By blocks, with the caller's better model to
+    ask (`s.instead`) and `guess`: the noisiest half asks first whether the goal needs most
+    units (qcli.precision.noise); when it does, the ranking is that guess (`s.guessed`), for
+    the caller to ask its model about everything promoted, and to rank again without `guess`
+    (and without `s.missed`: the blocks ask their own question) if that model is refused."""
     choices = promote.fixed
     left = [u.node for u in s.units if u.node not in choices]
     dynamic = [n for n in left if cheaper.get(n) == "dynamic" and promote.to[n] != "dynamic"]
@@ -50,16 +55,20 @@ def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice]) -> tup
             if f is not None and g is not None and g > 0 and base_noise - f.noise >= DYNAMIC_SHARE * g * spread[n]:
                 smaller[n] = "dynamic"
     else:
-        guess = getattr(s.trials, "unit_noise", None)  # a first guess at the noisiest half (qcli.precision.noise)
-        noise = guess(choices, left) if guess is not None else None
+        unit_noise = getattr(s.trials, "unit_noise", None) if guess and s.instead is not None else None
+        noise = unit_noise(choices, left) if unit_noise is not None else None
         noisiest = _noisiest(s, left, noise) if noise is not None else None
-        if noisiest is not None and _needs_most(s, noisiest, promote, len(left)):
+        needs_most = _needs_most(s, noisiest, promote, len(left)) if noisiest is not None else None
+        s.guessed = bool(needs_most)
+        if needs_most:
             action = ("sensitivity by each unit's own noise (one run): the goal needs more than half of the units "
                       "(the noisiest half misses it)")
-            s.sensitivity.update({n: g for g, (n,) in noisiest})
+            s.sensitivity.update({n: g for g, (n,) in noisiest or ()})
         else:
+            for n in left:  # a guess ranked before: measured now
+                s.sensitivity.pop(n, None)
             action = "sensitivity by blocks (one trial per unit does not fit the trial budget)"
-            s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote, asked=noisiest is not None))
+            s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote, needs_most))
             if s.missed is not None:
                 action += ("; the goal needs more than half of the units (the most sensitive blocks miss it): "
                            "no finer blocks")
@@ -85,15 +94,15 @@ def _noisiest(s: SearchState, left: list[str], noise: dict[str, float]) -> list[
 
 
 def _block_sensitivity(s: SearchState, left: list[str], gain: Callable[[list[str]], float | None], floor: float,
-                       promote: Promotions, asked: bool = False) -> dict[str, float]:
+                       promote: Promotions, known: bool | None = None) -> dict[str, float]:
     """Sensitivity by bisection over contiguous blocks of units (graph order): promote each
     block, keep splitting the blocks whose gain is at least a tenth of the best one's (at most
     3 per level). About 8 + 12 log4(N) trials instead of N. A unit's score is its finest
     measured block's gain shared among the block's units. A level after the first runs only
     when it fits in half of what is left of the budget (`trials.affordable`): the prefix
     search and the prune need the rest; and only when the goal does not need most units
-    (`_needs_most`; `asked`: the noisiest half answered that already, so the first level is not
-    asked again: the trials stay as many as before)."""
+    (`_needs_most`; `known`: the answer when it is known already, from the noisiest half, so
+    that the first level does not ask again and the trials stay as many as before)."""
     def split(nodes: list[str], parts: int) -> list[list[str]]:
         size = max(1, -(-len(nodes) // parts))  # no units left to rank: no blocks
         return [nodes[i: i + size] for i in range(0, len(nodes), size)]
@@ -113,7 +122,7 @@ def _block_sensitivity(s: SearchState, left: list[str], gain: Callable[[list[str
             for n in block:
                 scores[n] = g / len(block)
         measured.sort(key=lambda gb: -gb[0])
-        if first and measured and not asked and _needs_most(s, measured, promote, len(left)):
+        if first and measured and (known if known is not None else _needs_most(s, measured, promote, len(left))):
             break
         first = False
         best = measured[0][0] if measured else 0.0

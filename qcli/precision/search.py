@@ -137,7 +137,8 @@ def _accuracy(s: SearchState, here: Point, promote: Promotions, cheaper: dict[st
     the budget first; out of reach, the best measured candidate (everything promoted). When
     the ranking found that the goal needs most units (`s.missed`), the prefix will be mostly
     float: the caller's better model (`s.instead`, asked about everything promoted) is taken
-    before the prefix search when it has one."""
+    before the prefix search when it has one; refused after the noisiest half's guess
+    (`s.guessed`), the blocks rank the units as they would have without it, one trial later."""
     ranked, smaller = rank(s, promote, cheaper)
     ranking = replace(promote, ranked=ranked)
     if s.goal.criterion == "accuracy":
@@ -146,6 +147,10 @@ def _accuracy(s: SearchState, here: Point, promote: Promotions, cheaper: dict[st
         everything = ranking.prefix(len(ranked))
         if (better := s.instead(everything, True)) is not None:
             return Point(everything, better, here.ratio)
+        if s.guessed:  # refused (about everything: whatever the order): the blocks rank, as without the guess
+            s.missed = None
+            ranked, smaller = rank(s, promote, cheaper, guess=False)
+            ranking = replace(promote, ranked=ranked)
     scales = [0.5, 1.0] if s.goal.criterion == "balanced" and s.goal.max_drop is not None else [1.0]
     rankings = [replace(ranking, to={**promote.to, **smaller}), ranking] if smaller else [ranking]
     for candidate in rankings:

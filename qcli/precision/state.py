@@ -54,6 +54,7 @@ class SearchState:
     scale: float = 1.0
     instead: Callable[[Choices, bool], Fidelity | None] | None = None  # the caller's better model's (settled?)
     missed: Choices | None = None  # the candidate `_needs_most` found missing the goal (quick): no finer blocks
+    guessed: bool = False  # the ranking is the noisiest half's guess (qcli.precision.ranking.rank)
     steps: list[Step] = field(default_factory=list)
     sensitivity: dict[str, float] = field(default_factory=dict)
 
