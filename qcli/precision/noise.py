@@ -8,7 +8,9 @@ before any block is measured; when that half misses the goal, the rescue's weigh
 is tried at once (the blocks' first level, 8 trials, asked the same question of the half with
 the largest measured gains: PP-LCNet photos, ddddocr and the recognizer answered the same
 way). When it holds, the blocks rank the units as before. One sample, run in groups of
-outputs (`GROUP` tensors a run) on two sessions: a few MB of outputs at a time.
+outputs (`GROUP` tensors a run) on two sessions: a few MB of outputs at a time, but a session
+of the prepared float model beside the candidate's while it runs (the detector's peak 964 ->
+990 MB).
 """
 
 from __future__ import annotations
