@@ -10,7 +10,8 @@ subgraph onnxruntime runs with int8 kernels, its activations quantized at run ti
 - `gather`: an embedding table int8 per column; Gather of the int8 rows, then DequantizeLinear
   (axis -1) of the rows read, as onnxruntime's `quantize_dynamic` stores tables.
 - `lstm`: com.microsoft DynamicQuantizeLSTM, its W and R int8 transposed to [D, I, 4H] with one
-  scale per direction and row ([D, 4H]), as onnxruntime's `quantize_dynamic` writes it.
+  scale per direction and row ([D, 4H]), as onnxruntime's `quantize_dynamic` writes it (per
+  tensor: one scale, written per direction, [D]).
 Names derive from the tensor and node names: the output is deterministic.
 """
 
@@ -126,10 +127,13 @@ def _lstm(edits: DynamicEdits, index: GraphIndex, node: onnx.NodeProto, inputs: 
         d, rows, cols = values.shape
         flat = WeightPlan(plan.name, plan.scheme, 0 if plan.axis is not None else None)
         q, scale, zero = quantized_weight(values.reshape(d * rows, cols), flat)
-        shape = (d, rows) if plan.axis is not None else ()
+        # per channel [D, 4H]; per tensor one scale, written once per direction ([D]: the
+        # kernel refuses a scalar)
+        shape = (d, rows) if plan.axis is not None else (d,)
         _add_init(edits, q.reshape(d, rows, cols).transpose(0, 2, 1).copy(), f"{plan.name}_transposed_quantized")
-        _add_init(edits, scale.reshape(shape), f"{plan.name}_transposed_scale")
-        _add_init(edits, zero.reshape(shape), f"{plan.name}_transposed_zero_point")
+        for values_, suffix in ((scale, "scale"), (zero, "zero_point")):
+            laid = values_.reshape(shape) if plan.axis is not None else np.full(shape, values_.reshape(()))
+            _add_init(edits, laid, f"{plan.name}_transposed_{suffix}")
         extra += [f"{plan.name}_transposed_scale", f"{plan.name}_transposed_zero_point"]
     padded = inputs + [""] * (8 - len(inputs))
     w, r = (f"{p.name}_transposed_quantized" for p in dn.weights)

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
 from onnxruntime.quantization import quantize_dynamic
 
 from conftest import fused_op_counts, normal_folder, parse_model, save, write_npz
@@ -321,6 +322,28 @@ def test_a_static_table_read_by_a_quantized_node_is_a_unit_too(cli, tmp_path: Pa
     assert doc["verification"]["passed"]
     assert doc["precision"]["promoted"]["Gather_0"]["precision"] == "float"
     assert "Gather" not in doc["quantized"]
+
+
+@pytest.mark.parametrize("weights", ["{symmetric: false}", "{dtype: uint8}", "{granularity: per_tensor}",
+                                     "{dtype: uint8, granularity: per_tensor}"])
+def test_a_dynamic_lstm_runs_whatever_the_weights_section(cli, tmp_path: Path, weights: str) -> None:
+    """DynamicQuantizeLSTM takes int8 weights with zero points of 0, per direction and row or
+    one per direction: an LSTM's weights are int8 symmetric whatever the section asks, and per
+    tensor is written once per direction ([2] here). Found by the fuzzer: asymmetric or
+    per-tensor LSTM weights wrote a model onnxruntime refused to run (its run checks them)."""
+    model = _model(tmp_path, LSTM, "lstm")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"version: 1\nactivations: {{mode: dynamic}}\nweights: {weights}\n")
+    out = tmp_path / "q.onnx"
+    cli.json("quantize", model, "-o", out, "--config", config)
+    x = {"x": np.random.default_rng(0).normal(0, 1, (5, 2, 8)).astype(np.float32)}
+    for a, f in zip(_run(out, x), _run(model, x), strict=True):
+        assert _cosine(a, f) > 0.99
+    zeros = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer
+             if t.name.endswith("_transposed_zero_point")}
+    per_tensor = "per_tensor" in weights
+    assert {z.shape for z in zeros.values()} == {(2,) if per_tensor else (2, 24)}
+    assert all(z.dtype == np.int8 and not z.any() for z in zeros.values())
 
 
 def test_conv_stays_float_in_dynamic_mode(cli, tmp_path: Path) -> None:

@@ -69,13 +69,18 @@ def why_not_dynamic(ctx: Context, i: int, reads: Mapping[str, str]) -> str | Non
 def weights_of(ctx: Context, i: int) -> Weights:
     """The `weights:` section for node `i`: the last override selecting it that has one, else the
     config's (the schema keeps dynamic weights 8-bit; an override's 4-bit or per-block weights
-    for a node that only its mode makes dynamic fall back to int8 per channel)."""
+    for a node that only its mode makes dynamic fall back to int8 per channel; an LSTM's are
+    int8 symmetric, the only weights its kernel takes)."""
     chosen = ctx.config.weights
     for _, o, sel in ctx.selections.overrides:
         if o.weights is not None and i in sel.nodes:
             chosen = o.weights
     if chosen.dtype not in ("int8", "uint8") or chosen.granularity == "per_block":
         chosen = Weights()
+    if ctx.node(i).op_type == "LSTM" and (chosen.dtype != "int8" or not chosen.symmetric):
+        # DynamicQuantizeLSTM takes int8 weights with zero points of 0 only (onnxruntime
+        # refuses others when it runs): its weights are int8 symmetric whatever the section
+        chosen = chosen.model_copy(update={"dtype": "int8", "symmetric": True})
     return chosen
 
 
