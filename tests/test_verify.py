@@ -682,3 +682,28 @@ def test_a_model_handed_over_is_lent_its_weights_and_writes_the_same_model() -> 
     for doc in figures:
         doc["checks"] = [c for c in doc["checks"] if c["name"] != "latency ratio"]  # timings differ run to run
     assert figures[0] == figures[1] and figures[0]["outputs"]
+
+
+def test_samples_of_a_fixed_first_dimension_count_once(cli, tmp_path: Path) -> None:
+    """A file whose first input has a fixed first dimension ([2, 1, 4]: a recurrent state) is
+    one sample however that dimension reads: the verification compared 24, not 48."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]),
+         helper.make_node("ReduceSum", ["state"], ["s"], keepdims=0),
+         helper.make_node("Reshape", ["s", "shape"], ["sb"]),
+         helper.make_node("Add", ["h", "sb"], ["y"])],
+        "g", [helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, 1, 4]),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(rng.standard_normal((3, 8)).astype(np.float32), "w"),
+         numpy_helper.from_array(np.array([1, 1], np.int64), "shape")])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+                 tmp_path / "m.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(24):
+        write_npz(data / f"{i:02d}.npz", state=rng.standard_normal((2, 1, 4)).astype(np.float32),
+                  x=rng.standard_normal((1, 3)).astype(np.float32))
+    v = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data)["verification"]
+    assert v["samples"] == 24 and v["data"].startswith(f"{data} samples 1-24 in 4 folds: 24 compared")

@@ -49,6 +49,14 @@ class Batch:
 
     @property
     def size(self) -> int:
+        """The samples it holds: one when `whole`, whatever its first input's first dimension.
+
+        >>> state, x = np.zeros((2, 1, 4), np.float32), np.zeros((1, 3), np.float32)
+        >>> Batch({"state": state, "x": x}, None, None, whole=True).size, Batch({"x": x}, None, None).size
+        (1, 1)
+        """
+        if self.whole:
+            return 1
         return next(iter(self.inputs.values())).shape[0]
 
 
