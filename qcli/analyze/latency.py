@@ -90,8 +90,8 @@ def timed_inputs(first: Batch, specs: list[InputSpec], batch: int) -> tuple[dict
     Inputs with a fixed first dimension cannot be batched: they are used as they are and the
     batch is what they hold. Returns the feed and its batch size.
     """
-    if not all(spec.batchable for spec in specs):
-        return dict(first.inputs), first.size
+    if not all(spec.batchable for spec in specs):  # the rows of its first input (one sample: `first.size`)
+        return dict(first.inputs), next(iter(first.inputs.values())).shape[0]
     feeds = {}
     for name, array in first.inputs.items():
         reps = -(-batch // array.shape[0])
