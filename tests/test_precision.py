@@ -687,6 +687,7 @@ def test_a_units_own_noise_is_what_it_adds_to_its_input_noise() -> None:
     assert noise is not None and noise["first"] == 0.0 and noise["relu"] == 0.0 and 1e-5 < noise["second"] < 0.1
     probe.batches = [Batch({"x": np.zeros((4, 7), np.float32)}, None, None)]  # a sample the model cannot run
     assert unit_noise(trials, ["first", "second"], {}) is None
+    assert unit_noise(trials, ["absent"], {}) is None  # no unit to tell apart: no guess
 
 
 def test_without_a_guess_the_blocks_rank_as_before() -> None:

@@ -43,7 +43,8 @@ class Candidates(Protocol):
 def unit_noise(trials: Candidates, nodes: list[str], choices: Choices) -> dict[str, float] | None:
     """Unit -> the noise it adds (0 at least) in the candidate `choices` on the quick probe's
     first sample; units whose output or input the candidate does not keep are left out. None
-    when onnxruntime cannot run the sample so (the caller goes on without the guess)."""
+    when none is left, or onnxruntime cannot run the sample so (the caller goes on without the
+    guess)."""
     from qcli.calibrate.collect import session_with_outputs
 
     probe = trials.quick_probe or trials.probe
@@ -57,6 +58,8 @@ def unit_noise(trials: Candidates, nodes: list[str], choices: Choices) -> dict[s
         node = float_model.graph.node[position[name]] if name in position else None
         if node is not None and node.input and node.input[0] in kept and node.output[0] in kept:
             ends[name] = (node.input[0], node.output[0])
+    if not ends:  # nothing to tell the units apart by
+        return None
     tensors = sorted({t for pair in ends.values() for t in pair})
     first = probe.batches[0]  # its first sample (the whole batch when it cannot be cut)
     feeds = {k: v[:1] if not first.whole and v.ndim and v.shape[0] == first.size else v
