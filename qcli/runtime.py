@@ -137,9 +137,6 @@ class Loan:
                 data[offset:offset + length] = raw
         return np.frombuffer(data, np.uint8)
 
-    def tensor(self, name: str) -> onnx.TensorProto:
-        return next(t for t in self.lender.graph.initializer if t.name == name)
-
 
 def _same_bytes(tensor: onnx.TensorProto, other: onnx.TensorProto | None) -> int:
     """The length of `tensor`'s bytes when `other` holds its values the same way (both inline
@@ -166,10 +163,9 @@ def inlined(model: onnx.ModelProto) -> onnx.ModelProto:
     loans = [_LENT[name] for name in _locations(model) if name in _LENT]
     if not loans:
         return model
-    lent = {name: loan for loan in loans for name in loan.at}
+    lent = {t.name: t for loan in loans for t in loan.lender.graph.initializer if t.name in loan.at}
     whole = without_initializers(model)
-    whole.graph.initializer.extend(lent[t.name].tensor(t.name) if t.name in lent else t
-                                   for t in model.graph.initializer)
+    whole.graph.initializer.extend(lent.get(t.name, t) for t in model.graph.initializer)
     return whole
 
 

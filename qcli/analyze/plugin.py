@@ -61,12 +61,6 @@ class Metric:
         return CustomAccumulator(self)
 
 
-def _sample(arrays: dict[str, np.ndarray], i: int, batch: Batch) -> dict[str, np.ndarray]:
-    """Sample `i` of a batch's arrays: a batch-1 slice where the first axis is the batch."""
-    return {n: a[i:i + 1] if batch.size > 1 and a.ndim and a.shape[0] == batch.size else a
-            for n, a in arrays.items()}
-
-
 @dataclass
 class CustomAccumulator:
     """The plug-in's scores over the samples of one comparison."""
@@ -77,8 +71,8 @@ class CustomAccumulator:
 
     def update(self, reference: dict[str, np.ndarray], value: dict[str, np.ndarray], batch: Batch) -> None:
         for i in range(batch.size):
-            f, q = _sample(reference, i, batch), _sample(value, i, batch)
-            self._add(self._call(f, q, _sample(batch.inputs, i, batch)))
+            f, q = batch.sample(reference, i), batch.sample(value, i)
+            self._add(self._call(f, q, batch.sample(batch.inputs, i)))
 
     def _call(self, f: dict, q: dict, sample: dict) -> object:
         try:

@@ -59,6 +59,17 @@ class Batch:
             return 1
         return next(iter(self.inputs.values())).shape[0]
 
+    def sample(self, arrays: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+        """Sample `i` of `arrays` (this batch's inputs, or outputs computed from them): a
+        batch-1 slice where the first axis is the batch, the arrays as they are otherwise.
+
+        >>> x = np.arange(6.0).reshape(3, 2)
+        >>> Batch({"x": x}, None, None).sample({"x": x, "s": np.float32(1)}, 1)["x"].tolist()
+        [[2.0, 3.0]]
+        """
+        return {n: a[i:i + 1] if self.size > 1 and a.ndim and a.shape[0] == self.size else a
+                for n, a in arrays.items()}
+
 
 def signature(sample: Sample) -> tuple:
     """The shapes past the batch axis: samples stack only when these agree."""

@@ -61,9 +61,8 @@ def unit_noise(trials: Candidates, nodes: list[str], choices: Choices) -> dict[s
     if not ends:  # nothing to tell the units apart by
         return None
     tensors = sorted({t for pair in ends.values() for t in pair})
-    first = probe.batches[0]  # its first sample (the whole batch when it cannot be cut)
-    feeds = {k: v[:1] if not first.whole and v.ndim and v.shape[0] == first.size else v
-             for k, v in first.inputs.items()}
+    first = probe.batches[0]
+    feeds = first.sample(first.inputs, 0)
     runs = [session_with_outputs(m, tensors) for m in (model, float_model)]
     noise: dict[str, float] = {}
     for start in range(0, len(tensors), GROUP):
@@ -90,6 +89,7 @@ def _relative_error(q: np.ndarray, f: np.ndarray) -> float:
     """
     if q.shape != f.shape or f.dtype.kind != "f":
         return 0.0
-    d = (q - f).ravel().astype(np.float64)
-    signal = float(np.dot(f.ravel().astype(np.float64), f.ravel().astype(np.float64)))
+    f64 = f.ravel().astype(np.float64)
+    d = q.ravel().astype(np.float64) - f64
+    signal = float(np.dot(f64, f64))
     return float(np.dot(d, d)) / signal if signal > 0 else 0.0
