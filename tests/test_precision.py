@@ -279,6 +279,49 @@ def test_a_guess_the_callers_model_refuses_leaves_the_blocks_to_rank_as_before()
     assert unasked.count == counts[0]
 
 
+class Flattered(FakeTrials):
+    """The quick probe flatters any two units promoted (magika: 2 of its 31 hold on the quick
+    probe's 8 samples; 28 are needed on all 32)."""
+
+    def fidelity(self, choices, quick=False, stop_below=None):
+        f = super().fidelity(choices, quick)
+        return replace(f, outputs=(replace(f.outputs[0], cosine=1.0),)) if quick and len(choices) >= 2 else f
+
+
+class FlatteredNoisy(Flattered, NoisyTrials):
+    pass
+
+
+def test_one_unit_at_a_time_the_noisiest_half_asks_on_all_samples() -> None:
+    """8 equally sensitive units of which 3 may stay int8, the quick probe flattering: the
+    noisiest half promoted, measured on all samples, misses the goal, so no unit is measured
+    alone and the rescue's model (taken when mostly float) is asked about everything at once:
+    2 trials, against 11 measuring each unit and confirming the doubling prefixes. Refused,
+    the units are measured one at a time as without the guess, and the search ends where it
+    ended without it, in as many trials (the half is the ranking's top 4, measured once)."""
+    names = [f"u{i}" for i in range(8)]
+    us = units(*names)
+    errors = {n: 0.003 for n in names}
+    better = Fidelity((OutputFidelity("y", False, None, 1.0, None),), noise=0.0)
+    runs = {}
+    for kind in (Flattered, FlatteredNoisy):
+        for takes in (5, 9):  # mostly float: taken; never
+            asked: list[tuple[int, bool]] = []
+            trials = kind(errors)
+            found = search(us, trials, Goal(max_drop=0.01), float_costs(us),
+                           instead=lambda c, settled, seen=asked, k=takes: seen.append((len(c), settled)) or (
+                               better if len(c) >= k else None))
+            runs[kind, takes] = (trials.count, asked, found)
+    count, asked, found = runs[FlatteredNoisy, 5]
+    assert (count, asked, len(found.choices), found.fidelity) == (2, [(8, True)], 8, better)
+    assert found.steps[1].action == ("sensitivity by each unit's own noise (one run): the goal needs more than half "
+                                     "of the units (the noisiest half misses it on all samples)")
+    assert runs[Flattered, 5][:2] == (11, [(2, False), (4, False), (8, False)])
+    (plain, _, without), (noisy, asked, refused) = runs[Flattered, 9], runs[FlatteredNoisy, 9]
+    assert asked[0] == (8, True) and refused.choices == without.choices and len(refused.choices) == 5
+    assert noisy == plain and [s.action for s in refused.steps[2:]] == [s.action for s in without.steps[1:]]
+
+
 def test_a_prefix_the_caller_has_better_than_is_not_confirmed() -> None:
     """The quick probe flatters the top 10 (all samples need 30): the doubling asks the
     rescue's `instead` about each prefix before confirming it; at 20 (mostly float: from there

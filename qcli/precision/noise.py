@@ -2,12 +2,13 @@
 unit's output less that at its input, the candidate against the prepared float model.
 
 A first guess, not a measurement of what promoting a unit removes (the ranking measures that:
-qcli.precision.ranking). The ranking by blocks uses it for one question only: does the goal
-need more than half of the units? The noisiest half promoted, one quick trial, answers it
-before any block is measured; when that half misses the goal, the rescue's weight-only model
-is tried at once (the blocks' first level, 8 trials, asked the same question of the half with
-the largest measured gains: PP-LCNet photos, ddddocr and the recognizer answered the same
-way). When it holds, the blocks rank the units as before. One sample, run in groups of
+qcli.precision.ranking). The ranking uses it for one question only: does the goal need more
+than half of the units? The noisiest half promoted, one trial, answers it before any block
+or unit is measured (on the quick probe before blocks; on all samples before one trial per
+unit, where the quick probe flatters it: magika); when that half misses the goal, the
+rescue's weight-only model is tried at once (the blocks' first level, 8 trials, asked the
+same question of the half with the largest measured gains: PP-LCNet photos, ddddocr and the
+recognizer answered the same way). When it holds, the units are ranked as before. One sample, run in groups of
 outputs (`GROUP` tensors a run) on two sessions: a few MB of outputs at a time, but a session
 of the prepared float model beside the candidate's while it runs (the detector's peak 964 ->
 990 MB).

@@ -20,11 +20,13 @@ def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice],
     error their float form removes (each measured alone when the budget allows one trial per
     unit and form, else all together). By sensitivity, not by cost: costs are timings, and ranking by them would
     make the promotions depend on a busy machine. Units the budget left unmeasured (or below
-    the noise floor) come last, in graph order. By blocks, with the caller's better model to
-    ask (`s.instead`) and `guess`: the noisiest half asks first whether the goal needs most
-    units (qcli.precision.noise); when it does, the ranking is that guess (`s.guessed`), for
-    the caller to ask its model about everything promoted, and to rank again without `guess`
-    (and without `s.missed`: the blocks ask their own question) if that model is refused."""
+    the noise floor) come last, in graph order. With the caller's better model to ask
+    (`s.instead`) and `guess`, the noisiest half asks first whether the goal needs most units
+    (qcli.precision.noise: on the quick probe before blocks, on all samples before one trial
+    per unit, where the quick probe flatters it); when it does, the ranking is that guess
+    (`s.guessed`), for the caller to ask its model about everything promoted, and to rank
+    again without `guess` (and without `s.missed`: the blocks ask their own question) if that
+    model is refused."""
     choices = promote.fixed
     left = [u.node for u in s.units if u.node not in choices]
     dynamic = [n for n in left if cheaper.get(n) == "dynamic" and promote.to[n] != "dynamic"]
@@ -42,11 +44,20 @@ def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice],
         return base_noise - f.noise
 
     smaller: dict[str, Choice] = {}
-    if s.trials.affordable(len(left) + len(dynamic)):
+    per_unit = s.trials.affordable(len(left) + len(dynamic))
+    # one unit at a time, the quick probe flatters the noisiest half (magika: it holds on 8 samples,
+    # where 28 of 31 units are needed on 32): asked on all samples there
+    known = _guess(s, choices, left, promote, quick=not per_unit) if guess and s.instead is not None else None
+    s.guessed = bool(known)
+    if known:
+        action = ("sensitivity by each unit's own noise (one run): the goal needs more than half of the units "
+                  f"(the noisiest half misses it{' on all samples' if per_unit else ''})")
+    elif per_unit:
         action = "sensitivity"  # of each unit in float, and in its dynamic form when it has one
         alone = [{**choices, n: "dynamic"} for n in dynamic]
         s.trials.fidelity_many([promote.promoting([n]) for n in left] + alone, quick=True)  # in parallel
         for n in left:
+            s.sensitivity.pop(n, None)  # a guess ranked before: measured now
             g = gain([n])
             if g is not None:
                 s.sensitivity[n] = g / spread[n]  # per unit actually left unquantized
@@ -55,29 +66,19 @@ def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice],
             if f is not None and g is not None and g > 0 and base_noise - f.noise >= DYNAMIC_SHARE * g * spread[n]:
                 smaller[n] = "dynamic"
     else:
-        unit_noise = getattr(s.trials, "unit_noise", None) if guess and s.instead is not None else None
-        noise = unit_noise(choices, left) if unit_noise is not None else None
-        noisiest = _noisiest(s, left, noise) if noise is not None else None
-        needs_most = _needs_most(s, noisiest, promote, len(left)) if noisiest is not None else None
-        s.guessed = bool(needs_most)
-        if needs_most:
-            action = ("sensitivity by each unit's own noise (one run): the goal needs more than half of the units "
-                      "(the noisiest half misses it)")
-            s.sensitivity.update({n: g for g, (n,) in noisiest or ()})
-        else:
-            for n in left:  # a guess ranked before: measured now
-                s.sensitivity.pop(n, None)
-            action = "sensitivity by blocks (one trial per unit does not fit the trial budget)"
-            s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote, needs_most))
-            if s.missed is not None:
-                action += ("; the goal needs more than half of the units (the most sensitive blocks miss it): "
-                           "no finer blocks")
-        if dynamic:  # the dynamic forms judged together: two trials
-            as_dynamic: Choices = {**choices, **dict.fromkeys(dynamic, "dynamic")}
-            together = [as_dynamic, promote.promoting(dynamic)]
-            fd, ff = s.trials.fidelity_many(together, quick=True)
-            if fd is not None and ff is not None and base_noise - fd.noise >= DYNAMIC_SHARE * (base_noise - ff.noise):
-                smaller = {n: "dynamic" for n in dynamic}
+        for n in left:  # a guess ranked before: measured now
+            s.sensitivity.pop(n, None)
+        action = "sensitivity by blocks (one trial per unit does not fit the trial budget)"
+        s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote, known))
+        if s.missed is not None:
+            action += ("; the goal needs more than half of the units (the most sensitive blocks miss it): "
+                       "no finer blocks")
+    if dynamic and not per_unit:  # the dynamic forms judged together: two trials
+        as_dynamic: Choices = {**choices, **dict.fromkeys(dynamic, "dynamic")}
+        together = [as_dynamic, promote.promoting(dynamic)]
+        fd, ff = s.trials.fidelity_many(together, quick=True)
+        if fd is not None and ff is not None and base_noise - fd.noise >= DYNAMIC_SHARE * (base_noise - ff.noise):
+            smaller = {n: "dynamic" for n in dynamic}
     s.log(StepKind.SENSITIVITY, action, [], choices, here, quick=True)
     measured = [n for n in left if s.sensitivity.get(n, 0.0) > floor / len(left)]
     ranked = sorted(measured, key=lambda n: (-s.sensitivity[n], s.index[n]))
@@ -85,6 +86,22 @@ def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice],
 
 
 BLOCKS = 8  # the first split of the units into contiguous blocks; later splits: 4
+
+
+def _guess(s: SearchState, choices: Choices, left: list[str], promote: Promotions, quick: bool) -> bool | None:
+    """Whether the goal needs more than half of the units, by the noisiest half (each unit's own
+    noise, one run: qcli.precision.noise) promoted: one trial, on the quick probe or on all
+    samples (`quick`). When it does, `s.sensitivity` is the noise (the ranking is that guess).
+    None: no guess (the noise run could not run)."""
+    unit_noise = getattr(s.trials, "unit_noise", None)
+    noise = unit_noise(choices, left) if unit_noise is not None else None
+    if noise is None:
+        return None
+    noisiest = _noisiest(s, left, noise)
+    if not _needs_most(s, noisiest, promote, len(left), quick):
+        return False
+    s.sensitivity.update({n: g for g, (n,) in noisiest})
+    return True
 
 
 def _noisiest(s: SearchState, left: list[str], noise: dict[str, float]) -> list[tuple[float, list[str]]]:
@@ -133,17 +150,20 @@ def _block_sensitivity(s: SearchState, left: list[str], gain: Callable[[list[str
     return scores
 
 
-def _needs_most(s: SearchState, measured: list[tuple[float, list[str]]], promote: Promotions, total: int) -> bool:
+def _needs_most(s: SearchState, measured: list[tuple[float, list[str]]], promote: Promotions, total: int,
+                quick: bool = True) -> bool:
     """Whether the goal needs more than half of the units: the most sensitive first-level
     blocks (`measured`, by gain) that hold half of the `total` units, promoted, miss it on the
-    quick probe (one trial). The prefix search will then promote more than those blocks
-    whatever the order within them, so finer blocks would not pay for their trials."""
+    quick probe (one trial; on all samples without `quick`, stopped once it must miss). The
+    prefix search will then promote more than those blocks whatever the order within them, so
+    finer blocks would not pay for their trials."""
     top: list[str] = []
     for _, block in measured:
         if 2 * len(top) >= total:
             break
         top += block
-    if s.accurate(s.trials.fidelity(promote.promoting(top), quick=True)):
+    f = s.trials.fidelity(promote.promoting(top), quick=quick, stop_below=None if quick else s.goal.min_top1_agreement)
+    if s.accurate(f):
         return False
     s.missed = promote.promoting(top)
     return True
