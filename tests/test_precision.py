@@ -592,6 +592,29 @@ def test_all_float_is_taken_when_int8_misses_a_ceiling_of_one() -> None:
     assert found.steps[-1].action == "int8 slower overall: all promoted"
 
 
+def test_a_result_with_every_unit_float_is_not_timed_under_a_ceiling_of_one() -> None:
+    """Every unit needed float for accuracy: the result computes like the float model, as fast
+    as it by construction, so it is not timed (a timing of ~1.0 that decides nothing); under a
+    ceiling below float's speed it is."""
+    errors = {"a": 0.02, "b": 0.02}
+    us = units(*errors)
+
+    class Timed(FakeTrials):
+        timed: list[dict] = []
+
+        def latency(self, choices):
+            self.timed.append(dict(choices))
+            return super().latency(choices)
+
+    for ceiling, timed in ((1.0, False), (0.9, True)):
+        trials = Timed(errors, base_ratio=0.5)
+        trials.timed = []
+        found = search(us, trials, Goal(max_drop=0.01, max_latency_ratio=ceiling), float_costs(us))
+        assert found.choices == {"a": "float", "b": "float"} and found.met
+        assert ({"a": "float", "b": "float"} in trials.timed) is timed
+        assert (found.latency_ratio is None) is not timed
+
+
 def test_reasons_say_why_each_unit_was_promoted() -> None:
     """A unit promoted with the ones ranked above it, whose own promotion did not cut the noise
     (seen on an exported classifier), is not called sensitive."""

@@ -68,8 +68,9 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
         here = _speed_up(s, here)
     if not goal.accurate(here.fidelity) or goal.criterion == "accuracy":
         here = _accuracy(s, here, Promotions(dict(here.choices), accurate), s.smaller(candidates))
-        if timed and not (s.all_float(here.choices) and goal.fast(1.0)):  # else as fast as float by construction
-            here = replace(here, ratio=trials.latency(here.choices))
+        if timed:  # every unit float: as fast as float by construction, untimed
+            untimed = s.all_float(here.choices) and goal.fast(1.0)
+            here = replace(here, ratio=None if untimed else trials.latency(here.choices))
     if shrink and goal.accurate(here.fidelity) and goal.fast(here.ratio) and not trials.exhausted():
         here = _shrink(s, here)
     # all float computes like the float model: as fast as it by construction
