@@ -8,10 +8,10 @@ or unit is measured (on the quick probe before blocks; on all samples before one
 unit, where the quick probe flatters it: magika); when that half misses the goal, the
 rescue's weight-only model is tried at once (the blocks' first level, 8 trials, asked the
 same question of the half with the largest measured gains: PP-LCNet photos, ddddocr and the
-recognizer answered the same way). When it holds, the units are ranked as before. One sample, run in groups of
-outputs (`GROUP` tensors a run) on two sessions: a few MB of outputs at a time, but a session
-of the prepared float model beside the candidate's while it runs (the detector's peak 964 ->
-990 MB).
+recognizer answered the same way). When it holds, the units are ranked as before. One
+sample, run in groups of outputs (`GROUP` tensors a run) on two sessions: a few MB of
+outputs at a time, but a session of the prepared float model beside the candidate's while
+it runs (the detector's peak 964 -> 990 MB).
 """
 
 from __future__ import annotations
