@@ -615,6 +615,23 @@ def test_a_result_with_every_unit_float_is_not_timed_under_a_ceiling_of_one() ->
         assert (found.latency_ratio is None) is not timed
 
 
+def test_when_no_mix_can_pay_off_the_callers_model_is_asked_before_everything_float_is_measured() -> None:
+    """No mix of int8 and float could pay off: every unit goes float at once, without a search.
+    The rescue's weight-only model, asked first, replaces that model when it meets the goal, so
+    everything float is not measured (one trial: all int8); refused, it is, as before."""
+    errors = {"a": 0.02, "b": 0.02}
+    us = units(*errors)
+    better = Fidelity((OutputFidelity("y", False, None, 1.0, None),), noise=0.0)
+    for answer, trials_run in ((better, 1), (None, 2)):
+        asked: list[tuple[int, bool]] = []
+        trials = FakeTrials(errors)
+        found = search(us, trials, Goal(max_drop=0.01), float_costs(us), no_payoff="int8 would not pay off",
+                       instead=lambda c, settled, seen=asked, a=answer: seen.append((len(c), settled)) or a)
+        assert asked == [(2, True)] and found.choices == {"a": "float", "b": "float"} and found.met
+        assert trials.count == trials_run and (found.fidelity is better) is (answer is better)
+        assert (found.steps[-1].drop is None) is (answer is better)
+
+
 def test_reasons_say_why_each_unit_was_promoted() -> None:
     """A unit promoted with the ones ranked above it, whose own promotion did not cut the noise
     (seen on an exported classifier), is not called sensitive."""

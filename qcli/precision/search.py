@@ -38,11 +38,11 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     rescue): when all int8 misses, every unit with a dynamic form dynamic is tried first
     (`_all_dynamic`), and is the result when it meets the goal. `no_payoff` (the rescue: why no
     mix of int8 and float could pay off, when none could): all int8 missing the goal, every unit
-    is promoted at once, one trial, without a search. `instead` (the rescue): asked about each
-    prefix of the accuracy search before it is confirmed (settled: False) and once it is
-    (True; and about everything promoted when the goal needs most units); a fidelity (the
-    caller's better model's, which meets the goal) ends the search there, unpruned
-    (`_settle`)."""
+    is promoted at once, one trial (none when `instead` takes it), without a search. `instead`
+    (the rescue): asked about each prefix of the accuracy search before it is confirmed
+    (settled: False) and once it is (True; and about everything promoted when the goal needs
+    most units, or no mix could pay off); a fidelity (the caller's better model's, which meets
+    the goal) ends the search there, unpruned (`_settle`)."""
     promotable = [u for u in units if u.node in costs]
     s = SearchState(trials, goal, costs, promotable, {u.node: u.index for u in units},
                 [u.node for u in units if u.weighted], instead=instead)
@@ -58,8 +58,9 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
         return s.result(_shrink(s, here) if shrink and met else here, met)
     if no_payoff is not None:
         everything = dict(accurate)
-        f = trials.fidelity(everything)
-        s.log(StepKind.NO_PAYOFF, no_payoff, list(everything), everything, f)
+        better = instead(everything, True) if instead is not None else None  # taken: it replaces everything
+        f = better or trials.fidelity(everything)  # so everything float is then not measured
+        s.log(StepKind.NO_PAYOFF, no_payoff, list(everything), everything, None if better else f)
         return s.result(Point(everything, f), goal.accurate(f) and s.all_float(everything))
     dynamic = _all_dynamic(s, candidates) if dynamic_first else None
     if dynamic is not None:
