@@ -283,6 +283,8 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
 
     int8 = outcome.result  # the rescue replaces outcome.result with what it found
     stores = not ap.enabled and _dynamic_scheme(config)
+    if no_payoff is not None:  # everything float: one model for every fold, whose ranges it never reads
+        outcome.table.folds = []
     found = _rescue(outcome, trials, goal, no_payoff, instead if stores else None)
     # only the search's candidates are built from the fold tables: their histograms go now
     # (what follows builds from the whole table; tashkeel's peak 196-202 -> 185-187 MB)
