@@ -51,6 +51,9 @@ def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice],
     # one flip in 8 missed, and its blocks took 48 trials instead of 6 (the same bytes)
     known = _guess(s, choices, left, promote, quick=not per_unit) if guess and s.instead is not None else None
     s.guessed = bool(known)
+    if not known:
+        for n in left:  # a guess ranked before: measured now
+            s.sensitivity.pop(n, None)
     if known:
         action = ("sensitivity by each unit's own noise (one run): the goal needs more than half of the units "
                   f"(the noisiest half misses it{' on all samples' if per_unit else ''})")
@@ -59,7 +62,6 @@ def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice],
         alone = [{**choices, n: "dynamic"} for n in dynamic]
         s.trials.fidelity_many([promote.promoting([n]) for n in left] + alone, quick=True)  # in parallel
         for n in left:
-            s.sensitivity.pop(n, None)  # a guess ranked before: measured now
             g = gain([n])
             if g is not None:
                 s.sensitivity[n] = g / spread[n]  # per unit actually left unquantized
@@ -68,8 +70,6 @@ def rank(s: SearchState, promote: Promotions, cheaper: dict[str, Choice],
             if f is not None and g is not None and g > 0 and base_noise - f.noise >= DYNAMIC_SHARE * g * spread[n]:
                 smaller[n] = "dynamic"
     else:
-        for n in left:  # a guess ranked before: measured now
-            s.sensitivity.pop(n, None)
         action = "sensitivity by blocks (one trial per unit does not fit the trial budget)"
         s.sensitivity.update(_block_sensitivity(s, left, gain, floor, promote, known))
         if s.missed is not None:
