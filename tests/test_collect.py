@@ -257,6 +257,31 @@ def test_large_outputs_are_run_in_smaller_parts(model, tmp_path: Path, monkeypat
         assert {**got.observers[name].to_dict(), "shape": None} == {**expected[name], "shape": None}, name
 
 
+def test_runs_aim_at_the_target_below_the_bound(model, tmp_path: Path, monkeypatch) -> None:
+    # A target of 2 samples' outputs, far below the bound: the batches of 8, 8, 1 run as
+    # 1+2+2+2+1, 2+2+2+2, 1 (the first sample alone measures them), none waits to be observed,
+    # and the statistics stay the same.
+    import qcli.calibrate.collect as collect_module
+
+    folder = make_data(tmp_path / "data", 17)
+    expected = reference(model, folder, 8)
+    one = next(iter(DataFolder(folder, model_inputs(model)).batches(1)))
+    per_sample = sum(v.nbytes for v in session_with_outputs(model, NAMES).run(NAMES, one.inputs))
+    monkeypatch.setattr(collect_module, "RUN_TARGET_BYTES", 2 * per_sample)
+    waits: list[bool] = []
+    put = collect_module._ObserverSink.put
+
+    def recording_put(self, values, samples, wait=False):
+        waits.append(wait)
+        put(self, values, samples, wait)
+
+    monkeypatch.setattr(collect_module._ObserverSink, "put", recording_put)
+    got = collect(model, DataFolder(folder, model_inputs(model)), batch_size=8, tensors=NAMES, max_bins=256)
+    assert got.samples == 17 and got.batches == 10 and not any(waits)
+    for name in NAMES:
+        assert {**got.observers[name].to_dict(), "shape": None} == {**expected[name], "shape": None}, name
+
+
 def test_a_session_with_outputs_leaves_the_model_as_it_was(model) -> None:
     """The observed tensors are outputs of the session only: the model (no copy of it is made,
     its weights would be held twice) gets its own outputs back, byte for byte."""

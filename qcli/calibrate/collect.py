@@ -68,6 +68,11 @@ _AHEAD = 1
 #: queued, one observed), and when a single sample's outputs exceed this, each run is observed
 #: before the next starts, so one is (README, "Decision (calibration memory)").
 RUN_OUTPUT_BYTES = 160 << 20
+#: The bytes a run aims at (`RunSize`): runs of 8 photos returned up to 3 x 160 MB at once
+#: for no speed (PP-LCNet's pass 695-738 -> 405-409 MB, 1.28-1.46 -> 1.23-1.30 s). A sample
+#: above it runs alone, observed beside the next run up to RUN_OUTPUT_BYTES: observed before
+#: the next starts, the PP-OCRv4 detector's 124 MB samples took 2.5 -> 3.0 s.
+RUN_TARGET_BYTES = 64 << 20
 
 
 def value_aliases(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
@@ -164,14 +169,14 @@ def collect(
     stream = folder.batches(batch_size)
     if background:
         stream = prefetch(stream, depth=_AHEAD)
-    run_size = RunSize(RUN_OUTPUT_BYTES)
+    run_size = RunSize(RUN_OUTPUT_BYTES, RUN_TARGET_BYTES)
 
     try:
         for batch in stream:
             for part in parts(batch, run_size):
                 values = _run(session, sink.names, part, batch, folder, reference)
                 run_size.note(values, part.size)
-                sink.put(values, part.size, wait=run_size.per_sample > RUN_OUTPUT_BYTES)
+                sink.put(values, part.size, wait=run_size.waits)
                 samples += part.size
                 batches += 1
                 if progress is not None:
@@ -223,15 +228,31 @@ def _failure_hint(reference: onnx.ModelProto | None, inputs: dict[str, np.ndarra
 
 
 class RunSize:
-    """How many samples one run may take for its outputs to stay within `limit` bytes: one
-    until a run has been measured (`note`), then as many as the most bytes a sample has
-    produced so far allows (at least one). Called before each slice by `parts`."""
+    """How many samples one run may take for its outputs to stay within `target` bytes (None:
+    `limit`; at most `limit`): one until a run has been measured (`note`), then as many as the
+    most bytes a sample has produced so far allows (at least one). Called before each slice by
+    `parts`; `waits`: a sample's outputs exceed `limit`, so each run is observed before the
+    next starts.
 
-    def __init__(self, limit: int):
+    >>> size = RunSize(limit=160, target=64)
+    >>> size.per_sample = 20; size(), size.waits
+    (3, False)
+    >>> size.per_sample = 124; size(), size.waits
+    (1, False)
+    >>> size.per_sample = 200; size(), size.waits
+    (1, True)
+    """
+
+    def __init__(self, limit: int, target: int | None = None):
         self.limit, self.per_sample = limit, 0
+        self.target = limit if target is None else min(target, limit)
 
     def __call__(self) -> int:
-        return 1 if self.per_sample == 0 else max(1, self.limit // self.per_sample)
+        return 1 if self.per_sample == 0 else max(1, self.target // self.per_sample)
+
+    @property
+    def waits(self) -> bool:
+        return self.per_sample > self.limit
 
     def note(self, values: list, samples: int) -> None:
         nbytes = sum(v.nbytes for v in values if isinstance(v, np.ndarray))
