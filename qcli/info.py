@@ -8,6 +8,7 @@ model file with its external data (`file_bytes`).
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -160,7 +161,7 @@ def weight_census(model: onnx.ModelProto) -> dict:
 
 
 def _count(dims) -> int:
-    return int(np.prod(dims, dtype=np.int64)) if len(dims) else 1
+    return math.prod(dims)  # numpy's prod costs ~5 us a call: trials count every initializer
 
 
 def describe_model(path: str | os.PathLike) -> dict:

@@ -15,6 +15,7 @@ for uint8 only; onnxruntime 1.32 on the sample CNN: top-1 agreement 0.19 instead
 from __future__ import annotations
 
 import itertools
+import math
 import tempfile
 import weakref
 from collections.abc import Iterable
@@ -244,7 +245,7 @@ def _weights_aside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, SharedWeigh
     neither serializes them nor parses them as protobuf (faster, and a lower peak while it
     loads: README, session 27). The outputs are the same bits (the same tensors)."""
     inline = [t for t in model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
-    size = sum(tensor_bytes(t.data_type, int(np.prod(t.dims))) for t in inline)
+    size = sum(tensor_bytes(t.data_type, math.prod(t.dims)) for t in inline)
     if not ASIDE_MIN_BYTES <= size < _INLINE_LIMIT:  # past it, through a file as before: no copy in memory
         return model, None
     weights = SharedWeights(inline)
