@@ -282,6 +282,16 @@ class AutoPrecision(Section):
     max_trials: int = Field(200, ge=1)
     time_budget: float = Field(600.0, gt=0)  # seconds
 
+    @field_validator("candidates")
+    @classmethod
+    def _one_half_candidate(cls, candidates: list[Candidate]) -> list[Candidate]:
+        """Both 16-bit float types listed: refused here, where the list is, even while the search
+        is off (`--auto-precision` would turn it on, and the whole config would then be refused,
+        at no line: `Config._one_half_type`)."""
+        if set(HALF_PRECISIONS) <= set(candidates):
+            raise ValueError("float16 and bfloat16 both listed: a model runs in one 16-bit float type, choose one")
+        return candidates
+
 
 class Data(Section):
     preprocess: Preprocess | None = None  # a pydantic model of its own: its errors carry the key's line
