@@ -71,3 +71,26 @@ def test_harmful_config_trips_the_accuracy_gate(cli, tmp_path: Path) -> None:
     assert "error: quality gate failed: top-1 drop" in bad.stderr
     good = cli("quantize", t / "model.onnx", "-o", tmp_path / "good.onnx", *args)
     assert good.exit_code == 0, good.stderr
+
+
+def test_a_latency_batch_the_model_cannot_run_is_bad_input(cli, tmp_path: Path) -> None:
+    """A model whose graph fixes its batch (a Reshape to the export-time shape) runs its samples
+    but not --latency-batch 3: exit 2 naming the batch and what to give, before any timing."""
+    from conftest import normal_folder, parse_model, save
+
+    model = save(parse_model("""
+        <ir_version: 8, opset_import: ["" : 13]>
+        fixed (float[N, 3, 3] x) => (float[3, 3] y) <int64[2] shape = {3, 3}> { y = Reshape (x, shape) }
+    """), tmp_path / "model.onnx")
+    data = normal_folder(tmp_path / "data", 1, x=(1, 3, 3))  # more would batch: the model runs one at a time
+    out = tmp_path / "q.onnx"
+    assert cli("quantize", model, "-o", out, "--data", data).exit_code == 0
+    result = cli("analyze", model, out, "--data", data, "--latency-batch", "3")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        "error: the float model cannot run at latency batch 3 (analyze.latency_batch, --latency-batch): "
+        "onnxruntime: [ONNXRuntimeError]"), result.stderr
+    assert ("hint: it fails as given, before any change by qcli: it may fix its batch size inside the graph (a "
+            "Reshape to the export-time shape); time both at the batch the samples come in: --latency-batch 1"
+            ) in result.stderr
+    assert cli("analyze", model, out, "--data", data, "--latency-batch", "1").exit_code == 0

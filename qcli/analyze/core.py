@@ -234,11 +234,28 @@ def _latency(
     notes = []
     if batch != opts.latency_batch:
         notes.append(f"latency timed at batch {batch}: the model's inputs have a fixed batch dimension")
+    for which, session in (("float", sessions.plain_f), ("quantized", sessions.plain_q)):
+        _runs_at(session, feeds, which, batch, first.size)
     speed = measure(
         lambda: sessions.plain_f.run(None, feeds), lambda: sessions.plain_q.run(None, feeds),
         runs=opts.runs, warmup=opts.warmup, batch=batch, threads=opts.threads,
     )
     return speed, notes
+
+
+def _runs_at(session: Any, feeds: dict[str, np.ndarray], which: str, batch: int, samples: int) -> None:
+    """One run of the `which` model on the timed feeds; ModelError when it cannot run at that
+    batch (an exporter may have fixed the batch size inside the graph), before any timing."""
+    try:
+        session.run(None, feeds)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's Fail / InvalidArgument / RuntimeException
+        why = ("it fails as given, before any change by qcli: it may fix its batch size inside the graph (a "
+               "Reshape to the export-time shape)" if which == "float" else "the float model runs at this batch")
+        raise ModelError(
+            f"the {which} model cannot run at latency batch {batch} (analyze.latency_batch, --latency-batch): "
+            f"onnxruntime: {str(exc).strip()}",
+            hint=f"{why}; time both at the batch the samples come in: --latency-batch {samples}",
+        ) from exc
 
 
 def _report(
