@@ -383,6 +383,8 @@ def _rewrite(model: onnx.ModelProto, index: GraphIndex, flips: Flips, half: Half
     renamed = {name: f"{name}/{half.name}" for name in index.outputs & written}
     casts: dict[tuple[str, int], str] = {}  # (tensor, type) -> the Cast's output
     for i, k, name, flipped in reads:
+        if name in renamed and not flipped:
+            continue  # a float32 reader of a graph output reads the output itself: the Cast below writes it
         if flipped != (name in is_half):
             target = half.onnx_type if flipped else _FLOAT
             new = casts.setdefault((name, target), f"{name}/{half.name if flipped else 'float32'}")

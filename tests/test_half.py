@@ -208,6 +208,30 @@ def test_auto_precision_tries_float16_before_float(cli, tmp_path: Path) -> None:
     assert sizes["float"] / sizes["half"] > 1.3
 
 
+def test_a_graph_output_a_float32_node_reads_too_is_read_through_its_own_cast() -> None:
+    """`y` is a graph output written by a float16 node and read by a node kept float32 (LayerNorm's
+    statistics): that reader reads the output itself, float32 again, not a second Cast's output
+    that was never written (the fuzz: the model failed the checker, exit 3)."""
+    model = onnx.shape_inference.infer_shapes(parse_model("""
+<ir_version: 9, opset_import: ["" : 17]>
+g (float[2, 4] x) => (float[2, 3] y, float[2, 3] z)
+    <float[4, 3] w = {0.5, -1, 2, 0.25, 1.5, -0.75, 1, 2, -2, 0.125, 3, -1}, float[3] g = {1, 1, 1},
+     float[3] b = {0, 0, 0}> {
+    y = MatMul (x, w)
+    z = LayerNormalization <axis: int = 1> (y, g, b)
+}"""))
+    result = to_half(model, {n.output[0] for n in model.graph.node}, "float16")
+    assert result.converted == ["MatMul_0"]
+    graph = result.model.graph
+    assert [(n.op_type, list(n.input), list(n.output)) for n in graph.node] == [
+        ("Cast", ["x"], ["x/float16"]), ("MatMul", ["x/float16", "w"], ["y/float16"]), ("Cast", ["y/float16"], ["y"]),
+        ("LayerNormalization", ["y", "g", "b"], ["z"])]
+    onnx.checker.check_model(result.model, full_check=True)
+    x = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
+    for want, got in zip(_run(model, x=x), _run(result.model, x=x), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-3)
+
+
 def test_data_movement_between_float32_nodes_stays_float32() -> None:
     """A Transpose reading only what a float32 node writes would compute nothing in float16,
     only round its input at a Cast: it stays float32; the MatMul after it converts."""
