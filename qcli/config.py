@@ -314,7 +314,9 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _one_half_type(self) -> Config:
-        if len(self._halves()) > 1:
+        # the candidates count with the search off too: a flag (--auto-precision) turns it on,
+        # and the file would then be refused as the command line's
+        if len(self._halves() | (set(HALF_PRECISIONS) & set(self.auto_precision.candidates))) > 1:
             raise ValueError("float16 and bfloat16 in one model: choose one (default_precision, overrides' "
                              "precision, auto_precision.candidates)")
         return self

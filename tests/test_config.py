@@ -49,6 +49,9 @@ def _error(cli, tmp_path: Path, text: str) -> str:
         ("default_precision: float16\nauto_precision: {enabled: true, candidates: [int8, bfloat16, float]}\n",
          ": (top level): Value error, float16 and bfloat16 in one model: choose one (default_precision, overrides' "
          "precision, auto_precision.candidates)", None),
+        ("default_precision: bfloat16\nauto_precision: {candidates: [float16]}\n",  # the search off: a flag turns it on
+         ": (top level): Value error, float16 and bfloat16 in one model: choose one (default_precision, overrides' "
+         "precision, auto_precision.candidates)", None),
         # both halves among the candidates: refused at the list even with the search off (a flag turns it on)
         ("auto_precision:\n  max_trials: 3\n  candidates: [float, bfloat16, float16]\n",
          ":3: auto_precision.candidates: Value error, float16 and bfloat16 both listed: a model runs in one 16-bit "
