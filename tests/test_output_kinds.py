@@ -128,6 +128,11 @@ def test_a_ctc_head_has_its_blank_detected_and_a_configured_one_wins() -> None:
     assert output_kinds(model, {"y": [scores[..., ::-1].copy()]})["y"].blank == 3
     forced = output_kinds(model, values, blank=2)["y"]
     assert forced.blank == 2 and forced.reason.endswith("; CTC blank 2 (verify.ctc_blank)")
+    with pytest.raises(ConfigError) as err:  # the fuzz: an IndexError, exit 3
+        output_kinds(model, values, blank=78)
+    assert str(err.value) == "verify.ctc_blank: class 78 is not a class of output 'y', whose last axis holds 4 (0-3)"
+    assert err.value.hint == "give one of its classes, or drop verify.ctc_blank"
+    assert output_kinds(model, values, trim=(78,))["y"].trim == (78,)  # a class it lacks never shows
 
 
 def test_recurrent_state_outputs_are_ignored() -> None:

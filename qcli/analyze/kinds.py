@@ -293,6 +293,16 @@ def check_outputs(model: onnx.ModelProto, named: Mapping[str, str]) -> None:
                           hint="its outputs: " + ", ".join(repr(n) for n in names))
 
 
+def _check_blank(name: str, classes: int, blank: int | None) -> None:
+    """A ConfigError when `verify.ctc_blank` is not one of the sequence output's `classes` (its
+    last axis). `verify.sequence_trim` may name classes an output lacks: every sequence output
+    gets it, and a class it lacks never shows."""
+    if blank is not None and not 0 <= blank < classes:
+        raise ConfigError(f"verify.ctc_blank: class {blank} is not a class of output {name!r}, whose last axis "
+                          f"holds {classes} (0-{classes - 1})",
+                          hint="give one of its classes, or drop verify.ctc_blank")
+
+
 def output_kinds(model: onnx.ModelProto, values: Mapping[str, Sequence[np.ndarray]],
                  named: Mapping[str, str] | None = None, blank: int | None = None,
                  trim: Sequence[int] = ()) -> dict[str, OutputKind]:
@@ -308,6 +318,8 @@ def output_kinds(model: onnx.ModelProto, values: Mapping[str, Sequence[np.ndarra
             kinds[name] = forced(name, Kind(named[name]), batches, blank)
         else:
             kinds[name] = decide(name, batches, _evidence(graph, name), _state_input(model, batches[0]), blank)
+        if kinds[name].kind is Kind.SEQUENCE:
+            _check_blank(name, batches[0].shape[-1], blank)
         if trim and kinds[name].kind is Kind.SEQUENCE:
             ends = ", ".join(str(c) for c in trim)
             kinds[name] = replace(kinds[name], trim=tuple(trim),
