@@ -126,7 +126,7 @@ def weight_census(model: onnx.ModelProto) -> dict:
     elements: Counter[str] = Counter()
     initializers = constants = filled = 0
     for _, graph in iter_graphs(model.graph):
-        tensors = [(t.data_type, _count(t.dims)) for t in graph.initializer]  # (type, count)
+        tensors = [(t.data_type, element_count(t.dims)) for t in graph.initializer]  # (type, count)
         initializers += len(graph.initializer)
         known = {t.name: t for t in graph.initializer}
         for node in graph.node:
@@ -136,7 +136,7 @@ def weight_census(model: onnx.ModelProto) -> dict:
                 tensor = tensor_from_attribute(node)
                 if tensor is not None:
                     known[node.output[0]] = tensor
-                    tensors.append((tensor.data_type, _count(tensor.dims)))
+                    tensors.append((tensor.data_type, element_count(tensor.dims)))
                     constants += 1
             elif node.op_type == "ConstantOfShape" and node.input and node.input[0] in known:
                 shape = onnx.numpy_helper.to_array(known[node.input[0]])
@@ -160,8 +160,10 @@ def weight_census(model: onnx.ModelProto) -> dict:
     }
 
 
-def _count(dims) -> int:
-    return math.prod(dims)  # numpy's prod costs ~5 us a call: trials count every initializer
+def element_count(dims) -> int:
+    """How many values a tensor of these dims holds (numpy's prod costs ~5 us a call: every
+    session of a search's trials counts every initializer)."""
+    return math.prod(dims)
 
 
 def describe_model(path: str | os.PathLike) -> dict:

@@ -19,7 +19,8 @@ from qcli.analyze import Gates, Report, analyze, sample_count, write_report
 from qcli.analyze.options import AnalyzeOptions
 from qcli.calibrate.table import save_table, solved_methods
 from qcli.calibrate.trtcache import write_trt_cache
-from qcli.config import Config, Section, config_error, load_config, parse_config
+from qcli.config import Config, Section, load_config, parse_config
+from qcli.configerrors import config_error
 from qcli.errors import ConfigError
 from qcli.files import check_writable
 from qcli.model import Owned, load_model, save_model

@@ -15,7 +15,6 @@ for uint8 only; onnxruntime 1.32 on the sample CNN: top-1 agreement 0.19 instead
 from __future__ import annotations
 
 import itertools
-import math
 import tempfile
 import weakref
 from collections.abc import Iterable
@@ -27,7 +26,7 @@ import onnxruntime as ort
 from google.protobuf.message import EncodeError
 
 from qcli.errors import InternalError, ModelError
-from qcli.info import tensor_bytes
+from qcli.info import element_count, tensor_bytes
 from qcli.model import clamp_ir_version, save_model, without_initializers
 from qcli.scheme import FLOAT8_TYPES
 from qcli.twin import emulated
@@ -245,7 +244,7 @@ def _weights_aside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, SharedWeigh
     neither serializes them nor parses them as protobuf (faster, and a lower peak while it
     loads: README "Cost of the default path"). The outputs are the same bits (the same tensors)."""
     inline = [t for t in model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
-    size = sum(tensor_bytes(t.data_type, math.prod(t.dims)) for t in inline)
+    size = sum(tensor_bytes(t.data_type, element_count(t.dims)) for t in inline)
     if not ASIDE_MIN_BYTES <= size < _INLINE_LIMIT:  # past it, through a file as before: no copy in memory
         return model, None
     weights = SharedWeights(inline)

@@ -320,9 +320,9 @@ def output_kinds(model: onnx.ModelProto, values: Mapping[str, Sequence[np.ndarra
             kinds[name] = decide(name, batches, _evidence(graph, name), _state_input(model, batches[0]), blank)
         if kinds[name].kind is Kind.SEQUENCE:
             _check_blank(name, batches[0].shape[-1], blank)
-        if trim and kinds[name].kind is Kind.SEQUENCE:
-            ends = ", ".join(str(c) for c in trim)
-            kinds[name] = replace(kinds[name], trim=tuple(trim),
-                                  reason=f"{kinds[name].reason}; class {ends} not counted at either end "
-                                         "(verify.sequence_trim)")
+            if trim:
+                ends = ", ".join(str(c) for c in trim)
+                kinds[name] = replace(kinds[name], trim=tuple(trim),
+                                      reason=f"{kinds[name].reason}; class {ends} not counted at either end "
+                                             "(verify.sequence_trim)")
     return kinds

@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from qcli.config import Section, key_path
+from qcli.config import Section
+from qcli.configerrors import key_path
 from qcli.errors import ConfigError
 
 

@@ -33,7 +33,6 @@ else the model is 16-bit throughout. The units are the weight-only plan's: recur
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -41,7 +40,7 @@ from dataclasses import dataclass, replace
 from qcli.analyze.probe import Fidelity
 from qcli.analyze.size import weight_bytes
 from qcli.config import Activations, Config
-from qcli.info import tensor_bytes
+from qcli.info import element_count, tensor_bytes
 from qcli.phases import phase
 from qcli.plan import make_plan
 from qcli.precision.goal import Goal
@@ -172,7 +171,7 @@ def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
     floor = goal.min_top1_agreement  # a trial stops once it must miss this (`Trials.fidelity`)
     if goal.accurate(wo.fidelity({}, stop_below=floor)):
         return {}
-    sizes = {t.name: tensor_bytes(t.data_type, math.prod(t.dims)) for t in wo.prepared.model.graph.initializer}
+    sizes = {t.name: tensor_bytes(t.data_type, element_count(t.dims)) for t in wo.prepared.model.graph.initializer}
     weighted = {u.node: sum(sizes.get(t, 0) for t in u.tensors) for u in wo.units if u.weighted}
     int16 = wo.fidelity(dict.fromkeys(weighted, "int16"), stop_below=floor)
     wide: Choice = "int16" if goal.accurate(int16) else "float"
