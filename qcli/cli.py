@@ -239,7 +239,9 @@ def quantize(
         float | None, typer.Option("--min-speedup", help="Auto-precision speed floor: float / quantized latency.")
     ] = None,
     max_trials: Annotated[int | None, typer.Option("--max-trials", help="Candidate models the search may try.")] = None,
-    time_budget: Annotated[float | None, typer.Option("--time-budget", help="Seconds the search may take.")] = None,
+    time_budget: Annotated[float | None, typer.Option(
+        "--time-budget", help="Seconds after which the summary says the search ran long (--max-trials stops it).")
+    ] = None,
     precision_out: Annotated[
         Path | None, typer.Option("--precision-out", help="Where to write the chosen precisions (YAML config).")
     ] = None,
@@ -330,7 +332,8 @@ def analyze(
         int | None, typer.Option("--max-trials", help="Candidate models --sensitivity may measure (default 200).")
     ] = None,
     time_budget: Annotated[
-        float | None, typer.Option("--time-budget", help="Seconds --sensitivity may measure for (default 600).")
+        float | None,
+        typer.Option("--time-budget", help="Seconds after which --sensitivity says it ran long (see --max-trials)."),
     ] = None,
     executor: ExecutorOpt = "local",
     workers: WorkersOpt = None,
@@ -467,6 +470,56 @@ def config_init(
             _print_json({"config": str(output)})
         else:
             _console(quiet).print(f"wrote {output}", markup=False)
+
+    _guard(debug, work)
+
+
+target_app = ClickStyleTyper(help="Measure and show target profiles (what latency decisions rest on).",
+                              no_args_is_help=True)
+app.add_typer(target_app, name="target")
+
+
+@target_app.command("measure")
+def target_measure(
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Profile file to write (default "
+                                                 "./<profile-name>.json).")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="Intra-op threads the model is served with "
+                                                "(default: onnxruntime's, one per core).", min=1)] = None,
+    name: Annotated[str | None, typer.Option("--name", help="The profile's name (default: this CPU's ISA).")] = None,
+    json_out: JsonOpt = False, quiet: QuietOpt = False, debug: DebugOpt = False,
+) -> None:
+    """Measure this machine's kernel costs into a target profile (run it on the deployment CPU)."""
+
+    def work() -> None:
+        from qcli.commands import measure_target
+
+        doc = measure_target(output, threads, name, progress=_progress(quiet or json_out))
+        if json_out:
+            _print_json(doc)
+        else:
+            _console(quiet).print(f"wrote {doc['path']}: {doc['name']}, {doc['entries']} kernel entries from "
+                                  f"{doc['models']} micro-models in {doc['seconds']:.0f} s; use it with "
+                                  f"`target: {doc['path']}`", markup=False)
+
+    _guard(debug, work)
+
+
+@target_app.command("show")
+def target_show(
+    profile: Annotated[str, typer.Argument(help="auto, a shipped profile's name, or a profile file.")] = "auto",
+    json_out: JsonOpt = False, quiet: QuietOpt = False, debug: DebugOpt = False,
+) -> None:
+    """Show a target profile: what it rests on and each kernel entry's terms."""
+
+    def work() -> None:
+        from qcli.target import resolve, shipped
+
+        found, chosen = resolve(profile)
+        doc = {**found.model_dump(exclude_none=True), "chosen": chosen, "shipped": shipped()}
+        if json_out:
+            _print_json(doc)
+        else:
+            render.target_profile(_console(quiet), doc)
 
     _guard(debug, work)
 

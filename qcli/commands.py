@@ -227,7 +227,7 @@ def _what_to_try(outcome: Outcome, missed: list[Check]) -> str:
         if not outcome.config.verify.rescue:
             tips.append("drop --no-rescue to let qcli search")
         elif outcome.search is not None and outcome.search.stopped:
-            tips.append("give the rescue more room (verify.max_trials, verify.time_budget)")
+            tips.append("give the rescue more room (verify.max_trials)")
     if "latency ratio" in names:
         tips.append("raise --max-latency-ratio, or keep the model float if int8 does not pay off here")
     tips.append("--no-verify skips the check")
@@ -330,3 +330,18 @@ def init_config(output: Path, force: bool = False) -> Path:
     if output.exists() and not force:
         raise QcliError(f"{output} exists", hint="choose another path with -o, or --force to overwrite")
     return write_text_atomic(check_writable(output, "the config template"), (PRESETS / "default.yaml").read_text())
+
+
+def measure_target(output: Path | None, threads: int | None, name: str | None, *,
+                   progress: ProgressFactory = no_progress) -> dict:
+    """`qcli target measure`: this machine's profile, written atomically; what was written."""
+    from qcli.target.measure import dump, measure, suite_size
+
+    start = time.perf_counter()
+    models = suite_size()
+    with progress("measuring kernels", models, unit="models") as advance:
+        profile = measure(threads, advance, name)
+    path = output if output is not None else Path(f"{profile.name}.json")
+    write_text_atomic(check_writable(path, "the target profile"), dump(profile))
+    return {"path": str(path), "name": profile.name, "entries": len(profile.kernels), "models": models,
+            "seconds": round(time.perf_counter() - start, 1), "threads": profile.threads}

@@ -253,8 +253,25 @@ class Recovery(Section):
         return [s for s in ("equalization", "smoothquant", "bias_correction") if getattr(self, s) is not None]
 
 
+class Target(Section):
+    """The deployment target decisions are made for (README "Targets"): a profile (`auto`, a
+    shipped name, or a file from `qcli target measure`), the batch the model is served at, and
+    the threads it runs on (None: the profile's). `target: NAME` is short for `{profile: NAME}`."""
+
+    profile: str = Field("auto", min_length=1)
+    batch: int = Field(1, ge=1)
+    threads: int | None = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short(cls, value: Any) -> Any:
+        return {"profile": value} if isinstance(value, str) else value
+
+
 class Verify(Section):
     enabled: bool = True
+    # predicted: from the target profile (deterministic); measured: this machine's clock (A/B)
+    latency: Literal["predicted", "measured"] = "predicted"
     min_top1_agreement: float = Field(0.99, ge=0, le=1)
     min_cosine: float = Field(0.99, ge=-1, le=1)
     max_latency_ratio: float | None = Field(1.0, gt=0)  # None: no latency floor
@@ -311,6 +328,7 @@ class Config(Section):
     auto_precision: AutoPrecision = AutoPrecision()
     recovery: Recovery = Recovery()
     data: Data = Data()
+    target: Target = Target()
 
     @model_validator(mode="after")
     def _one_half_type(self) -> Config:

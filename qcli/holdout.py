@@ -27,6 +27,7 @@ from qcli.analyze.probe import Probe
 from qcli.calibrate.shards import Fold, plan_folds
 from qcli.config import Config
 from qcli.data import DataFolder, InputSpec
+from qcli.target.deployment import Deployment
 
 MIN_SAMPLES = 16
 PROBE_BATCH = 32
@@ -113,4 +114,5 @@ def make_probe(model: onnx.ModelProto, inputs: list[InputSpec], config: Config, 
         batches += part
         tags += [k] * len(part)
     return Probe(model, batches, inputs, source=plan.description, verify=config.verify,
+                 deployment=Deployment.of(config),
                  folds=tags if plan.spans else None)

@@ -335,6 +335,8 @@ def verification(console: Console, doc: dict) -> None:
             console.print(f"{c['name']} of {c['output']}: {c['how']}")
     for note in v["notes"]:
         console.print(note)
+    if v.get("target"):
+        console.print(v["target"])
 
 
 # The figures shown for each kind of output: (JSON key, label)
@@ -356,3 +358,27 @@ def output_kinds(console: Console, outputs: list[dict]) -> None:
                             if o.get(key) is not None)
         gated = " (not gated)" if o["kind"] == "ignore" else ""
         console.print(f"output {o['name']!r}: {o['kind']}{gated}, {o['reason']}" + (f": {figures}" if figures else ""))
+
+
+def target_profile(console: Console, doc: dict) -> None:
+    """A target profile (`qcli target show`): its header, then one row per kernel entry."""
+    console.print(f"[bold]{escape(doc['name'])}[/bold] ({doc['kind']}; {escape(doc['chosen'])})")
+    for key in ("description", "basis"):
+        if doc.get(key):
+            console.print(escape(doc[key]))
+    threads = doc.get("threads") or "onnxruntime's default"
+    console.print(f"threads {threads} · per run {doc['run_us']:g} us · per kernel call {doc['node_us']:g} us"
+                  + (f" · onnxruntime {doc['onnxruntime']}" if doc.get("onnxruntime") else "")
+                  + (f" · CPU flags {', '.join(doc['cpu_flags'])}" if doc.get("cpu_flags") else ""))
+    table = Table(title="us per call = sum of term x feature (qcli.target.kernels)", title_justify="left")
+    for col in ("entry", "call", "per MAC", "per byte moved", "per weight byte", "per fused elem", "per pixel"):
+        table.add_column(col, justify="left" if col == "entry" else "right", no_wrap=col == "entry")
+    for key, cost in doc["kernels"].items():
+        if cost.get("like"):
+            table.add_row(escape(key), f"like {escape(cost['like'])} x {cost.get('factor', 1.0):g}")
+            continue
+        terms = cost.get("terms", {})
+        table.add_row(escape(key), *(num(terms[f]) if f in terms else "-"
+                                     for f in ("call", "mac", "moved", "weights", "fused", "pixels")))
+    console.print(table)
+    console.print(f"shipped profiles: {', '.join(doc['shipped'])}")

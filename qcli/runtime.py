@@ -257,13 +257,20 @@ def _weights_aside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, SharedWeigh
 
 def make_session(
     model: onnx.ModelProto | str | Path, threads: int | None = None, profile: str | Path | None = None,
-    timing: bool = False,
+    timing: bool = False, optimized: Path | None = None,
 ) -> ort.InferenceSession:
     """An onnxruntime CPU session for a ModelProto (kept in memory when it fits) or a path.
     `profile`: a file-name prefix; the session then records onnxruntime's profile there
     (`session.end_profiling()` writes it and returns its path). `timing`: the session times the
-    model (a float16/bfloat16 model's twin computes in float32 without rounding, as CPU does)."""
+    model (a float16/bfloat16 model's twin computes in float32 without rounding, as CPU does).
+    `optimized`: where onnxruntime writes the graph it runs, after its fusions (weights past
+    1 KB in a `.data` file beside it)."""
     options = session_options(threads)
+    if optimized is not None:
+        options.optimized_model_filepath = str(optimized)
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                          optimized.name + ".data")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     if isinstance(model, onnx.ModelProto) and _holds_float8(model):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if profile is not None:

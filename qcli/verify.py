@@ -7,7 +7,8 @@
    criterion and the verification floors (qcli.precision);
    otherwise verification (`verify.enabled`): compare with the float model on held-back samples;
    when a floor is missed and `verify.rescue` is on, the same search with criterion
-   `performance` and the floors as its goal, within `verify.max_trials` / `verify.time_budget`;
+   `performance` and the floors as its goal, within `verify.max_trials` (a count: the time
+   budget is reported, never a stop);
 4. return the model and everything measured; the caller writes the model (and, when units were
    promoted, the precision config that reproduces it) and exits 1 when a floor is still missed.
 
@@ -75,6 +76,7 @@ from qcli.quantize import (
 )
 from qcli.recovery.bias import needs_data as bias_needs_data
 from qcli.runtime import Loan
+from qcli.target.deployment import Deployment
 
 QUICK_SAMPLES = 16  # samples the search ranks units on, at most (floors are checked on all of them)
 
@@ -131,6 +133,8 @@ def quantize_checked(
         raise bias_needs_data()
     ap, vf = config.auto_precision, config.verify
     check_outputs(model, vf.outputs)
+    if vf.enabled or ap.enabled:
+        Deployment.of(config)  # a target profile that cannot be had: refused before the work
     if vf.metric and (vf.enabled or ap.enabled):
         load_metric(vf.metric)  # an import error before the work, not after calibration
     inputs = model_inputs(model)
@@ -249,18 +253,20 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         wanted = goal_of(config)
         ceiling = min((r for r in (wanted.max_latency_ratio, floors.max_latency_ratio) if r is not None), default=None)
         goal = Goal(wanted.criterion, wanted.max_drop, floors.min_top1_agreement, floors.min_cosine, ceiling)
-    goal = tolerant(goal)
+    exact = trials.probe.predicts
+    goal = tolerant(goal, exact)
     trials.ceiling = goal.max_latency_ratio
     timed, accurate = floors.max_latency_ratio is not None, floors.accurate(base)
     # a rescue the fidelity needs anyway goes float in one trial when int8 cannot pay off
     # (`_no_payoff`): one timing shows that; the verdict's further timings (`Trials.latency`)
     # come only where a latency verdict is taken
     ratio: float | None = trials.latency({}, settle=accurate) if timed else None
-    rescues = not ap.enabled and vf.rescue and bool(trials.units) and not (accurate and latency_ok(floors, ratio))
+    rescues = (not ap.enabled and vf.rescue and bool(trials.units)
+               and not (accurate and latency_ok(floors, ratio, exact)))
     no_payoff = _no_payoff(outcome.result, trials, ratio) if rescues else None
     if timed and no_payoff is None:
         ratio = trials.latency({})  # settled, for the search's latency verdicts
-    needed = ap.enabled or (vf.rescue and not (accurate and latency_ok(floors, ratio)))
+    needed = ap.enabled or (vf.rescue and not (accurate and latency_ok(floors, ratio, exact)))
     if not (needed and trials.units):
         return base, ratio, floors
     tried: list[Stored | None] = []  # the weight-only model, once tried
@@ -296,7 +302,7 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         ratio = found.latency_ratio if floors.max_latency_ratio is not None else None
         replaced = bool(tried and tried[0])  # by the weight-only model, timed on its own
         if ratio is None and floors.max_latency_ratio is not None and not (
-                replaced or fast_by_construction(floors, _all_float(int8, outcome))):
+                replaced or fast_by_construction(floors, _all_float(int8, outcome), exact)):
             ratio = trials.latency(found.choices)
     stored = (tried[0] if tried else weight_only(trials, goal, outcome.result, ratio)) if stores else None
     if stored is not None:  # mostly float after the rescue: int8 weights, float compute, instead
@@ -304,6 +310,8 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         outcome.goal_met = outcome.weight_only = True
         outcome.notes.append(stored.note)
         base, ratio = stored.fidelity, stored.ratio if floors.max_latency_ratio is not None else None
+    if exact and ratio is None and floors.max_latency_ratio is not None:  # a prediction judges every model
+        ratio = trials.probe.latency_ratio(outcome.result.model)
     return base, ratio, floors
 
 
@@ -330,8 +338,10 @@ def _rescue(outcome: Outcome, trials: Trials, goal: Goal, no_payoff: str | None,
         _explain(outcome, whys(found), {u.node for u in trials.units if u.half})
     if not found.met and not found.costs:  # no unit has a promotion it could take
         outcome.notes.append(_no_promotion(config, ap.candidates))
+    if (overran := trials.overran()) is not None:
+        outcome.notes.append(overran)
     if found.stopped:
-        knobs = "--max-trials/--time-budget" if ap.enabled else "verify.max_trials/verify.time_budget"
+        knobs = "--max-trials" if ap.enabled else "verify.max_trials"
         outcome.notes.append(f"search stopped early: {found.stopped}; the result is safe but coarse "
                              f"(more promoted than needed): raise {knobs} for a finer one")
     return found

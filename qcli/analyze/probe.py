@@ -14,8 +14,10 @@ the same batches and returns a `Fidelity` summary:
   gated float outputs. It is continuous where agreement moves in whole samples, which is what
   makes it the sensitivity measure of `qcli.precision` (a ranking needs small differences to show).
 
-`latency_ratio(candidate)` times the candidate against the float model exactly as `analyze`
-does (alternating runs, spinning off); `node_runs(models)` reads onnxruntime's profiler on
+`latency_ratio(candidate)` is the target profile's predicted ratio to the float model (the
+user's file, at the deployment's batch: qcli.target), or with `verify.latency: measured` the
+candidate timed against it exactly as `analyze` does (alternating runs, spinning off);
+`node_runs(models)` gives each node's predicted time, or reads onnxruntime's profiler on
 several models taking turns: each node's kernel time in each run, by node name (fused int8
 nodes keep the original node's name).
 """
@@ -193,6 +195,9 @@ class Probe:
     # given by `head`: per output, the float margins of every sample of the probe it heads, so
     # that a few samples' changes are judged as all of them would be (qcli.analyze.margins)
     pools: dict[str, MarginPool] | None = None
+    # the target latency is judged for (qcli.target.deployment): predicted from its profile unless
+    # it says measured; None: measured at batch 1 (`qcli analyze`'s timing)
+    deployment: Any = None
     reference: list[list[np.ndarray]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -312,7 +317,7 @@ class Probe:
         folds = self.folds[:len(batches)] if self.folds is not None else None
         return Probe(self.float_model, batches, self.inputs, self.threads, f"{self.source} (first {taken})",
                      session=self._float_session, verify=self.verify, kinds=self.kinds, folds=folds,
-                     pools=self.pools or self._margin_pools())
+                     pools=self.pools or self._margin_pools(), deployment=self.deployment)
 
     def _margin_pools(self) -> dict[str, MarginPool]:
         """Per top-1 or sequence output, the float model's margins of every sample's decisions."""
@@ -328,9 +333,23 @@ class Probe:
         return pools
 
     def feeds(self) -> dict[str, np.ndarray]:
-        """One sample (batch 1 when the inputs allow it): what latency is timed on."""
-        feeds, _ = timed_inputs(self.batches[0], self.inputs, 1)
+        """The first samples at the deployment's batch (1 by default; as they come when the
+        inputs do not batch): what latency is predicted or timed on."""
+        feeds, _ = timed_inputs(self.batches[0], self.inputs, self.deployment.batch if self.deployment else 1)
         return feeds
+
+    @property
+    def predicts(self) -> bool:
+        """Whether latency comes from the target profile (not this machine's clock)."""
+        return self.deployment is not None and not self.deployment.measured
+
+    def predicted_ratio(self, candidate: onnx.ModelProto) -> Ratio:
+        """The profile's latency of `candidate` / the float model's: an exact Ratio (its
+        interval is the point)."""
+        feeds = self.feeds()
+        with phase("predict"):
+            ratio = self.deployment.predict(candidate, feeds).us / self.deployment.predict(self.float_model, feeds).us
+        return Ratio([round(ratio, 6)])
 
     def latency_ratio(self, candidate: onnx.ModelProto, runs: int | None = None, warmup: int = 5,
                       fresh: bool = False) -> Ratio:
@@ -339,6 +358,8 @@ class Probe:
         float session too (a timing again: `Ratio.retimed`). Default runs: 40, fewer (12 at
         least) when the float model's take more than TIMING_MS in all: a slow model's rounds
         vary less, and nakdimon's 40 (18.5 ms a run) took 1.9 s."""
+        if self.predicts:
+            return self.predicted_ratio(candidate)
         if runs is None:
             runs = max(TIMING_ROUNDS[0], min(TIMING_ROUNDS[1], int(TIMING_MS / max(self.float_ms(), 1e-3))))
         session = make_session(candidate, self.threads, timing=True)
@@ -358,6 +379,9 @@ class Probe:
         time; on a shared 2-core VM the median of a 0.03 ms model was seen at over 0.1 ms. A
         model whose 20 runs take under 0.2 s is run in three rounds of 20, 20 ms apart, so that
         one stretch of stolen CPU time cannot slow every run (it did once in CI)."""
+        if self._float_ms is None and self.predicts:
+            with phase("predict"):
+                self._float_ms = self.deployment.predict(self.float_model, self.feeds()).ms
         if self._float_ms is None:
             import time
 
@@ -384,6 +408,11 @@ class Probe:
         interleaved (`node_runs`): 20 runs, fewer (5 at least) when the float model's runs take
         more than PROFILE_MS in all; the profile's JSON, not the runs, is the cost: a long run
         records an event per kernel call (a Loop body's nodes once per iteration)."""
+        if self.predicts:
+            feeds = self.feeds()
+            with phase("predict"):
+                return [{n: np.array([us]) for n, us in self.deployment.predict(m, feeds).nodes.items()}
+                        for m in models]
         runs = max(PROFILE_RUNS[0], min(PROFILE_RUNS[1], int(PROFILE_MS / max(self.float_ms(), 1e-3))))
         with phase("profile"):
             return node_runs(models, self.feeds(), runs, self.threads)

@@ -103,11 +103,19 @@ class Trials:
         self.started = time.monotonic()
 
     def exhausted(self) -> bool:
+        """Whether the trial budget is spent. Only the count decides: a clock would make the
+        model written depend on the machine's load (`overran` reports the time instead)."""
         if self.count >= self.max_trials:
             self.stopped = f"max trials ({self.max_trials}) reached"
-        elif time.monotonic() - self.started > self.time_budget:
-            self.stopped = f"time budget ({self.time_budget:g} s) spent"
         return self.stopped is not None
+
+    def overran(self) -> str | None:
+        """A note when the search took longer than `time_budget` (reported, never decided on)."""
+        took = time.monotonic() - self.started
+        if took <= self.time_budget:
+            return None
+        return (f"the search took {took:.0f} s, past its time budget ({self.time_budget:g} s); the budget no "
+                "longer stops it (the result would depend on the machine's load): bound it with max_trials")
 
     def build(self, choices: Candidate) -> QuantizeResult:
         """The candidate quantized (a QuantizeResult). The last two are kept: a candidate's
@@ -251,7 +259,7 @@ class Trials:
     def affordable(self, n: int) -> bool:
         """Whether `n` more trials fit in half of the trials left. Counted, not timed: what the
         search measures (one trial per unit, or blocks) must not depend on how busy the machine
-        was; the time budget only stops a search, and the result says so (`stopped`)."""
+        was; nor when it stops (`exhausted`)."""
         return n <= (self.max_trials - self.count) / 2
 
     def demoted(self, choices: Candidate) -> int:
@@ -272,7 +280,7 @@ class Trials:
         further timings follow."""
         key = frozenset(choices.items())
         ratio, timings = self._latency.get(key, (None, 0))
-        wanted = SETTLE_TIMINGS if settle else 1
+        wanted = SETTLE_TIMINGS if settle and not self.probe.predicts else 1  # a prediction is exact
         if ratio is None or (timings < wanted and self.ceiling is not None and ratio > self.ceiling):
             model = self.build(choices).model
             with built_by_qcli(), phase("time"):

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from qcli.config import Config, Match
+from qcli.target import shipped
 
 PRESETS = ("default", "tensorrt", "accuracy", "weights-int4")
 
@@ -105,6 +106,8 @@ def values(annotation: Any, metadata: list, path: str, names: Names) -> st.Searc
         return _number(annotation, path, metadata)
     if annotation is dict:
         return documents(Config, "", names)
+    if path == "target.profile":  # a profile qcli can have: auto, or one it ships
+        return st.sampled_from(["auto", *shipped()])
     return st.sampled_from(["x", "model.onnx"])
 
 

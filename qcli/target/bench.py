@@ -1,0 +1,192 @@
+"""The micro-models `qcli target measure` times: one or a few nodes each, in float and in the
+QDQ form qcli writes (which onnxruntime fuses into QLinearConv, QGemm, MatMulNBits, ...), at
+shapes spanning what exported vision, speech and text models run at batch 1."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 21
+F, U8, I8 = TensorProto.FLOAT, TensorProto.UINT8, TensorProto.INT8
+
+CONVS = [  # (cin, cout, size, kernel, group, stride)
+    (3, 16, 112, 3, 1, 2), (16, 16, 56, 3, 1, 1), (32, 32, 56, 3, 1, 1), (64, 64, 28, 3, 1, 1),
+    (128, 128, 14, 3, 1, 1), (256, 256, 7, 3, 1, 1), (32, 64, 112, 3, 1, 2), (64, 128, 56, 3, 1, 1),
+    (8, 8, 32, 3, 1, 1), (16, 64, 56, 1, 1, 1), (64, 256, 28, 1, 1, 1), (256, 64, 28, 1, 1, 1),
+    (512, 512, 7, 1, 1, 1), (96, 24, 56, 1, 1, 1), (8, 16, 16, 1, 1, 1), (32, 64, 80, 1, 1, 1),
+    (128, 256, 20, 1, 1, 1), (48, 96, 40, 3, 1, 2), (3, 8, 320, 3, 1, 2), (256, 512, 14, 3, 1, 2),
+    (16, 16, 112, 3, 16, 1), (64, 64, 56, 3, 64, 1), (128, 128, 28, 3, 128, 1), (256, 256, 14, 3, 256, 1),
+    (512, 512, 7, 3, 512, 1), (32, 32, 16, 3, 32, 1), (96, 96, 56, 5, 96, 1), (64, 64, 56, 3, 64, 2),
+    (256, 256, 28, 5, 256, 2), (32, 32, 160, 3, 32, 1), (8, 8, 48, 1, 1, 1), (8, 16, 48, 3, 1, 1),
+    (16, 16, 24, 1, 1, 1), (8, 8, 96, 3, 8, 1), (3, 8, 96, 3, 1, 2), (16, 32, 24, 1, 1, 1), (24, 24, 48, 1, 1, 1),
+    (16, 16, 48, 3, 16, 2), (48, 48, 12, 5, 48, 1), (4, 4, 64, 3, 1, 1),
+]
+ACTIVATIONS = (None, "HardSwish", "Relu")  # a float Conv's, fused into it by onnxruntime
+MATMULS = [(1, 64, 64), (1, 256, 256), (1, 768, 768), (1, 1024, 4096), (8, 512, 512), (16, 768, 768),
+           (64, 256, 1024), (128, 768, 768), (128, 768, 3072), (32, 128, 32), (4, 32, 16), (32768, 4, 4),
+           (4096, 16, 16), (1024, 64, 64), (2048, 32, 128), (256, 256, 64), (64, 64, 64), (512, 128, 512),
+           (8192, 8, 32), (16, 96, 96), (50, 512, 256)]
+RNNS = [(16, 32, 32), (50, 64, 64), (100, 128, 128), (30, 256, 256)]  # (steps, input, hidden)
+ELEMENTS = [64, 1024, 16_384, 262_144, 2_097_152]
+UNARY = ["Relu", "Sigmoid", "Tanh", "Exp", "Erf", "Softmax", "Transpose", "Identity", "Sqrt", "Neg",
+         "ReduceMean", "LayerNormalization", "MaxPool", "GlobalAveragePool", "Concat", "Resize"]
+UNARY_ATTRS: dict[str, dict[str, Any]] = {"Transpose": {"perm": [0, 2, 1]}, "Softmax": {"axis": -1},
+                                          "MaxPool": {"kernel_shape": [2]},
+               "LayerNormalization": {"axis": -1}, "Concat": {"axis": 1}, "ReduceMean": {"keepdims": 1}}
+BINARY = ["Add", "Mul", "Div", "Sub"]
+
+
+def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "bench", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 10
+    return model
+
+
+def _t(name: str, elem: int, shape: list[int] | None) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _qdq(name: str, out: str, scale: float = 0.02) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """`name` quantized to uint8 and back: a Q/DQ pair on an activation."""
+    inits = [numpy_helper.from_array(np.array(scale, np.float32), f"{name}_s"),
+             numpy_helper.from_array(np.array(128, np.uint8), f"{name}_z")]
+    return [helper.make_node("QuantizeLinear", [name, f"{name}_s", f"{name}_z"], [f"{name}_q"], name=f"{name}_Q"),
+            helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [out],
+                             name=f"{name}_DQ")], inits
+
+
+def _weight(name: str, w: np.ndarray, quantized: bool, axis: int = 0) -> tuple[list, list]:
+    """A float weight, or an int8 per-channel one behind a DequantizeLinear."""
+    if not quantized:
+        return [], [numpy_helper.from_array(w.astype(np.float32), name)]
+    shape = [1] * w.ndim
+    shape[axis] = w.shape[axis]
+    inits = [numpy_helper.from_array(np.clip(np.round(w * 100), -127, 127).astype(np.int8), f"{name}_i8"),
+             numpy_helper.from_array(np.full(w.shape[axis], 0.01, np.float32), f"{name}_s"),
+             numpy_helper.from_array(np.zeros(w.shape[axis], np.int8), f"{name}_z")]
+    return [helper.make_node("DequantizeLinear", [f"{name}_i8", f"{name}_s", f"{name}_z"], [name], axis=axis,
+                             name=f"{name}_DQ")], inits
+
+
+def _wrapped(core: list, inits: list, x: tuple[str, list[int]], y: tuple[str, list[int]], quantized: bool):
+    """`core` reading x and writing y, with Q/DQ pairs around both when `quantized`."""
+    nodes = list(core)
+    if quantized:
+        qin, i1 = _qdq("x", "x_dq")
+        qout, i2 = _qdq("y_f", "y")
+        for n in nodes:
+            n.input[:] = ["x_dq" if i == "x" else i for i in n.input]
+            n.output[:] = ["y_f" if o == "y" else o for o in n.output]
+        nodes, inits = qin + nodes + qout, inits + i1 + i2
+    return _model(nodes, [_t("x", F, x[1])], [_t("y", F, y[1])], inits)
+
+
+def suite(rng: np.random.Generator) -> Iterator[tuple[str, onnx.ModelProto, dict[str, np.ndarray]]]:
+    """(what, model, feeds) for every micro-model."""
+    for quantized in (False, True):
+        tag = "int8" if quantized else "float"
+        for (cin, cout, size, k, group, stride), act in itertools.product(CONVS, ACTIVATIONS[:1 if quantized else 3]):
+            w = rng.standard_normal((cout, cin // group, k, k)).astype(np.float32) * 0.1
+            wn, wi = _weight("w", w, quantized)
+            x, y = [1, cin, size, size], [1, cout, -(-size // stride), -(-size // stride)]
+            nodes = wn + [helper.make_node("Conv", ["x", "w"], ["c" if act else "y"], pads=[k // 2] * 4, group=group,
+                                           strides=[stride] * 2, name="conv")]
+            nodes += [helper.make_node(act, ["c"], ["y"], name="act")] if act else []
+            yield (f"Conv {cin}->{cout} {k}x{k}/{stride} g{group} @{size} {act or ''} {tag}",
+                   _wrapped(nodes, wi, ("x", x), ("y", y), quantized), _feeds(rng, x))
+        for m, kk, n in MATMULS:
+            wn, wi = _weight("w", rng.standard_normal((kk, n)).astype(np.float32) * 0.1, quantized, axis=1)
+            mm = helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")
+            yield (f"MatMul {m}x{kk}x{n} {tag}", _wrapped(wn + [mm], wi, ("x", [m, kk]), ("y", [m, n]), quantized),
+                   _feeds(rng, [m, kk]))
+    yield from _gemms(rng)
+    yield from _dynamic(rng)
+    yield from _rnns(rng)
+    yield from _elementwise(rng)
+
+
+def _dynamic(rng: np.random.Generator):
+    for m, kk, n in MATMULS:
+        w = numpy_helper.from_array(np.clip(rng.integers(-127, 128, (kk, n)), -127, 127).astype(np.int8), "w")
+        nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="x_quantizer"),
+                 helper.make_node("MatMulInteger", ["xq", "w", "xz"], ["acc"], name="matmul"),
+                 helper.make_node("Cast", ["acc"], ["accf"], to=F, name="cast"),
+                 helper.make_node("Mul", ["accf", "xs"], ["y"], name="scale")]
+        yield (f"MatMul {m}x{kk}x{n} dynamic", _model(nodes, [_t("x", F, [m, kk])], [_t("y", F, [m, n])], [w]),
+               _feeds(rng, [m, kk]))
+
+
+def _rnns(rng: np.random.Generator):
+    for steps, size, hidden in RNNS:
+        for op, gates in (("LSTM", 4), ("GRU", 3)):
+            w = numpy_helper.from_array(rng.standard_normal((1, gates * hidden, size)).astype(np.float32) * 0.1, "W")
+            r = numpy_helper.from_array(rng.standard_normal((1, gates * hidden, hidden)).astype(np.float32) * 0.1, "R")
+            node = helper.make_node(op, ["x", "W", "R"], ["y"], hidden_size=hidden, name="rnn")
+            yield (f"{op} {steps}x{size}->{hidden}", _model([node], [_t("x", F, [steps, 1, size])],
+                                                            [_t("y", F, [steps, 1, 1, hidden])], [w, r]),
+                   _feeds(rng, [steps, 1, size]))
+
+
+def _elementwise(rng: np.random.Generator):
+    for count in ELEMENTS:
+        shape = [1, 16, count // 16] if count >= 16 else [1, count]
+        for op in UNARY:
+            inputs, inits = _unary_inputs(op, shape)
+            node = helper.make_node(op, inputs, ["y"], name=op.lower(), **UNARY_ATTRS.get(op, {}))
+            yield f"{op} {count}", _model([node], [_t("x", F, shape)], [_t("y", F, None)], inits), _feeds(rng, shape)
+        for op in BINARY:
+            node = helper.make_node(op, ["x", "x2"], ["y"], name=op.lower())
+            yield (f"{op} {count}", _model([node], [_t("x", F, shape), _t("x2", F, shape)], [_t("y", F, shape)], []),
+                   {**_feeds(rng, shape), "x2": _feeds(rng, shape)["x"] + 2})
+        qdq, inits = _qdq("x", "y")
+        yield f"Q/DQ {count}", _model(qdq, [_t("x", F, shape)], [_t("y", F, shape)], inits), _feeds(rng, shape)
+        add, i1 = _qdq("x", "a")
+        add2, i2 = _qdq("x2", "b")
+        out, i3 = _qdq("s", "y")
+        nodes = add + add2 + [helper.make_node("Add", ["a", "b"], ["s"], name="qadd")] + out
+        yield (f"QLinearAdd {count}", _model(nodes, [_t("x", F, shape), _t("x2", F, shape)], [_t("y", F, shape)],
+                                             i1 + i2 + i3), {**_feeds(rng, shape), "x2": _feeds(rng, shape)["x"]})
+
+
+def _unary_inputs(op: str, shape: list[int]) -> tuple[list[str], list[onnx.TensorProto]]:
+    """The inputs of a one-input micro-model's node besides x, as constants."""
+    if op == "Concat":
+        return ["x", "x"], []
+    if op == "LayerNormalization":
+        return ["x", "g"], [numpy_helper.from_array(np.ones(shape[-1], np.float32), "g")]
+    if op == "ReduceMean":
+        return ["x", "axes"], [numpy_helper.from_array(np.array([-1], np.int64), "axes")]
+    if op == "Resize":
+        scales = numpy_helper.from_array(np.array([1, 1, 2], np.float32), "scales")
+        return ["x", "", "scales"], [scales]
+    return ["x"], []
+
+
+def _gemms(rng: np.random.Generator):
+    """Gemm with a bias (QGemm in int8), and int4 block-wise weights (MatMulNBits)."""
+    for m, kk, n in MATMULS:
+        for quantized in (False, True):
+            wn, wi = _weight("w", rng.standard_normal((n, kk)).astype(np.float32) * 0.1, quantized)
+            bias = numpy_helper.from_array(np.zeros(n, np.float32), "b")
+            gemm = helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1, name="gemm")
+            yield (f"Gemm {m}x{kk}x{n} {'int8' if quantized else 'float'}",
+                   _wrapped(wn + [gemm], wi + [bias], ("x", [m, kk]), ("y", [m, n]), quantized), _feeds(rng, [m, kk]))
+        if kk % 32 == 0:
+            w4 = helper.make_tensor("w_i4", TensorProto.INT4, [kk, n], rng.integers(-8, 8, kk * n).tolist())
+            scales = numpy_helper.from_array(np.full((kk // 32, n), 0.01, np.float32), "w_s")
+            nodes = [helper.make_node("DequantizeLinear", ["w_i4", "w_s"], ["w"], axis=0, block_size=32, name="w_DQ"),
+                     helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")]
+            yield (f"MatMul {m}x{kk}x{n} int4",
+                   _model(nodes, [_t("x", F, [m, kk])], [_t("y", F, [m, n])], [w4, scales]),
+                   _feeds(rng, [m, kk]))
+
+
+def _feeds(rng: np.random.Generator, shape: list[int]) -> dict[str, np.ndarray]:
+    return {"x": rng.standard_normal(shape).astype(np.float32)}

@@ -1,0 +1,159 @@
+"""`qcli target measure`: the kernel costs of the machine it runs on, as a profile to commit.
+
+Each micro-model of qcli.target.bench runs WARMUP times, then until it has RUNS runs or
+TIME_PER_MODEL seconds (at least MIN_RUNS) under onnxruntime's profiler; each kernel call's
+price is the median of its runs (robust to a busy moment); the calls are grouped by class and
+op (`conv.i8:QLinearConv`) and by class alone (qcli.target.kernels), and each group's terms
+are fit to them (`fit`: non-negative, least relative error). `run_us` (a
+session.run's own cost) and `node_us` (the executor's cost per kernel call beyond the kernel)
+come from a one-node and a CHAIN-node model's wall time minus their kernels'. This module
+reads the clock: its output is a measurement; what decides reads the file it writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from qcli.runtime import make_session
+from qcli.target import bench
+from qcli.target.executed import executed
+from qcli.target.kernels import FEATURES, Kernel
+from qcli.target.profile import FORMAT, Cost, Profile, cpu_flags
+
+WARMUP, MIN_RUNS, RUNS, TIME_PER_MODEL = 5, 15, 200, 0.25
+CHAIN = 64
+# the flags that name an x86-64 profile's ISA, most specific first (`isa_name`)
+ISA_FLAGS = (("avx512_vnni", "avx512vnni"), ("avx_vnni", "avxvnni"), ("avx512f", "avx512"), ("avx2", "avx2"))
+
+
+def isa_name(flags: frozenset[str]) -> tuple[str, list[str]]:
+    """A profile name for this CPU and the flags it rests on.
+
+    >>> isa_name(frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    ('x86-64-avx512vnni', ['avx512_vnni'])
+    """
+    for flag, name in ISA_FLAGS:
+        if flag in flags:
+            return f"x86-64-{name}", [flag]
+    return f"{platform.machine().lower() or 'cpu'}-baseline", []
+
+
+def timed_kernels(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int | None,
+                  ) -> list[tuple[Kernel, float]]:
+    """Each kernel call of one run and its median µs over the runs."""
+    kernels = executed(model, feeds, threads)
+    with tempfile.TemporaryDirectory(prefix="qcli-measure-") as tmp:
+        session = make_session(model, threads, profile=Path(tmp) / "profile", timing=True)
+        runs, start = 0, time.perf_counter()
+        while runs < WARMUP + MIN_RUNS or (runs < WARMUP + RUNS and time.perf_counter() - start < TIME_PER_MODEL):
+            session.run(None, feeds)
+            runs += 1
+        events = json.loads(Path(session.end_profiling()).read_text())
+    durations: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            durations.setdefault(e["name"][: -len("_kernel_time")], []).append(float(e["dur"]))
+    return [(k, float(np.median(durations[k.node][WARMUP:] or durations[k.node]))) for k in kernels
+            if k.node in durations]
+
+
+def wall_us(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int | None) -> float:
+    """The median wall µs of a session.run of `model`."""
+    session = make_session(model, threads, timing=True)
+    times = []
+    for k in range(WARMUP + RUNS):
+        start = time.perf_counter_ns()
+        session.run(None, feeds)
+        if k >= WARMUP:
+            times.append((time.perf_counter_ns() - start) / 1e3)
+    return float(np.median(times))
+
+
+def overheads(threads: int | None) -> tuple[float, float]:
+    """(run_us, node_us): a one-Relu model's wall time minus its kernel, and a CHAIN-Relu one's
+    extra per node."""
+    def chain(n: int) -> onnx.ModelProto:
+        names = ["x", *(f"t{k}" for k in range(n - 1)), "y"]
+        nodes = [helper.make_node("Relu", [names[k]], [names[k + 1]], name=f"relu{k}") for k in range(n)]
+        value = [bench._t("x", TensorProto.FLOAT, [1, 4])], [bench._t("y", TensorProto.FLOAT, [1, 4])]
+        return bench._model(nodes, *value, [])
+
+    feeds = {"x": np.ones((1, 4), np.float32)}
+    kernel_us = {n: sum(us for _, us in timed_kernels(chain(n), feeds, threads)) for n in (1, CHAIN)}
+    one = wall_us(chain(1), feeds, threads) - kernel_us[1]
+    many = wall_us(chain(CHAIN), feeds, threads) - kernel_us[CHAIN]
+    node_us = max((many - one) / (CHAIN - 1), 0.0)
+    return round(max(one - node_us, 0.0), 3), round(node_us, 3)
+
+
+def fit(kernels: list[Kernel], times: list[float]) -> dict[str, float]:
+    """Non-negative terms (µs per unit of each feature) minimising the squared relative error
+    over these calls: least squares with the most negative term dropped until none is.
+
+    >>> ks = [Kernel("n", "Conv", "conv.f32", work=w, moved=m) for w, m in ((100, 10), (1000, 20), (5000, 10))]
+    >>> fit(ks, [1 + 0.01 * k.work + 0.1 * k.moved for k in ks])
+    {'call': 1.0, 'mac': 0.01, 'moved': 0.1}
+    """
+    x = np.array([k.features() for k in kernels], dtype=np.float64)
+    t = np.maximum(np.array(times, dtype=np.float64), 0.01)
+    scale = np.maximum(x.max(axis=0), 1e-12)
+    a = x / scale / t[:, None]
+    active = [j for j in range(x.shape[1]) if x[:, j].any()]
+    while True:
+        coef = np.linalg.lstsq(a[:, active], np.ones(len(t)), rcond=None)[0] if active else np.zeros(0)
+        if (coef >= 0).all():
+            break
+        del active[int(np.argmin(coef))]
+    return {FEATURES[j]: float(f"{c / scale[j]:.4g}") for j, c in zip(active, coef, strict=True) if c > 0}
+
+
+def measure(threads: int | None = None, progress: Callable[[int], None] | None = None,
+            name: str | None = None) -> Profile:
+    """This machine's profile (module docstring); `progress(1)` after each micro-model."""
+    flags = cpu_flags()
+    default_name, isa = isa_name(flags)
+    rng = np.random.default_rng(0)
+    calls: dict[str, list[tuple[Kernel, float]]] = {}
+    for _, model, feeds in bench.suite(rng):
+        for k, us in timed_kernels(model, feeds, threads):
+            for key in (f"{k.cls}:{k.op}", k.cls):
+                calls.setdefault(key, []).append((k, us))
+        if progress is not None:
+            progress(1)
+    for key in [key for key in calls if ":" in key]:  # a class of one op: its entry is the class's
+        if {k.op for k, _ in calls[key.partition(":")[0]]} == {key.partition(":")[2]}:
+            del calls[key]
+    run_us, node_us = overheads(threads)
+    kernels = {key: Cost(terms=fit([k for k, _ in found], [us for _, us in found]))
+               for key, found in sorted(calls.items())}
+    return Profile(
+        name=name or default_name, kind="measured", cpu_flags=isa, onnxruntime=ort.__version__,
+        threads=threads, batch=1, run_us=run_us, node_us=node_us, kernels=kernels,
+        description=f"measured by `qcli target measure` on {platform.machine()} ({os.cpu_count()} CPUs)",
+        basis=f"{sum(1 for _ in bench.suite(np.random.default_rng(0)))} micro-models, median kernel time of "
+              f"{MIN_RUNS}-{RUNS} runs each under onnxruntime's profiler",
+    )
+
+
+def suite_size() -> int:
+    return sum(1 for _ in bench.suite(np.random.default_rng(0)))
+
+
+def dump(profile: Profile) -> str:
+    """The profile as the JSON file qcli reads (`format` first)."""
+    doc = profile.model_dump(exclude_none=True, exclude_defaults=False)
+    doc = {"format": FORMAT, **{k: v for k, v in doc.items() if k != "format"}}
+    doc["kernels"] = {key: {k: v for k, v in cost.items() if v is not None and (k, v) != ("factor", 1.0)}
+                      for key, cost in doc["kernels"].items()}
+    return json.dumps(doc, indent=1) + "\n"

@@ -1,0 +1,215 @@
+"""Target profiles (issue 44): the kernels onnxruntime runs, priced by a profile, decide latency;
+the same model, data and config give the same bytes and exit code whatever the clock says."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import normal_folder, parse_model
+from qcli.errors import ConfigError
+from qcli.target import Profile, load_profile, predict, priced, resolve, shipped
+from qcli.target.executed import executed
+from qcli.target.kernels import Kernel
+from qcli.target.profile import Cost
+
+CONV = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[1, 8, 16, 16] x) => (float[1, 16, 16, 16] y) <float[16, 8, 3, 3] w = {WEIGHTS}> {
+    c = Conv <pads = [1, 1, 1, 1]> (x, w)
+    y = Relu (c)
+}
+"""
+
+QDQ_CONV = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[1, 8, 16, 16] x) => (float[1, 16, 16, 16] y)
+    <float s = {0.02}, uint8 z = {128}, int8[16, 8, 3, 3] wq = {WEIGHTS}, float[16] ws = {SCALES},
+     int8[16] wz = {ZEROS}> {
+    xq = QuantizeLinear (x, s, z)
+    xd = DequantizeLinear (xq, s, z)
+    w = DequantizeLinear <axis = 0> (wq, ws, wz)
+    c = Conv <pads = [1, 1, 1, 1]> (xd, w)
+    yq = QuantizeLinear (c, s, z)
+    y = DequantizeLinear (yq, s, z)
+}
+"""
+
+
+def conv_models() -> tuple:
+    rng = np.random.default_rng(0)
+    weights = "{" + ", ".join(f"{v:.3f}" for v in rng.normal(0, 0.1, 16 * 8 * 9)) + "}"
+    ints = "{" + ", ".join(str(int(v)) for v in rng.integers(-100, 100, 16 * 8 * 9)) + "}"
+    float_model = parse_model(CONV.replace("{WEIGHTS}", weights))
+    qdq = parse_model(QDQ_CONV.replace("{WEIGHTS}", ints).replace("{SCALES}", "{" + ", ".join(["0.01"] * 16) + "}")
+                      .replace("{ZEROS}", "{" + ", ".join(["0"] * 16) + "}"))
+    return float_model, qdq, {"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)}
+
+
+def test_the_executed_graph_is_onnxruntimes_after_its_fusions() -> None:
+    """The QDQ Conv runs as one QLinearConv (int8 class) with its MACs counted from the weight's
+    dims (the profile shows the prepacked weight's shape, not them); the float Conv + Relu as a
+    convolution with a fused activation."""
+    float_model, qdq, feeds = conv_models()
+    convs = [k for k in executed(qdq, feeds) if k.cls.startswith("conv")]
+    assert [(k.op, k.cls, k.work) for k in convs] == [("QLinearConv", "conv.i8", 16 * 16 * 16 * 8 * 9)]
+    fused = [k for k in executed(float_model, feeds) if k.cls == "conv.f32"]
+    assert len(fused) == 1 and fused[0].work == 16 * 16 * 16 * 8 * 9 and fused[0].fused == 16 * 16 * 16
+    assert not any(k.op == "Relu" for k in executed(float_model, feeds))
+
+
+def test_the_profile_prices_by_op_then_class_then_fallback() -> None:
+    p = Profile(name="t", kind="rules", kernels={
+        "memory": Cost(terms={"call": 1.0}), "conv.f32": Cost(terms={"call": 10.0}),
+        "conv.i8:QLinearConv": Cost(terms={"call": 3.0}), "qdq": Cost(like="memory", factor=2.0)})
+    assert p.price(Kernel("a", "QLinearConv", "conv.i8")) == 3.0
+    assert p.price(Kernel("b", "ConvInteger", "conv.i8")) == 10.0  # conv.i8 -> conv.f32
+    assert p.price(Kernel("c", "DequantizeLinear", "qdq")) == 2.0
+    assert p.price(Kernel("d", "Softmax", "memory")) == 1.0
+
+
+@pytest.mark.parametrize(("kernels", "message"), [
+    ({"conv.f32": {"terms": {"call": 1}}}, "kernels: no 'memory' entry (what every op without an entry"),
+    ({"memory": {"like": "qdq"}, "qdq": {"like": "memory"}}, "kernels: 'like' goes round in a loop: memory -> qdq"),
+    ({"memory": {"like": "x"}}, "kernels: memory: 'like: x' names no entry"),
+    ({"memory": {"terms": {"calls": 1}}}, "kernels.memory.terms.calls.[key]: Input should be 'call', 'mac'"),
+    ({"memory": {"terms": {"call": 1}, "like": "x"}}, "kernels.memory: give exactly one of terms or like"),
+])
+def test_a_bad_profile_file_is_refused_naming_the_key(tmp_path: Path, kernels: dict, message: str) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"format": "qcli-target/1", "name": "p", "kind": "rules", "kernels": kernels}))
+    with pytest.raises(ConfigError) as err:
+        load_profile(path)
+    assert str(err.value).startswith(f"target profile {path}: {message}")
+
+
+def test_a_profile_that_is_not_json_names_line_and_column(tmp_path: Path, cli) -> None:
+    path = tmp_path / "p.json"
+    path.write_text('{"format": "qcli-target/1",\n "name": }')
+    result = cli("target", "show", path)
+    assert result.exit_code == 2
+    assert f"error: target profile {path}:2:10: not JSON: Expecting value" in result.stderr
+
+
+def test_auto_takes_the_measured_profile_this_cpu_has_the_flags_of() -> None:
+    measured = [n for n in shipped() if resolve(n)[0].kind == "measured"]
+    assert measured, "qcli ships a measured profile"
+    flags = frozenset(resolve(measured[0])[0].cpu_flags)
+    assert resolve("auto", flags)[0].name == measured[0]
+    profile, why = resolve("auto", frozenset({"sse2"}))
+    assert profile.name == "generic" and "generic's rules" in why
+
+
+def test_shipped_profiles_load_and_price_every_class() -> None:
+    from qcli.target.kernels import CLASSES
+
+    for name in shipped():
+        profile = resolve(name)[0]
+        assert all(profile.price(Kernel("n", "X", cls, 1e6, 1e6, 1e3)) > 0 for cls in CLASSES), name
+
+
+def test_a_prediction_is_a_pure_function_of_the_model_and_the_profile(monkeypatch) -> None:
+    """The same figures with a clock that returns random times (the profile's durations are
+    never read). The measured profile prices the QLinearConv below the float convolution (the
+    int8 model as a whole is slower here: its layout Transposes cost more than the
+    convolution saves); generic's rules credit int8 compute with no speed."""
+    float_model, qdq, feeds = conv_models()
+    profile = resolve("x86-64-avx512vnni")[0]
+    first = [predict(m, feeds, profile) for m in (float_model, qdq)]
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: random.randrange(1 << 40))
+    monkeypatch.setattr(time, "perf_counter", lambda: random.random() * 1e6)
+    assert [predict(m, feeds, profile) for m in (float_model, qdq)] == first
+    conv = {"f": next(k for k in executed(float_model, feeds) if k.cls == "conv.f32"),
+            "q": next(k for k in executed(qdq, feeds) if k.cls == "conv.i8")}
+    assert profile.price(conv["q"]) < profile.price(conv["f"])
+    generic = resolve("generic")[0]
+    assert predict(qdq, feeds, generic).us >= predict(float_model, feeds, generic).us
+
+
+def test_priced_sums_each_nodes_calls() -> None:
+    p = Profile(name="t", kind="rules", run_us=5, kernels={"memory": Cost(terms={"moved": 0.5})})
+    ks = [Kernel("loop/body", "Add", "memory", moved=4), Kernel("loop/body", "Add", "memory", moved=4)]
+    assert priced(ks, p).nodes == {"loop/body": 4.0} and priced(ks, p).us == 9.0
+
+
+def near_parity_data(tmp_path: Path) -> tuple[Path, Path]:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_latency_verdict import near_parity
+
+    return near_parity(tmp_path), normal_folder(tmp_path / "data", 24, x=(1, 32, 40, 40))
+
+
+def test_the_same_bytes_and_exit_code_with_a_clock_that_returns_random_times(cli, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    model, data = near_parity_data(tmp_path)
+    first = cli("quantize", model, "-o", tmp_path / "a.onnx", "--data", data, "-q")
+    rng = random.Random(0)
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: rng.randrange(1 << 40))
+    monkeypatch.setattr(time, "perf_counter", lambda: rng.random() * 1e4)
+    monkeypatch.setattr(time, "monotonic", lambda: rng.random() * 1e4)
+    second = cli("quantize", model, "-o", tmp_path / "b.onnx", "--data", data, "-q")
+    assert first.exit_code == second.exit_code
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+
+
+def test_the_same_bytes_under_load_as_idle(tmp_path: Path) -> None:
+    """Two CPU-bound processes beside the second run (the machine has two cores)."""
+    model, data = near_parity_data(tmp_path)
+
+    def run(out: Path) -> int:
+        return subprocess.run([sys.executable, "-m", "qcli.cli", "quantize", str(model), "-o", str(out),
+                               "--data", str(data), "-q"], capture_output=True).returncode
+
+    idle = run(tmp_path / "idle.onnx")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        loaded = run(tmp_path / "loaded.onnx")
+    finally:
+        for hog in hogs:
+            hog.kill()
+    assert idle == loaded
+    assert (tmp_path / "idle.onnx").read_bytes() == (tmp_path / "loaded.onnx").read_bytes()
+
+
+def test_target_measure_writes_a_profile_qcli_reads(cli, tmp_path: Path, monkeypatch) -> None:
+    """On three of the micro-models (the whole suite takes a minute): a measured profile, read
+    back by `qcli target show` and usable as `target:`."""
+    from qcli.target import bench
+
+    suite = bench.suite
+    monkeypatch.setattr(bench, "suite", lambda rng: (m for _, m in zip(range(3), suite(rng), strict=False)))
+    out = tmp_path / "mine.json"
+    doc = cli.json("target", "measure", "-o", out, "--name", "mine")
+    assert doc["path"] == str(out) and doc["models"] == 3
+    shown = cli.json("target", "show", out)
+    assert shown["name"] == "mine" and shown["kind"] == "measured" and "conv.f32" in shown["kernels"]
+    config = tmp_path / "c.yaml"
+    config.write_text(f"version: 1\ntarget: {out}\n")
+    assert cli("config", "validate", config).exit_code == 0
+
+
+def test_a_target_that_is_neither_shipped_nor_a_file_is_refused_before_calibrating(cli, tmp_path: Path) -> None:
+    model, data = near_parity_data(tmp_path)
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\ntarget: {profile: nowhere.json, batch: 4}\n")
+    result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--config", config)
+    assert result.exit_code == 2
+    assert "error: target 'nowhere.json' is neither a shipped profile nor a file" in result.stderr
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_the_verdict_says_what_it_rests_on(cli, tmp_path: Path) -> None:
+    model, data = near_parity_data(tmp_path)
+    doc = json.loads(cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--json").stdout)
+    target = doc["verification"]["target"]
+    assert target.startswith(("target x86-64-avx512vnni (auto: ", "target generic (auto: "))
+    assert target.endswith("batch 1, latency predicted against your model file as given")
+    check = next(c for c in doc["verification"]["checks"] if c["name"] == "latency ratio")
+    assert check["how"] == "predicted by the target profile"
