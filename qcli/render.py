@@ -371,7 +371,7 @@ def target_profile(console: Console, doc: dict) -> None:
                   + (f" · onnxruntime {doc['onnxruntime']}" if doc.get("onnxruntime") else "")
                   + (f" · CPU flags {', '.join(doc['cpu_flags'])}" if doc.get("cpu_flags") else ""))
     table = Table(title="us per call = sum of term x feature (qcli.target.kernels)", title_justify="left")
-    for col in ("entry", "call", "per MAC", "per byte moved", "per weight byte", "per fused elem", "per pixel"):
+    for col in ("entry", "call", "per MAC", "per byte moved", "per weight byte", "per fused elem", "per row"):
         table.add_column(col, justify="left" if col == "entry" else "right", no_wrap=col == "entry")
     for key, cost in doc["kernels"].items():
         if cost.get("like"):
@@ -379,6 +379,6 @@ def target_profile(console: Console, doc: dict) -> None:
             continue
         terms = cost.get("terms", {})
         table.add_row(escape(key), *(num(terms[f]) if f in terms else "-"
-                                     for f in ("call", "mac", "moved", "weights", "fused", "pixels")))
+                                     for f in ("call", "mac", "moved", "weights", "fused", "rows")))
     console.print(table)
     console.print(f"shipped profiles: {', '.join(doc['shipped'])}")

@@ -36,6 +36,7 @@ RNNS = [(16, 32, 32), (50, 64, 64), (100, 128, 128), (30, 256, 256)]  # (steps, 
 ELEMENTS = [64, 1024, 16_384, 262_144, 2_097_152]
 UNARY = ["Relu", "Sigmoid", "Tanh", "Exp", "Erf", "Softmax", "Transpose", "Identity", "Sqrt", "Neg",
          "ReduceMean", "LayerNormalization", "MaxPool", "GlobalAveragePool", "Concat", "Resize"]
+ROW_WISE = ("Softmax", "LayerNormalization", "ReduceMean")  # also timed on rows of 4 (a per-row cost)
 UNARY_ATTRS: dict[str, dict[str, Any]] = {"Transpose": {"perm": [0, 2, 1]}, "Softmax": {"axis": -1},
                                           "MaxPool": {"kernel_shape": [2]},
                "LayerNormalization": {"axis": -1}, "Concat": {"axis": 1}, "ReduceMean": {"keepdims": 1}}
@@ -138,9 +139,11 @@ def _elementwise(rng: np.random.Generator):
     for count in ELEMENTS:
         shape = [1, 16, count // 16] if count >= 16 else [1, count]
         for op in UNARY:
-            inputs, inits = _unary_inputs(op, shape)
-            node = helper.make_node(op, inputs, ["y"], name=op.lower(), **UNARY_ATTRS.get(op, {}))
-            yield f"{op} {count}", _model([node], [_t("x", F, shape)], [_t("y", F, None)], inits), _feeds(rng, shape)
+            for shaped in [shape, *([[1, count // 4, 4]] if op in ROW_WISE and count >= 16 else [])]:
+                inputs, inits = _unary_inputs(op, shaped)
+                node = helper.make_node(op, inputs, ["y"], name=op.lower(), **UNARY_ATTRS.get(op, {}))
+                yield (f"{op} {shaped}", _model([node], [_t("x", F, shaped)], [_t("y", F, None)], inits),
+                       _feeds(rng, shaped))
         for op in BINARY:
             node = helper.make_node(op, ["x", "x2"], ["y"], name=op.lower())
             yield (f"{op} {count}", _model([node], [_t("x", F, shape), _t("x2", F, shape)], [_t("y", F, shape)], []),

@@ -3,9 +3,9 @@
 A target profile prices kernels by class (`conv.i8`, `matmul.f32`, `memory`, ...) and op, from
 the call's features (`FEATURES`): multiply-accumulates, activation bytes read and written,
 constant bytes (weights), the elements of a fused activation (NCHWc and FusedConv apply
-HardSwish, Relu, ... to their output), and a convolution's output positions (its per-pixel
-cost dominates when channels are few: 8-channel int8 convolutions run at a tenth of the MAC
-rate of 64-channel ones). The node is the
+HardSwish, Relu, ... to their output), and rows: a convolution's output positions (its
+per-pixel cost dominates when channels are few: 8-channel int8 convolutions run at a tenth of
+the MAC rate of 64-channel ones), a row-wise op's rows. The node is the
 one onnxruntime runs after its fusions (QLinearConv, QGemm, FusedConv, NchwcConv, ...), as
 qcli.target.executed reads it, with its input and output shapes and the dims of its weights.
 """
@@ -31,7 +31,7 @@ OPS: dict[str, tuple[str, bool]] = {
 }
 # the weight inputs of a compute family's ops, by op (default: input 1)
 WEIGHT_INPUT = {"QLinearConv": 3, "QLinearMatMul": 3, "QGemm": 3}
-FEATURES = ("call", "mac", "moved", "weights", "fused", "pixels")  # what a profile's terms are per unit of
+FEATURES = ("call", "mac", "moved", "weights", "fused", "rows")  # what a profile's terms are per unit of
 # where a class a profile lacks is priced (a measured profile has them all; a rules one may not)
 FALLBACK = {"dwconv.f32": "conv.f32", "dwconv.i8": "conv.i8", "conv.i8": "conv.f32", "matmul.i8": "matmul.f32",
             "nbits.i4": "matmul.f32", "rnn.i8": "rnn.f32", "rnn.f32": "matmul.f32", "qdq": "memory",
@@ -66,8 +66,9 @@ class Operand:
 class Kernel:
     """One kernel call onnxruntime makes: the node's name, op, class and features: `work`
     (multiply-accumulates; 0 for a memory-bound op), activation bytes `moved` (read and
-    written), constant bytes `weights`, `fused` activation elements, a convolution's output
-    `pixels`."""
+    written), constant bytes `weights`, `fused` activation elements, and `rows`: a
+    convolution's output positions, a memory op's rows (elements / the last axis: a Softmax
+    or LayerNormalization pays per row)."""
 
     node: str
     op: str
@@ -76,11 +77,11 @@ class Kernel:
     moved: float = 0
     weights: float = 0
     fused: float = 0
-    pixels: float = 0
+    rows: float = 0
 
     def features(self) -> tuple[float, ...]:
         """The values of FEATURES."""
-        return (1.0, self.work, self.moved, self.weights, self.fused, self.pixels)
+        return (1.0, self.work, self.moved, self.weights, self.fused, self.rows)
 
 
 def kernel(node: str, op: str, inputs: list[Operand], outputs: list[Operand], attrs: dict[str, int],
@@ -89,23 +90,24 @@ def kernel(node: str, op: str, inputs: list[Operand], outputs: list[Operand], at
 
     >>> x, w = Operand("float", (1, 8, 10, 10)), Operand("float", (16, 8, 3, 3), True)
     >>> kernel("c", "Conv", [x, w], [Operand("float", (1, 16, 10, 10))], {}, activation=True)
-    Kernel(node='c', op='Conv', cls='conv.f32', work=115200, moved=9600, weights=4608, fused=1600, pixels=100)
+    Kernel(node='c', op='Conv', cls='conv.f32', work=115200, moved=9600, weights=4608, fused=1600, rows=100)
     >>> a, b = Operand("uint8", (1, 4, 32)), Operand("int8", (32, 64), True)
     >>> kernel("m", "MatMulInteger", [a, b], [Operand("int32", (1, 4, 64))], {}).work
     8192
     >>> kernel("r", "Relu", [Operand("float", (1, 100))], [Operand("float", (1, 100))], {})
-    Kernel(node='r', op='Relu', cls='memory', work=0, moved=800, weights=0, fused=0, pixels=0)
+    Kernel(node='r', op='Relu', cls='memory', work=0, moved=800, weights=0, fused=0, rows=1)
     """
     family, int8 = OPS.get(op, ("qmemory" if op.startswith("QLinear") else "memory", False))
     moved = sum(i.bytes for i in inputs if not i.constant) + sum(o.bytes for o in outputs)
     weights = sum(i.bytes for i in inputs if i.constant)
     if family in ("qdq", "memory", "qmemory", "control"):
-        return Kernel(node, op, family, 0, moved, weights)
+        last = outputs[0].shape[-1] if outputs and outputs[0].shape and outputs[0].shape[-1] else 1
+        return Kernel(node, op, family, 0, moved, weights, rows=outputs[0].elements // last if outputs else 0)
     out = outputs[0].elements if outputs else 0
     cls, work = _compute(family, int8, op, inputs, out, attrs)
     weight = inputs[WEIGHT_INPUT.get(op, 1)].shape if len(inputs) > WEIGHT_INPUT.get(op, 1) else ()
-    pixels = out // weight[0] if family == "conv" and weight and weight[0] else 0
-    return Kernel(node, op, cls, work, moved, weights, out if activation else 0, pixels)
+    rows = out // weight[0] if family == "conv" and weight and weight[0] else 0
+    return Kernel(node, op, cls, work, moved, weights, out if activation else 0, rows)
 
 
 def _compute(family: str, int8: bool, op: str, inputs: list[Operand], out: int, attrs: dict[str, int],

@@ -3,7 +3,7 @@
 A profile prices a kernel call by its class and op (`conv.i8:QLinearConv`; failing that its
 class, qcli.target.kernels, then the class's FALLBACK) from the call's features: a sum of
 `terms`, µs per unit of each feature (a fixed cost per call, per multiply-accumulate, per
-activation byte moved, per weight byte, per fused-activation element, per output position), or `like` another
+activation byte moved, per weight byte, per fused-activation element, per row or output position), or `like` another
 entry times `factor`. A run costs `run_us` plus, per call, `node_us` and its price. Measured
 profiles fit the terms to micro-benchmarks (qcli.target.measure); rules ones state them.
 The same profile, graph and feeds give the same prediction anywhere: that is what decisions
@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from qcli.errors import ConfigError
 from qcli.target.kernels import FALLBACK, FEATURES, Kernel
 
-Feature = Literal["call", "mac", "moved", "weights", "fused", "pixels"]  # FEATURES
+Feature = Literal["call", "mac", "moved", "weights", "fused", "rows"]  # FEATURES
 
 FORMAT = "qcli-target/1"
 SHIPPED = Path(__file__).parent / "profiles"
