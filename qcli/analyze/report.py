@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qcli.errors import QcliError
+from qcli.textfile import read_text
 
 FORMAT = "qcli-analysis/1"
 
@@ -315,9 +316,10 @@ class Report:
 def read_report(path: str | Path) -> Report:
     """Load a JSON report written by `write_report`."""
     path = Path(path)
+    text = read_text(path, "report", QcliError)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise QcliError(f"cannot read report {path}: {exc}") from exc
     try:
         return Report.from_dict(doc)
