@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qcli.errors import QcliError
-from qcli.textfile import read_text
+from qcli.textfile import REFUSED, read_text
 
 FORMAT = "qcli-analysis/1"
 
@@ -300,7 +300,10 @@ class Report:
         return doc
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        """The report as JSON that `read_report` reads back: a character it refuses (a model's
+        name with a C1 control character) is written as a \\u escape, the rest as itself."""
+        text = json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False)
+        return REFUSED.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
 
     @classmethod
     def from_dict(cls, doc: dict) -> Report:
