@@ -16,8 +16,8 @@ from qcli.errors import ConfigError, QcliError
 # NEL (U+0085) and the printable rest of Unicode (no surrogates, no U+FFFE or U+FFFF).
 REFUSED = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 UTF8_BOM = b"\xef\xbb\xbf"
-UTF16_BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16",
-              b"\xfe\xff": "UTF-16"}
+OTHER_BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16",
+              b"\xfe\xff": "UTF-16"}  # UTF-32 first: its little-endian mark starts as UTF-16's
 
 
 def read_text(path: Path, what: str, error: type[QcliError] = ConfigError) -> str:
@@ -36,7 +36,7 @@ def read_text(path: Path, what: str, error: type[QcliError] = ConfigError) -> st
 
 def decode(data: bytes, path: Path, what: str, error: type[QcliError] = ConfigError) -> str:
     """`data` decoded as UTF-8 without its byte order mark; other encodings refused."""
-    for bom, encoding in UTF16_BOMS.items():
+    for bom, encoding in OTHER_BOMS.items():
         if data.startswith(bom):
             raise error(f"{path}:1:1: the {what} is {encoding} text (byte order mark {bom.hex(' ').upper()}), "
                         "not UTF-8", hint=f"save it as UTF-8 (iconv -f {encoding} -t UTF-8)")

@@ -38,6 +38,8 @@ def encode(text: str) -> bytes:
 
 @dataclass
 class Garbled:
+    """A file's bytes after `garbled`, and which of CHANGES made them."""
+
     data: bytes
     change: str
 
@@ -73,8 +75,10 @@ def decoded(data: bytes) -> str | None:
 def refusal(data: bytes) -> tuple[str, str] | None:
     """Where (":line:col: ") and what ("U+0099", "UTF-16", "not UTF-8") qcli must refuse in a
     text file holding `data`, or None when it holds text qcli reads."""
+    if data[:4] in (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff"):
+        return ":1:1: ", "UTF-32"
     if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        return ":1:1: ", "UTF-16" if data[:4] != b"\xff\xfe\x00\x00" else "UTF-32"
+        return ":1:1: ", "UTF-16"
     body = data.removeprefix(b"\xef\xbb\xbf")
     try:
         text = body.decode("utf-8")
