@@ -261,8 +261,8 @@ def config_files(draw, names: Names | None = None, fast: bool = True, invalid: b
     if broken:
         tags.append(broken)
     data = render(doc, draw(st.sampled_from(["block", "flow"])), broken)
-    if broken != "not utf-8" and draw(st.integers(0, 2)) == 2:  # the text changed: any code point (invalid), else CRLF or a BOM
-        change = draw(garbled(data.decode("utf-8", "surrogatepass"), None if invalid else ("crlf", "utf-8 bom")))
+    if invalid and broken != "not utf-8" and draw(st.integers(0, 2)) == 2:  # any code point, CRLF, a BOM, ...
+        change = draw(garbled(data.decode("utf-8", "surrogatepass")))
         data = change.data
         tags.append(change.change)
     return ConfigCase(data, expected_valid(data), doc, tags)
