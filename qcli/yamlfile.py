@@ -1,7 +1,8 @@
-"""Reading the YAML of configs and pipeline files: safe tags only, one composition giving both
-the data and the line of every key (for errors naming file:line), and a refusal, as a
-ConfigError naming file:line:col, of what no config needs and what would exhaust the stack or
-the memory downstream (`_Loader`)."""
+"""Reading the YAML of configs and pipeline files: text as qcli.textfile reads it (UTF-8, no
+control characters), safe tags only, one composition giving both the data and the line of
+every key (for errors naming file:line), and a refusal, as a ConfigError naming file:line:col,
+of what no config needs and what would exhaust the stack or the memory downstream (`_Loader`).
+Any error of PyYAML's becomes a ConfigError naming file:line:col too (`_yaml_error`)."""
 
 from __future__ import annotations
 
@@ -10,27 +11,40 @@ from typing import Any
 
 import yaml
 
-from qcli.errors import ConfigError
+from qcli.errors import ConfigError, QcliError
+from qcli.textfile import read_text, refusal
 
 
 def read_yaml(path: Path, what: str = "YAML file") -> tuple[Any, dict[tuple, int]]:
     """The data of the YAML file at `path` (a `what`: "config file") and the 1-based line of
     every key path in it, e.g. {("calibration", "method"): 2}, from one composition."""
-    text = _read(path, what)
-    loader = _Loader(text)
+    text = read_text(path, what)
+    loader = None
     try:
+        loader = _Loader(text)
         node = loader.get_single_node()
         return (None if node is None else loader.construct_document(node)), _key_lines(node)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        kind = "" if isinstance(exc, _Refused) else "YAML syntax error: "
-        raise ConfigError(f"{where}: {kind}{problem}") from exc
+        raise _yaml_error(exc, path, text, what) from exc
     except RecursionError:  # the limits below keep it away; a last line of defence
         raise ConfigError(f"{path}: the YAML is nested too deeply to read (over {MAX_DEPTH} levels)") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
+
+
+def _yaml_error(exc: yaml.YAMLError, path: Path, text: str, what: str) -> QcliError:
+    """PyYAML's error as a ConfigError naming file:line:col (any YAMLError: never exit 3)."""
+    if isinstance(exc, yaml.reader.ReaderError):  # read_text refuses these characters first
+        return refusal(path, text, exc.position, what) if exc.position < len(text) else ConfigError(f"{path}: {exc}")
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if isinstance(exc, _Refused):
+        return ConfigError(f"{where}: {problem}")
+    tab = "'\\t'" in problem  # PyYAML takes a tab only inside quotes
+    hint = "YAML indents and separates with spaces, not tabs: replace the tab with spaces" if tab else None
+    return ConfigError(f"{where}: YAML syntax error: {problem}", hint=hint)
 
 
 MAX_DEPTH = 100  # nesting levels of a YAML file; a config needs about 6
@@ -100,13 +114,6 @@ class _Loader(yaml.SafeLoader):
                     raise _Refused(None, None, f"duplicate key {key!r} (first on line {earlier.start_mark.line + 1})",
                                    key_node.start_mark)
         return super().construct_mapping(node, deep)
-
-
-def _read(path: Path, what: str) -> str:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc}") from exc
 
 
 def _key_lines(root: yaml.Node | None) -> dict[tuple, int]:

@@ -3,6 +3,7 @@ formats, on the sample CNN quantized by qcli itself."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -335,6 +336,15 @@ def test_json_round_trips_and_is_deterministic(report, quantized, tmp_path):
     runs = [analyze(FLOAT, quantized, EVAL, samples=100, runs=3, warmup=1, gates=GATES) for _ in range(2)]
     first, second = (json.dumps(masked(r.to_dict()), indent=2) for r in runs)
     assert first == second
+
+
+def test_json_escapes_what_read_report_refuses(report, tmp_path):
+    """Issue 50: read_report refuses control characters, so a report never holds one raw (a
+    model's name may: JSON writes C1 controls and DEL as themselves)."""
+    odd = dataclasses.replace(report, notes=[*report.notes, "node a\x99b\x7f"])
+    path = write_report(odd, tmp_path / "odd.json")
+    assert '"node a\\u0099b\\u007f"' in path.read_text()
+    assert read_report(path) == odd
 
 
 def test_markdown_has_the_tables(report, tmp_path):

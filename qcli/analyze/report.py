@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qcli.errors import QcliError
+from qcli.textfile import REFUSED, read_text
 
 FORMAT = "qcli-analysis/1"
 
@@ -299,7 +300,10 @@ class Report:
         return doc
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+        """The report as JSON that `read_report` reads back: a character it refuses (a model's
+        name with a C1 control character) is written as a \\u escape, the rest as itself."""
+        text = json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False)
+        return REFUSED.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
 
     @classmethod
     def from_dict(cls, doc: dict) -> Report:
@@ -315,9 +319,10 @@ class Report:
 def read_report(path: str | Path) -> Report:
     """Load a JSON report written by `write_report`."""
     path = Path(path)
+    text = read_text(path, "report", QcliError)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise QcliError(f"cannot read report {path}: {exc}") from exc
     try:
         return Report.from_dict(doc)

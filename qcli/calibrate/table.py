@@ -26,6 +26,7 @@ from qcli.calibrate.ranges import Range
 from qcli.calibrate.solvers import clipped_fraction
 from qcli.errors import CalibrationError, QcliError
 from qcli.files import write_text_atomic
+from qcli.textfile import read_text
 
 FORMAT = "qcli-calibration/1"
 METHODS = ("minmax", "percentile", "kl", "mse")
@@ -226,9 +227,10 @@ def load_table(path: str | os.PathLike, fingerprint: str | None = None) -> Calib
     path = Path(path)
     if not path.is_file():
         raise CalibrationError(f"calibration file not found: {path}")
+    text = read_text(path, "calibration file", CalibrationError)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise CalibrationError(
             f"{path} is not a readable calibration file: {exc}", hint="run qcli calibrate again"
         ) from exc

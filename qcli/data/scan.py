@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Literal
 import numpy as np
 
 from qcli.errors import DataError
+from qcli.textfile import read_text
 
 EntryKind = Literal["npz", "npy", "pb", "image"]
 
@@ -126,11 +128,11 @@ def read_labels(root: Path, entries: list[Entry], labels_file: Path | None = Non
         raise DataError(f"labels file not found: {path}", hint="--labels takes a CSV file of file,label rows")
     if not path.is_file():
         return {}
+    reader = csv.reader(io.StringIO(read_text(path, "labels file", DataError), newline=""))
     try:
-        with open(path, newline="") as fh:
-            rows = list(csv.reader(fh))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"cannot read {path}: {exc}") from exc
+        rows = list(reader)
+    except csv.Error as exc:  # a field over csv.field_size_limit(): no file name is that long
+        raise DataError(f"{path}:{reader.line_num}: cannot read the CSV: {exc}") from None
     header = bool(rows) and [c.strip().lower() for c in rows[0]] == ["file", "label"]
     known = {e.rel for e in entries}
     labels: dict[str, np.ndarray] = {}

@@ -1,6 +1,6 @@
 """Bad inputs for the fuzzer: one valid `calibrate`/`quantize`/`run`/`config validate` command
 on the small model with exactly one thing wrong (`BAD`: the model file, the data folder, the
-output path, the calibration file, the config, a flag). Each must exit 2 with an `error:`
+output path, the calibration file, the config, a flag, a text file's characters). Each must exit 2 with an `error:`
 line, and the same command with `--debug` must exit with the same code."""
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ def _stale_calibration(root: Path, model: Path, folder: Path) -> Command:
 
     qcli("calibrate", other_path, "--data", folder, "-o", root / "other.calib.json")
     return Command(["quantize", model, "--calib", root / "other.calib.json", "-o", root / "q.onnx"], False)
+
+
+def _labels(folder: Path, text: str) -> Path:
+    _file(folder / "labels.csv", text)
+    return folder
 
 
 def _empty(root: Path) -> Path:
@@ -99,4 +104,11 @@ BAD: dict[str, Setup] = {
     "pipeline missing": lambda r, m, d: Command(["run", r / "none.yaml"], False),
     "pipeline a list": lambda r, m, d: Command(["run", _file(r / "p.yaml", "- 1\n")], False),
     "pipeline output unwritable": lambda r, m, d: _pipeline_unwritable(r, m, d),
+    # issue 50: text files holding what YAML refuses (fuzz_text draws them from all of Unicode)
+    "pipeline NUL byte": lambda r, m, d: Command(
+        ["run", _file(r / "p.yaml", f"model: {m}\noutput: q.onnx\ncalibration_data: {d}\x00\n")], False),
+    "labels.csv C1 control": lambda r, m, d: Command(
+        ["calibrate", m, "--data", _labels(d, "000.npz,1\x99\n"), "-o", r / "c.json"], False),
+    "calibration control character": lambda r, m, d: Command(
+        ["quantize", m, "--calib", _file(r / "c.json", '{"format": "\x01"}'), "-o", r / OUT], False),
 }

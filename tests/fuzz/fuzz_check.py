@@ -1,7 +1,8 @@
 """The fuzzer's properties: run qcli in-process and judge the result.
 
 Every run: exit code 0, 1 or 2 (never 3, never another), no traceback in the output; exit 1
-and 2 print an `error:` line (2 is bad input: on an input the fuzzer knows is valid, exit 2
+and 2 print an `error:` line (a text file holding what qcli must refuse: exit 2 naming its
+file:line:col and the character, fuzz_text) (2 is bad input: on an input the fuzzer knows is valid, exit 2
 blames the user for qcli's limits, unless the message is one of `TRUE_BLAME`); an input the
 fuzzer knows is invalid never exits 0; `--json` prints JSON. A model written (exit 0, or exit 1
 after a missed gate) loads in onnxruntime, has the float model's output names, dtypes and
@@ -33,6 +34,7 @@ from typer.testing import CliRunner
 
 from fuzz_data import Samples, run_all, session
 from fuzz_stats import LONG, STATS
+from fuzz_text import refusal_problem
 from qcli.cli import app
 
 RUNNER = CliRunner()
@@ -113,12 +115,14 @@ def _in_child(argv: list[str]) -> Run:
 class Expect:
     """What the fuzzer knows about a run's inputs. `valid`: True (all valid), False (something
     is invalid), None (it cannot tell). `output`: the model the command writes, to check
-    against `float_model` on `samples`."""
+    against `float_model` on `samples`. `text`: a text file the command reads first and the
+    bytes written to it, whose refusal (fuzz_text) the error must name."""
 
     valid: bool | None
     output: Path | None = None
     float_model: onnx.ModelProto | None = None
     samples: Samples | None = None
+    text: tuple[Path, bytes] | None = None
 
 
 # Exit 2 on valid inputs that is right: the user asked for something these inputs cannot give.
@@ -146,6 +150,9 @@ def problem(run: Run, expect: Expect) -> str | None:
         return "a traceback in the output"
     if run.exit_code in (1, 2) and run.error is None:
         return f"exit {run.exit_code} without an `error:` line" + (" (click usage error)" if "Usage:" in out else "")
+    refused = refusal_problem(run.error, run.exit_code, *expect.text) if expect.text else None
+    if refused:
+        return refused
     if run.exit_code == 2 and "a bug in qcli" in run.stderr:
         return f"exit 2 for a bug in qcli: {normalize(run.error or '')}"
     if run.exit_code == 2 and expect.valid and not _true_blame(run.stderr):

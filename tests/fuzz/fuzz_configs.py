@@ -7,8 +7,9 @@ names, op types and tensor names (globs, `re:`, exact, and names that match noth
 expensive knobs are bounded (`BOUNDS`: trials, time budgets, samples) so a run stays short.
 `mutate` breaks a document (typo keys, wrong types, out-of-range numbers, bad regexes) and
 `render` writes it as YAML, sometimes broken at the text level (syntax errors, duplicate
-keys, anchors that recurse, deep nesting, bytes that are not UTF-8). Whether a text is valid
-is decided by the schema itself (`expected_valid`), never by qcli's own loader.
+keys, anchors that recurse, deep nesting, bytes that are not UTF-8) and `fuzz_text.garbled`
+changes the text (any code point anywhere, CRLF, tabs, BOMs, long lines). Whether a text is
+valid is decided by the schema itself (`expected_valid`), never by qcli's own loader.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
+from fuzz_text import garbled, strings
 from qcli.config import Config, Match
 from qcli.target import shipped
 
@@ -61,6 +63,7 @@ def _patterns(kind: str, names: Names) -> st.SearchStrategy[str]:
     return st.one_of(
         st.sampled_from(own), st.sampled_from(scopes or ["*"]), st.sampled_from(["*", "nothing*", "re:.*Conv.*"]),
         st.sampled_from(own).map(lambda n: "re:" + n.replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")),
+        strings(),  # any code point: safe_dump writes what YAML refuses as escapes ("\x01", "\uD800")
     )
 
 
@@ -207,7 +210,7 @@ def expected_valid(data: bytes) -> bool:
     """Whether the schema accepts this file: UTF-8 YAML, no duplicate keys, a mapping that
     `Config` validates. Self-contained: qcli's loader is what is under test."""
     try:
-        text = data.decode()
+        text = data.decode("utf-8-sig")  # qcli skips a UTF-8 byte order mark, as PyYAML does
         node = yaml.compose(text)
         doc = yaml.safe_load(text)
     except (UnicodeDecodeError, yaml.YAMLError, RecursionError):
@@ -261,6 +264,10 @@ def config_files(draw, names: Names | None = None, fast: bool = True, invalid: b
     if broken:
         tags.append(broken)
     data = render(doc, draw(st.sampled_from(["block", "flow"])), broken)
+    if invalid and broken != "not utf-8" and draw(st.integers(0, 2)) == 2:  # any code point, CRLF, a BOM, ...
+        change = draw(garbled(data.decode("utf-8", "surrogatepass")))
+        data = change.data
+        tags.append(change.change)
     return ConfigCase(data, expected_valid(data), doc, tags)
 
 

@@ -1,11 +1,16 @@
 """The qcli commands the fuzzer runs on a case: `graph_commands` (calibrate, quantize with
 and without verification, a calibration file, --eval-data, auto-precision; a generated
 config, a preset or none; flags over it), `pipeline_file` (a `qcli run` file, sometimes
-broken) and `bad_input` (one valid command with one input made invalid)."""
+broken, its text sometimes changed) and `bad_input` (one valid command with one input made invalid)."""
 
 from __future__ import annotations
 
 import copy
+import csv
+import functools
+import io
+import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +24,7 @@ from pydantic import ValidationError
 
 from fuzz_configs import PRESETS, Names, bounded, config_files, documents
 from fuzz_stats import LONG, STATS
+from fuzz_text import decoded, encode, garbled, refusal
 from qcli.analyze.options import AnalyzeOptions
 from qcli.model import clamp_ir_version
 from qcli.pipeline import Pipeline, PipelineGates
@@ -108,9 +114,10 @@ PIPELINE_BREAKS = ("unknown key", "missing key", "report suffix", "reports witho
                    "missing model", "bad inline config")
 
 
-def pipeline_file(data, model: onnx.ModelProto, root: Path) -> tuple[Path, bool, dict]:
+def pipeline_file(data, model: onnx.ModelProto, root: Path) -> tuple[Path, bool | None, dict]:
     """A pipeline file beside model.onnx, data/ and eval/ in `root`: its path, whether it is
-    valid, and its document (outputs go to root/out/)."""
+    valid (None: its text was changed into another document's), and its document (outputs go
+    to root/out/). Its text is sometimes changed (fuzz_text.garbled: any code point, CRLF, ...)."""
     doc: dict[str, Any] = {"model": "model.onnx", "output": "out/model.q.onnx", "calibration_data": "data"}
     if data.draw(st.booleans()):
         doc["eval_data"] = data.draw(st.sampled_from(["eval", "data"]))
@@ -134,9 +141,26 @@ def pipeline_file(data, model: onnx.ModelProto, root: Path) -> tuple[Path, bool,
     if data.draw(st.integers(0, 3)) == 3:
         doc, broken_valid = _break_pipeline(doc, data.draw(st.sampled_from(PIPELINE_BREAKS)))
         valid = valid and broken_valid
+    text = yaml.safe_dump(doc, sort_keys=False)
+    content = encode(text)
+    if data.draw(st.integers(0, 2)) == 2:
+        content = data.draw(garbled(text), label="pipeline text").data
+        valid = _reads_as(content, doc, valid)
     path = root / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path.write_bytes(content)
     return path, valid, doc
+
+
+def _reads_as(content: bytes, doc: dict, valid: bool) -> bool | None:
+    """Whether a changed pipeline file is valid: False when qcli must refuse its text or it is
+    no YAML, `valid` when it still reads as `doc`, None (cannot tell) when as another document."""
+    text = decoded(content)
+    if text is None or refusal(content) is not None:
+        return False
+    try:
+        return valid if yaml.safe_load(text) == doc else None
+    except yaml.YAMLError:
+        return False
 
 
 def _break_pipeline(doc: dict, kind: str) -> tuple[dict, bool]:
@@ -161,6 +185,61 @@ def _break_pipeline(doc: dict, kind: str) -> tuple[dict, bool]:
     except ValidationError:
         return doc, False
     return doc, kind not in ("reports without eval_data", "missing model", "bad inline config")
+
+
+# --------------------------------------------------------------------------- data text files
+
+TEXT_FILES = ("labels.csv", "calibration file")
+
+
+def text_file(data, kind: str, root: Path, model: Path, folder: Path) -> tuple[Command, Path, bytes]:
+    """A labels.csv in `folder` (read by calibrate) or a calibration file of the small model
+    (read by quantize --calib), its text changed (fuzz_text.garbled): the command, whether it
+    is valid (as in `_reads_as`), the file and its bytes."""
+    output = None
+    if kind == "labels.csv":
+        names = sorted(p.name for p in folder.iterdir())
+        rows = [["file", "label"]] + [[n, str(data.draw(st.integers(0, 2)))]
+                                      for n in data.draw(st.lists(st.sampled_from(names), unique=True))]
+        text = "".join(f"{name},{label}\n" for name, label in rows)
+        path, args = folder / "labels.csv", ["calibrate", model, "--data", folder, "-o", root / "c.json"]
+        parse, want = _csv_rows, rows
+    else:
+        text = _calibration_text()
+        path, output = root / "c.json", root / "q.onnx"
+        args = ["quantize", model, "--calib", path, "-o", output, "--no-verify"]
+        parse, want = _json, json.loads(text)
+    content = data.draw(garbled(text), label=kind).data
+    path.write_bytes(content)
+    text = decoded(content)
+    found = None if text is None or refusal(content) else parse(text)
+    valid = False if found is None else True if found == want else None
+    return Command(args, valid, output if valid else None), path, content
+
+
+def _csv_rows(text: str) -> list[list[str]] | None:
+    try:
+        return [row for row in csv.reader(io.StringIO(text, newline="")) if row]
+    except csv.Error:
+        return None
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+@functools.cache
+def _calibration_text() -> str:
+    """The calibration file `qcli calibrate` writes for the small model."""
+    from fuzz_check import qcli
+
+    with tempfile.TemporaryDirectory(prefix="qcli-fuzz-") as tmp:
+        model, folder = write_small(Path(tmp))
+        qcli("calibrate", model, "--data", folder, "-o", Path(tmp) / "c.json")
+        return (Path(tmp) / "c.json").read_text()
 
 
 # --------------------------------------------------------------------------- bad inputs

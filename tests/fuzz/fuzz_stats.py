@@ -29,8 +29,8 @@ from hypothesis.errors import FlakyStrategyDefinition
 PROFILE = os.environ.get("QCLI_FUZZ", "fast")
 LONG = PROFILE == "long"
 MINUTES = float(os.environ.get("QCLI_FUZZ_MINUTES", "10"))
-SHARE = {"graphs": 0.55, "configs": 0.15, "pipelines": 0.2, "bad_inputs": 0.1}  # of the time, per test
-FAST_EXAMPLES = {"graphs": 80, "configs": 40, "pipelines": 20, "bad_inputs": 40}
+SHARE = {"graphs": 0.5, "configs": 0.15, "pipelines": 0.2, "texts": 0.05, "bad_inputs": 0.1}  # of the time
+FAST_EXAMPLES = {"graphs": 80, "configs": 40, "pipelines": 20, "texts": 30, "bad_inputs": 45}
 
 _common = {"deadline": None, "suppress_health_check": list(HealthCheck), "print_blob": False}
 settings.register_profile("fast", derandomize=True, database=None, phases=[Phase.explicit, Phase.generate], **_common)
@@ -114,7 +114,8 @@ class Stats:
         lines = [
             f"qcli fuzz ({PROFILE} profile): {c['graphs']} graphs run ({c['graphs discarded']} discarded: the float "
             f"model does not run), {c['configs']} configs ({c['configs valid']} valid), {c['pipelines']} pipelines, "
-            f"{c['bad inputs']} bad inputs; {c['runs']} qcli runs",
+            f"{c['text files']} text files, {c['bad inputs']} bad inputs; {c['runs']} qcli runs "
+            f"({c['refused texts']} on a text file qcli must refuse)",
         ]
         known = Counter(f.known for f in self.failures.values() for _ in range(f.count) if f.known)
         if not LONG:

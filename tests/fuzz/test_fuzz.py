@@ -1,7 +1,8 @@
 """Property-based fuzzing of the qcli CLI (issue 20): random valid graphs with data, random
-configs, pipeline files and bad inputs, each run through the commands in-process and judged
-by fuzz_check's properties. `make test` runs the fast profile, `make fuzz` the long one
-(fuzz_stats: QCLI_FUZZ=long, QCLI_FUZZ_MINUTES, QCLI_FUZZ_EXAMPLES, --hypothesis-seed)."""
+configs, pipeline files, text files (labels.csv, calibration files, issue 50) and bad inputs,
+each run through the commands in-process and judged by fuzz_check's properties. `make test`
+runs the fast profile, `make fuzz` the long one (fuzz_stats: QCLI_FUZZ=long,
+QCLI_FUZZ_MINUTES, QCLI_FUZZ_EXAMPLES, --hypothesis-seed)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,18 @@ import onnx
 import onnx.parser
 import pytest
 import yaml
-from hypothesis import given, reject
+from hypothesis import example, given, reject
 from hypothesis import strategies as st
 
 from fuzz_bad import BAD
 from fuzz_check import Context, Expect, judge, judge_debug, qcli
-from fuzz_configs import config_files
+from fuzz_configs import ConfigCase, config_files
 from fuzz_data import Samples, case_of, make_samples, runnable
 from fuzz_graphs import GraphCase, graphs
-from fuzz_runs import graph_commands, names_of, pipeline_file, small_model, write_small
+from fuzz_runs import TEXT_FILES, graph_commands, names_of, pipeline_file, small_model, text_file, write_small
 from fuzz_seeds import SEEDS
 from fuzz_stats import STATS, SummaryPlugin, profile, run
+from fuzz_text import shown
 from qcli.model import clamp_ir_version
 
 pytestmark = pytest.mark.fuzz
@@ -98,6 +100,9 @@ def test_graphs() -> None:
 
 
 @profile("configs")
+@example(config=ConfigCase(b'version: 1\nexclude:\n  nodes: ["a\x01b"]\n', False), command="validate")  # issue 50
+@example(config=ConfigCase("auto_precision: {enabled: true}\nexclude:\n  nodes: [a\x99b]\n".encode(), False),
+         command="quantize")
 @given(config=config_files(names_of(small_model())), command=st.sampled_from(["validate", "quantize", "calibrate"]))
 def fuzz_configs(config, command: str) -> None:
     STATS.check_time("configs")
@@ -116,9 +121,11 @@ def fuzz_configs(config, command: str) -> None:
             args = ["quantize", model, "--data", folder, "--config", path, "-o", root / "q.onnx"]
         run = qcli(*args)
         samples = make_samples(case_of(small_model()), 4, 0, True, 1.0, False)
-        expect = Expect(config.valid, root / "q.onnx" if command == "quantize" else None, small_model(), samples)
+        output = root / "q.onnx" if command == "quantize" else None
+        expect = Expect(config.valid, output, small_model(), samples, text=(path, config.data))
         context = Context(small_model(), config.doc, run.args, set(config.tags))
-        judge("configs", run, expect, context, lambda: f"-- config.yaml:\n{config.data.decode(errors='replace')}")
+        judge("configs", run, expect, context,
+              lambda: f"-- config.yaml:\n{shown(config.data)}")
 
 
 def test_configs() -> None:
@@ -131,14 +138,34 @@ def fuzz_pipelines(case: GraphCase, data) -> None:
     with _workspace("pipelines", case, data) as (root, samples):
         path, valid, doc = pipeline_file(data, case.model, root)
         run = qcli("run", path, *(["--json"] if data.draw(st.booleans()) else []))
-        expect = Expect(valid, root / "out" / "model.q.onnx", case.model, samples)
+        output = root / "out" / "model.q.onnx" if valid is not None else None  # None: the text changed it
+        expect = Expect(valid, output, case.model, samples, text=(path, path.read_bytes()))
         context = Context(case.model, doc.get("config"), run.args, set())
-        pipeline = f"\n-- pipeline.yaml:\n{path.read_text()}"
+        pipeline = f"\n-- pipeline.yaml:\n{shown(path.read_bytes())}"
         judge("pipelines", run, expect, context, lambda: _reproducer(case, samples)() + pipeline)
 
 
 def test_pipelines() -> None:
     run("pipelines", fuzz_pipelines)
+
+
+@profile("texts")
+@given(kind=st.sampled_from(TEXT_FILES), data=st.data())
+def fuzz_text_files(kind: str, data) -> None:
+    STATS.check_time("texts")
+    STATS.counts["text files"] += 1
+    with tempfile.TemporaryDirectory(prefix="qcli-fuzz-") as tmp:
+        root = Path(tmp)
+        model, folder = write_small(root)
+        command, path, content = text_file(data, kind, root, model, folder)
+        run = qcli(*command.args)
+        samples = make_samples(case_of(small_model()), 4, 0, True, 1.0, False)
+        expect = Expect(command.valid, command.output, small_model(), samples, text=(path, content))
+        judge("texts", run, expect, Context(small_model(), None, run.args, {kind}), lambda: f"-- {kind}:\n{shown(content)}")
+
+
+def test_text_files() -> None:
+    run("texts", fuzz_text_files)
 
 
 @profile("bad_inputs")
