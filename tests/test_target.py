@@ -98,6 +98,14 @@ def test_a_profile_that_is_not_json_names_line_and_column(tmp_path: Path, cli) -
     assert f"error: target profile {path}:2:10: not JSON: Expecting value" in result.stderr
 
 
+def test_a_profile_with_a_control_character_is_refused_at_its_place(tmp_path: Path, cli) -> None:
+    path = tmp_path / "p.json"
+    path.write_text('{"format": "qcli-target/1",\n "name": "a\x01"}')
+    result = cli("target", "show", path)
+    assert result.exit_code == 2
+    assert f"error: {path}:2:12: remove the control character U+0001: a target profile cannot hold it" in result.stderr
+
+
 def test_auto_takes_the_measured_profile_this_cpu_has_the_flags_of() -> None:
     measured = [n for n in shipped() if resolve(n)[0].kind == "measured"]
     assert measured, "qcli ships a measured profile"

@@ -25,6 +25,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qcli.errors import ConfigError
+from qcli.textfile import read_text
 from qcli.target.kernels import FALLBACK, FEATURES, Kernel
 
 Feature = Literal["call", "mac", "moved", "weights", "fused", "rows"]  # FEATURES
@@ -105,11 +106,9 @@ def shipped() -> list[str]:
 
 def load_profile(path: Path) -> Profile:
     """A profile file, validated; ConfigError (exit 2) naming the file and the key."""
+    text = read_text(path, "target profile")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read target profile {path}: {exc}",
-                          hint="give a file written by `qcli target measure`, or a shipped name") from exc
+        raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"target profile {path}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}",
                           hint="give a file written by `qcli target measure`") from exc
