@@ -51,6 +51,7 @@ class Verification:
     checks: list[Check]
     notes: list[str] = field(default_factory=list)
     target: str | None = None  # what latency was judged on (qcli.target.deployment)
+    measured: Ratio | None = None  # with a predicted verdict: this machine's A/B ratio, reported only
 
     @property
     def passed(self) -> bool:
@@ -76,6 +77,9 @@ class Verification:
             "float_ms": None if self.float_ms is None else round(self.float_ms, 4),
             "notes": self.notes,
             "target": self.target,
+            "measured_latency": None if self.measured is None else {
+                "ratio": round(self.measured, 4), **(_interval(self.measured) or {}),
+                "how": "this machine, A/B at the target's batch; reported, never decides"},
         }
 
 

@@ -337,6 +337,9 @@ def verification(console: Console, doc: dict) -> None:
         console.print(note)
     if v.get("target"):
         console.print(v["target"])
+    if (m := v.get("measured_latency")) is not None:
+        console.print(f"measured on this machine: latency ratio {m['ratio']:.3f} [{m['low']:.3f}, {m['high']:.3f}] "
+                      f"over {m['rounds']} A/B rounds (reported, never decides)")
 
 
 # The figures shown for each kind of output: (JSON key, label)

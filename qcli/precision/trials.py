@@ -18,6 +18,7 @@ share of the Q/DQ nodes of its tensors; cost = time promoted - time int8 over th
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -417,6 +418,8 @@ def attribute(times: dict[str, Any], units: list[Unit]) -> dict[str, Any]:
     {'/conv': 12.0, '/fc': 5.0}
     >>> attribute({"/fc_MatMulInteger": 3.0, "y_DynamicQuantize": 2.0}, units)
     {'/fc': 4.0, '/conv': 1.0}
+    >>> attribute({"/conv_token_12": 7.0}, units)  # renamed by onnxruntime's layout transformer (NHWC)
+    {'/conv': 7.0}
     """
     names = {m: u.node for u in units for m in u.nodes}  # a unit's nodes (its mates too) -> the unit
     owners: dict[str, list[str]] = {}
@@ -424,7 +427,8 @@ def attribute(times: dict[str, Any], units: list[Unit]) -> dict[str, Any]:
         for t in u.tensors:
             owners.setdefault(t, []).append(u.node)
     out: dict[str, Any] = {}
-    for name, us in times.items():
+    for named, us in times.items():
+        name = re.sub(r"_token_\d+$", "", named)
         if name in names:
             targets = [names[name]]
         elif fused := [n for n in names if name.startswith(n + "/")]:

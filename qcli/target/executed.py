@@ -49,9 +49,7 @@ def _kernel(event: dict, nodes: dict[str, onnx.NodeProto], constants: dict[str, 
     name = event["name"][: -len("_kernel_time")]
     args = event.get("args", {})
     node = nodes.get(name)
-    names = list(node.input) if node is not None else []
-    inputs = [_operand(shape, names[k] if k < len(names) else "", constants)
-              for k, shape in enumerate(args.get("input_type_shape", []))]
+    inputs = _inputs(args.get("input_type_shape", []), list(node.input) if node is not None else [], constants)
     outputs = [_operand(shape, "", {}) for shape in args.get("output_type_shape", [])]
     attributes = list(node.attribute) if node is not None else []
     attrs = {a.name: a.i for a in attributes if a.type == onnx.AttributeProto.INT}
@@ -60,9 +58,25 @@ def _kernel(event: dict, nodes: dict[str, onnx.NodeProto], constants: dict[str, 
                   activation)
 
 
+def _inputs(shapes: list[dict], names: list[str], constants: dict[str, tuple[int, ...]]) -> list[Operand]:
+    """A call's inputs: the profile lists one shape per input, but none for weights a kernel
+    prepacked and freed (an LSTM's W and R); then the listed shapes go to the inputs that are
+    not initializers, in order, and the initializers take their dims from the written graph.
+
+    >>> ops = _inputs([{"float": [5, 1, 8]}], ["x", "W", "R"], {"W": (1, 16, 8), "R": (1, 16, 4)})
+    >>> [(o.shape, o.constant) for o in ops]
+    [((5, 1, 8), False), ((1, 16, 8), True), ((1, 16, 4), True)]
+    """
+    if len(shapes) >= len(names):
+        return [_operand(shape, names[k] if k < len(names) else "", constants) for k, shape in enumerate(shapes)]
+    listed = iter(shapes)
+    return [_operand(next(listed, {}), "", {}) if name not in constants else _operand({}, name, constants)
+            for name in names if name]
+
+
 def _operand(typed: dict[str, list[int]], name: str, constants: dict[str, tuple[int, ...]]) -> Operand:
     """A profile's `{"float": [1, 3, 224, 224]}`; an initializer's dims from the written graph."""
-    (dtype, shape), = typed.items() if typed else (("float", []),)
+    (dtype, shape), = typed.items() if typed else (("float", []),)  # an omitted one: float, like the weights
     if name in constants:
         return Operand(dtype, constants[name], True)
     return Operand(dtype, tuple(int(d) for d in shape))

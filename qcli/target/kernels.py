@@ -67,8 +67,8 @@ class Kernel:
     """One kernel call onnxruntime makes: the node's name, op, class and features: `work`
     (multiply-accumulates; 0 for a memory-bound op), activation bytes `moved` (read and
     written), constant bytes `weights`, `fused` activation elements, and `rows`: a
-    convolution's output positions, a memory op's rows (elements / the last axis: a Softmax
-    or LayerNormalization pays per row)."""
+    convolution's output positions, a recurrence's steps, a memory op's rows (elements / the
+    last axis: a Softmax or LayerNormalization pays per row)."""
 
     node: str
     op: str
@@ -106,7 +106,10 @@ def kernel(node: str, op: str, inputs: list[Operand], outputs: list[Operand], at
     out = outputs[0].elements if outputs else 0
     cls, work = _compute(family, int8, op, inputs, out, attrs)
     weight = inputs[WEIGHT_INPUT.get(op, 1)].shape if len(inputs) > WEIGHT_INPUT.get(op, 1) else ()
-    rows = out // weight[0] if family == "conv" and weight and weight[0] else 0
+    if family == "rnn":  # a recurrence runs its steps one after another
+        rows = inputs[0].shape[0] if inputs and inputs[0].shape else 0
+    else:
+        rows = out // weight[0] if family == "conv" and weight and weight[0] else 0
     return Kernel(node, op, cls, work, moved, weights, out if activation else 0, rows)
 
 

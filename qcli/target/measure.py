@@ -1,13 +1,15 @@
 """`qcli target measure`: the kernel costs of the machine it runs on, as a profile to commit.
 
 Each micro-model of qcli.target.bench runs WARMUP times, then until it has RUNS runs or
-TIME_PER_MODEL seconds (at least MIN_RUNS) under onnxruntime's profiler; each kernel call's
-price is the median of its runs (robust to a busy moment); the calls are grouped by class and
-op (`conv.i8:QLinearConv`) and by class alone (qcli.target.kernels), and each group's terms
-are fit to them (`fit`: non-negative, least relative error). `run_us` (a
-session.run's own cost) and `node_us` (the executor's cost per kernel call beyond the kernel)
-come from a one-node and a CHAIN-node model's wall time minus their kernels'. This module
-reads the clock: its output is a measurement; what decides reads the file it writes.
+TIME_PER_MODEL seconds (at least MIN_RUNS) under onnxruntime's profiler; a kernel call's time
+is the median of its runs. The calls are grouped by class and op (`conv.i8:QLinearConv`) and
+by class alone (qcli.target.kernels), and each group's terms are fit to them (`fit`:
+non-negative, least relative error). `run_us`, a session.run's own cost, is a one-Relu
+model's wall time less the per-node slope of a CHAIN-Relu one. Tried and set aside: taking
+the profiler's own cost (4-7 us a kernel) off each call, to the unprofiled run's wall time:
+the predicted ratios moved further from the measured ones on the exported models (4 of 17
+within 10% against 7: README "Targets"). This module reads the clock: its output is a
+measurement; what decides reads the file it writes.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def isa_name(flags: frozenset[str]) -> tuple[str, list[str]]:
 
 def timed_kernels(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int | None,
                   ) -> list[tuple[Kernel, float]]:
-    """Each kernel call of one run and its median µs over the runs."""
+    """Each kernel call of one run and its median µs over the profiled runs."""
     kernels = executed(model, feeds, threads)
     with tempfile.TemporaryDirectory(prefix="qcli-measure-") as tmp:
         session = make_session(model, threads, profile=Path(tmp) / "profile", timing=True)
@@ -71,18 +73,19 @@ def timed_kernels(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads:
 def wall_us(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int | None) -> float:
     """The median wall µs of a session.run of `model`."""
     session = make_session(model, threads, timing=True)
-    times = []
-    for k in range(WARMUP + RUNS):
+    times: list[float] = []
+    begin = time.perf_counter()
+    while len(times) < WARMUP + MIN_RUNS or (len(times) < WARMUP + RUNS
+                                              and time.perf_counter() - begin < TIME_PER_MODEL):
         start = time.perf_counter_ns()
         session.run(None, feeds)
-        if k >= WARMUP:
-            times.append((time.perf_counter_ns() - start) / 1e3)
-    return float(np.median(times))
+        times.append((time.perf_counter_ns() - start) / 1e3)
+    return float(np.median(times[WARMUP:]))
 
 
-def overheads(threads: int | None) -> tuple[float, float]:
-    """(run_us, node_us): a one-Relu model's wall time minus its kernel, and a CHAIN-Relu one's
-    extra per node."""
+def run_overhead(threads: int | None) -> float:
+    """A session.run's own cost: a one-Relu model's wall time less a Relu's (the per-node slope
+    of a CHAIN-Relu model), all on four elements."""
     def chain(n: int) -> onnx.ModelProto:
         names = ["x", *(f"t{k}" for k in range(n - 1)), "y"]
         nodes = [helper.make_node("Relu", [names[k]], [names[k + 1]], name=f"relu{k}") for k in range(n)]
@@ -90,18 +93,17 @@ def overheads(threads: int | None) -> tuple[float, float]:
         return bench._model(nodes, *value, [])
 
     feeds = {"x": np.ones((1, 4), np.float32)}
-    kernel_us = {n: sum(us for _, us in timed_kernels(chain(n), feeds, threads)) for n in (1, CHAIN)}
-    one = wall_us(chain(1), feeds, threads) - kernel_us[1]
-    many = wall_us(chain(CHAIN), feeds, threads) - kernel_us[CHAIN]
-    node_us = max((many - one) / (CHAIN - 1), 0.0)
-    return round(max(one - node_us, 0.0), 3), round(node_us, 3)
+    one, many = wall_us(chain(1), feeds, threads), wall_us(chain(CHAIN), feeds, threads)
+    return round(max(one - max(many - one, 0.0) / (CHAIN - 1), 0.0), 3)
 
 
-def fit(kernels: list[Kernel], times: list[float]) -> dict[str, float]:
-    """Non-negative terms (µs per unit of each feature) minimising the squared relative error
-    over these calls: least squares with the most negative term dropped until none is.
+def fit(kernels: list[Kernel], times: list[float], features: tuple[str, ...] = FEATURES) -> dict[str, float]:
+    """Non-negative terms (µs per unit of each of `features`) minimising the squared relative
+    error over these calls: least squares with the most negative term dropped until none is. A
+    feature the calls do not vary (a QLinearAdd's constant scale bytes, an elementwise op's
+    rows at one shape) says nothing apart from the fixed cost: left out, not fit to noise.
 
-    >>> ks = [Kernel("n", "Conv", "conv.f32", work=w, moved=m) for w, m in ((100, 10), (1000, 20), (5000, 10))]
+    >>> ks = [Kernel("n", "Conv", "conv.f32", work=w, moved=m, rows=4) for w, m in ((100, 10), (1000, 20), (5000, 10))]
     >>> fit(ks, [1 + 0.01 * k.work + 0.1 * k.moved for k in ks])
     {'call': 1.0, 'mac': 0.01, 'moved': 0.1}
     """
@@ -109,7 +111,7 @@ def fit(kernels: list[Kernel], times: list[float]) -> dict[str, float]:
     t = np.maximum(np.array(times, dtype=np.float64), 0.01)
     scale = np.maximum(x.max(axis=0), 1e-12)
     a = x / scale / t[:, None]
-    active = [j for j in range(x.shape[1]) if x[:, j].any()]
+    active = [j for j in range(x.shape[1]) if FEATURES[j] in features and (j == 0 or np.ptp(x[:, j]) > 0)]
     while True:
         coef = np.linalg.lstsq(a[:, active], np.ones(len(t)), rcond=None)[0] if active else np.zeros(0)
         if (coef >= 0).all():
@@ -118,12 +120,29 @@ def fit(kernels: list[Kernel], times: list[float]) -> dict[str, float]:
     return {FEATURES[j]: float(f"{c / scale[j]:.4g}") for j, c in zip(active, coef, strict=True) if c > 0}
 
 
+def _features(key: str) -> tuple[str, ...]:
+    """What an entry is fit on: a memory-bound class pooled over its ops by bytes alone (one op's
+    per-row cost, a Softmax's, must not price every op it has no entry for), weights never
+    (its constants are scales and zero points); a memory op's own entry by its rows too.
+
+    >>> _features("memory"), _features("memory:Softmax"), _features("conv.i8")[-2:]
+    (('call', 'moved'), ('call', 'moved', 'rows'), ('fused', 'rows'))
+    """
+    family = key.partition(".")[0].partition(":")[0]
+    if family == "rnn":  # its weights are its MACs; its steps its rows
+        return ("call", "mac", "rows")
+    if family not in ("memory", "qmemory", "qdq", "control"):
+        return FEATURES
+    return ("call", "moved", "rows") if ":" in key else ("call", "moved")
+
+
 def measure(threads: int | None = None, progress: Callable[[int], None] | None = None,
             name: str | None = None) -> Profile:
     """This machine's profile (module docstring); `progress(1)` after each micro-model."""
     flags = cpu_flags()
     default_name, isa = isa_name(flags)
     rng = np.random.default_rng(0)
+    run_us = run_overhead(threads)
     calls: dict[str, list[tuple[Kernel, float]]] = {}
     for _, model, feeds in bench.suite(rng):
         for k, us in timed_kernels(model, feeds, threads):
@@ -134,15 +153,14 @@ def measure(threads: int | None = None, progress: Callable[[int], None] | None =
     for key in [key for key in calls if ":" in key]:  # a class of one op: its entry is the class's
         if {k.op for k, _ in calls[key.partition(":")[0]]} == {key.partition(":")[2]}:
             del calls[key]
-    run_us, node_us = overheads(threads)
-    kernels = {key: Cost(terms=fit([k for k, _ in found], [us for _, us in found]))
+    kernels = {key: Cost(terms=fit([k for k, _ in found], [us for _, us in found], _features(key)))
                for key, found in sorted(calls.items())}
     return Profile(
         name=name or default_name, kind="measured", cpu_flags=isa, onnxruntime=ort.__version__,
-        threads=threads, batch=1, run_us=run_us, node_us=node_us, kernels=kernels,
+        threads=threads, batch=1, run_us=run_us, kernels=kernels,
         description=f"measured by `qcli target measure` on {platform.machine()} ({os.cpu_count()} CPUs)",
-        basis=f"{sum(1 for _ in bench.suite(np.random.default_rng(0)))} micro-models, median kernel time of "
-              f"{MIN_RUNS}-{RUNS} runs each under onnxruntime's profiler",
+        basis=f"{suite_size()} micro-models, each kernel's median time over {MIN_RUNS}-{RUNS} runs under "
+              "onnxruntime's profiler",
     )
 
 

@@ -25,8 +25,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qcli.errors import ConfigError
-from qcli.textfile import read_text
 from qcli.target.kernels import FALLBACK, FEATURES, Kernel
+from qcli.textfile import read_text
 
 Feature = Literal["call", "mac", "moved", "weights", "fused", "rows"]  # FEATURES
 
