@@ -184,7 +184,7 @@ def _verified(outcome: Outcome, model: onnx.ModelProto, prepared: PrepareResult,
     if vf.enabled:
         outcome.verification = verification_of(plan, probe, base, ratio, floors, config, _all_float(result, outcome))
         if probe.predicts and ratio is not None:  # the clock's figure beside the prediction's, never deciding
-            with phase("time"):
+            with phase("verify"), phase("time"):
                 outcome.verification.measured = probe.timed_ratio(outcome.result.model)
     return outcome
 
