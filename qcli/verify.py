@@ -39,6 +39,7 @@ from qcli.calibrate.shards import Fold
 from qcli.calibrate.table import CalibrationTable, RangeSettings
 from qcli.checks import (
     LATENCY_TOLERANCE,
+    PREDICTION_TOLERANCE,
     Verification,
     fast_by_construction,
     latency_ok,
@@ -173,6 +174,8 @@ def _verified(outcome: Outcome, model: onnx.ModelProto, prepared: PrepareResult,
     ap, vf = config.auto_precision, config.verify
     with phase("reference"):  # the float model's outputs
         probe = make_probe(model, inputs, config, plan, labels)
+    if probe.predicts and vf.enabled and vf.max_latency_ratio is not None:
+        outcome.notes += _slower_prepared(probe, prepared)
     units = find_units(result.planned or prepared.model, result.plan)
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
     with phase("verify"), progress("verifying" if not ap.enabled else "searching precisions", None,
@@ -187,6 +190,18 @@ def _verified(outcome: Outcome, model: onnx.ModelProto, prepared: PrepareResult,
             with phase("verify"), phase("time"):
                 outcome.verification.measured = probe.timed_ratio(outcome.result.model)
     return outcome
+
+
+def _slower_prepared(probe: Probe, prepared: PrepareResult) -> list[str]:
+    """A note when qcli's preparation alone (before anything is quantized) is predicted to
+    make the float graph slower than the user's file on the target: every model qcli writes
+    is built on it, and is judged against the file as given."""
+    ratio = probe.predicted_ratio(prepared.model)
+    if ratio <= 1 + PREDICTION_TOLERANCE:
+        return []
+    changes = "; ".join(prepared.notes) or "no change noted"
+    return [f"preparation alone is predicted {float(ratio):.3f}x your model's latency on the target ({changes}); "
+            "the latency floor judges the model written against your file as given"]
 
 
 def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: DataPlan,

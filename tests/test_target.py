@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import normal_folder, parse_model
+from conftest import normal_folder, parse_model, save
 from qcli.errors import ConfigError
 from qcli.target import Profile, load_profile, predict, priced, resolve, shipped
 from qcli.target.executed import executed
@@ -221,3 +221,32 @@ def test_the_verdict_says_what_it_rests_on(cli, tmp_path: Path) -> None:
     assert target.endswith("batch 1, latency predicted against your model file as given")
     check = next(c for c in doc["verification"]["checks"] if c["name"] == "latency ratio")
     assert check["how"] == "predicted by the target profile"
+
+
+REDUCE_MEAN = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[N, 8, 16, 16] x) => (float[N, 4] y) <float[8, 4] w = {W}> {
+    r = Relu (x)
+    m = ReduceMean <keepdims = 0, axes = [2, 3]> (r)
+    y = MatMul (m, w)
+}
+"""
+
+
+def test_a_preparation_predicted_slower_than_the_file_is_said(cli, tmp_path: Path) -> None:
+    """qcli rewrites a spatial ReduceMean as a GlobalAveragePool; under a profile that prices
+    the pool far above the mean, the summary says preparation alone is slower, and the
+    latency verdict is against the file as given."""
+    weights = "{" + ", ".join(f"{v:.3f}" for v in np.random.default_rng(0).normal(0, 0.3, 32)) + "}"
+    model = save(parse_model(REDUCE_MEAN.replace("{W}", weights)), tmp_path / "m.onnx")
+    profile = tmp_path / "slowpool.json"
+    profile.write_text(json.dumps({"format": "qcli-target/1", "name": "slowpool", "kind": "rules", "kernels": {
+        "memory": {"terms": {"call": 1.0}}, "memory:GlobalAveragePool": {"terms": {"call": 500.0}}}}))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"version: 1\ntarget: {profile}\nverify: {{min_float_ms: 0}}\n")
+    data = normal_folder(tmp_path / "data", 24, x=(1, 8, 16, 16))
+    doc = json.loads(cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--config", config,
+                         "--json").stdout)
+    note = next(n for n in doc["notes"] if n.startswith("preparation alone is predicted "))
+    assert "x your model's latency on the target (" in note and "GlobalAveragePool" in note
+    assert doc["verification"]["target"].startswith("target slowpool (file), batch 1")
