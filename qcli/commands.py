@@ -30,6 +30,7 @@ from qcli.model import Owned, fingerprint, load_model, save_model
 from qcli.phases import phase, recording
 from qcli.pipeline import PipelineResult, run_pipeline
 from qcli.quantize import calibrate, summary
+from qcli.target.deployment import Deployment
 from qcli.verify import Outcome, ProgressFactory, no_progress, quantize_checked
 
 # --------------------------------------------------------------------------- inspect and calibrate
@@ -269,7 +270,7 @@ def analyze_command(
     with progress("analyzing", total) as advance:
         result = analyze(
             float_model, quantized_model, data, options, labels=labels, gates=gates, preprocess=preprocess,
-            progress=advance, verify=loaded.verify,
+            progress=advance, verify=loaded.verify, deployment=Deployment.of(loaded),
         )
     if sensitivity.enabled:
         from qcli.precision.sensitivity import measure_sensitivity

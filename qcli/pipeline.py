@@ -25,6 +25,7 @@ from qcli.errors import ConfigError
 from qcli.files import check_writable
 from qcli.model import Owned, load_model, save_model
 from qcli.quantize import QuantizeResult
+from qcli.target.deployment import Deployment
 from qcli.verify import Outcome, ProgressFactory, no_progress, quantize_checked
 from qcli.yamlfile import read_yaml
 
@@ -130,7 +131,7 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -
             result.report = analyze(
                 model_path, output, eval_folder, options, labels=optional(pipeline.labels),
                 gates=Gates(**pipeline.gates.model_dump()), preprocess=config.data.preprocess, progress=advance,
-                verify=config.verify,
+                verify=config.verify, deployment=Deployment.of(config),
             )
         for report_path in pipeline.reports:
             result.reports.append(write_report(result.report, local(report_path)))

@@ -250,3 +250,27 @@ def test_a_preparation_predicted_slower_than_the_file_is_said(cli, tmp_path: Pat
     note = next(n for n in doc["notes"] if n.startswith("preparation alone is predicted "))
     assert "x your model's latency on the target (" in note and "GlobalAveragePool" in note
     assert doc["verification"]["target"].startswith("target slowpool (file), batch 1")
+
+
+def test_analyze_gates_speedup_on_the_prediction(cli, tmp_path: Path, monkeypatch) -> None:
+    """`qcli analyze --min-speedup` reads the target profile's predicted speedup (the same on
+    any machine), reported beside the timing; with `verify.latency: measured` the timing's."""
+    model, data = near_parity_data(tmp_path)
+    assert cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--no-verify", "-q").exit_code == 0
+    doc = json.loads(cli("analyze", model, tmp_path / "q.onnx", "--data", data, "--min-speedup", "100",
+                         "--json").stdout)
+    predicted = doc["predicted"]
+    assert predicted["batch"] == 1 and predicted["target"].startswith("target ")
+    gate = next(g for g in doc["gates"] if g["name"] == "min_speedup")
+    assert gate["metric"] == "predicted speedup" and gate["value"] == predicted["speedup"] and not gate["passed"]
+    rng = random.Random(1)  # a clock gone mad changes no verdict
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: rng.randrange(1 << 40))
+    again = json.loads(cli("analyze", model, tmp_path / "q.onnx", "--data", data, "--min-speedup", "100",
+                           "--json").stdout)
+    assert again["predicted"] == predicted and again["gates"] == doc["gates"]
+    config = tmp_path / "measured.yaml"
+    config.write_text("version: 1\nverify: {latency: measured}\n")
+    measured = json.loads(cli("analyze", model, tmp_path / "q.onnx", "--data", data, "--min-speedup", "100",
+                              "--config", config, "--json").stdout)
+    assert measured["predicted"] is None
+    assert next(g for g in measured["gates"] if g["name"] == "min_speedup")["metric"] == "speedup"

@@ -35,6 +35,7 @@ from qcli.analyze.report import (
     Layers,
     ModelInfo,
     ModelSize,
+    Predicted,
     ReferenceFidelity,
     Report,
     Settings,
@@ -91,6 +92,7 @@ def analyze(
     preprocess: Preprocess | None = None,
     progress: Callable[[int], None] | None = None,
     verify: Verify | None = None,
+    deployment: Any = None,
     **settings: Any,
 ) -> Report:
     """Compare `quantized_model` with `float_model` over the data folder `data`.
@@ -101,9 +103,12 @@ def analyze(
     after each batch with its number of samples. Models may be paths or in-memory ModelProtos
     (sizes are then the serialized sizes). Each output is compared by the metric of its kind
     (qcli.analyze.kinds, decided on the first batch), `verify.outputs` and `ctc_blank` first.
+    `deployment` (qcli.target.deployment): the latency predicted for its target is reported and,
+    unless it says measured, is what `min_speedup` gates on.
     """
     opts = AnalyzeOptions.of(options, **settings)
-    if gates.min_speedup is not None and opts.runs == 0:
+    predicts = deployment is not None and not deployment.measured
+    if gates.min_speedup is not None and opts.runs == 0 and not predicts:
         raise QcliError("the min_speedup gate needs latency runs", hint="set runs to at least 1 (default 50)")
     fm, qm = _load(float_model), _load(quantized_model)
     inputs = _check_compatible(fm, qm)
@@ -116,7 +121,16 @@ def analyze(
     if opts.layers and not sessions.measures.pairs:
         notes.append(f"{qm.label} has no quantized activations (QuantizeLinear -> DequantizeLinear pairs)")
     speed, latency_notes = _latency(sessions, first, inputs, opts)
-    return _report(sessions, folder, labels, opts, gates, speed, notes + latency_notes)
+    predicted = _predicted(fm.proto, qm.proto, first, inputs, deployment) if predicts else None
+    return _report(sessions, folder, labels, opts, gates, speed, notes + latency_notes, predicted)
+
+
+def _predicted(float_model: onnx.ModelProto, quantized: onnx.ModelProto, first: Batch, inputs: list[InputSpec],
+               deployment: Any) -> Predicted:
+    """Both models' latency on the first samples at the deployment's batch, by its profile."""
+    feeds, batch = timed_inputs(first, inputs, deployment.batch)
+    f, q = deployment.predict(float_model, feeds), deployment.predict(quantized, feeds)
+    return Predicted(deployment.describe(), batch, round(f.ms, 4), round(q.ms, 4), round(f.us / q.us, 4))
 
 
 def evaluate(
@@ -260,7 +274,7 @@ def _runs_at(session: Any, feeds: dict[str, np.ndarray], which: str, batch: int,
 
 def _report(
     sessions: _Sessions, folder: DataFolder, labels: str | Path | None, opts: AnalyzeOptions, gates: Gates,
-    speed: Speed | None, notes: list[str],
+    speed: Speed | None, notes: list[str], predicted: Predicted | None = None,
 ) -> Report:
     """The measures summed up, sizes compared and gates checked."""
     m, fm, qm = sessions.measures, sessions.fm, sessions.qm
@@ -289,9 +303,10 @@ def _report(
         layers=layers,
         speed=speed,
         size=size,
-        gates=check_gates(gates, accuracy, fidelity, speed, size),
+        gates=check_gates(gates, accuracy, fidelity, speed, size, predicted),
         notes=notes,
         qcli_version=__version__,
+        predicted=predicted,
     )
 
 

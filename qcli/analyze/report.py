@@ -175,6 +175,18 @@ class Speed:
 
 
 @dataclass
+class Predicted:
+    """Latency predicted by a target profile (qcli.target): what `min_speedup` gates on unless
+    `verify.latency: measured`."""
+
+    target: str  # the profile and how it was chosen, the batch
+    batch: int
+    float_ms: builtins.float
+    quantized_ms: builtins.float
+    speedup: builtins.float  # float / quantized
+
+
+@dataclass
 class DtypeBytes:
     count: int
     bytes: int
@@ -274,6 +286,7 @@ class Report:
     qcli_version: str = ""
     format: str = FORMAT
     sensitivity: Sensitivity | None = None  # `--sensitivity`
+    predicted: Predicted | None = None  # the target profile's latency (None: `verify.latency: measured`)
 
     @property
     def passed(self) -> bool:

@@ -89,6 +89,10 @@ def summary_rows(report: Report) -> list[tuple[str, ...]]:
                          points((f.top1_agreement or 0) - (q.top1_agreement or 0))))
         elif f.cosine is not None:
             rows.append((f"cosine to reference `{ref.output}`", f"{f.cosine:.5f}", f"{q.cosine:.5f}", ""))
+    if (pr := report.predicted) is not None:
+        faster = f"{ratio(pr.speedup)} faster" if pr.speedup >= 1 else f"{ratio(1 / pr.speedup)} slower"
+        rows.append((f"latency predicted (batch {pr.batch}, {pr.target.split(' (')[0].removeprefix('target ')})",
+                     ms(pr.float_ms), ms(pr.quantized_ms), faster))
     sp = report.speed
     if sp is not None:
         threads = f", {sp.threads} thread{'s' if sp.threads > 1 else ''}" if sp.threads else ""
