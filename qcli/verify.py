@@ -13,13 +13,16 @@
    promoted, the precision config that reproduces it) and exits 1 when a floor is still missed.
 
 Which samples are compared: qcli.holdout (decided once, stated in the summary).
-The latency floor applies when the float model takes at least `verify.min_float_ms` per run
-(its fastest run at batch 1, `Probe.float_ms`: noise only adds time):
-below that, onnxruntime's fixed cost per node, not arithmetic, decides the ratio. The ratio is a
-`latency.Ratio` (median of per-round ratios, with its interval); the floor widened by
-LATENCY_TOLERANCE (qcli.checks: the spread between two runs of the same model) is missed
-only when the whole interval is above it (README "Verification"): timing noise alone cannot
-fail a model. What the verification reports, check by check: qcli.checks.
+Latency is the target profile's prediction for the user's model file as given and each
+candidate, at `target.batch` (qcli.target, README "Targets"): exact, so every decision is the
+same on any machine and under any load; the floor is widened by PREDICTION_TOLERANCE, and this
+machine's A/B timing of the model written is reported beside it, never deciding. With
+`verify.latency: measured` the ratio is timed instead: a `latency.Ratio` (median of per-round
+ratios, with its interval), the floor widened by LATENCY_TOLERANCE and missed only when the
+whole interval is above it. The latency floor applies when the float model takes at least
+`verify.min_float_ms` per run (predicted; measured: its fastest run at batch 1): below that,
+onnxruntime's fixed cost per node, not arithmetic, decides the ratio. What the verification
+reports, check by check: qcli.checks.
 """
 
 from __future__ import annotations

@@ -108,10 +108,64 @@ def suite(rng: np.random.Generator) -> Iterator[tuple[str, onnx.ModelProto, dict
             mm = helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")
             yield (f"MatMul {m}x{kk}x{n} {tag}", _wrapped(wn + [mm], wi, ("x", [m, kk]), ("y", [m, n]), quantized),
                    _feeds(rng, [m, kk]))
+        yield from _blocks(rng, quantized)
     yield from _gemms(rng)
     yield from _dynamic(rng)
     yield from _rnns(rng)
     yield from _elementwise(rng)
+
+
+BLOCKS = [(8, 96), (16, 56), (24, 40), (32, 28), (64, 14), (128, 7), (48, 24)]  # (channels, size)
+
+
+def _blocks(rng: np.random.Generator, quantized: bool):
+    """Two inverted-residual blocks (1x1 expand + HardSwish, 3x3 depthwise + Relu, 1x1 project,
+    residual Add): kernels timed where a network runs them, after and before others (their data
+    in cache, their Q/DQ fused with the neighbours'), not alone; in int8 every activation
+    behind a Q/DQ pair."""
+    for c, size in BLOCKS:
+        nodes, inits, x = [], [], "x"
+        for b in range(2):
+            shapes = {"e": (2 * c, c, 1, 1), "d": (2 * c, 1, 3, 3), "p": (c, 2 * c, 1, 1)}
+            for name, shape in shapes.items():
+                wn, wi = _weight(f"w{b}{name}", rng.standard_normal(shape).astype(np.float32) * 0.1, quantized)
+                nodes, inits = nodes + wn, inits + wi
+            nodes += [helper.make_node("Conv", [x, f"w{b}e"], [f"e{b}"], name=f"b{b}/expand"),
+                      helper.make_node("HardSwish", [f"e{b}"], [f"h{b}"], name=f"b{b}/hswish"),
+                      helper.make_node("Conv", [f"h{b}", f"w{b}d"], [f"d{b}"], group=2 * c, pads=[1] * 4,
+                                       name=f"b{b}/dw"),
+                      # a Relu before Q/DQ is folded into the range (as qcli writes it)
+                      *([] if quantized else [helper.make_node("Relu", [f"d{b}"], [f"r{b}"], name=f"b{b}/relu")]),
+                      helper.make_node("Conv", [f"d{b}" if quantized else f"r{b}", f"w{b}p"], [f"p{b}"],
+                                       name=f"b{b}/project"),
+                      helper.make_node("Add", [x, f"p{b}"], [f"o{b}" if b == 0 else "y"], name=f"b{b}/add")]
+            x = f"o{b}"
+        if quantized:
+            nodes, inits = _all_qdq(nodes, inits)
+        shape = [1, c, size, size]
+        yield (f"blocks {c} @{size} {'int8' if quantized else 'float'}",
+               _model(nodes, [_t("x", F, shape)], [_t("y", F, shape)], inits), _feeds(rng, shape))
+
+
+def _all_qdq(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto]) -> tuple[list, list]:
+    """Every activation (the input and each node's output) behind a Q/DQ pair, as a QDQ model
+    quantizing the whole graph has them."""
+    out: list[onnx.NodeProto] = []
+    pairs, more = _qdq("x", "x_dq")
+    out += pairs
+    renamed = {"x": "x_dq"}
+    for node in nodes:
+        node.input[:] = [renamed.get(i, i) for i in node.input]
+        out.append(node)
+        if node.op_type == "DequantizeLinear":
+            continue
+        for o in node.output:
+            if o != "y":
+                pairs, extra = _qdq(o, f"{o}_dq")
+                out += pairs
+                more += extra
+                renamed[o] = f"{o}_dq"
+    return out, inits + more
 
 
 def _dynamic(rng: np.random.Generator):
