@@ -124,11 +124,13 @@ def _blocks(rng: np.random.Generator, quantized: bool):
     in cache, their Q/DQ fused with the neighbours'), not alone; in int8 every activation
     behind a Q/DQ pair."""
     for c, size in BLOCKS:
-        nodes, inits, x = [], [], "x"
+        nodes: list[onnx.NodeProto] = []
+        inits: list[onnx.TensorProto] = []
+        x = "x"
         for b in range(2):
             shapes = {"e": (2 * c, c, 1, 1), "d": (2 * c, 1, 3, 3), "p": (c, 2 * c, 1, 1)}
-            for name, shape in shapes.items():
-                wn, wi = _weight(f"w{b}{name}", rng.standard_normal(shape).astype(np.float32) * 0.1, quantized)
+            for name, dims in shapes.items():
+                wn, wi = _weight(f"w{b}{name}", rng.standard_normal(dims).astype(np.float32) * 0.1, quantized)
                 nodes, inits = nodes + wn, inits + wi
             nodes += [helper.make_node("Conv", [x, f"w{b}e"], [f"e{b}"], name=f"b{b}/expand"),
                       helper.make_node("HardSwish", [f"e{b}"], [f"h{b}"], name=f"b{b}/hswish"),
