@@ -178,7 +178,8 @@ def _verified(outcome: Outcome, model: onnx.ModelProto, prepared: PrepareResult,
     with phase("reference"):  # the float model's outputs
         probe = make_probe(model, inputs, config, plan, labels)
     if probe.predicts and vf.enabled and vf.max_latency_ratio is not None:
-        outcome.notes += _slower_prepared(probe, prepared)
+        with phase("verify"):
+            outcome.notes += _slower_prepared(probe, prepared)
     units = find_units(result.planned or prepared.model, result.plan)
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
     with phase("verify"), progress("verifying" if not ap.enabled else "searching precisions", None,
