@@ -5,10 +5,14 @@ TIME_PER_MODEL seconds (at least MIN_RUNS) under onnxruntime's profiler; a kerne
 is the median of its runs. The calls are grouped by class and op (`conv.i8:QLinearConv`) and
 by class alone (qcli.target.kernels), and each group's terms are fit to them (`fit`:
 non-negative, least relative error). `run_us`, a session.run's own cost, is a one-Relu
-model's wall time less the per-node slope of a CHAIN-Relu one. Tried and set aside: taking
-the profiler's own cost (4-7 us a kernel) off each call, to the unprofiled run's wall time:
-the predicted ratios moved further from the measured ones on the exported models (4 of 17
-within 10% against 7: README "Targets"). This module reads the clock: its output is a
+model's wall time less the per-node slope of a CHAIN-Relu one. The profiler slows what it
+times, parallel int8 kernels most (on the PP-OCRv4 detector its kernels sum to 1.43x the
+unprofiled int8 run, 1.09x the float one), which is where predictions miss. Tried and set
+aside (benchmarks/target.py, README "Benchmarks"): taking the profiler's cost off each call
+to the unprofiled run's wall time (4 of 17 within 10%, against 5-7); fitting every entry at
+once to the micro-models' unprofiled wall times (8 of 17 in one form, but the QLinearAdd of
+an NHWC graph priced at 83 us; 3 of 17 with three predicted faster while measured slower
+once the features a key does not vary were dropped): unstable. This module reads the clock: its output is a
 measurement; what decides reads the file it writes.
 """
 
