@@ -90,20 +90,17 @@ def test_a_bad_profile_file_is_refused_naming_the_key(tmp_path: Path, kernels: d
     assert str(err.value).startswith(f"target profile {path}: {message}")
 
 
-def test_a_profile_that_is_not_json_names_line_and_column(tmp_path: Path, cli) -> None:
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"format": "qcli-target/1",\n "name": }', "target profile {path}:2:10: not JSON: Expecting value"),
+    ('{"format": "qcli-target/1",\n "name": "a\x01"}',
+     "{path}:2:12: remove the control character U+0001: a target profile cannot hold it"),
+])
+def test_an_unreadable_profile_names_line_and_column(tmp_path: Path, cli, text: str, message: str) -> None:
     path = tmp_path / "p.json"
-    path.write_text('{"format": "qcli-target/1",\n "name": }')
+    path.write_text(text)
     result = cli("target", "show", path)
     assert result.exit_code == 2
-    assert f"error: target profile {path}:2:10: not JSON: Expecting value" in result.stderr
-
-
-def test_a_profile_with_a_control_character_is_refused_at_its_place(tmp_path: Path, cli) -> None:
-    path = tmp_path / "p.json"
-    path.write_text('{"format": "qcli-target/1",\n "name": "a\x01"}')
-    result = cli("target", "show", path)
-    assert result.exit_code == 2
-    assert f"error: {path}:2:12: remove the control character U+0001: a target profile cannot hold it" in result.stderr
+    assert "error: " + message.format(path=path) in result.stderr
 
 
 def test_auto_takes_the_measured_profile_this_cpu_has_the_flags_of() -> None:
