@@ -207,12 +207,35 @@ def _elementwise(rng: np.random.Generator):
                    {**_feeds(rng, shape), "x2": _feeds(rng, shape)["x"] + 2})
         qdq, inits = _qdq("x", "y")
         yield f"Q/DQ {count}", _model(qdq, [_t("x", F, shape)], [_t("y", F, shape)], inits), _feeds(rng, shape)
-        add, i1 = _qdq("x", "a")
-        add2, i2 = _qdq("x2", "b")
+        yield from _quantized_elementwise(rng, count, shape)
+
+
+def _quantized_elementwise(rng: np.random.Generator, count: int, shape: list[int]):
+    """Ops between Q/DQ pairs: QLinearAdd and QLinearMul (onnxruntime fuses them), and the
+    uint8 forms of pooling, Resize and Concat (it runs those on uint8 directly), on a channels-
+    last shape as its NHWC transformer leaves them and a channels-first one."""
+    for op in ("Add", "Mul"):
+        a, i1 = _qdq("x", "a")
+        b, i2 = _qdq("x2", "b")
         out, i3 = _qdq("s", "y")
-        nodes = add + add2 + [helper.make_node("Add", ["a", "b"], ["s"], name="qadd")] + out
-        yield (f"QLinearAdd {count}", _model(nodes, [_t("x", F, shape), _t("x2", F, shape)], [_t("y", F, shape)],
-                                             i1 + i2 + i3), {**_feeds(rng, shape), "x2": _feeds(rng, shape)["x"]})
+        nodes = a + b + [helper.make_node(op, ["a", "b"], ["s"], name=f"q{op.lower()}")] + out
+        yield (f"QLinear{op} {count}", _model(nodes, [_t("x", F, shape), _t("x2", F, shape)], [_t("y", F, shape)],
+                                              i1 + i2 + i3), {**_feeds(rng, shape), "x2": _feeds(rng, shape)["x"]})
+    if count < 1024:
+        return
+    side = max(int(np.sqrt(count // 16)), 2)
+    for spatial in ([1, 16, side, side], [1, side, side, 16]):
+        for op in ("MaxPool", "Resize", "Concat"):
+            inputs, inits = _unary_inputs(op, spatial)
+            attrs = {"kernel_shape": [2, 2], "strides": [2, 2]} if op == "MaxPool" else UNARY_ATTRS.get(op, {})
+            if op == "Resize":
+                inits = [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
+            q, i1 = _qdq("x", "xd")
+            out, i2 = _qdq("o", "y")
+            node = helper.make_node(op, ["xd" if i == "x" else i for i in inputs], ["o"], name=f"q{op.lower()}",
+                                    **attrs)
+            yield (f"uint8 {op} {spatial}", _model(q + [node] + out, [_t("x", F, spatial)], [_t("y", F, None)],
+                                                   inits + i1 + i2), _feeds(rng, spatial))
 
 
 def _unary_inputs(op: str, shape: list[int]) -> tuple[list[str], list[onnx.TensorProto]]:
