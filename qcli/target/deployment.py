@@ -5,7 +5,7 @@ measured on this machine's clock (`measured`: A/B timing, machine-dependent)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -22,7 +22,6 @@ class Deployment:
     batch: int = 1
     threads: int | None = None
     measured: bool = False  # verify.latency: measured
-    _predictions: dict[bytes, Prediction] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def of(cls, config: Config) -> Deployment:
@@ -33,24 +32,11 @@ class Deployment:
                    config.verify.latency == "measured")
 
     def predict(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Prediction:
-        """`model`'s predicted latency on `feeds`, kept by the model's bytes (the reference is
-        asked for once per candidate)."""
-        key = _digest(model)
-        if key not in self._predictions:
-            if len(self._predictions) > 8:
-                self._predictions.pop(next(iter(self._predictions)))
-            self._predictions[key] = predict(model, feeds, self.profile, self.threads)
-        return self._predictions[key]
+        """`model`'s predicted latency on `feeds` (one session and one profiled run: callers
+        keep what they ask for again, as the probe keeps its reference's)."""
+        return predict(model, feeds, self.profile, self.threads)
 
     def describe(self) -> str:
         how = "predicted" if not self.measured else "measured on this machine"
         return f"target {self.profile.name} ({self.chosen}), batch {self.batch}, latency {how}"
 
-
-def _digest(model: onnx.ModelProto) -> bytes:
-    import hashlib
-
-    h = hashlib.sha256(model.graph.SerializeToString())
-    for part in model.opset_import:
-        h.update(part.SerializeToString())
-    return h.digest()

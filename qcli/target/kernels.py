@@ -104,8 +104,8 @@ def kernel(node: str, op: str, inputs: list[Operand], outputs: list[Operand], at
         last = outputs[0].shape[-1] if outputs and outputs[0].shape and outputs[0].shape[-1] else 1
         return Kernel(node, op, family, 0, moved, weights, rows=outputs[0].elements // last if outputs else 0)
     out = outputs[0].elements if outputs else 0
-    cls, work = _compute(family, int8, op, inputs, out, attrs)
     weight = inputs[WEIGHT_INPUT.get(op, 1)].shape if len(inputs) > WEIGHT_INPUT.get(op, 1) else ()
+    cls, work = _compute(family, int8, inputs, weight, out, attrs)
     if family == "rnn":  # a recurrence runs its steps one after another
         rows = inputs[0].shape[0] if inputs and inputs[0].shape else 0
     else:
@@ -113,10 +113,9 @@ def kernel(node: str, op: str, inputs: list[Operand], outputs: list[Operand], at
     return Kernel(node, op, cls, work, moved, weights, out if activation else 0, rows)
 
 
-def _compute(family: str, int8: bool, op: str, inputs: list[Operand], out: int, attrs: dict[str, int],
+def _compute(family: str, int8: bool, inputs: list[Operand], weight: Shape, out: int, attrs: dict[str, int],
              ) -> tuple[str, int]:
-    """A compute kernel's class and multiply-accumulates."""
-    weight = inputs[WEIGHT_INPUT.get(op, 1)].shape if len(inputs) > WEIGHT_INPUT.get(op, 1) else ()
+    """A compute kernel's class and multiply-accumulates (`weight`: its weight's dims)."""
     dtype = ".i8" if int8 else ".f32"
     if family == "conv":
         depthwise = attrs.get("group", 1) > 1 and len(weight) > 2 and weight[1] == 1
