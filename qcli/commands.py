@@ -27,11 +27,11 @@ from qcli.files import check_writable, write_text_atomic
 from qcli.flags import CalibrateFlags, QuantizeFlags, SensitivityFlags
 from qcli.info import describe_data, describe_model, file_bytes
 from qcli.model import Owned, fingerprint, load_model, save_model
-from qcli.phases import phase, recording
+from qcli.phases import ProgressFactory, no_progress, phase, recording
 from qcli.pipeline import PipelineResult, run_pipeline
 from qcli.quantize import calibrate, summary
 from qcli.target.deployment import Deployment
-from qcli.verify import Outcome, ProgressFactory, no_progress, quantize_checked
+from qcli.verify import Outcome, quantize_checked
 
 # --------------------------------------------------------------------------- inspect and calibrate
 

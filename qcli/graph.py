@@ -9,10 +9,12 @@ Empty names (an omitted optional input or output) are not tensors and are not in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import onnx
+
+from qcli.errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -99,3 +101,48 @@ def element_types(graph: onnx.GraphProto) -> dict[str, int]:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
     return types
+
+
+def opset_version(model: onnx.ModelProto, domain: str = "") -> int:
+    """The model's opset for `domain` ("" and "ai.onnx" are the default domain)."""
+    for entry in model.opset_import:
+        if entry.domain in (domain, "ai.onnx" if domain == "" else domain):
+            return entry.version
+    raise ModelError(f"the model imports no opset for domain {domain or 'ai.onnx'!r}")
+
+
+def node_names(model: onnx.ModelProto) -> list[str]:
+    """Display names of the graph's nodes: their own, or `<op_type>_<index>` when unnamed."""
+    return [n.name or f"{n.op_type}_{i}" for i, n in enumerate(model.graph.node)]
+
+
+def iter_graphs(graph: onnx.GraphProto, owner: str = "") -> Iterator[tuple[str, onnx.GraphProto]]:
+    """The graph and every subgraph below it (If branches, Loop/Scan bodies), depth first."""
+    yield owner, graph
+    for node in graph.node:
+        for attr in node.attribute:
+            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subgraphs:
+                yield from iter_graphs(sub, f"{node.name or node.op_type}.{attr.name}")
+
+
+def node_subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs held by a node's attributes (If branches, Loop/Scan bodies)."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def names_used_inside(node: onnx.NodeProto) -> list[str]:
+    """Every tensor name a node's subgraphs read, at any depth (outer-scope references among
+    them). Over-approximates on purpose: a name listed here is never treated as unused."""
+    found: dict[str, None] = {}
+    for sub in node_subgraphs(node):
+        for _, graph in iter_graphs(sub):
+            for inner in graph.node:
+                found.update(dict.fromkeys(inner.input))
+            found.update(dict.fromkeys(o.name for o in graph.output))
+    found.pop("", None)
+    return list(found)

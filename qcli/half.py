@@ -39,9 +39,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qcli.calibrate.table import CalibrationTable
-from qcli.graph import GraphIndex
-from qcli.model import opset_version
-from qcli.plan.context import node_names
+from qcli.graph import GraphIndex, node_names, opset_version
 from qcli.rules import FLOAT32_IN_HALF, HALF_REDUCTIONS, rule_for
 
 

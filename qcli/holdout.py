@@ -14,6 +14,7 @@ decided once by `plan_data` and stated in the summary:
 - with `--calib` and no `--eval-data` there is nothing to compare on: verification is skipped,
   with a note; so it is with neither `--data` nor `--calib`, which a config that calibrates
   nothing (every quantized node dynamic, or weights only) allows.
+`calibrate_planned` calibrates on the samples a plan gives calibration, in its folds.
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ import onnx
 
 from qcli.analyze.probe import Probe
 from qcli.calibrate.shards import Fold, plan_folds
+from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
-from qcli.data import DataFolder, InputSpec
+from qcli.data import DataFolder, InputSpec, model_inputs
+from qcli.phases import ProgressFactory, no_progress
+from qcli.prepare import PrepareResult
+from qcli.quantize import calibrate, measure_bias_shifts
 from qcli.target.deployment import Deployment
 
 MIN_SAMPLES = 16
@@ -116,3 +121,33 @@ def make_probe(model: onnx.ModelProto, inputs: list[InputSpec], config: Config, 
     return Probe(model, batches, inputs, source=plan.description, verify=config.verify,
                  deployment=Deployment.of(config),
                  folds=tags if plan.spans else None)
+
+
+def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: DataPlan,
+                      prepared: PrepareResult, *, progress: ProgressFactory = no_progress, executor=None,
+                      methods: tuple[str, ...] | None = None, force: bool = False,
+                      strict: bool = False) -> tuple[DataPlan, CalibrationTable]:
+    """Calibrate on the samples of `data` that `plan` gives calibration, in folds when `plan`
+    compares on them (`fold_plan`), then bias correction's shifts when it is on: on every sample
+    for the model written, and for each fold's model on the other folds' samples alone, as its
+    ranges; the plan as the folds left it, and the table."""
+    folder = DataFolder(data, model_inputs(model), preprocess=config.data.preprocess,
+                        samples=plan.calibration_samples)
+    plan, folds = fold_plan(plan, len(folder), config.calibration.batch_size)
+    with progress("calibrating", len(folder)) as advance:
+        table = calibrate(model, folder, config, progress=advance, force=force, strict=strict,
+                          methods=methods or (config.calibration.method,), prepared=prepared,
+                          executor=executor, folds=folds)
+    if config.recovery.bias_correction is not None:
+        parts = [[folder], *(_other_folds(folder, fold) for fold in folds)]
+        with progress("measuring bias shifts", len(folder) * len(parts) - sum(f.samples for f in folds)) as advance:
+            for t, part in zip([table, *table.folds], parts, strict=True):
+                measure_bias_shifts(model, config, t, part, prepared=prepared, progress=advance)
+    return plan, table
+
+
+def _other_folds(folder: DataFolder, fold: Fold) -> list[DataFolder]:
+    """The samples of `folder` outside `fold` (those its fold's table was calibrated on)."""
+    after = fold.first + fold.samples
+    return [folder.window(first, count) for first, count in ((0, fold.first), (after, len(folder) - after))
+            if count > 0]

@@ -11,47 +11,15 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from qcli.graph import iter_graphs
 from qcli.model import external_data_files, fingerprint, load_model, tensor_from_attribute
 
 INFO_FORMAT = "qcli-inspect/1"
-
-
-def iter_graphs(graph: onnx.GraphProto, owner: str = "") -> Iterator[tuple[str, onnx.GraphProto]]:
-    """The graph and every subgraph below it (If branches, Loop/Scan bodies), depth first."""
-    yield owner, graph
-    for node in graph.node:
-        for attr in node.attribute:
-            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-            for sub in subgraphs:
-                yield from iter_graphs(sub, f"{node.name or node.op_type}.{attr.name}")
-
-
-def node_subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    """The graphs held by a node's attributes (If branches, Loop/Scan bodies)."""
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
-def names_used_inside(node: onnx.NodeProto) -> list[str]:
-    """Every tensor name a node's subgraphs read, at any depth (outer-scope references among
-    them). Over-approximates on purpose: a name listed here is never treated as unused."""
-    found: dict[str, None] = {}
-    for sub in node_subgraphs(node):
-        for _, graph in iter_graphs(sub):
-            for inner in graph.node:
-                found.update(dict.fromkeys(inner.input))
-            found.update(dict.fromkeys(o.name for o in graph.output))
-    found.pop("", None)
-    return list(found)
 
 
 def file_bytes(path: str | os.PathLike, stored: onnx.ModelProto | None = None) -> int:

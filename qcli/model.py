@@ -124,14 +124,6 @@ def _copy_field(target, descriptor, value) -> None:
         setattr(target, descriptor.name, value)
 
 
-def opset_version(model: onnx.ModelProto, domain: str = "") -> int:
-    """The model's opset for `domain` ("" and "ai.onnx" are the default domain)."""
-    for entry in model.opset_import:
-        if entry.domain in (domain, "ai.onnx" if domain == "" else domain):
-            return entry.version
-    raise ModelError(f"the model imports no opset for domain {domain or 'ai.onnx'!r}")
-
-
 def fingerprint(model: onnx.ModelProto) -> str:
     """sha256 of the graph and its weights (not of metadata such as producer or doc strings).
 

@@ -8,6 +8,9 @@ summary prints the top level); benchmarks/exported.py prints it per exported mod
 `peak_mb` is the process's peak RSS (`peak_mb()`) when it last ended: the peak is
 reached in the first phase, in the order they ran, whose figure equals the run's. Timings and
 memory are the one part of the output that differs between identical runs.
+
+`ProgressFactory` is how a long phase reports progress to whoever shows it (the CLI's bar;
+`no_progress` for library callers).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -109,3 +112,12 @@ def phase(name: str) -> Iterator[None]:
     finally:
         phases.add(path, time.perf_counter() - start)
         phases.path = outer
+
+
+# progress(description, total, unit="samples") -> a context manager giving an `advance(n)`
+# callback (total None: unknown)
+ProgressFactory = Callable[..., AbstractContextManager[Callable[[int], None]]]
+
+
+def no_progress(description: str, total: int | None, unit: str = "samples"):
+    return nullcontext(lambda n: None)

@@ -24,9 +24,10 @@ from qcli.configerrors import config_error
 from qcli.errors import ConfigError
 from qcli.files import check_writable
 from qcli.model import Owned, load_model, save_model
+from qcli.phases import ProgressFactory, no_progress
 from qcli.quantize import QuantizeResult
 from qcli.target.deployment import Deployment
-from qcli.verify import Outcome, ProgressFactory, no_progress, quantize_checked
+from qcli.verify import Outcome, quantize_checked
 from qcli.yamlfile import read_yaml
 
 

@@ -44,8 +44,7 @@ from qcli.clips import drop_redundant_clips
 from qcli.dynamic import dynamic_edits
 from qcli.errors import InternalError
 from qcli.gates import integer_gates
-from qcli.graph import GraphIndex
-from qcli.info import names_used_inside
+from qcli.graph import GraphIndex, names_used_inside
 from qcli.model import without_initializers
 from qcli.plan import BiasPlan, Group, Plan, WeightPlan
 from qcli.plan.context import float_readers

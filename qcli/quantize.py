@@ -24,18 +24,18 @@ import onnx
 from qcli import __version__
 from qcli.calibrate.collect import Collected, collect
 from qcli.calibrate.pool import started
+from qcli.calibrate.ranges import RangeSettings
 from qcli.calibrate.shards import Fold, collect_folds, collect_sharded, merged_except
-from qcli.calibrate.table import METHODS, CalibrationTable, RangeSettings, build_tables
+from qcli.calibrate.table import METHODS, CalibrationTable, build_tables
 from qcli.config import FLOAT8, Config, config_document
 from qcli.data import DataFolder
 from qcli.errors import ConfigError
 from qcli.executor import Executor, SerialExecutor
-from qcli.graph import GraphIndex
+from qcli.graph import GraphIndex, node_names, opset_version
 from qcli.half import BFLOAT16_OPSET, HalfResult, to_half
-from qcli.model import fingerprint, opset_version
+from qcli.model import fingerprint
 from qcli.phases import phase
 from qcli.plan import DynamicNode, Plan, assign_ranges, make_plan
-from qcli.plan.context import node_names
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
 from qcli.recovery import bias, check_table, graph_steps

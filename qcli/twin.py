@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from qcli.graph import opset_version
 from qcli.half import HALF_TYPES, int_attr, place, type_variables
-from qcli.model import opset_version
 
 _FLOAT = onnx.TensorProto.FLOAT
 

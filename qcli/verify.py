@@ -28,7 +28,6 @@ reports, check by check: qcli.checks.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -38,8 +37,8 @@ from qcli.analyze.kinds import check_outputs
 from qcli.analyze.plugin import load_metric
 from qcli.analyze.probe import Fidelity, Probe
 from qcli.analyze.size import weight_bytes
-from qcli.calibrate.shards import Fold
-from qcli.calibrate.table import CalibrationTable, RangeSettings
+from qcli.calibrate.ranges import RangeSettings
+from qcli.calibrate.table import CalibrationTable
 from qcli.checks import (
     LATENCY_TOLERANCE,
     PREDICTION_TOLERANCE,
@@ -50,11 +49,11 @@ from qcli.checks import (
     verification_of,
 )
 from qcli.config import Config
-from qcli.data import DataFolder, InputSpec, model_inputs
+from qcli.data import InputSpec, model_inputs
 from qcli.errors import InternalError, QcliError
-from qcli.holdout import DataPlan, fold_plan, make_probe, plan_samples
+from qcli.holdout import DataPlan, calibrate_planned, make_probe, plan_samples
 from qcli.model import Owned, fingerprint
-from qcli.phases import phase
+from qcli.phases import ProgressFactory, no_progress, phase
 from qcli.plan import make_plan
 from qcli.precision import (
     Choices,
@@ -72,9 +71,7 @@ from qcli.precision.stored import SAVES, Stored, mostly_float, weight_only
 from qcli.prepare import PrepareResult
 from qcli.quantize import (
     QuantizeResult,
-    calibrate,
     check_unmatched,
-    measure_bias_shifts,
     prepare_for,
     quantize,
 )
@@ -83,15 +80,6 @@ from qcli.runtime import Loan
 from qcli.target.deployment import Deployment
 
 QUICK_SAMPLES = 16  # samples the search ranks units on, at most (floors are checked on all of them)
-
-# progress(description, total, unit="samples") -> a context manager giving an `advance(n)`
-# callback (total None: unknown)
-ProgressFactory = Callable[..., AbstractContextManager[Callable[[int], None]]]
-
-
-def no_progress(description: str, total: int | None, unit: str = "samples"):
-    return nullcontext(lambda n: None)
-
 
 @dataclass
 class Outcome:
@@ -206,36 +194,6 @@ def _slower_prepared(probe: Probe, prepared: PrepareResult) -> list[str]:
     changes = "; ".join(prepared.notes) or "no change noted"
     return [f"preparation alone is predicted {float(ratio):.3f}x your model's latency on the target ({changes}); "
             "the latency floor judges the model written against your file as given"]
-
-
-def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: DataPlan,
-                      prepared: PrepareResult, *, progress: ProgressFactory = no_progress, executor=None,
-                      methods: tuple[str, ...] | None = None, force: bool = False,
-                      strict: bool = False) -> tuple[DataPlan, CalibrationTable]:
-    """Calibrate on the samples of `data` that `plan` gives calibration, in folds when `plan`
-    compares on them (`fold_plan`), then bias correction's shifts when it is on: on every sample
-    for the model written, and for each fold's model on the other folds' samples alone, as its
-    ranges; the plan as the folds left it, and the table."""
-    folder = DataFolder(data, model_inputs(model), preprocess=config.data.preprocess,
-                        samples=plan.calibration_samples)
-    plan, folds = fold_plan(plan, len(folder), config.calibration.batch_size)
-    with progress("calibrating", len(folder)) as advance:
-        table = calibrate(model, folder, config, progress=advance, force=force, strict=strict,
-                          methods=methods or (config.calibration.method,), prepared=prepared,
-                          executor=executor, folds=folds)
-    if config.recovery.bias_correction is not None:
-        parts = [[folder], *(_other_folds(folder, fold) for fold in folds)]
-        with progress("measuring bias shifts", len(folder) * len(parts) - sum(f.samples for f in folds)) as advance:
-            for t, part in zip([table, *table.folds], parts, strict=True):
-                measure_bias_shifts(model, config, t, part, prepared=prepared, progress=advance)
-    return plan, table
-
-
-def _other_folds(folder: DataFolder, fold: Fold) -> list[DataFolder]:
-    """The samples of `folder` outside `fold` (those its fold's table was calibrated on)."""
-    after = fold.first + fold.samples
-    return [folder.window(first, count) for first, count in ((0, fold.first), (after, len(folder) - after))
-            if count > 0]
 
 
 def _no_calibration(model: onnx.ModelProto, prepared: PrepareResult, config: Config,

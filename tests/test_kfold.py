@@ -107,9 +107,8 @@ def test_one_fold_compares_on_the_calibration_samples_and_sees_nothing(cli, iden
 def test_fold_bias_shifts_equal_measuring_on_the_other_folds_alone(tmp_path: Path) -> None:
     """Bias correction under k-fold: each fold's model is corrected by shifts measured on the
     other folds' samples alone (as its ranges are), never on the samples it is compared on."""
-    from qcli.holdout import plan_samples
+    from qcli.holdout import calibrate_planned, plan_samples
     from qcli.quantize import measure_bias_shifts, prepare_for
-    from qcli.verify import calibrate_planned
 
     model = parse_model(mlp_text())
     x = np.random.default_rng(4).normal(0, 1, (32, 6)).astype(np.float32)

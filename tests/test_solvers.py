@@ -362,7 +362,7 @@ def test_ranges_solved_on_two_processes_are_the_ones_solved_in_one(monkeypatch):
     import shutil
 
     from qcli.calibrate import pool
-    from qcli.calibrate.table import RangeSettings
+    from qcli.calibrate.ranges import RangeSettings
 
     rng = np.random.default_rng(5)
     observers = [observe(rng.standard_t(3, 5_000) * (k + 1) + k % 3) for k in range(9)]
@@ -385,7 +385,7 @@ def test_a_helper_started_ahead_solves_as_this_process_does_and_ends_unused():
     to `solve_many`, it takes half of them, bit for bit as this process solves them; left
     unused (too few searches after all, or an error in between), it is ended on the way out."""
     from qcli.calibrate import pool
-    from qcli.calibrate.table import RangeSettings
+    from qcli.calibrate.ranges import RangeSettings
 
     rng = np.random.default_rng(7)
     jobs = [(observe(rng.standard_t(3, 4_000) * (k + 1)), RangeSettings(method="mse"), "mse") for k in range(6)]

@@ -24,17 +24,13 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from qcli.calibrate.observers import TensorObserver
-from qcli.calibrate.ranges import Range
+from qcli.calibrate.ranges import Range, RangeSettings
 from qcli.calibrate.solvers import solve_range
 from qcli.scheme import quant_dtype
 
-if TYPE_CHECKING:
-    from qcli.calibrate.table import RangeSettings
-
-Job = tuple[TensorObserver, "RangeSettings", str]  # the statistics, the target, the method
+Job = tuple[TensorObserver, RangeSettings, str]  # the statistics, the target, the method
 
 #: Searches (jobs of a method other than minmax, which reads two numbers) below which one
 #: process solves them all: the helper costs ~0.23 s (start, imports, pickling), a search ~2.5 ms.

@@ -8,7 +8,8 @@ methods never reach past it.
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from qcli.calibrate.grid import GridHistogram
 from qcli.errors import CalibrationError
@@ -66,3 +67,33 @@ def minmax_range(stats: RangeStats, qdtype: QuantDtype, symmetric: bool) -> Rang
         t = abs_max(stats)
         return -t, t
     return with_zero(stats.min, stats.max)
+
+
+@dataclass(frozen=True)
+class RangeSettings:
+    """What a range depends on besides the statistics: method, its parameters, the target."""
+
+    method: str = "mse"
+    percentile: float = 99.999
+    bins: int = 2048
+    dtype: str = "uint8"
+    symmetric: bool = False
+
+    @classmethod
+    def of(cls, config) -> RangeSettings:
+        """The settings a `Config` asks for (its calibration and activations sections). A
+        weight-only config (`activations: {dtype: float}`) has no activation type: the ranges
+        the table keeps are then solved for uint8, the default; a node an override quantizes
+        has its range solved for its own type on demand (`range`). A float8 type's range is solved
+        as int8's (symmetric, 8 bits): the KL and MSE solvers model a uniform grid, float8's is
+        not, and its scale is range / largest whatever solved the range."""
+        c, a = config.calibration, config.activations
+        dtype = "uint8" if a.dtype == "float" else "int8" if a.dtype.startswith("float8") else a.dtype
+        return cls(c.method, c.percentile, c.bins, dtype, a.symmetric)
+
+    def params(self, method: str) -> dict[str, Any]:
+        if method == "percentile":
+            return {"percentile": self.percentile}
+        if method == "kl":
+            return {"bins": self.bins}
+        return {}

@@ -42,8 +42,8 @@ from collections.abc import Collection, Mapping
 import onnx
 
 from qcli.config import Config
-from qcli.graph import GraphIndex, element_types
-from qcli.plan.context import Context, node_names
+from qcli.graph import GraphIndex, element_types, node_names
+from qcli.plan.context import Context
 from qcli.plan.controlflow import control_flow_weights
 from qcli.plan.dynamic import Dynamic, embedding_tables, plan_dynamic
 from qcli.plan.groups import assign_ranges, groups_of, requests_of

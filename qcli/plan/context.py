@@ -11,15 +11,9 @@ import onnx
 
 from qcli.config import Config
 from qcli.errors import InternalError
-from qcli.graph import GraphIndex
-from qcli.info import iter_graphs, node_subgraphs
+from qcli.graph import GraphIndex, iter_graphs, node_names, node_subgraphs
 from qcli.plan.match import Selections
 from qcli.rules import Kind, OpRule, activation_inputs, rule_for, weight_only_rule
-
-
-def node_names(model: onnx.ModelProto) -> list[str]:
-    """Display names of the graph's nodes: their own, or `<op_type>_<index>` when unnamed."""
-    return [n.name or f"{n.op_type}_{i}" for i, n in enumerate(model.graph.node)]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import replace
 from onnx import NodeProto
 
 from qcli.config import NO_QDQ, Weights
-from qcli.info import iter_graphs, node_subgraphs
+from qcli.graph import iter_graphs, node_subgraphs
 from qcli.plan.context import Context
 from qcli.plan.result import WeightPlan
 from qcli.plan.weights import weight_plan, weight_scheme

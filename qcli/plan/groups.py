@@ -7,7 +7,8 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
-from qcli.calibrate.table import CalibrationTable, RangeSettings
+from qcli.calibrate.ranges import RangeSettings
+from qcli.calibrate.table import CalibrationTable
 from qcli.config import NO_QDQ
 from qcli.errors import CalibrationError
 from qcli.graph import GraphIndex

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from qcli.analyze.probe import Probe
-from qcli.plan.context import node_names
+from qcli.graph import node_names
 from qcli.precision.units import Choices
 from qcli.prepare import PrepareResult
 

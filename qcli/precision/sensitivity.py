@@ -28,12 +28,14 @@ import onnx
 
 from qcli.analyze.probe import Fidelity, Probe
 from qcli.analyze.report import Sensitivity, UnitSensitivity, rounded
-from qcli.calibrate.table import CalibrationTable, RangeSettings
+from qcli.calibrate.ranges import RangeSettings
+from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config, parse_config
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import ConfigError, QcliError
-from qcli.holdout import DataPlan, make_probe, plan_data
+from qcli.holdout import DataPlan, calibrate_planned, make_probe, plan_data
 from qcli.model import fingerprint
+from qcli.phases import ProgressFactory, no_progress
 from qcli.plan import make_plan
 from qcli.precision.trials import Alone, Candidate, Trials
 from qcli.precision.units import Unit, find_units
@@ -44,7 +46,6 @@ from qcli.quantize import (
     prepare_for,
     quantize,
 )
-from qcli.verify import ProgressFactory, calibrate_planned, no_progress
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qcli.info import iter_graphs, names_used_inside
+from qcli.graph import iter_graphs, names_used_inside
 from qcli.model import without_initializers
 
 DEFAULT_DOMAINS = ("", "ai.onnx")

@@ -53,7 +53,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qcli.info import iter_graphs
+from qcli.graph import iter_graphs
 from qcli.prepare._graph import (
     DEFAULT_DOMAINS,
     NameAllocator,

@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qcli.info import iter_graphs, names_used_inside, node_subgraphs
+from qcli.graph import iter_graphs, names_used_inside, node_subgraphs
 from qcli.model import tensor_from_attribute
 from qcli.prepare._graph import (
     Options,

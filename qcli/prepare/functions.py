@@ -25,7 +25,7 @@ import onnx
 import onnx.inliner
 
 from qcli.errors import ModelError
-from qcli.info import iter_graphs
+from qcli.graph import iter_graphs
 from qcli.prepare._graph import Options, PassResult, light_copy, plural, transplant
 
 

@@ -12,7 +12,7 @@ from collections import Counter
 import onnx
 
 from qcli.errors import ModelError
-from qcli.info import iter_graphs
+from qcli.graph import iter_graphs
 from qcli.prepare._graph import Options, PassResult
 
 QUANTIZED_OPS = frozenset({

@@ -28,7 +28,7 @@ import onnx
 from onnx import helper, numpy_helper, version_converter
 
 from qcli.errors import ModelError
-from qcli.info import iter_graphs
+from qcli.graph import iter_graphs
 from qcli.model import max_ir_version
 from qcli.prepare._graph import (
     BLOCK_OPSET,

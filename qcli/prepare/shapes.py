@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import onnx
 
-from qcli.info import iter_graphs
+from qcli.graph import iter_graphs
 from qcli.prepare._graph import Options, PassResult, light_copy
 
 

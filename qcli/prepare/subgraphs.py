@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qcli.info import iter_graphs, node_subgraphs
+from qcli.graph import iter_graphs, node_subgraphs
 from qcli.prepare._graph import (
     NameAllocator,
     Options,
