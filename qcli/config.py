@@ -284,6 +284,9 @@ class Verify(Section):
     # output name -> the metric it is judged by (qcli.analyze.kinds; unnamed outputs: detected)
     outputs: dict[str, OutputKindName] = {}
     ctc_blank: int | None = Field(None, ge=0)  # a sequence's CTC blank class (None: detected)
+    # output name -> the value above which a mask output's element or label is "on" (default 0.5
+    # for probabilities, 0 for logits)
+    thresholds: dict[str, float] = {}
     # classes not counted at either end of a sequence (an OCR recognizer's space: str.strip)
     sequence_trim: list[Annotated[int, Field(ge=0)]] = []
     metric: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # package.module:function

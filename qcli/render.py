@@ -347,7 +347,7 @@ _DETAILS = {
     "top1": [("top1_agreement", "top-1 agreement"), ("predicted_agreement", "predicted"), ("cosine", "cosine")],
     "sequence": [("sequence_agreement", "sequences unchanged"), ("position_agreement", "positions"),
                  ("predicted_agreement", "predicted")],
-    "mask": [("cosine", "cosine"), ("mask_agreement", "mask agreement"), ("mask_iou", "IoU")],
+    "mask": [("mask_iou", "mask IoU"), ("mask_agreement", "elements agree"), ("cosine", "cosine")],
     "cosine": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],
     "per_element": [("agreement", "elements equal")],
     "ignore": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],

@@ -17,7 +17,7 @@ from qcli.analyze.gates import Gates
 from qcli.analyze.kinds import Kind, output_kinds
 from qcli.analyze.metrics import FidelityAccumulator, MaskAccumulator
 from qcli.analyze.plugin import CustomScore
-from qcli.analyze.probe import Fidelity, OutputFidelity
+from qcli.analyze.probe import Fidelity, OutputFidelity, output_fidelity
 from qcli.analyze.sequences import SequenceAccumulator, ctc_collapse
 from qcli.config import Config, OutputKindName, Verify
 from qcli.errors import ConfigError
@@ -103,7 +103,7 @@ def test_unit_norm_rows_are_an_embedding_and_a_mask_has_its_threshold() -> None:
     kinds = _kinds(model, {"x": rows, "p": RNG.random((6, 1, 3, 3)).astype(np.float32)}, named={"m": "mask"})
     assert kinds["e"].kind is Kind.COSINE and kinds["e"].reason == "[6, 4] rows of unit norm: an embedding"
     assert kinds["m"].kind is Kind.MASK and kinds["m"].threshold == 0.5
-    assert kinds["m"].reason == "verify.outputs says mask; masks thresholded at 0.5"
+    assert kinds["m"].reason == "verify.outputs says mask; masks thresholded at 0.5 (probabilities; verify.thresholds sets another)"
 
 
 def test_a_sigmoid_map_is_thresholded_at_a_half_even_when_it_rounds_above_one() -> None:
@@ -117,6 +117,35 @@ def test_a_sigmoid_map_is_thresholded_at_a_half_even_when_it_rounds_above_one() 
     values[0][1, 0, 0, 0] = np.float32(1.0000001)
     found = output_kinds(model, {"y": values})["y"]
     assert found.kind is Kind.MASK and found.threshold == 0.5
+
+
+MULTI_LABEL = f"""<ir_version: 8, opset_import: ["" : 17]>
+    net (float[N, 8] x) => (float[N, 4] y) <{W8x4}> {{ m = MatMul (x, w)  y = Sigmoid (m) }}"""
+
+
+def test_independent_sigmoids_are_labels_not_one_class() -> None:
+    """A multi-label head (a pitch CNN's 360 bins, a tagger's labels): one sigmoid per class, so
+    judged by the thresholded labels, never by the argmax over classes it does not compete."""
+    found = _kinds(parse_model(MULTI_LABEL), {"x": RNG.standard_normal((4, 8)).astype(np.float32)})["y"]
+    assert found.kind is Kind.MASK and found.threshold == 0.5
+    assert found.reason == ("computed by Sigmoid: [4, 4] independent sigmoids (multi-label scores); masks "
+                            "thresholded at 0.5 (probabilities; verify.thresholds sets another)")
+
+
+def test_a_configured_threshold_is_the_masks_and_is_checked() -> None:
+    model = parse_model(MODELS["sigmoid_map"])
+    x = {"x": RNG.standard_normal((2, 1, 6, 6)).astype(np.float32)}
+    found = _kinds(model, x, thresholds={"y": 0.3})["y"]
+    assert found.threshold == 0.3 and found.reason.endswith("; masks thresholded at 0.3 (verify.thresholds)")
+    with pytest.raises(ConfigError) as err:
+        _kinds(model, x, thresholds={"maps": 0.3})
+    assert str(err.value) == "verify.thresholds: the model has no output 'maps'" and err.value.hint == "its outputs: 'y'"
+    with pytest.raises(ConfigError) as err:
+        _kinds(parse_model(MODELS["softmax_classes"]), {"x": x["x"].reshape(2, 36)[:, :8].copy()}, thresholds={"y": 0.3})
+    assert str(err.value) == ("verify.thresholds: output 'y' is judged as top1 (computed by Softmax: [2, 4] class "
+                              "scores), not as a mask: a threshold does not apply")
+    assert err.value.hint == "add `verify.outputs: {y: mask}` to judge it by thresholded labels, or drop its threshold"
+    assert Config.model_validate({"verify": {"thresholds": {"y": -1.5}}}).verify.thresholds == {"y": -1.5}
 
 
 def test_a_ctc_head_has_its_blank_detected_and_a_configured_one_wins() -> None:
@@ -218,6 +247,24 @@ def test_the_mask_metric_thresholds_both_models() -> None:
     got = np.array([[[0.9, 0.4], [0.6, 0.1]], [[0.2, 0.1], [0.1, 0.3]]], np.float32)
     acc.update(ref, got, 2)
     assert acc.agreement == 6 / 8 and acc.iou == pytest.approx((1 / 3 + 1.0) / 2)  # an empty pair agrees
+
+
+def test_a_sparse_mask_is_gated_on_its_iou_not_on_its_background() -> None:
+    """A text detector's map: 4 of 400 pixels on, one lost and one gained. 99.5% of the pixels
+    agree (the background), the text's IoU is 3/5: that is the figure the floor reads."""
+    ref = np.zeros((1, 1, 20, 20), np.float32)
+    ref[0, 0, 5, 5:9] = 0.9
+    got = ref.copy()
+    got[0, 0, 5, 8], got[0, 0, 6, 5] = 0.1, 0.8
+    acc = FidelityAccumulator(output_kinds(parse_model(MODELS["sigmoid_map"].replace("6, 6", "20, 20")),
+                                           {"y": [ref]})["y"])
+    acc.update(ref, got, 1)
+    figures = output_fidelity("y", acc)
+    assert figures.mask_agreement == pytest.approx(398 / 400) and figures.mask_iou == pytest.approx(3 / 5)
+    assert figures.gated_agreement == pytest.approx(3 / 5) and figures.gated_cosine is None
+    fidelity = _fidelity(figures)
+    assert fidelity.metric == "mask IoU (y)" and fidelity.drop == pytest.approx(2 / 5)
+    assert not Goal(min_top1_agreement=0.99, min_cosine=0.99).accurate(fidelity)
 
 
 def _fidelity(*outputs: OutputFidelity, custom: CustomScore | None = None) -> Fidelity:

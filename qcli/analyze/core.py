@@ -339,7 +339,7 @@ class _Measures:
         if self.samples == 0:  # the first batch decides each output's kind, and which holds class scores
             values = {n: [np.asarray(f_out[n])] for n in self.outputs}
             self.kinds = output_kinds(self.model, values, self.verify.outputs, self.verify.ctc_blank,
-                                      self.verify.sequence_trim)
+                                      self.verify.sequence_trim, self.verify.thresholds)
             self.fidelity = {n: FidelityAccumulator(self.kinds[n]) for n in self.outputs}
             self.class_output = next((n for n in self.outputs if self.kinds[n].kind is Kind.TOP1), None)
             if self.class_output is not None:

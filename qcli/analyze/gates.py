@@ -2,8 +2,8 @@
 
 - `max_accuracy_drop` (fraction, 0.01 = one point): with labels, on top-1 (float - quantized);
   without labels, on the largest loss over the outputs, each by its kind (qcli.analyze.kinds):
-  1 - its top-1, sequence, mask or element agreement, 1 - its mean cosine (cosine and mask
-  outputs); `ignore` outputs are not gated;
+  1 - its top-1 or sequence agreement, mask IoU or element agreement, 1 - its mean cosine
+  (cosine outputs); `ignore` outputs are not gated;
 - `min_speedup`: float median latency / quantized median latency;
 - `min_compression`: float file bytes / quantized file bytes.
 Each result says by how much it passed or missed, e.g. "speedup 0.92x < 1.10x (short by 0.18x)".
@@ -52,7 +52,7 @@ def accuracy_measure(accuracy: Accuracy | None, fidelity: list[Fidelity]) -> tup
 
 # The agreement each kind is judged by: (figure's attribute, its name)
 _AGREEMENT = {"top1": ("top1_agreement", "top-1 agreement"), "sequence": ("sequence_agreement", "sequence agreement"),
-              "mask": ("mask_agreement", "mask agreement"), "per_element": ("agreement", "element agreement")}
+              "mask": ("mask_iou", "mask IoU"), "per_element": ("agreement", "element agreement")}
 
 
 def _losses(f: Fidelity) -> list[tuple[str, float, bool]]:
@@ -63,7 +63,7 @@ def _losses(f: Fidelity) -> list[tuple[str, float, bool]]:
         value = getattr(f, key)
         if value is not None:
             losses.append((f"1 - {name} ({f.output})", 1.0 - value, True))
-    if f.kind in ("cosine", "mask") and f.cosine is not None:
+    if f.kind == "cosine" and f.cosine is not None:
         losses.append((f"1 - cosine ({f.output})", 1.0 - f.cosine, False))
     return losses
 

@@ -80,11 +80,11 @@ def _fidelity_card(fidelity: list[Fidelity]) -> Card | None:
         if f.kind == "sequence" and f.sequence_agreement is not None:
             return ("Sequences unchanged", s.pct(f.sequence_agreement), f"with the float model on {f.output}",
                     f.sequence_agreement >= 0.99)
-        if f.kind == "mask" and f.mask_agreement is not None:
-            return ("Mask agreement", s.pct(f.mask_agreement), f"IoU {s.pct(f.mask_iou)} on {f.output}",
-                    f.mask_agreement >= 0.99)
+        if f.kind == "mask" and f.mask_iou is not None:
+            return ("Mask IoU", s.pct(f.mask_iou), f"{s.pct(f.mask_agreement)} of elements agree on {f.output}",
+                    f.mask_iou >= 0.99)
     for f in fidelity:
-        if f.kind in ("cosine", "mask") and f.cosine is not None:
+        if f.kind == "cosine" and f.cosine is not None:
             return ("Cosine similarity", f"{f.cosine:.4f}", f"to the float model on {f.output}", f.cosine >= 0.99)
     return None
 

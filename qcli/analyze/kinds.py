@@ -8,8 +8,10 @@ data movement) and from the float model's values on the compared samples, in thi
 3. A recurrent state (an LSTM/GRU/RNN Y_h or Y_c, or the shape of a float input named like a
    state: `state`, `hidden`, `h0`, `c0`...): `ignore`, reported and never gated: the next call's
    outputs, not this one's, show what its error does.
-4. Sigmoid: `[N, C]` with C >= 2 is `top1` (class scores); anything else, one probability per
-   sample, per frame or per pixel, is a `mask` (thresholded at 0.5).
+4. Sigmoid: independent probabilities (multi-label scores `[N, C]`, one per sample, per frame
+   or per pixel) are a `mask`: thresholded at 0.5 or `verify.thresholds`, and judged by the IoU
+   of the positives (the labels or pixels "on"), never by the share of elements agreeing, which
+   a sparse map's background fills.
 5. Softmax or LogSoftmax (also written out as Exp / ReduceSum(Exp)): `[N, C]` is `top1`,
    `[N, T, C]` or `[T, N, C]` a `sequence`, rank 4 (a per-pixel class map) a `mask`.
 6. One value per sample within [0, 1] (a detector's decision): a `mask`.
@@ -58,7 +60,7 @@ class OutputKind:
     reason: str
     blank: int | None = None  # sequence: the CTC blank class (collapse before comparing)
     trim: tuple[int, ...] = ()  # sequence: classes that do not count at either end (verify.sequence_trim)
-    threshold: float | None = None  # mask: values above it are "on"
+    threshold: float | None = None  # mask: values above it are "on" (verify.thresholds, else the default)
 
 
 # Ops that move or reshape data without computing: an output's meaning is its producer's.
@@ -187,8 +189,8 @@ def _probabilities(values: Sequence[np.ndarray]) -> bool:
 
 
 def mask_threshold(values: Sequence[np.ndarray]) -> float:
-    """0.5 for probabilities (values within [0, 1], up to float32 rounding), else 0 (the logit
-    of 0.5).
+    """The default threshold of a mask: 0.5 for probabilities (values within [0, 1], up to
+    float32 rounding), else 0 (the logit of 0.5).
 
     >>> mask_threshold([np.array([0.0, 0.3, 1.0000001], np.float32)]), mask_threshold([np.array([-2.0, 3.0])])
     (0.5, 0.0)
@@ -217,9 +219,9 @@ def ctc_blank(values: Sequence[np.ndarray]) -> int | None:
 
 
 def decide(name: str, values: Sequence[np.ndarray], evidence: tuple[str, str] | None, state_input: str | None,
-           blank: int | None = None) -> OutputKind:
+           blank: int | None = None, threshold: float | None = None) -> OutputKind:
     """The kind of one output from its float values (batches) and the graph's evidence (module
-    docstring, rules 2-10); `blank`: the configured CTC blank."""
+    docstring, rules 2-10); `blank`: the configured CTC blank; `threshold`: a mask's, configured."""
     first = np.asarray(values[0])
     if not np.issubdtype(first.dtype, np.floating):
         return OutputKind(Kind.PER_ELEMENT, f"{first.dtype} values: compared element by element")
@@ -233,17 +235,17 @@ def decide(name: str, values: Sequence[np.ndarray], evidence: tuple[str, str] | 
     classes = first.ndim == 2 and first.shape[1] >= 2
     if rule == "sigmoid":
         if classes:
-            return OutputKind(Kind.TOP1, f"{why}: {shape} class scores")
-        return _mask(f"{why}: {shape} probabilities", values)
+            return _mask(f"{why}: {shape} independent sigmoids (multi-label scores)", values, threshold)
+        return _mask(f"{why}: {shape} probabilities", values, threshold)
     if rule == "softmax":
         if first.ndim == 3:
             return _sequence(f"{why}: {shape} class scores per position", values, blank)
         if first.ndim >= 4:
-            return _mask(f"{why}: a {shape} per-pixel class map", values)
+            return _mask(f"{why}: a {shape} per-pixel class map", values, threshold)
         if classes:
             return OutputKind(Kind.TOP1, f"{why}: {shape} class scores")
     if first.ndim >= 1 and first.size == first.shape[0] and _probabilities(values):
-        return _mask(f"{why + ': ' if why else ''}one probability per sample {shape}", values)
+        return _mask(f"{why + ': ' if why else ''}one probability per sample {shape}", values, threshold)
     if rule == "embedding" and first.size > max(first.shape[0], 1) and first.ndim >= 2:
         return OutputKind(Kind.COSINE, f"{why}: {shape} embedding")
     if classes and _unit_rows(values):
@@ -264,12 +266,19 @@ def _sequence(reason: str, values: Sequence[np.ndarray], blank: int | None) -> O
     return OutputKind(Kind.SEQUENCE, reason)
 
 
-def _mask(reason: str, values: Sequence[np.ndarray]) -> OutputKind:
+def _mask(reason: str, values: Sequence[np.ndarray], threshold: float | None) -> OutputKind:
+    """A mask kind, thresholded where `verify.thresholds` says, else by `mask_threshold`, with why."""
+    if threshold is not None:
+        return OutputKind(Kind.MASK, f"{reason}; masks thresholded at {threshold:g} (verify.thresholds)",
+                          threshold=threshold)
     threshold = mask_threshold(values)
-    return OutputKind(Kind.MASK, f"{reason}; masks thresholded at {threshold:g}", threshold=threshold)
+    why = "probabilities" if threshold == 0.5 else "logits: the logit of 0.5"
+    return OutputKind(Kind.MASK, f"{reason}; masks thresholded at {threshold:g} ({why}; verify.thresholds sets "
+                                 "another)", threshold=threshold)
 
 
-def forced(name: str, kind: Kind, values: Sequence[np.ndarray], blank: int | None) -> OutputKind:
+def forced(name: str, kind: Kind, values: Sequence[np.ndarray], blank: int | None,
+           threshold: float | None = None) -> OutputKind:
     """The kind `verify.outputs` names, with its blank or threshold; a ConfigError for a float
     metric on integer values."""
     first = np.asarray(values[0])
@@ -280,16 +289,17 @@ def forced(name: str, kind: Kind, values: Sequence[np.ndarray], blank: int | Non
     if kind is Kind.SEQUENCE:
         return _sequence(why, values, blank)
     if kind is Kind.MASK:
-        return _mask(why, values)
+        return _mask(why, values, threshold)
     return OutputKind(kind, why)
 
 
-def check_outputs(model: onnx.ModelProto, named: Mapping[str, str]) -> None:
-    """A ConfigError when `verify.outputs` names an output the model does not have."""
+def check_outputs(model: onnx.ModelProto, named: Mapping[str, object], key: str = "verify.outputs") -> None:
+    """A ConfigError when `key` (verify.outputs, verify.thresholds) names an output the model
+    does not have."""
     names = [o.name for o in model.graph.output]
     unknown = [n for n in named if n not in names]
     if unknown:
-        raise ConfigError(f"verify.outputs: the model has no output {unknown[0]!r}",
+        raise ConfigError(f"{key}: the model has no output {unknown[0]!r}",
                           hint="its outputs: " + ", ".join(repr(n) for n in names))
 
 
@@ -305,19 +315,28 @@ def _check_blank(name: str, classes: int, blank: int | None) -> None:
 
 def output_kinds(model: onnx.ModelProto, values: Mapping[str, Sequence[np.ndarray]],
                  named: Mapping[str, str] | None = None, blank: int | None = None,
-                 trim: Sequence[int] = ()) -> dict[str, OutputKind]:
+                 trim: Sequence[int] = (), thresholds: Mapping[str, float] | None = None) -> dict[str, OutputKind]:
     """The kind of every output in `values` (its float batches); `named`: `verify.outputs`;
-    `trim`: `verify.sequence_trim`, given to every sequence output."""
-    named = named or {}
+    `trim`: `verify.sequence_trim`, given to every sequence output; `thresholds`:
+    `verify.thresholds`, each for a mask output."""
+    named, thresholds = named or {}, thresholds or {}
     check_outputs(model, named)
+    check_outputs(model, thresholds, "verify.thresholds")
     graph = _Graph(model.graph)
     kinds = {}
     for name, batches in values.items():
         batches = [np.asarray(v) for v in batches]
+        threshold = thresholds.get(name)
         if name in named:
-            kinds[name] = forced(name, Kind(named[name]), batches, blank)
+            kinds[name] = forced(name, Kind(named[name]), batches, blank, threshold)
         else:
-            kinds[name] = decide(name, batches, _evidence(graph, name), _state_input(model, batches[0]), blank)
+            kinds[name] = decide(name, batches, _evidence(graph, name), _state_input(model, batches[0]), blank,
+                                 threshold)
+        if threshold is not None and kinds[name].kind is not Kind.MASK:
+            raise ConfigError(f"verify.thresholds: output {name!r} is judged as {kinds[name].kind.value} "
+                              f"({kinds[name].reason}), not as a mask: a threshold does not apply",
+                              hint=f"add `verify.outputs: {{{name}: mask}}` to judge it by thresholded labels, "
+                                   "or drop its threshold")
         if kinds[name].kind is Kind.SEQUENCE:
             _check_blank(name, batches[0].shape[-1], blank)
             if trim:

@@ -9,11 +9,12 @@ The math, on a float reference `x` and a quantized result `y`:
 - sequence agreement = fraction of samples whose whole argmax sequence (CTC-collapsed when the
   blank is known) is the same; position agreement = fraction of positions
   (qcli.analyze.sequences);
-- mask agreement = fraction of elements on the same side of the threshold; IoU = mean over
-  samples of |A ∩ B| / |A ∪ B| of the thresholded masks (1 when both are empty).
+- mask IoU = mean over samples of |A ∩ B| / |A ∪ B| of the thresholded masks (the labels or
+  pixels "on"; 1 when both are empty): what a mask is gated on; mask agreement = fraction of
+  elements on the same side of the threshold, reported (a sparse map's background fills it).
 The metric an output is judged by follows its kind (qcli.analyze.kinds). Each gated figure has
 a ~95% interval: a share of samples (top-1, sequence) the Wilson score interval, a mean over
-samples (cosine; element and mask agreement, per sample) mean ± 1.96 standard errors.
+samples (cosine; element agreement and mask IoU, per sample) mean ± 1.96 standard errors.
 
 >>> sqnr_db(100.0, 1.0)
 20.0
@@ -137,8 +138,8 @@ def row_shares(equal: np.ndarray) -> np.ndarray:
 
 @dataclass
 class MaskAccumulator:
-    """Thresholded masks of both models: elements on the same side of `threshold`, and the
-    mean per-sample IoU of the "on" elements.
+    """Thresholded masks of both models: the mean per-sample IoU of the "on" elements (each
+    sample's, for its interval), and the elements on the same side of `threshold`.
 
     >>> acc = MaskAccumulator(0.5)
     >>> acc.update(np.array([[0.9, 0.8, 0.1, 0.2]]), np.array([[0.9, 0.4, 0.1, 0.6]]), 1)
@@ -149,18 +150,14 @@ class MaskAccumulator:
     threshold: float = 0.5
     elements: int = 0
     equal: int = 0
-    iou_sum: float = 0.0
-    samples: int = 0
-    per_sample: Mean = field(default_factory=Mean)  # each sample's share of elements agreeing
+    per_sample: Mean = field(default_factory=Mean)  # each sample's IoU
 
     def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
         a, b = _rows(np.asarray(reference) > self.threshold, batch), _rows(np.asarray(value) > self.threshold, batch)
         self.elements += a.size
         self.equal += int(np.count_nonzero(a == b))
-        self.per_sample.add(row_shares(a == b))
         inter, union = np.count_nonzero(a & b, axis=1), np.count_nonzero(a | b, axis=1)
-        self.iou_sum += float(np.where(union > 0, inter / np.maximum(union, 1), 1.0).sum())
-        self.samples += a.shape[0]
+        self.per_sample.add(np.where(union > 0, inter / np.maximum(union, 1), 1.0))
 
     @property
     def agreement(self) -> float | None:
@@ -168,7 +165,11 @@ class MaskAccumulator:
 
     @property
     def iou(self) -> float | None:
-        return self.iou_sum / self.samples if self.samples else None
+        return self.per_sample.value
+
+    @property
+    def samples(self) -> int:
+        return self.per_sample.n
 
 
 def is_class_scores(value: np.ndarray) -> bool:

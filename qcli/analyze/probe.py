@@ -6,8 +6,8 @@ and the float model's outputs on them, computed once. `measure(candidate)` runs 
 the same batches and returns a `Fidelity` summary:
 
 - per output, the metric of its kind (qcli.analyze.kinds, decided once from the graph and the
-  float outputs, `verify.outputs` first): top-1, sequence, thresholded-mask or element agreement,
-  mean cosine, SQNR; `ignore` outputs are reported, never gated;
+  float outputs, `verify.outputs` first): top-1 or sequence agreement, a thresholded mask's IoU,
+  element agreement, mean cosine, SQNR; `ignore` outputs are reported, never gated;
 - with labels: top-1 accuracy of both models;
 - with `verify.metric`: the user's score and its floor (qcli.analyze.plugin);
 - `noise`: the outputs' quantization noise power over their signal power, summed over the
@@ -75,7 +75,7 @@ def parallel_runs(threads: int | None) -> int:
     return max(1, min(threads or cores(), cores()))
 
 
-AGREEMENT = {Kind.TOP1: "top-1 agreement", Kind.SEQUENCE: "sequence agreement", Kind.MASK: "mask agreement",
+AGREEMENT = {Kind.TOP1: "top-1 agreement", Kind.SEQUENCE: "sequence agreement", Kind.MASK: "mask IoU",
              Kind.PER_ELEMENT: "element agreement"}
 
 
@@ -96,8 +96,8 @@ class OutputFidelity:
     sequence_agreement: float | None = None  # sequence: whole (collapsed) sequences unchanged
     position_agreement: float | None = None  # sequence: positions whose argmax is unchanged (detail)
     predicted_agreement: float | None = None  # top-1, sequence: what unseen samples would keep (analyze.margins)
-    mask_agreement: float | None = None  # mask: elements on the same side of the threshold
-    mask_iou: float | None = None  # mask: mean per-sample IoU of the thresholded masks (detail)
+    mask_agreement: float | None = None  # mask: elements on the same side of the threshold (detail)
+    mask_iou: float | None = None  # mask: mean per-sample IoU of the thresholded masks (gated)
     samples: int = 0  # the samples compared
     agreement_interval: tuple[float, float] | None = None  # ~95% interval of the gated agreement
     cosine_interval: tuple[float, float] | None = None  # ~95% interval of the mean cosine
@@ -106,12 +106,12 @@ class OutputFidelity:
     def gated_agreement(self) -> float | None:
         """The agreement this output is gated on (its kind's), None for cosine and ignore."""
         return {Kind.TOP1: self.top1_agreement, Kind.SEQUENCE: self.sequence_agreement,
-                Kind.MASK: self.mask_agreement, Kind.PER_ELEMENT: self.agreement}.get(self.kind)
+                Kind.MASK: self.mask_iou, Kind.PER_ELEMENT: self.agreement}.get(self.kind)
 
     @property
     def gated_cosine(self) -> float | None:
-        """The cosine this output is gated on: cosine and mask outputs only."""
-        return self.cosine if self.kind in (Kind.COSINE, Kind.MASK) else None
+        """The cosine this output is gated on: cosine outputs only (a mask's is reported)."""
+        return self.cosine if self.kind is Kind.COSINE else None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind.value, "reason": self.reason,
@@ -213,7 +213,8 @@ class Probe:
         vf = self.verify or Verify()
         if self.kinds is None:
             values = {name: [ref[k] for ref in self.reference] for k, name in enumerate(self.names)}
-            self.kinds = output_kinds(self.float_model, values, vf.outputs, vf.ctc_blank, vf.sequence_trim)
+            self.kinds = output_kinds(self.float_model, values, vf.outputs, vf.ctc_blank, vf.sequence_trim,
+                                      vf.thresholds)
         self._metric = load_metric(vf.metric) if vf.metric else None
 
     @property

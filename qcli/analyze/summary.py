@@ -64,9 +64,9 @@ def headline(report: Report) -> str:
         elif f.kind == "sequence" and f.sequence_agreement is not None:
             parts.append(f"sequence agreement {pct(f.sequence_agreement)} (positions {pct(f.position_agreement)}) "
                          f"on {f.output}")
-        elif f.kind == "mask" and f.mask_agreement is not None:
-            parts.append(f"mask agreement {pct(f.mask_agreement)}, IoU {pct(f.mask_iou)}, cosine {f.cosine:.5f} "
-                         f"on {f.output}")
+        elif f.kind == "mask" and f.mask_iou is not None:
+            parts.append(f"mask IoU {pct(f.mask_iou)} ({pct(f.mask_agreement)} of elements agree), "
+                         f"cosine {f.cosine:.5f} on {f.output}")
         elif f.kind == "cosine" and f.cosine is not None:
             parts.append(f"cosine {f.cosine:.5f}, SQNR {db(f.sqnr_db)} on {f.output}")
     parts += [g.message for g in report.gates if g.name == "max_accuracy_drop"]
@@ -114,14 +114,15 @@ FIDELITY_HEADER = ("output", "kind", "agreement [95%]", "cosine (mean [95%] / mi
 
 
 def agreement_text(f: Fidelity) -> str:
-    """The agreement of the output's kind, with its ~95% interval and its detail (positions, IoU)."""
+    """The agreement of the output's kind, with its ~95% interval and its detail (positions,
+    a mask's elements)."""
     within = f" [{pct(f.agreement_interval[0])}, {pct(f.agreement_interval[1])}]" if f.agreement_interval else ""
     if f.kind == "top1":
         return pct(f.top1_agreement) + within
     if f.kind == "sequence":
         return f"{pct(f.sequence_agreement)}{within} of sequences ({pct(f.position_agreement)} of positions)"
     if f.kind == "mask":
-        return f"{pct(f.mask_agreement)}{within} of elements (IoU {pct(f.mask_iou)})"
+        return f"IoU {pct(f.mask_iou)}{within} ({pct(f.mask_agreement)} of elements)"
     if f.kind == "per_element" or f.agreement is not None:
         return pct(f.agreement) + within if f.agreement is not None else "–"  # of the elements (ids, mask pixels)
     return "–"
