@@ -16,9 +16,9 @@ exit: `child`):
   k-fold verification, the rescue when a floor is missed, the model written and checked);
   its phases are the JSON's `phases` (qcli/phases.py).
 * ``ort``: `quant_pre_process` then `quantize_static(QDQ, QUInt8 activations, QInt8 weights,
-  per_channel=True, MinMax)` over the same samples, 8 per call (benchmarks/quantize.py's
-  functions); a failure is retried as that script does (one sample per call with
-  `CalibStridedMinMax`, else per tensor) and said in the table.
+  per_channel=True, MinMax)` over the same samples, 8 per call (benchmarks/ort_quantize.py, as
+  benchmarks/quantize.py runs it); a failure is retried as that script does (one sample per
+  call with `CalibStridedMinMax`, else per tensor) and said in the table.
 * ``fp32``: `qcli.runtime.make_session` and one run of every batch of 8: what any
   calibration pays; ``calibrate``: `qcli calibrate MODEL --data CALIB --method mse`.
 
@@ -125,17 +125,16 @@ class Row:
 
 def run_ort(model: Path, calib: Path, out: Path) -> int:
     """Child side of ``ort``: benchmarks/quantize.py's onnxruntime pipeline, MinMax."""
-    import quantize as bench  # benchmarks/quantize.py
+    from ort_quantize import PER_TENSOR, STRIDED, calibration_reader, error_line, ort_preprocess, run_quantize_static
 
-    source, notes = bench.ort_preprocess(model, out.with_suffix(".pre.onnx"))
-    for per_call, options in ((8, {}), (1, {"extra_options": {"CalibStridedMinMax": 1}}), (8, {"per_channel": False})):
+    source, notes = ort_preprocess(model, out.with_suffix(".pre.onnx"))
+    for per_call, options in ((8, {}), (1, STRIDED[1]), (8, PER_TENSOR[1])):
         try:
-            bench.run_quantize_static(source, partial(bench.calibration_reader, model, calib, per_call), out, "MinMax",
-                                      **options)
+            run_quantize_static(source, partial(calibration_reader, model, calib, per_call), out, "MinMax", **options)
             print(json.dumps({"notes": notes, "options": str(options or "default")}))
             return 0
         except Exception as exc:  # a failed variant is a result; the next one is tried
-            notes.append(f"{options or 'default'}: {bench.error_line(exc)}")
+            notes.append(f"{options or 'default'}: {error_line(exc)}")
     print(json.dumps({"notes": notes, "options": None}))
     return 1
 

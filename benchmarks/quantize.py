@@ -58,23 +58,28 @@ directory, removed at the end.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import logging
 import os
 import shutil
 import sys
 import tempfile
 import time
-import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ort_quantize import (  # noqa: E402  (benchmarks/ort_quantize.py)
+    PER_TENSOR,
+    STRIDED,
+    calibration_reader,
+    error_line,
+    ort_preprocess,
+    run_quantize_static,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
@@ -86,7 +91,6 @@ WARMUP = 5
 MIN_SECONDS = 2.0  # each timed section runs at least this long (short runs get more repetitions)
 MAX_RUNS = 5000
 EVAL_BATCH = 64
-ERROR_CHARS = 220
 
 
 @dataclass(frozen=True)
@@ -154,27 +158,6 @@ class ModelResult:
         return max(ran, key=lambda v: v.top1) if ran else None
 
 
-def error_line(exc: BaseException) -> str:
-    """The exception's type and last non-empty message line; a long one keeps its start and
-    its end (where onnxruntime's load errors say what is wrong)."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    text = f"{type(exc).__name__}: {lines[-1] if lines else ''}"
-    half = ERROR_CHARS // 2
-    return text if len(text) <= ERROR_CHARS else f"{text[:half]} … {text[-half:]}"
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """Silence onnxruntime.quantization's prints, logging warnings and numpy's RuntimeWarnings."""
-    logging.disable(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(logging.NOTSET)
-
-
 # ============================================================================ quantizers
 
 
@@ -197,72 +180,6 @@ def quantize_qcli(model_path: Path, calib: Path, out: Path, verify: bool = True)
     except Exception as exc:  # a failure is a result of the benchmark
         return Variant(name, error=error_line(exc))
     return Variant(name, path=out, quantize_s=time.perf_counter() - start)
-
-
-def calibration_reader(model_path: Path, calib: Path, per_call: int):
-    """A CalibrationDataReader over every sample of `calib` (read now), `per_call` samples per
-    call, with the `__len__` / `set_range` that `CalibStridedMinMax` needs."""
-    from onnxruntime.quantization import CalibrationDataReader
-
-    from qcli.data import DataFolder, model_inputs
-    from qcli.model import load_model
-
-    class Reader(CalibrationDataReader):
-        def __init__(self, feeds: list[dict[str, np.ndarray]]):
-            self.feeds = feeds
-            self.set_range(0, len(feeds))
-
-        def get_next(self):
-            return next(self.iterator, None)
-
-        def __len__(self) -> int:
-            return len(self.feeds)
-
-        def set_range(self, start_index: int, end_index: int) -> None:
-            self.iterator = iter(self.feeds[start_index:end_index])
-
-    folder = DataFolder(calib, model_inputs(load_model(model_path)))
-    return Reader([batch.inputs for batch in folder.batches(per_call)])
-
-
-def ort_preprocess(model_path: Path, out: Path) -> tuple[Path, list[str]]:
-    """`quant_pre_process` as onnxruntime's docs recommend; on failure, the variant its error
-    suggests, then none. Returns the model to quantize and what went wrong."""
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    notes = []
-    for label, options in (("quant_pre_process", {}), ("quant_pre_process(skip_symbolic_shape=True)",
-                                                        {"skip_symbolic_shape": True})):
-        try:
-            with quiet():
-                quant_pre_process(str(model_path), str(out), **options)
-            return out, notes
-        except Exception as exc:
-            notes.append(f"onnxruntime {label} failed: {error_line(exc)}")
-    notes.append("onnxruntime quantizes the model without pre-processing")
-    return model_path, notes
-
-
-def run_quantize_static(source: Path, reader_factory: Callable, out: Path, method: str, **options) -> float:
-    """One `quantize_static` call (QDQ, QUInt8 activations, QInt8 weights); returns seconds."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
-    start = time.perf_counter()
-    with quiet():
-        quantize_static(
-            str(source), str(out), reader_factory(),
-            quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=getattr(CalibrationMethod, method),
-            **{"per_channel": True, **options},
-        )
-    return time.perf_counter() - start
-
-
-# Fallbacks of a failed onnxruntime variant (label, quantize_static options): one, chosen by data.
-STRIDED = ("strided", {"extra_options": {"CalibStridedMinMax": 1}})
-PER_TENSOR = ("per-tensor", {"per_channel": False})
 
 
 def quantize_ort(model_path: Path, calib: Path, work: Path, workload: Workload) -> tuple[list[Variant], list[str]]:

@@ -61,16 +61,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import inputs  # noqa: E402  (benchmarks/inputs.py)
-from quantize import (  # noqa: E402  (benchmarks/quantize.py)
-    bench_console,
-    calibration_reader,
-    error_line,
-    optimized_ops,
-    ort_preprocess,
-    quiet,
-    run_quantize_static,
-    time_round,
-)
+from ort_quantize import calibration_reader, error_line, ort_preprocess, quiet, run_quantize_static  # noqa: E402
+from quantize import bench_console, optimized_ops, time_round  # noqa: E402  (benchmarks/quantize.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing

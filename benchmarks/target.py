@@ -29,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import heldout  # noqa: E402  (benchmarks/heldout.py)
-from quantize import STRIDED, bench_console, calibration_reader, ort_preprocess, run_quantize_static  # noqa: E402
+from ort_quantize import STRIDED, calibration_reader, ort_preprocess, run_quantize_static  # noqa: E402
+from quantize import bench_console  # noqa: E402  (benchmarks/quantize.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = [name for name in heldout.MODELS if name != "cnn-pages"]
