@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/quantize.py                        # all sample models (~3 min)
     .venv/bin/python benchmarks/quantize.py --models cnn --runs 300 --rounds 3
+    .venv/bin/python benchmarks/quantize.py --markdown             # tables also in benchmarks/results/quantize.md
     PYTHONPATH=. .venv/bin/python benchmarks/quantize.py --exported   # the exported models: benchmarks/exported.py
 
 Each sample model (`sample_models/<name>/`) is quantized, in this one process, by:
@@ -59,7 +60,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -80,13 +80,13 @@ from ort_quantize import (  # noqa: E402  (benchmarks/ort_quantize.py)
     ort_preprocess,
     run_quantize_static,
 )
+from sheet import THREADS, Column, Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 MODELS = ("cnn", "transformer", "mlp")
 ORT_METHODS = ("MinMax", "Percentile", "Entropy")
-THREADS = 2
 WARMUP = 5
 MIN_SECONDS = 2.0  # each timed section runs at least this long (short runs get more repetitions)
 MAX_RUNS = 5000
@@ -352,16 +352,14 @@ def _ratio(a: float | None, b: float | None, fmt: str = "{:.2f}x") -> str:
     return fmt.format(a / b) if a and b else ""
 
 
-def model_table(result: ModelResult):
-    """One row per variant: accuracy, latency at batch 1 and N, size, quantize time."""
-    from rich.table import Table
-
+def model_table(result: ModelResult) -> Sheet:
+    """One row per variant: accuracy, latency at batch 1 and N, size, quantize time; the notes under it."""
     n = result.batch_n
-    table = Table(title=f"{result.name} ({result.samples})", title_justify="left")
-    table.add_column("model", no_wrap=True)
-    for col in ("top-1 %", "drop (pts)", "b1 ms (p90)", "vs fp32", f"b{n} ms (p90)", "vs fp32",
-                "size B", "x smaller", "quantize s"):
-        table.add_column(col, justify="right")
+    figures = ("top-1 %", "drop (pts)", "b1 ms (p90)", "vs fp32", f"b{n} ms (p90)", "vs fp32", "size B", "x smaller",
+               "quantize s")
+    table = Sheet(f"{result.name} ({result.samples})",
+                  [Column("model", no_wrap=True), *((figure, "right") for figure in figures)])
+    table.notes = model_notes(result)
     fp32, best = result.get("fp32"), result.ort_best
     for v in result.variants:
         label = v.name + (" [bold](best)[/bold]" if v is best else "")
@@ -445,12 +443,8 @@ def target_rows(result: ModelResult) -> list[tuple[str, str, bool | None]]:
     return rows
 
 
-def verdict_table(results: list[ModelResult]):
-    from rich.table import Table
-
-    table = Table(title="Targets (issue 7; reported, not asserted)", title_justify="left")
-    for col, justify in (("model", "left"), ("target", "left"), ("measured", "right"), ("", "left")):
-        table.add_column(col, justify=justify)
+def verdict_table(results: list[ModelResult]) -> Sheet:
+    table = Sheet("Targets (issue 7; reported, not asserted)", ["model", "target", ("measured", "right"), ""])
     for result in results:
         rows = target_rows(result)
         for i, (target, measured, met) in enumerate(rows):
@@ -460,19 +454,6 @@ def verdict_table(results: list[ModelResult]):
 
 
 # ============================================================================ main
-
-
-def bench_console(setting: str = ""):
-    """A wide rich console, onnxruntime's logging quieted, and the machine line every benchmark
-    starts with (onnxruntime version, CPUs, threads, `setting`, load average)."""
-    import onnxruntime
-    from rich.console import Console
-
-    onnxruntime.set_default_logger_severity(3)
-    console = Console(highlight=False, width=max(shutil.get_terminal_size((160, 24)).columns, 160))
-    console.print(f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs, {THREADS} intra-op threads, "
-                  + (f"{setting}, " if setting else "") + f"load average {os.getloadavg()[0]:.1f}")
-    return console
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -485,29 +466,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--runs", type=int, default=100, help="timed runs per model and batch size (median, p90)")
     parser.add_argument("--rounds", type=int, default=2, help="repetitions of the timed section (best median)")
+    add_markdown_option(parser, __file__)
     args = parser.parse_args(argv)
 
-    console = bench_console(f"{args.runs} timed runs x {args.rounds} rounds")
+    page = bench_page(args.markdown, f"{args.runs} timed runs x {args.rounds} rounds")
     start = time.perf_counter()
     results = []
     with tempfile.TemporaryDirectory(prefix="qcli-bench-quantize-") as tmp:
         for name in args.models:
             folder = ROOT / "sample_models" / name
             if not (folder / "model.onnx").is_file():
-                console.print(f"[yellow]skipped {name}: {folder / 'model.onnx'} not found[/yellow]")
+                page.line(f"[yellow]skipped {name}: {folder / 'model.onnx'} not found[/yellow]")
                 continue
             work = Path(tmp) / name
             work.mkdir()
             result = benchmark_model(name, folder, work, args.runs, args.rounds)
             results.append(result)
-            console.print(model_table(result))
-            for line in model_notes(result):
-                console.print("  " + line)
-            console.print()
+            page.table(model_table(result))
+            page.print()
     if results:
-        console.print(verdict_table(results))
-    console.print(f"benchmark took {time.perf_counter() - start:.0f} s, "
-                  f"load average {os.getloadavg()[0]:.1f}")
+        page.table(verdict_table(results))
+    page.line(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
+    page.write()
     return 0
 
 
