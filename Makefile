@@ -40,9 +40,13 @@ fuzz: $(STAMP)
 	QCLI_FUZZ=long QCLI_FUZZ_MINUTES=$(FUZZ_MINUTES) $(BIN)/python -m pytest tests/fuzz -q -p no:cacheprovider \
 		$(if $(SEED),--hypothesis-seed=$(SEED))
 
+# Every benchmark of benchmarks/ (its helper modules aside), each also writing its tables as
+# Markdown to benchmarks/results/<script>.md, which the docs' benchmarks page shows.
+BENCH_HELPERS := inputs.py ort_quantize.py sheet.py
+BENCHMARKS := $(filter-out $(addprefix benchmarks/,$(BENCH_HELPERS)),$(sort $(wildcard benchmarks/*.py)))
 bench: $(STAMP)
-	@set -e; for script in benchmarks/*.py; do \
-		echo "== $$script"; $(BIN)/python $$script; done
+	@set -e; for script in $(BENCHMARKS); do \
+		echo "== $$script"; $(BIN)/python $$script --markdown benchmarks/results/$$(basename $$script .py).md; done
 
 # Rebuilding the sample models needs torch (build time only) in a venv of its own.
 sample-models:

@@ -6,6 +6,7 @@ onnxruntime's own calibrators, on the sample models, at 32, 128 and 512 samples.
     .venv/bin/python benchmarks/calibration.py --models cnn --samples 512 --reps 5
     .venv/bin/python benchmarks/calibration.py --kinds plain qcli --qcli-root /tmp/old-checkout
     .venv/bin/python benchmarks/calibration.py --models paddle-cls paddle-rec --samples 128 --kinds plain qcli
+    .venv/bin/python benchmarks/calibration.py --markdown   # the tables also in benchmarks/results/calibration.md
 
 What is measured (each configuration in a fresh child process, one after the other):
 
@@ -74,10 +75,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from rich.console import JustifyMethod
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sheet import Page, Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 QCLI_ROOT = ROOT  # the qcli source tree the children import (--qcli-root)
@@ -403,26 +404,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.reps, args.samples = 1, [s for s in args.samples if s <= 128] or [32]
 
-    from rich.console import Console
-
-    console = Console(highlight=False, width=max(shutil.get_terminal_size((120, 24)).columns, 120))
-    models = _find_models(args.models, console)
+    page = bench_page(args.markdown, f"batch size {BATCH_SIZE}, {args.reps} repetition(s) (median)", width=120,
+                      threads=None)
+    models = _find_models(args.models, page)
     if not models:
-        console.print("no sample models to benchmark")
+        page.line("no sample models to benchmark")
+        page.write()
         return 0
-
-    import onnxruntime
-
-    console.print(
-        f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs, batch size {BATCH_SIZE}, "
-        f"{args.reps} repetition(s) (median), load average {os.getloadavg()[0]:.1f}"
-    )
     t_start = time.perf_counter()
-    results = _run_all(models, args, console)
+    results = _run_all(models, args, page)
     elapsed = time.perf_counter() - t_start
 
-    report(console, models, args, results)
-    console.print(f"benchmark took {elapsed:.0f} s")
+    report(page, models, args, results)
+    page.line(f"benchmark took {elapsed:.0f} s")
+    page.write()
     if args.json:
         args.json.write_text(json.dumps({f"{m}|{n}|{k}": v for (m, n, k), v in results.items()}, indent=1))
     return 0
@@ -440,6 +435,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     p.add_argument("--quick", action="store_true", help="1 repetition at 32 and 128 samples")
     p.add_argument("--json", type=Path, help="also write every figure to this JSON file")
+    add_markdown_option(p, __file__)
     p.add_argument("--qcli-root", type=Path, default=ROOT,
                    help="qcli source tree to measure (default: this repository), for before/after runs")
     # child mode (internal)
@@ -453,7 +449,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _find_models(names: list[str], console) -> list[tuple[str, Path]]:
+def _find_models(names: list[str], page: Page) -> list[tuple[str, Path]]:
     """(name, sample model folder or exported model file) of each model found; the others are
     reported as skipped."""
     models = []
@@ -463,17 +459,17 @@ def _find_models(names: list[str], console) -> list[tuple[str, Path]]:
             if path.is_file():
                 models.append((name, path))
             else:
-                console.print(f"[yellow]skipped {name}: {path} not found (make real-models)[/yellow]")
+                page.line(f"[yellow]skipped {name}: {path} not found (make real-models)[/yellow]")
             continue
         folder = ROOT / "sample_models" / name
         if (folder / "model.onnx").is_file():
             models.append((name, folder))
         else:
-            console.print(f"[yellow]skipped {name}: {folder / 'model.onnx'} not found[/yellow]")
+            page.line(f"[yellow]skipped {name}: {folder / 'model.onnx'} not found[/yellow]")
     return models
 
 
-def _run_all(models: list[tuple[str, Path]], args, console) -> dict[tuple[str, int, str], dict]:
+def _run_all(models: list[tuple[str, Path]], args, page: Page) -> dict[tuple[str, int, str], dict]:
     """Every configuration of every model, repetitions interleaved; printed as they finish."""
     results: dict[tuple[str, int, str], dict] = {}
     with tempfile.TemporaryDirectory(prefix="qcli-bench-") as tmp:
@@ -492,40 +488,32 @@ def _run_all(models: list[tuple[str, Path]], args, console) -> dict[tuple[str, i
                         runs[kind].append(run_child(kind, model_file(folder), data, n, args.timeout))
                 for kind in args.kinds:
                     r = results[(name, n, kind)] = summarize(runs[kind])
-                    _print_run(console, name, n, LABELS[kind], r)
+                    _print_run(page, name, n, LABELS[kind], r)
                     if kind.startswith("ort-") and "error" in r:
                         strided = run_child(kind, model_file(folder), data, n, args.timeout, strided=True)
                         results[(name, n, kind + " strided")] = strided
-                        _print_run(console, name, n, LABELS[kind] + " strided", strided)
+                        _print_run(page, name, n, LABELS[kind] + " strided", strided)
     return results
 
 
-def _print_run(console, name: str, n: int, label: str, r: dict) -> None:
-    console.print(f"  {name:12} {n:4d} samples  {label:32} {fmt_time(r):>10} {fmt_mb(r):>9}"
+def _print_run(page: Page, name: str, n: int, label: str, r: dict) -> None:
+    page.print(f"  {name:12} {n:4d} samples  {label:32} {fmt_time(r):>10} {fmt_mb(r):>9}"
                   + (f"  {r['error'][:70]}" if "error" in r else ""), markup=False)
 
 
-def report(console, models, args, results) -> None:
+def report(page: Page, models, args, results) -> None:
     for name, _ in models:
-        table, notes = _model_table(name, args.samples, results)
-        console.print(table)
-        for line in notes:
-            console.print("  " + line, markup=False)
-    console.print(_targets_table(models, args.samples, results))
+        page.table(_model_table(name, args.samples, results))
+    page.table(_targets_table(models, args.samples, results))
 
 
-def _model_table(name: str, samples: list[int], results: dict) -> tuple[Any, list[str]]:
+def _model_table(name: str, samples: list[int], results: dict) -> Sheet:
     """One model's table (every run, against fp32 and against qcli) and the notes under it."""
-    from rich.table import Table
-
-    table = Table(title=f"{name}: wall time (median) and peak RSS", title_justify="left")
-    columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("samples", "right"), ("run", "left"), ("wall", "right"), ("peak RSS", "right"),
+    table = Sheet(f"{name}: wall time (median) and peak RSS", [
+        ("samples", "right"), "run", ("wall", "right"), ("peak RSS", "right"),
         ("time / fp32", "right"), ("time / qcli", "right"), ("RSS / qcli", "right"),
-    )
-    for col, justify in columns:
-        table.add_column(col, justify=justify)
-    notes = []
+    ])
+    notes = table.notes
     for n in samples:
         plain, qcli = results.get((name, n, "plain")), results.get((name, n, "qcli"))
         rows: list[tuple[str, dict]] = []
@@ -556,19 +544,13 @@ def _model_table(name: str, samples: list[int], results: dict) -> tuple[Any, lis
                 notes.append(f"{name} {n} samples, {label.strip()} failed: {r['error']}")
             table.add_row(str(n) if i == 0 else "", label, wall, fmt_mb(r), vs_plain, vs_qcli, rss_qcli,
                           end_section=i == len(rows) - 1)
-    return table, notes
+    return table
 
 
-def _targets_table(models, samples: list[int], results: dict) -> Any:
+def _targets_table(models, samples: list[int], results: dict) -> Sheet:
     """The issue's targets, measured: flat memory, time against fp32, speed and memory against
     onnxruntime's histogram calibrators."""
-    from rich.table import Table
-
-    targets = Table(title="Targets (reported, not asserted)", title_justify="left")
-    targets.add_column("model")
-    targets.add_column("target")
-    targets.add_column("measured", justify="right")
-    targets.add_column("")
+    targets = Sheet("Targets (reported, not asserted)", ["model", "target", ("measured", "right"), ""])
     for name, _ in models:
         lo, hi = min(samples), max(samples)
         a, b = results.get((name, lo, "qcli")), results.get((name, hi, "qcli"))

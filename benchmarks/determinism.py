@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/determinism.py                  # every exported model
     PYTHONPATH=. .venv/bin/python benchmarks/determinism.py --models ocr-det
+    PYTHONPATH=. .venv/bin/python benchmarks/determinism.py --markdown   # also benchmarks/results/determinism.md
 
 Per model (benchmarks/heldout.py's, `make real-models`; its 32 calibration samples), the
 default `qcli quantize MODEL -o OUT --data CALIB` five times: idle, beside two CPU-bound
@@ -24,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import heldout  # noqa: E402  (benchmarks/heldout.py)
-from quantize import bench_console  # noqa: E402  (benchmarks/quantize.py)
+from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = [name for name in heldout.MODELS if name != "cnn-pages"]
@@ -54,27 +55,26 @@ def run(condition: str, model: Path, calib: Path, out: Path) -> tuple[int, str, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    add_markdown_option(parser, __file__)
     args = parser.parse_args(argv)
-    from rich.table import Table
 
-    console = bench_console()
-    table = Table(title="default qcli quantize, five runs per model", title_justify="left")
-    for col in ("model", *CONDITIONS, "same"):
-        table.add_column(col)
+    page = bench_page(args.markdown)
+    table = Sheet("default qcli quantize, five runs per model", ["model", *CONDITIONS, "same"])
     same = 0
     with tempfile.TemporaryDirectory(prefix="qcli-bench-determinism-") as tmp:
         for name in args.models:
             if lacks := heldout.missing(name):
-                console.print(f"[yellow]skipped {name}: {', '.join(lacks)} not found (`make real-models`)[/yellow]")
+                page.line(f"[yellow]skipped {name}: {', '.join(lacks)} not found (`make real-models`)[/yellow]")
                 continue
             calib = heldout.MODELS[name][1](Path(tmp) / name / "inputs")["calib"]
             runs = [run(c, heldout.MODELS[name][0], calib, Path(tmp) / name / "q.onnx") for c in CONDITIONS]
             ok = len({(code, digest) for code, digest, _ in runs}) == 1
             same += ok
             table.add_row(name, *(f"exit {c} {d} ({s:.0f} s)" for c, d, s in runs), "yes" if ok else "[red]no[/red]")
-            console.print(f"{name}: {'same' if ok else 'DIFFERENT'} ({time.strftime('%H:%M:%S')})")
-    console.print(table)
-    console.print(f"one md5 and one exit code: {same} of {len(table.rows)} models")
+            page.print(f"{name}: {'same' if ok else 'DIFFERENT'} ({time.strftime('%H:%M:%S')})")
+    page.table(table)
+    page.line(f"one md5 and one exit code: {same} of {len(table.rows)} models")
+    page.write()
     return 0
 
 

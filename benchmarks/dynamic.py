@@ -3,6 +3,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/dynamic.py            # every model found (~3 min)
     PYTHONPATH=. .venv/bin/python benchmarks/dynamic.py --models magika minilm
+    PYTHONPATH=. .venv/bin/python benchmarks/dynamic.py --markdown   # the tables also in benchmarks/results/dynamic.md
 
 For each model: `qcli quantize MODEL -o OUT --config dynamic --eval-data DIR` (no calibration
 data; verification on DIR) through `qcli.commands.quantize_command`, and onnxruntime's
@@ -36,6 +37,9 @@ from qcli.data import DataFolder, model_inputs
 from qcli.flags import CalibrationFlags, QuantizeFlags
 from qcli.model import load_model
 from qcli.runtime import make_session
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the real models' data writers, and the conftest they import
@@ -122,7 +126,8 @@ def fused(path: Path, tmp: Path) -> str:
     return ", ".join(f"{k} {counts[k]}" for k in kernels if counts[k])
 
 
-def bench(name: str, model: Path, write: Callable[[Path], Path], tmp: Path, runs: int) -> None:
+def bench(name: str, model: Path, write: Callable[[Path], Path], tmp: Path, runs: int) -> Sheet:
+    """One model quantized by qcli and by onnxruntime: a row each, qcli's verification under them."""
     data = write(tmp / f"{name}-data")
     ours, theirs = tmp / f"{name}.qcli.onnx", tmp / f"{name}.ort.onnx"
     run = quantize_command(QuantizeFlags(model, ours, eval_data=data, calibration=CalibrationFlags("dynamic"),
@@ -133,32 +138,39 @@ def bench(name: str, model: Path, write: Callable[[Path], Path], tmp: Path, runs
     ref = outputs(model, feeds)
     base = model.stat().st_size
     ms = latency([model, ours, theirs], feeds[0], runs)
-    print(f"\n{name}: {model.name}, {base / 2**20:.2f} MiB, float {ms[0]:.2f} ms")
-    print(f"  {'':8} {'compression':>11} {'cosine':>8} {'top-1':>6} {'latency':>8}  runs")
+    table = Sheet(f"{name}: {model.name}, {base / 2**20:.2f} MiB, float {ms[0]:.2f} ms",
+                  ["quantized by", *((col, "right") for col in ("compression", "cosine", "top-1", "latency")),
+                   "onnxruntime runs"])
     for label, path, t in (("qcli", ours, ms[1]), ("ort", theirs, ms[2])):
         cos, top1 = fidelity(ref, outputs(path, feeds))
-        print(f"  {label:8} {base / path.stat().st_size:10.2f}x {cos:8.4f} "
-              f"{'-' if top1 is None else f'{top1:.3f}':>6} {t / ms[0]:7.2f}x  {fused(path, tmp)}")
+        table.add_row(label, f"{base / path.stat().st_size:.2f}x", f"{cos:.4f}", "-" if top1 is None else f"{top1:.3f}",
+                      f"{t / ms[0]:.2f}x", fused(path, tmp))
     v = run.doc["verification"]
     missed = [f"{c['name']} {c['value']:.3f}" for c in v["checks"] if not c["passed"]] if v else []
-    print(f"  qcli verification: {'missed ' + ', '.join(missed) if missed else 'passed'}; "
-          f"quantized {run.doc['quantized']}; float {[(r['op_type'], r['count']) for r in run.doc['float'][:4]]}")
+    table.notes.append(f"qcli verification: {'missed ' + ', '.join(missed) if missed else 'passed'}; quantized "
+                       f"{run.doc['quantized']}; float {[(r['op_type'], r['count']) for r in run.doc['float'][:4]]}")
+    return table
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--runs", type=int, default=50)
-    args = parser.parse_args()
+    add_markdown_option(parser, __file__)
+    args = parser.parse_args(argv)
     logging.getLogger().setLevel(logging.ERROR)
+    page = bench_page(args.markdown, f"{args.runs} runs")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             model, write = MODELS[name]
             if not model.exists():
-                print(f"\n{name}: {model} not found (make real-models)")
+                page.line(f"{name}: {model} not found (make real-models)")
                 continue
-            bench(name, model, write, Path(tmp), args.runs)
+            page.table(bench(name, model, write, Path(tmp), args.runs))
+            page.print()
+    page.write()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -4,6 +4,7 @@ calibrate` against plain fp32 inference over the same samples.
 
     PYTHONPATH=. .venv/bin/python benchmarks/quantize.py --exported          # every model (~6 min, 2 cores)
     PYTHONPATH=. .venv/bin/python benchmarks/exported.py --models ocr-det encoder --rounds 2
+    PYTHONPATH=. .venv/bin/python benchmarks/exported.py --markdown  # tables also in benchmarks/results/exported.md
 
 Models and inputs: those of benchmarks/heldout.py (`make real-models`), 32 real calibration
 samples each (rendered text lines and pages, photos, captchas, files, espeak-ng speech,
@@ -16,9 +17,9 @@ exit: `child`):
   k-fold verification, the rescue when a floor is missed, the model written and checked);
   its phases are the JSON's `phases` (qcli/phases.py).
 * ``ort``: `quant_pre_process` then `quantize_static(QDQ, QUInt8 activations, QInt8 weights,
-  per_channel=True, MinMax)` over the same samples, 8 per call (benchmarks/quantize.py's
-  functions); a failure is retried as that script does (one sample per call with
-  `CalibStridedMinMax`, else per tensor) and said in the table.
+  per_channel=True, MinMax)` over the same samples, 8 per call (benchmarks/ort_quantize.py, as
+  benchmarks/quantize.py runs it); a failure is retried as that script does (one sample per
+  call with `CalibStridedMinMax`, else per tensor) and said in the table.
 * ``fp32``: `qcli.runtime.make_session` and one run of every batch of 8: what any
   calibration pays; ``calibrate``: `qcli calibrate MODEL --data CALIB --method mse`.
 
@@ -44,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import heldout  # noqa: E402  (benchmarks/heldout.py)
+from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
 from qcli.phases import peak_phase  # noqa: E402
 
@@ -125,17 +127,16 @@ class Row:
 
 def run_ort(model: Path, calib: Path, out: Path) -> int:
     """Child side of ``ort``: benchmarks/quantize.py's onnxruntime pipeline, MinMax."""
-    import quantize as bench  # benchmarks/quantize.py
+    from ort_quantize import PER_TENSOR, STRIDED, calibration_reader, error_line, ort_preprocess, run_quantize_static
 
-    source, notes = bench.ort_preprocess(model, out.with_suffix(".pre.onnx"))
-    for per_call, options in ((8, {}), (1, {"extra_options": {"CalibStridedMinMax": 1}}), (8, {"per_channel": False})):
+    source, notes = ort_preprocess(model, out.with_suffix(".pre.onnx"))
+    for per_call, options in ((8, {}), (1, STRIDED[1]), (8, PER_TENSOR[1])):
         try:
-            bench.run_quantize_static(source, partial(bench.calibration_reader, model, calib, per_call), out, "MinMax",
-                                      **options)
+            run_quantize_static(source, partial(calibration_reader, model, calib, per_call), out, "MinMax", **options)
             print(json.dumps({"notes": notes, "options": str(options or "default")}))
             return 0
         except Exception as exc:  # a failed variant is a result; the next one is tried
-            notes.append(f"{options or 'default'}: {bench.error_line(exc)}")
+            notes.append(f"{options or 'default'}: {error_line(exc)}")
     print(json.dumps({"notes": notes, "options": None}))
     return 1
 
@@ -180,13 +181,10 @@ def _ratio(a: float | None, b: float | None, target: float) -> str:
     return f"{x:.2f}x " + ("[green]ok[/green]" if x <= target else "[red]miss[/red]")
 
 
-def cost_table(rows: list[Row]):
-    from rich.table import Table
-
-    table = Table(title="default `qcli quantize` vs onnxruntime quantize_static (32 samples)", title_justify="left")
-    for col in ("model", "qcli exit", "qcli", "ort", "wall (<= 3x)", "RSS (<= 1.2x)", "fp32 inference",
-                "qcli calibrate", "calibrate / fp32 (<= 1.5x)"):
-        table.add_column(col)
+def cost_table(rows: list[Row]) -> Sheet:
+    table = Sheet("default `qcli quantize` vs onnxruntime quantize_static (32 samples)",
+                  ["model", "qcli exit", "qcli", "ort", "wall (<= 3x)", "RSS (<= 1.2x)", "fp32 inference",
+                   "qcli calibrate", "calibrate / fp32 (<= 1.5x)"])
     for r in rows:
         codes = ",".join(str(run.code) for run in r.runs["qcli"])
         ort = json.loads(r.runs["ort"][-1].out or "{}").get("options") if r.runs["ort"][-1].code == 0 else None
@@ -206,14 +204,10 @@ PHASES = ("load", "prepare", "calibrate", "calibrate/observe", "calibrate/solve"
           "verify/search/weight-only", "verify/weight-only", "write")
 
 
-def phase_table(rows: list[Row]):
+def phase_table(rows: list[Row]) -> Sheet:
     """qcli's phases (seconds, calls when more than one) of its last run on each model."""
-    from rich.table import Table
-
-    table = Table(title="where qcli's time goes (`--json` phases; seconds, x calls)", title_justify="left")
-    table.add_column("phase")
-    for r in rows:
-        table.add_column(r.name, justify="right")
+    table = Sheet("where qcli's time goes (`--json` phases; seconds, x calls)",
+                  ["phase", *((r.name, "right") for r in rows)])
     docs = []
     for r in rows:
         try:
@@ -244,27 +238,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     parser.add_argument("--rounds", type=int, default=1, help="runs of each kind (median shown)")
     parser.add_argument("--child", nargs=4, metavar=("KIND", "MODEL", "CALIB", "OUT"), help=argparse.SUPPRESS)
+    add_markdown_option(parser, __file__)
     args = parser.parse_args(argv)
     if args.child:
         kind, *paths = args.child
         return run_child(kind, *map(Path, paths))
-    from quantize import bench_console  # benchmarks/quantize.py
 
-    console = bench_console(f"{args.rounds} round(s)")
+    page = bench_page(args.markdown, f"{args.rounds} round(s)")
     start, rows = time.perf_counter(), []
     with tempfile.TemporaryDirectory(prefix="qcli-bench-exported-") as tmp:
         env = installed_env()
         for name in args.models:
             if lacks := heldout.missing(name):
-                console.print(f"[yellow]skipped {name}: {', '.join(lacks)} not found (`make real-models`)[/yellow]")
+                page.line(f"[yellow]skipped {name}: {', '.join(lacks)} not found (`make real-models`)[/yellow]")
                 continue
             began = time.perf_counter()
             rows.append(measure(name, Path(tmp) / name, args.rounds, env))
-            console.print(f"{name}: {time.perf_counter() - began:.0f} s")
+            page.print(f"{name}: {time.perf_counter() - began:.0f} s")
     if rows:
-        console.print(cost_table(rows))
-        console.print(phase_table(rows))
-    console.print(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
+        page.table(cost_table(rows))
+        page.table(phase_table(rows))
+    page.line(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
+    page.write()
     return 0
 
 

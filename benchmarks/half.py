@@ -5,6 +5,7 @@ judges int8), and whether any output is NaN or infinite.
 
     PYTHONPATH=. .venv/bin/python benchmarks/half.py                       # float16, every model
     PYTHONPATH=. .venv/bin/python benchmarks/half.py --type bfloat16 --models encoder ocr-det
+    PYTHONPATH=. .venv/bin/python benchmarks/half.py --markdown   # the table also in benchmarks/results/half.md
 
 The models, their input writers and the 32-sample calibration / held-out splits are
 benchmarks/heldout.py's. CPU measures the numbers only (qcli.twin.emulated: each value rounded
@@ -25,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import heldout  # noqa: E402  (benchmarks/heldout.py)
-from quantize import bench_console  # noqa: E402  (benchmarks/quantize.py)
+from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
 
 def non_finite(quantized: Path, folder: Path) -> int:
@@ -83,22 +84,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(heldout.MODELS), choices=list(heldout.MODELS))
     parser.add_argument("--type", choices=["float16", "bfloat16"], default="float16")
+    add_markdown_option(parser, __file__)
     args = parser.parse_args(argv)
-    from rich.table import Table
 
-    console = bench_console()
-    table = Table(title=f"--config {args.type} on trained models, judged on held-out inputs", title_justify="left")
-    for col in ("model", "qcli", "converted", "held-out (qcli's floors)", "NaN/Inf values"):
-        table.add_column(col)
+    page = bench_page(args.markdown)
+    table = Sheet(f"--config {args.type} on trained models, judged on held-out inputs",
+                  ["model", "qcli", "converted", "held-out (qcli's floors)", "NaN/Inf values"])
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qcli-bench-half-") as tmp:
         for name in args.models:
             if lacks := heldout.missing(name):
-                console.print(f"[yellow]skipped {name}: {', '.join(lacks)} not found[/yellow]")
+                page.line(f"[yellow]skipped {name}: {', '.join(lacks)} not found[/yellow]")
                 continue
             table.add_row(*row(name, args.type, Path(tmp) / name), end_section=True)
-    console.print(table)
-    console.print(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
+    page.table(table)
+    page.line(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
+    page.write()
     return 0
 
 

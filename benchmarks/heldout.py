@@ -7,6 +7,7 @@ verdict rule (qcli.analyze.verdict) on the held-out samples.
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py                    # every model (~10 min, 2 cores)
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --models magika ocr-rec
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --recovery bias_correction   # qcli with recovery steps
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --markdown   # the table also in benchmarks/results/heldout.md
 
 Models: those of benchmarks/recovery.py (their input writers, other split sizes; Silero VAD's
 speech is spoken by the espeak-ng program when on PATH, else by the espeak-ng library of
@@ -43,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import inputs  # noqa: E402  (benchmarks/inputs.py)
-from quantize import bench_console  # noqa: E402  (benchmarks/quantize.py)
+from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
@@ -193,26 +194,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recovery", nargs="*", default=None,
                         choices=["bias_correction", "equalization", "smoothquant"],
                         help="recovery steps for qcli (default: qcli's; none given: none)")
+    add_markdown_option(parser, __file__)
     args = parser.parse_args(argv)
-    from rich.table import Table
 
-    console = bench_console()
-    table = Table(title="qcli's verdict (32 calibration samples) beside the held-out truth", title_justify="left")
-    for col in ("model (samples)", "qcli", "qcli's checks", "held-out, same floors"):
-        table.add_column(col)
+    page = bench_page(args.markdown)
+    table = Sheet("qcli's verdict (32 calibration samples) beside the held-out truth",
+                  ["model (samples)", "qcli", "qcli's checks", "held-out, same floors"])
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qcli-bench-heldout-") as tmp:
         for name in args.models:
             model = MODELS[name][0]
             if lacks := missing(name):
-                console.print(f"[yellow]skipped {name}: {', '.join(lacks)} not found "
+                page.line(f"[yellow]skipped {name}: {', '.join(lacks)} not found "
                               f"(`make real-models`; Debian: apt-get install espeak-ng)[/yellow]")
                 continue
             began = time.perf_counter()
             table.add_row(*row(name, model, Path(tmp) / name, args.folds, args.method, args.recovery), end_section=True)
-            console.print(f"{name}: {time.perf_counter() - began:.0f} s")
-    console.print(table)
-    console.print(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
+            page.print(f"{name}: {time.perf_counter() - began:.0f} s")
+    page.table(table)
+    page.line(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
+    page.write()
     return 0
 
 

@@ -1,6 +1,7 @@
 """Verification and automatic mixed precision, measured on the sample models.
 
     .venv/bin/python benchmarks/precision.py            # ~3 min on a 2-core machine
+    .venv/bin/python benchmarks/precision.py --markdown # the tables also in benchmarks/results/precision.md
 
 Every step is a `qcli` command in its own process (what a user runs), with `--json`:
 
@@ -20,6 +21,7 @@ Nothing here is asserted: figures are printed for the issue notes.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -27,6 +29,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 QCLI = [sys.executable, "-m", "qcli.cli"]
@@ -48,7 +53,7 @@ def analyze(name: str, quantized: Path) -> dict:
     return doc
 
 
-def verification_cost(tmp: Path) -> None:
+def verification_cost(tmp: Path) -> Sheet:
     cnn = MODELS / "cnn"
     times: dict[str, list[float]] = {"verify": [], "no-verify": []}
     promoted = None
@@ -62,12 +67,15 @@ def verification_cost(tmp: Path) -> None:
                 promoted = doc["precision"]["promoted"] if doc["precision"] else {}
                 checks = {c["name"]: round(c["value"], 4) for c in doc["verification"]["checks"]}
     v, n = statistics.median(times["verify"]), statistics.median(times["no-verify"])
-    print("## verification cost: qcli quantize sample_models/cnn --data calib (medians of 3, own process each)")
-    print(f"  with verification {v:.2f} s, --no-verify {n:.2f} s: {v / n:.2f}x  (target <= 1.30x)")
-    print(f"  checks {checks}; promoted: {len(promoted)} nodes {list(promoted)}")
+    table = Sheet("verification cost: qcli quantize sample_models/cnn --data calib (medians of 3, own process each)",
+                  ["run", ("wall s", "right"), ("vs --no-verify", "right")])
+    table.add_row("with verification", f"{v:.2f}", f"{v / n:.2f}x (target <= 1.30x)")
+    table.add_row("--no-verify", f"{n:.2f}", "")
+    table.notes.append(f"checks {checks}; promoted: {len(promoted)} nodes {list(promoted)}")
+    return table
 
 
-def auto_precision_case(tmp: Path, name: str, budget: float, config_text: str) -> None:
+def auto_precision_case(tmp: Path, name: str, budget: float, config_text: str) -> Sheet:
     model = MODELS / name
     config = tmp / f"{name}.yaml"
     config.write_text(config_text)
@@ -84,14 +92,13 @@ def auto_precision_case(tmp: Path, name: str, budget: float, config_text: str) -
     for node in p["promoted"]:
         op = node.rsplit("/", 1)[-1].split("_")[0]
         types[op] = types.get(op, 0) + 1
-    print(f"## auto-precision: {name}, config {config_text.strip()!r}, budget {budget * 100:g} points")
-    print(f"  all int8:       top-1 drop {base['accuracy']['top1_drop'] * 100:.2f} points, "
-          f"speedup {base['speed']['speedup']:.2f}x")
-    print(f"  auto-precision: top-1 drop {auto['accuracy']['top1_drop'] * 100:.2f} points, "
-          f"speedup {auto['speed']['speedup']:.2f}x, {len(p['promoted'])} nodes promoted {dict(types)}, "
-          f"{p['trials']} trials, {seconds:.1f} s, goal {'met' if p['goal_met'] else 'MISSED'} (exit {code})")
-    for node, info in p["promoted"].items():
-        print(f"    {node}: {info['precision']} ({info['reason']})")
+    table = Sheet(f"auto-precision: {name}, config {config_text.strip()!r}, budget {budget * 100:g} points",
+                  ["model", ("top-1 drop (points)", "right"), ("speedup", "right"), "float nodes", "search"])
+    table.add_row("all int8", f"{base['accuracy']['top1_drop'] * 100:.2f}", f"{base['speed']['speedup']:.2f}x")
+    table.add_row("auto-precision", f"{auto['accuracy']['top1_drop'] * 100:.2f}", f"{auto['speed']['speedup']:.2f}x",
+                  f"{len(p['promoted'])} promoted {dict(types)}",
+                  f"{p['trials']} trials, {seconds:.1f} s, goal {'met' if p['goal_met'] else 'MISSED'} (exit {code})")
+    table.notes += [f"{node}: {info['precision']} ({info['reason']})" for node, info in p["promoted"].items()]
     if types:
         op = max(types, key=types.get)
         baseline_config = tmp / f"{name}.baseline.yaml"
@@ -103,18 +110,25 @@ def auto_precision_case(tmp: Path, name: str, budget: float, config_text: str) -
         excluded = next(
             (r["count"] for r in bdoc["float"] if r["op_type"] == op and r["reason"] == "excluded by config"), 0
         )
-        print(f"  baseline 'exclude every {op}': {excluded} nodes float, top-1 drop "
-              f"{line['accuracy']['top1_drop'] * 100:.2f} points, speedup {line['speed']['speedup']:.2f}x")
+        table.add_row(f"baseline 'exclude every {op}'", f"{line['accuracy']['top1_drop'] * 100:.2f}",
+                      f"{line['speed']['speedup']:.2f}x", f"{excluded} excluded")
+    return table
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    add_markdown_option(parser, __file__)
+    args = parser.parse_args(argv)
+    page = bench_page(args.markdown)
     with tempfile.TemporaryDirectory(prefix="qcli-bench-") as tmp:
-        tmp = Path(tmp)
-        verification_cost(tmp)
-        auto_precision_case(tmp, "cnn", 0.005, "calibration: {method: kl}\n"
-                            "activations: {dtype: int8, symmetric: true}\nverify: {max_latency_ratio: null}\n")
-        auto_precision_case(tmp, "transformer", 0.0, "verify: {max_latency_ratio: null}\n")
+        page.table(verification_cost(Path(tmp)))
+        page.table(auto_precision_case(Path(tmp), "cnn", 0.005, "calibration: {method: kl}\n"
+                                       "activations: {dtype: int8, symmetric: true}\n"
+                                       "verify: {max_latency_ratio: null}\n"))
+        page.table(auto_precision_case(Path(tmp), "transformer", 0.0, "verify: {max_latency_ratio: null}\n"))
+    page.write()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

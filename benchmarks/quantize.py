@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/quantize.py                        # all sample models (~3 min)
     .venv/bin/python benchmarks/quantize.py --models cnn --runs 300 --rounds 3
+    .venv/bin/python benchmarks/quantize.py --markdown             # tables also in benchmarks/results/quantize.md
     PYTHONPATH=. .venv/bin/python benchmarks/quantize.py --exported   # the exported models: benchmarks/exported.py
 
 Each sample model (`sample_models/<name>/`) is quantized, in this one process, by:
@@ -58,17 +59,11 @@ directory, removed at the end.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
-import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -76,17 +71,26 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ort_quantize import (  # noqa: E402  (benchmarks/ort_quantize.py)
+    PER_TENSOR,
+    STRIDED,
+    calibration_reader,
+    error_line,
+    ort_preprocess,
+    run_quantize_static,
+)
+from sheet import THREADS, Column, Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 MODELS = ("cnn", "transformer", "mlp")
 ORT_METHODS = ("MinMax", "Percentile", "Entropy")
-THREADS = 2
 WARMUP = 5
 MIN_SECONDS = 2.0  # each timed section runs at least this long (short runs get more repetitions)
 MAX_RUNS = 5000
 EVAL_BATCH = 64
-ERROR_CHARS = 220
 
 
 @dataclass(frozen=True)
@@ -154,27 +158,6 @@ class ModelResult:
         return max(ran, key=lambda v: v.top1) if ran else None
 
 
-def error_line(exc: BaseException) -> str:
-    """The exception's type and last non-empty message line; a long one keeps its start and
-    its end (where onnxruntime's load errors say what is wrong)."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    text = f"{type(exc).__name__}: {lines[-1] if lines else ''}"
-    half = ERROR_CHARS // 2
-    return text if len(text) <= ERROR_CHARS else f"{text[:half]} … {text[-half:]}"
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """Silence onnxruntime.quantization's prints, logging warnings and numpy's RuntimeWarnings."""
-    logging.disable(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(logging.NOTSET)
-
-
 # ============================================================================ quantizers
 
 
@@ -197,72 +180,6 @@ def quantize_qcli(model_path: Path, calib: Path, out: Path, verify: bool = True)
     except Exception as exc:  # a failure is a result of the benchmark
         return Variant(name, error=error_line(exc))
     return Variant(name, path=out, quantize_s=time.perf_counter() - start)
-
-
-def calibration_reader(model_path: Path, calib: Path, per_call: int):
-    """A CalibrationDataReader over every sample of `calib` (read now), `per_call` samples per
-    call, with the `__len__` / `set_range` that `CalibStridedMinMax` needs."""
-    from onnxruntime.quantization import CalibrationDataReader
-
-    from qcli.data import DataFolder, model_inputs
-    from qcli.model import load_model
-
-    class Reader(CalibrationDataReader):
-        def __init__(self, feeds: list[dict[str, np.ndarray]]):
-            self.feeds = feeds
-            self.set_range(0, len(feeds))
-
-        def get_next(self):
-            return next(self.iterator, None)
-
-        def __len__(self) -> int:
-            return len(self.feeds)
-
-        def set_range(self, start_index: int, end_index: int) -> None:
-            self.iterator = iter(self.feeds[start_index:end_index])
-
-    folder = DataFolder(calib, model_inputs(load_model(model_path)))
-    return Reader([batch.inputs for batch in folder.batches(per_call)])
-
-
-def ort_preprocess(model_path: Path, out: Path) -> tuple[Path, list[str]]:
-    """`quant_pre_process` as onnxruntime's docs recommend; on failure, the variant its error
-    suggests, then none. Returns the model to quantize and what went wrong."""
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    notes = []
-    for label, options in (("quant_pre_process", {}), ("quant_pre_process(skip_symbolic_shape=True)",
-                                                        {"skip_symbolic_shape": True})):
-        try:
-            with quiet():
-                quant_pre_process(str(model_path), str(out), **options)
-            return out, notes
-        except Exception as exc:
-            notes.append(f"onnxruntime {label} failed: {error_line(exc)}")
-    notes.append("onnxruntime quantizes the model without pre-processing")
-    return model_path, notes
-
-
-def run_quantize_static(source: Path, reader_factory: Callable, out: Path, method: str, **options) -> float:
-    """One `quantize_static` call (QDQ, QUInt8 activations, QInt8 weights); returns seconds."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
-    start = time.perf_counter()
-    with quiet():
-        quantize_static(
-            str(source), str(out), reader_factory(),
-            quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=getattr(CalibrationMethod, method),
-            **{"per_channel": True, **options},
-        )
-    return time.perf_counter() - start
-
-
-# Fallbacks of a failed onnxruntime variant (label, quantize_static options): one, chosen by data.
-STRIDED = ("strided", {"extra_options": {"CalibStridedMinMax": 1}})
-PER_TENSOR = ("per-tensor", {"per_channel": False})
 
 
 def quantize_ort(model_path: Path, calib: Path, work: Path, workload: Workload) -> tuple[list[Variant], list[str]]:
@@ -435,16 +352,14 @@ def _ratio(a: float | None, b: float | None, fmt: str = "{:.2f}x") -> str:
     return fmt.format(a / b) if a and b else ""
 
 
-def model_table(result: ModelResult):
-    """One row per variant: accuracy, latency at batch 1 and N, size, quantize time."""
-    from rich.table import Table
-
+def model_table(result: ModelResult) -> Sheet:
+    """One row per variant: accuracy, latency at batch 1 and N, size, quantize time; the notes under it."""
     n = result.batch_n
-    table = Table(title=f"{result.name} ({result.samples})", title_justify="left")
-    table.add_column("model", no_wrap=True)
-    for col in ("top-1 %", "drop (pts)", "b1 ms (p90)", "vs fp32", f"b{n} ms (p90)", "vs fp32",
-                "size B", "x smaller", "quantize s"):
-        table.add_column(col, justify="right")
+    figures = ("top-1 %", "drop (pts)", "b1 ms (p90)", "vs fp32", f"b{n} ms (p90)", "vs fp32", "size B", "x smaller",
+               "quantize s")
+    table = Sheet(f"{result.name} ({result.samples})",
+                  [Column("model", no_wrap=True), *((figure, "right") for figure in figures)])
+    table.notes = model_notes(result)
     fp32, best = result.get("fp32"), result.ort_best
     for v in result.variants:
         label = v.name + (" [bold](best)[/bold]" if v is best else "")
@@ -528,12 +443,8 @@ def target_rows(result: ModelResult) -> list[tuple[str, str, bool | None]]:
     return rows
 
 
-def verdict_table(results: list[ModelResult]):
-    from rich.table import Table
-
-    table = Table(title="Targets (issue 7; reported, not asserted)", title_justify="left")
-    for col, justify in (("model", "left"), ("target", "left"), ("measured", "right"), ("", "left")):
-        table.add_column(col, justify=justify)
+def verdict_table(results: list[ModelResult]) -> Sheet:
+    table = Sheet("Targets (issue 7; reported, not asserted)", ["model", "target", ("measured", "right"), ""])
     for result in results:
         rows = target_rows(result)
         for i, (target, measured, met) in enumerate(rows):
@@ -543,19 +454,6 @@ def verdict_table(results: list[ModelResult]):
 
 
 # ============================================================================ main
-
-
-def bench_console(setting: str = ""):
-    """A wide rich console, onnxruntime's logging quieted, and the machine line every benchmark
-    starts with (onnxruntime version, CPUs, threads, `setting`, load average)."""
-    import onnxruntime
-    from rich.console import Console
-
-    onnxruntime.set_default_logger_severity(3)
-    console = Console(highlight=False, width=max(shutil.get_terminal_size((160, 24)).columns, 160))
-    console.print(f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs, {THREADS} intra-op threads, "
-                  + (f"{setting}, " if setting else "") + f"load average {os.getloadavg()[0]:.1f}")
-    return console
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -568,29 +466,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--runs", type=int, default=100, help="timed runs per model and batch size (median, p90)")
     parser.add_argument("--rounds", type=int, default=2, help="repetitions of the timed section (best median)")
+    add_markdown_option(parser, __file__)
     args = parser.parse_args(argv)
 
-    console = bench_console(f"{args.runs} timed runs x {args.rounds} rounds")
+    page = bench_page(args.markdown, f"{args.runs} timed runs x {args.rounds} rounds")
     start = time.perf_counter()
     results = []
     with tempfile.TemporaryDirectory(prefix="qcli-bench-quantize-") as tmp:
         for name in args.models:
             folder = ROOT / "sample_models" / name
             if not (folder / "model.onnx").is_file():
-                console.print(f"[yellow]skipped {name}: {folder / 'model.onnx'} not found[/yellow]")
+                page.line(f"[yellow]skipped {name}: {folder / 'model.onnx'} not found[/yellow]")
                 continue
             work = Path(tmp) / name
             work.mkdir()
             result = benchmark_model(name, folder, work, args.runs, args.rounds)
             results.append(result)
-            console.print(model_table(result))
-            for line in model_notes(result):
-                console.print("  " + line)
-            console.print()
+            page.table(model_table(result))
+            page.print()
     if results:
-        console.print(verdict_table(results))
-    console.print(f"benchmark took {time.perf_counter() - start:.0f} s, "
-                  f"load average {os.getloadavg()[0]:.1f}")
+        page.table(verdict_table(results))
+    page.line(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
+    page.write()
     return 0
 
 

@@ -3,6 +3,7 @@ on held-out inputs: qcli's paths against onnxruntime's quantizers, in one table.
 
     PYTHONPATH=. .venv/bin/python benchmarks/recovery.py                  # every model (~15 min, 2 cores)
     PYTHONPATH=. .venv/bin/python benchmarks/recovery.py --models encoder ocr-rec --rows int8 dynamic
+    PYTHONPATH=. .venv/bin/python benchmarks/recovery.py --markdown   # the table also in benchmarks/results/recovery.md
 
 Models (`make real-models`; inputs written by benchmarks/inputs.py into a temporary folder, split
 into calib/, verify/ and holdout/ with nothing in common):
@@ -61,16 +62,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import inputs  # noqa: E402  (benchmarks/inputs.py)
-from quantize import (  # noqa: E402  (benchmarks/quantize.py)
-    bench_console,
-    calibration_reader,
-    error_line,
-    optimized_ops,
-    ort_preprocess,
-    quiet,
-    run_quantize_static,
-    time_round,
-)
+from ort_quantize import calibration_reader, error_line, ort_preprocess, quiet, run_quantize_static  # noqa: E402
+from quantize import optimized_ops, time_round  # noqa: E402  (benchmarks/quantize.py)
+from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
@@ -321,14 +315,10 @@ def measure(task: Task, rows: list[Row], holdout: Path, work: Path, runs: int, r
         row.latency = min(t[row.label].median_ms for t in timings)
 
 
-def table(results: list[tuple[Task, list[Row], str]]):
-    from rich.table import Table
-
-    out = Table(title="Int8 on trained models, judged on held-out inputs", title_justify="left")
-    for col, justify in (("model", "left"), ("quantized by", "left"), ("fidelity (held-out)", "left"),
-                         ("x smaller", "right"), ("latency vs float (b1)", "right"), ("int8 ops", "right"),
-                         ("quantize s", "right")):
-        out.add_column(col, justify=justify)
+def table(results: list[tuple[Task, list[Row], str]]) -> Sheet:
+    out = Sheet("Int8 on trained models, judged on held-out inputs",
+                ["model", "quantized by", "fidelity (held-out)", ("x smaller", "right"),
+                 ("latency vs float (b1)", "right"), ("int8 ops", "right"), ("quantize s", "right")])
     for task, rows, counts in results:
         base = next((r.latency for r in rows if r.path == task.model), 0.0)
         for i, row in enumerate(rows):
@@ -359,9 +349,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="rows to run (float is always measured: the reference)")
     parser.add_argument("--runs", type=int, default=100, help="timed cycles per round (at least 2 s)")
     parser.add_argument("--rounds", type=int, default=2, help="repetitions of the timed section (best median)")
+    add_markdown_option(parser, __file__)
     args = parser.parse_args(argv)
 
-    console = bench_console()
+    page = bench_page(args.markdown)
     variants = [v for v in ROWS if v.key == "float" or v.key in args.rows]
     start, results = time.perf_counter(), []
     with tempfile.TemporaryDirectory(prefix="qcli-bench-recovery-") as tmp:
@@ -370,16 +361,17 @@ def main(argv: list[str] | None = None) -> int:
             missing = [str(task.model)] if not task.model.is_file() else []
             missing += [task.needs] if task.needs == "espeak-ng" and not inputs.can_speak() else []
             if missing:
-                console.print(f"[yellow]skipped {name}: {', '.join(missing)} not found "
+                page.line(f"[yellow]skipped {name}: {', '.join(missing)} not found "
                               f"(`make real-models`; Debian: apt-get install espeak-ng)[/yellow]")
                 continue
             began = time.perf_counter()
             rows, counts = run_task(task, variants, Path(tmp) / name, args.runs, args.rounds)
-            console.print(f"{name}: {time.perf_counter() - began:.0f} s")
+            page.print(f"{name}: {time.perf_counter() - began:.0f} s")
             results.append((task, rows, counts))
     if results:
-        console.print(table(results))
-    console.print(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
+        page.table(table(results))
+    page.line(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
+    page.write()
     return 0
 
 

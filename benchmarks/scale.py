@@ -3,6 +3,7 @@ local process pool, and on a local Ray instance, on the sample CNN with 512 samp
 
     .venv/bin/python benchmarks/scale.py               # what `make bench` runs (~1-2 min)
     .venv/bin/python benchmarks/scale.py --reps 5 --samples 1024
+    .venv/bin/python benchmarks/scale.py --markdown     # the table also in benchmarks/results/scale.md
 
 Configurations (each in a fresh child process, repetitions interleaved, medians shown):
 
@@ -29,14 +30,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = (("serial", 1), ("local", 1), ("local", 2), ("ray", 1), ("ray", 2))
@@ -106,25 +108,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
+    add_markdown_option(p, __file__)
     args = p.parse_args(argv)
     if args.child:
         result = _child(args.child, args.workers, args.model, args.data, args.n)
         Path(args.result).write_text(json.dumps(result))
         return 0
 
-    import onnxruntime
-    from rich.console import Console
-    from rich.table import Table
+    from calibration import make_data  # benchmarks/calibration.py
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from calibration import make_data
-
-    console = Console(highlight=False, width=max(shutil.get_terminal_size((120, 24)).columns, 120))
+    page = bench_page(args.markdown, f"sample CNN, {args.samples} samples, batch size {BATCH_SIZE}, {args.reps} "
+                      "repetition(s) (median)", width=120, threads=None)
     cnn = ROOT / "sample_models" / "cnn"
-    console.print(
-        f"onnxruntime {onnxruntime.__version__}, {os.cpu_count()} CPUs, sample CNN, {args.samples} samples, "
-        f"batch size {BATCH_SIZE}, {args.reps} repetition(s) (median), load average {os.getloadavg()[0]:.1f}"
-    )
     runs: dict[tuple[str, int], list[dict]] = {c: [] for c in CONFIGS}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qcli-bench-") as tmp:
@@ -136,17 +131,16 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 runs[config].append(run_child(*config, cnn / "model.onnx", data, args.samples, args.timeout))
 
-    table = Table(title=f"calibration wall time, sample CNN, {args.samples} samples", title_justify="left")
-    for col in ("executor", "workers", "threads each", "wall", "speedup", "start", "wall + start", "same file"):
-        table.add_column(col, justify="left" if col == "executor" else "right")
+    table = Sheet(f"calibration wall time, sample CNN, {args.samples} samples",
+                  ["executor", *((col, "right") for col in ("workers", "threads each", "wall", "speedup", "start",
+                                                            "wall + start", "same file"))])
     serial = statistics.median(r["seconds"] for r in runs[("serial", 1)] if "seconds" in r)
     reference = runs[("serial", 1)][0].get("digest")
-    notes = []
     for (kind, workers), results in runs.items():
         bad = next((r for r in results if "skipped" in r or "error" in r), None)
         if bad is not None:
             table.add_row(kind, str(workers), "", "skipped" if "skipped" in bad else "failed", "", "", "", "")
-            notes.append(f"{kind} x{workers}: {bad.get('skipped') or bad['error']}")
+            table.notes.append(f"{kind} x{workers}: {bad.get('skipped') or bad['error']}")
             continue
         wall = statistics.median(r["seconds"] for r in results)
         start = statistics.median(r["start"] for r in results) if "start" in results[0] else None
@@ -155,11 +149,10 @@ def main(argv: list[str] | None = None) -> int:
             "" if start is None else f"{start:.2f} s", "" if start is None else f"{wall + start:.2f} s",
             "yes" if all(r["digest"] == reference for r in results) else "NO",
         )
-    console.print(table)
-    for note in notes:
-        console.print("  " + note, markup=False)
-    console.print("speedup = serial wall / wall (> 1: faster than one process); start = ray.init, not in wall")
-    console.print(f"benchmark took {time.perf_counter() - t0:.0f} s")
+    page.table(table)
+    page.line("speedup = serial wall / wall (> 1: faster than one process); start = ray.init, not in wall")
+    page.line(f"benchmark took {time.perf_counter() - t0:.0f} s")
+    page.write()
     return 0
 
 

@@ -4,6 +4,7 @@ model beside qcli's.
 
     PYTHONPATH=. .venv/bin/python benchmarks/target.py                      # every model
     PYTHONPATH=. .venv/bin/python benchmarks/target.py --models ocr-det --variants int8 default
+    PYTHONPATH=. .venv/bin/python benchmarks/target.py --markdown   # the table also in benchmarks/results/target.md
 
 Per model (benchmarks/heldout.py's, `make real-models`; 32 calibration samples): the models
 are `int8` (`qcli quantize --no-verify`: everything qcli can quantize, int8), `default` (the
@@ -29,7 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import heldout  # noqa: E402  (benchmarks/heldout.py)
-from quantize import STRIDED, bench_console, calibration_reader, ort_preprocess, run_quantize_static  # noqa: E402
+from ort_quantize import STRIDED, calibration_reader, ort_preprocess, run_quantize_static  # noqa: E402
+from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = [name for name in heldout.MODELS if name != "cnn-pages"]
@@ -79,22 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     parser.add_argument("--variants", nargs="+", default=["int8", "default", "ort"], choices=["int8", "default", "ort"])
+    add_markdown_option(parser, __file__)
     args = parser.parse_args(argv)
-    from rich.table import Table
-
     from qcli.errors import QcliError
 
-    console = bench_console()
-    table = Table(title="predicted vs measured latency ratio (quantized / original file, batch 1)",
-                  title_justify="left")
-    for col in ("model", "variant", "original ms (pred / meas)", "predicted", "measured [95%]", "error", "ok"):
-        table.add_column(col)
+    page = bench_page(args.markdown)
+    table = Sheet("predicted vs measured latency ratio (quantized / original file, batch 1)",
+                  ["model", "variant", "original ms (pred / meas)", "predicted", "measured [95%]", "error", "ok"])
     within = total = wrong_side = 0
     with tempfile.TemporaryDirectory(prefix="qcli-bench-target-") as tmp:
         for name in args.models:
             model = heldout.MODELS[name][0]
             if lacks := heldout.missing(name):
-                console.print(f"[yellow]skipped {name}: {', '.join(lacks)} not found (`make real-models`)[/yellow]")
+                page.line(f"[yellow]skipped {name}: {', '.join(lacks)} not found (`make real-models`)[/yellow]")
                 continue
             calib = heldout.MODELS[name][1](Path(tmp) / name / "inputs")["calib"]
             for variant in args.variants:
@@ -113,17 +112,18 @@ def main(argv: list[str] | None = None) -> int:
                 within += abs(error) <= 0.10
                 wrong = float(measured) > 1.05 and predicted < 1.0
                 wrong_side += wrong
-                console.print(f"  {name} {variant}: predicted {predicted:.3f}, measured {float(measured):.3f}")
+                page.print(f"  {name} {variant}: predicted {predicted:.3f}, measured {float(measured):.3f}")
                 table.add_row(name, f"{variant} ({said})", f"{pred_ms:.3f} / {meas_ms:.3f}", f"{predicted:.3f}",
                               f"{float(measured):.3f} [{measured.low:.3f}, {measured.high:.3f}]", f"{error:+.1%}",
                               "[red]faster predicted, measured slower[/red]" if wrong else
                               ("yes" if abs(error) <= 0.10 else "[yellow]off by > 10%[/yellow]"))
             table.add_section()
-            console.print(f"{name}: done ({time.strftime('%H:%M:%S')})")
-    console.print(table)
+            page.print(f"{name}: done ({time.strftime('%H:%M:%S')})")
+    page.table(table)
     if total:
-        console.print(f"within +-10%: {within} of {total} ({within / total:.0%}, target >= 80%); predicted faster "
-                      f"while measured > 5% slower: {wrong_side} (target 0); load average {os.getloadavg()[0]:.1f}")
+        page.line(f"within +-10%: {within} of {total} ({within / total:.0%}, target >= 80%); predicted faster "
+                  f"while measured > 5% slower: {wrong_side} (target 0); load average {os.getloadavg()[0]:.1f}")
+    page.write()
     return 0
 
 
