@@ -105,3 +105,21 @@ def test_a_straddling_sequence_agreement_is_decided_by_its_positions_not_the_cos
     assert v.passed is passed and f"predict {predicted} on unseen samples" in v.how
     (v,) = verdicts(Fidelity((sequences(31, 32, 1280, same),), 0.0), 0.99, 0.99)
     assert not v.passed and v.how == "below the floor"  # 31 of 32: below, whatever the positions say
+
+
+def mask(ious: list[float], cosine: float = 0.9999) -> OutputFidelity:
+    n = len(ious)
+    return OutputFidelity("map", False, None, cosine, 30.0, kind=Kind.MASK, samples=n, mask_iou=sum(ious) / n,
+                          mask_agreement=0.999, agreement_interval=mean_interval(sum(ious), sum(i * i for i in ious), n),
+                          cosine_interval=(cosine, cosine))
+
+
+@pytest.mark.parametrize(("ious", "passed", "how"), [
+    ([0.996] * 32, True, "its interval is clear of the floor"),
+    ([1.0, 0.982] * 16, False, "the IoU is the mask's continuous figure"),  # mean 0.991, straddles: missed
+    ([0.96] * 32, False, "below the floor"),  # the text detector's held-out IoU
+])
+def test_a_masks_iou_is_decided_by_its_own_interval_never_by_its_cosine(ious: list[float], passed: bool,
+                                                                       how: str) -> None:
+    (v,) = verdicts(Fidelity((mask(ious),), 0.0), 0.99, 0.99)
+    assert v.metric == "mask IoU" and v.passed is passed and how in v.how

@@ -8,10 +8,11 @@ where the same model could land on samples it never saw. The rule:
   against 0.99): met when its value reaches the floor and so does the agreement a finer
   figure predicts for unseen samples: for top-1 and sequence outputs, the one the decisions'
   margins predict (qcli.analyze.margins; a sequence's, at most what its position agreement
-  predicts: one changed position in 32 sequences of 40 predicts 0.969); for mask outputs,
-  the interval of its mean cosine at or above `min_cosine`; an integer output's: missed;
-- a cosine whose interval straddles its floor: missed (the cosine is the continuous figure;
-  nothing finer can decide).
+  predicts: one changed position in 32 sequences of 40 predicts 0.969); an integer output's:
+  missed;
+- a cosine or a mask's IoU (a mean of each sample's) whose interval straddles its floor: missed
+  (each is the continuous figure: nothing finer can decide; a mask's cosine, which the
+  background fills, does not).
 More samples narrow the intervals (`verify.samples`, `--eval-data`); verification does not
 fetch more on its own (every candidate would have to be measured on them again).
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from qcli.analyze.kinds import Kind
 
 if TYPE_CHECKING:
     from qcli.analyze.probe import Fidelity, OutputFidelity
@@ -61,6 +64,9 @@ def agreement_verdict(o: OutputFidelity, metric: str, value: float, floor: float
         how = (f"{_HOW[side]}; the margins of float's decisions and how far they moved predict "
                f"{o.predicted_agreement:.4f} on unseen samples, {'at or above' if close else 'below'} {floor:g}")
         return Verdict(metric, o.name, value, floor, interval, o.samples, close, how)
+    if o.kind is Kind.MASK:
+        return Verdict(metric, o.name, value, floor, interval, o.samples, False,
+                       f"{_HOW[side]}: the IoU is the mask's continuous figure, nothing finer decides")
     if cos is None or min_cosine is None:
         return Verdict(metric, o.name, value, floor, interval, o.samples, False,
                        f"{_HOW[side]} and the output has no cosine to decide")
