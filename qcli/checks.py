@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from qcli.analyze.confidence import DEFAULT, Shows
 from qcli.analyze.latency import Ratio
 from qcli.analyze.probe import AGREEMENT, Fidelity, Probe
 from qcli.analyze.report import rounded_pair
@@ -29,9 +30,10 @@ class Check:
     at_least: bool  # value >= floor (else value <= floor)
     passed: bool
     output: str | None = None  # the output the value comes from (the lowest of its kind)
-    interval: tuple[float, float] | None = None  # its ~95% interval (qcli.analyze.verdict)
+    interval: tuple[float, float] | None = None  # its interval at verify.confidence (qcli.analyze.verdict)
     samples: int | None = None
     how: str = ""  # how the verdict was reached
+    shows: Shows | None = None  # a share of samples: what they can show (qcli.analyze.confidence)
 
     @property
     def message(self) -> str:
@@ -52,6 +54,7 @@ class Verification:
     notes: list[str] = field(default_factory=list)
     target: str | None = None  # what latency was judged on (qcli.target.deployment)
     measured: Ratio | None = None  # with a predicted verdict: this machine's A/B ratio, reported only
+    confidence: float = DEFAULT  # verify.confidence: how sure a pass must be
 
     @property
     def passed(self) -> bool:
@@ -62,13 +65,14 @@ class Verification:
             "data": self.source,
             "samples": self.samples,
             "passed": self.passed,
+            "confidence": self.confidence,
             "metric": self.fidelity.metric,
             "drop": round(self.fidelity.drop, 6),
             "checks": [
                 {"name": c.name, "output": c.output, "value": round(c.value, 6), "floor": c.floor,
                  "kind": "at_least" if c.at_least else "at_most", "passed": c.passed,
                  "interval": rounded_pair(c.interval),
-                 "samples": c.samples, "how": c.how}
+                 "samples": c.samples, "how": c.how, "shows": c.shows.to_dict() if c.shows else None}
                 for c in self.checks
             ],
             "outputs": [o.to_dict() for o in self.fidelity.outputs],
@@ -117,7 +121,7 @@ def verification_of(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | No
     """The checks of `f` and `ratio` against the floors; `all_float`: the note saying why the
     model has no quantized node left, if so."""
     vf = config.verify
-    checks, notes = fidelity_checks(f, vf.min_top1_agreement, vf.min_cosine), []
+    checks, notes = fidelity_checks(f, vf.min_top1_agreement, vf.min_cosine, vf.confidence), []
     if all_float:
         notes.append(all_float)
     exact = probe.predicts
@@ -138,20 +142,26 @@ def verification_of(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | No
             f"(< verify.min_float_ms {vf.min_float_ms:g}), where per-node overhead decides the ratio"
         )
     target = probe.deployment.describe() + " against your model file as given" if probe.deployment else None
-    return Verification(plan.description, probe.samples, f, ratio, probe.float_ms(), checks, notes, target)
+    return Verification(plan.description, probe.samples, f, ratio, probe.float_ms(), checks, notes, target,
+                        confidence=vf.confidence)
 
 
-def fidelity_checks(f: Fidelity, min_agreement: float, min_cosine: float) -> list[Check]:
+def fidelity_checks(f: Fidelity, min_agreement: float, min_cosine: float, confidence: float = DEFAULT) -> list[Check]:
     """One check per metric the outputs are gated on (agreements against `min_agreement`,
     cosines against `min_cosine`, each by qcli.analyze.verdict's rule), on the output of its
-    kind that misses, else the lowest; then the plug-in's."""
+    kind that misses, else the lowest, with what a share of samples can show at `confidence`;
+    then the plug-in's."""
     checks = []
     found = verdicts(f, min_agreement, min_cosine)
+    changed = {o.name: o.changed for o in f.outputs}
     for metric in (*AGREEMENT.values(), "cosine"):
         mine = [v for v in found if v.metric == metric]
         if mine:
             v = min(mine, key=lambda v: (v.passed, v.value))
-            checks.append(Check(metric, v.value, v.floor, True, v.passed, v.output, v.interval, v.samples, v.how))
+            k = changed.get(v.output) if metric != "cosine" else None
+            shows = Shows(v.samples, k, v.floor, confidence) if k is not None else None
+            checks.append(Check(metric, v.value, v.floor, True, v.passed, v.output, v.interval, v.samples, v.how,
+                                shows))
     if f.custom is not None:
         checks.append(Check(f.custom.name, f.custom.score, f.custom.floor, True, f.custom.passed))
     return checks

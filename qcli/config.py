@@ -287,6 +287,9 @@ class Verify(Section):
     # output name -> the value above which a mask output's element or label is "on" (default 0.5
     # for probabilities, 0 for logits)
     thresholds: dict[str, float] = {}
+    # how sure a pass must be: the one-sided confidence of each interval's lower end
+    # (qcli.analyze.confidence; 0.975: the ~95% two-sided interval)
+    confidence: float = Field(0.975, gt=0.5, lt=1)
     # classes not counted at either end of a sequence (an OCR recognizer's space: str.strip)
     sequence_trim: list[Annotated[int, Field(ge=0)]] = []
     metric: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # package.module:function

@@ -321,7 +321,7 @@ def verification(console: Console, doc: dict) -> None:
     table.add_column("check")
     table.add_column("output", overflow="fold")
     table.add_column("value", justify="right")
-    table.add_column("95% interval (samples)", justify="right")
+    table.add_column(f"{2 * v.get('confidence', 0.975) - 1:.0%} interval (samples)", justify="right")
     table.add_column("floor", justify="right")
     table.add_column("")
     for c in v["checks"]:
@@ -333,6 +333,8 @@ def verification(console: Console, doc: dict) -> None:
     for c in v["checks"]:
         if c.get("interval") and c["interval"][0] < c["floor"] <= c["interval"][1] and c["value"] >= c["floor"]:
             console.print(f"{c['name']} of {c['output']}: {c['how']}")
+        if (shows := c.get("shows")) and (shows["samples_needed"] or 0) > shows["samples"]:
+            console.print(f"{c['name']} of {c['output']}: {shows['words']}")
     for note in v["notes"]:
         console.print(note)
     if v.get("target"):

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 from qcli import __version__
+from qcli.analyze.confidence import z_of
 from qcli.analyze.gates import Gates, check_gates
 from qcli.analyze.kinds import Kind, OutputKind, check_outputs, output_kinds
 from qcli.analyze.latency import measure, timed_inputs
@@ -340,7 +341,8 @@ class _Measures:
             values = {n: [np.asarray(f_out[n])] for n in self.outputs}
             self.kinds = output_kinds(self.model, values, self.verify.outputs, self.verify.ctc_blank,
                                       self.verify.sequence_trim, self.verify.thresholds)
-            self.fidelity = {n: FidelityAccumulator(self.kinds[n]) for n in self.outputs}
+            z = z_of(self.verify.confidence)
+            self.fidelity = {n: FidelityAccumulator(self.kinds[n], z=z) for n in self.outputs}
             self.class_output = next((n for n in self.outputs if self.kinds[n].kind is Kind.TOP1), None)
             if self.class_output is not None:
                 classes = int(np.asarray(f_out[self.class_output]).shape[1])

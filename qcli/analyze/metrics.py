@@ -13,8 +13,9 @@ The math, on a float reference `x` and a quantized result `y`:
   pixels "on"; 1 when both are empty): what a mask is gated on; mask agreement = fraction of
   elements on the same side of the threshold, reported (a sparse map's background fills it).
 The metric an output is judged by follows its kind (qcli.analyze.kinds). Each gated figure has
-a ~95% interval: a share of samples (top-1, sequence) the Wilson score interval, a mean over
-samples (cosine; element agreement and mask IoU, per sample) mean ± 1.96 standard errors.
+an interval (~95% by default; `verify.confidence` sets it, qcli.analyze.confidence): a share of
+samples (top-1, sequence) the Wilson score interval, a mean over samples (cosine; element
+agreement and mask IoU, per sample) mean ± z standard errors.
 
 >>> sqnr_db(100.0, 1.0)
 20.0
@@ -68,24 +69,25 @@ def as_array(value) -> np.ndarray:
 Z95 = 1.959964  # the standard normal's 97.5th percentile: two-sided 95%
 
 
-def wilson(k: int, n: int) -> tuple[float, float]:
-    """The ~95% Wilson score interval of the share k/n; it stays inside [0, 1] and is not
-    empty at k = n, unlike k/n ± 1.96 standard errors.
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of the share k/n (`z`: its half-width in standard errors,
+    ~95% by default); it stays inside [0, 1] and is not empty at k = n, unlike k/n ± z
+    standard errors.
 
     >>> [round(v, 3) for v in wilson(16, 16)], [round(v, 3) for v in wilson(15, 16)]
     ([0.806, 1.0], [0.717, 0.989])
     """
     if n <= 0:
         return 0.0, 1.0
-    p, z2 = k / n, Z95 * Z95
+    p, z2 = k / n, z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def mean_interval(total: float, squares: float, n: int) -> tuple[float, float]:
-    """The ~95% interval of a mean over n samples from their sum and sum of squares (mean ± 1.96
-    standard errors); one sample: the mean alone.
+def mean_interval(total: float, squares: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """The interval of a mean over n samples from their sum and sum of squares (mean ± z
+    standard errors, ~95% by default); one sample: the mean alone.
 
     >>> [round(v, 4) for v in mean_interval(3 * 0.99, 0.98 ** 2 + 0.99 ** 2 + 1.0, 3)]
     [0.9787, 1.0013]
@@ -96,7 +98,7 @@ def mean_interval(total: float, squares: float, n: int) -> tuple[float, float]:
     if n == 1:
         return mean, mean
     var = max(squares - n * mean * mean, 0.0) / (n - 1)
-    half = Z95 * math.sqrt(var / n)
+    half = z * math.sqrt(var / n)
     return mean - half, mean + half
 
 
@@ -122,12 +124,12 @@ class Mean:
     def value(self) -> float | None:
         return self.total / self.n if self.n else None
 
-    def interval(self) -> tuple[float, float] | None:
-        return mean_interval(self.total, self.squares, self.n) if self.n else None
+    def interval(self, z: float = Z95) -> tuple[float, float] | None:
+        return mean_interval(self.total, self.squares, self.n, z) if self.n else None
 
-    def share_interval(self) -> tuple[float, float] | None:
+    def share_interval(self, z: float = Z95) -> tuple[float, float] | None:
         """The interval of a mean of shares, kept inside [0, 1]."""
-        found = self.interval()
+        found = self.interval(z)
         return None if found is None else (max(0.0, found[0]), min(1.0, found[1]))
 
 
@@ -249,6 +251,7 @@ class FidelityAccumulator:
 
     kind: OutputKind | None = None
     pool: MarginPool | None = None  # the float margins of more samples (qcli.analyze.margins)
+    z: float = Z95  # the intervals' half-width in standard errors (verify.confidence: qcli.analyze.confidence)
 
     samples: int = 0
     agree: int = 0
@@ -358,19 +361,19 @@ class FidelityAccumulator:
 
     @property
     def cosine_interval(self) -> tuple[float, float] | None:
-        return self.cosines.interval() if self.floating else None
+        return self.cosines.interval(self.z) if self.floating else None
 
     @property
     def agreement_interval(self) -> tuple[float, float] | None:
         """The interval of the agreement this output's kind is gated on."""
         if self.sequence is not None and self.sequence.samples:
-            return wilson(self.sequence.same, self.sequence.samples)
+            return wilson(self.sequence.same, self.sequence.samples, self.z)
         if self.mask is not None and self.mask.samples:
-            return self.mask.per_sample.share_interval()
+            return self.mask.per_sample.share_interval(self.z)
         if self.class_scores and self.samples:
-            return wilson(self.agree, self.samples)
+            return wilson(self.agree, self.samples, self.z)
         if self._per_element:
-            return self.equal_rows.share_interval()
+            return self.equal_rows.share_interval(self.z)
         return None
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from qcli.analyze.confidence import z_of
 from qcli.analyze.kinds import Kind, OutputKind, output_kinds
 from qcli.analyze.latency import Ratio, measure, paired, timed_inputs
 from qcli.analyze.margins import MarginPool
@@ -99,6 +100,7 @@ class OutputFidelity:
     mask_agreement: float | None = None  # mask: elements on the same side of the threshold (detail)
     mask_iou: float | None = None  # mask: mean per-sample IoU of the thresholded masks (gated)
     samples: int = 0  # the samples compared
+    changed: int | None = None  # top-1, sequence: the samples whose decision changed
     agreement_interval: tuple[float, float] | None = None  # ~95% interval of the gated agreement
     cosine_interval: tuple[float, float] | None = None  # ~95% interval of the mean cosine
 
@@ -216,6 +218,7 @@ class Probe:
             self.kinds = output_kinds(self.float_model, values, vf.outputs, vf.ctc_blank, vf.sequence_trim,
                                       vf.thresholds)
         self._metric = load_metric(vf.metric) if vf.metric else None
+        self._z = z_of(vf.confidence)
 
     @property
     def samples(self) -> int:
@@ -236,7 +239,7 @@ class Probe:
         end below it (a miss by the verdict rule, qcli.analyze.verdict), and the figures are
         those of the samples compared so far."""
         assert self.kinds is not None  # set in __post_init__
-        accs = [FidelityAccumulator(self.kinds[n], pool=(self.pools or {}).get(n)) for n in self.names]
+        accs = [FidelityAccumulator(self.kinds[n], pool=(self.pools or {}).get(n), z=self._z) for n in self.names]
         topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
         custom = self._metric.start() if self._metric else None
         k = next((j for j, n in enumerate(self.names) if self.kinds[n].kind is Kind.TOP1), None)
@@ -442,6 +445,7 @@ def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
         predicted_agreement=acc.predicted_agreement,
         mask_agreement=mask.agreement if mask else None, mask_iou=mask.iou if mask else None,
         samples=acc.samples, agreement_interval=acc.agreement_interval, cosine_interval=acc.cosine_interval,
+        changed=acc.changed(),
     )
 
 
