@@ -177,53 +177,39 @@ def _table(rows: list[Key]) -> list[str]:
     return head + [f"| `{k.path}` | {_cell(k.values)} | {_cell(k.default)} | {_cell(k.description)} |" for k in rows]
 
 
+def _page(source: str, title: str, intro: list[str], model: type[BaseModel], tail: list[str]) -> str:
+    """A reference page: the generated-file note, the title and intro, the key tables, the tail."""
+    return "\n".join([GENERATED.format(source=source), "", f"# {title}", "", *intro, "", *_tables(model), "",
+                      *tail])
+
+
 def configuration_page() -> str:
     """docs/reference/configuration.md: every key of the YAML config, and the defaults."""
     from qcli.config import Config, config_yaml
 
-    lines = [
-        GENERATED.format(source="qcli/config.py"),
-        "",
-        "# Configuration reference",
-        "",
+    intro = [
         "Every key of the YAML configuration (`--config FILE`, the presets in `configs/`, a pipeline's",
         "`config:`), with the values it takes and its default. Unknown keys, wrong types and values out of",
         "range are errors naming the file, the line and the key. How to write a config, and the rules",
         "that apply across keys: [Configuration](../guides/configuration.md).",
         "",
         "`overrides[].match.nodes` is the `nodes` key of the `match` of each rule in the `overrides` list.",
-        "",
-        *_tables(Config),
-        "",
-        "## Defaults",
-        "",
-        "The whole default configuration, as `qcli config show` prints it:",
-        "",
-        "```yaml",
-        config_yaml(Config()).rstrip(),
-        "```",
-        "",
     ]
-    return "\n".join(lines)
+    defaults = ["## Defaults", "", "The whole default configuration, as `qcli config show` prints it:", "",
+                "```yaml", config_yaml(Config()).rstrip(), "```", ""]
+    return _page("qcli/config.py", "Configuration reference", intro, Config, defaults)
 
 
 def pipeline_page() -> str:
     """docs/reference/pipeline.md: every key of a `qcli run` pipeline file."""
     from qcli.pipeline import Pipeline
 
-    lines = [
-        GENERATED.format(source="qcli/pipeline.py"),
-        "",
-        "# Pipeline file reference",
-        "",
+    intro = [
         "Every key of a `qcli run PIPELINE.yaml` file. Paths are relative to the pipeline file's folder;",
         "the file is validated like a config (unknown keys with their line and a did-you-mean). How to",
         "use it in CI: [CI pipelines](../guides/ci.md).",
-        "",
-        *_tables(Pipeline),
-        "",
     ]
-    return "\n".join(lines)
+    return _page("qcli/pipeline.py", "Pipeline file reference", intro, Pipeline, [])
 
 
 PAGES = {"configuration.md": configuration_page, "pipeline.md": pipeline_page}
