@@ -37,6 +37,7 @@ Mode = Literal["static", "dynamic"]
 OutputKindName = Literal["top1", "sequence", "cosine", "mask", "per_element", "ignore"]  # qcli.analyze.kinds.Kind
 # int4: weights, to shrink; float16/bfloat16: the node in that type (one of them per model)
 Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic", "float16", "bfloat16"]
+SYMMETRIC = "zero point 0 (signed types) or mid-range (unsigned)"  # the description of both `symmetric` keys
 
 
 class Section(BaseModel):
@@ -54,7 +55,7 @@ class Calibration(Section):
 
 
 class Activations(Section):
-    """`mode: dynamic` quantizes activations at run time (README "Dynamic quantization"): to
+    """`mode: dynamic` quantizes activations at run time (docs/guides/formats.md): to
     uint8 with an asymmetric range per tensor, which is what onnxruntime's DynamicQuantizeLinear
     computes, so other dtypes and `symmetric` cannot go with it."""
 
@@ -62,7 +63,7 @@ class Activations(Section):
         "`float`: weight-only quantization (8-bit weights written as Cast, Mul, which onnxruntime folds at load: "
         "the file 4x smaller at float's speed and numerics; 4-bit ones as DequantizeLinear, fused into "
         "MatMulNBits); float8: symmetric only; 16 bits run in float between their Q/DQ pairs (no fused kernel)"))
-    symmetric: bool = Field(False, description="zero point 0 (signed types) or mid-range (unsigned)")
+    symmetric: bool = Field(False, description=SYMMETRIC)
     mode: Mode = Field("static", description=(
         "`dynamic`: activations quantized at run time by onnxruntime's kernels (uint8 asymmetric only; weights "
         "8-bit per channel or per tensor), no calibration"))
@@ -89,7 +90,7 @@ class Weights(Section):
         "float8: symmetric, per channel or per tensor; `int16`: per channel or per tensor, for weight-only nodes "
         "(written as Cast, Mul, folded at load: half the float bytes at float's speed); a node with quantized "
         "activations reads 16-bit weights through a DequantizeLinear and computes in float"))
-    symmetric: bool = Field(True, description="zero point 0 (signed types) or mid-range (unsigned)")
+    symmetric: bool = Field(True, description=SYMMETRIC)
     granularity: GranularityName = Field("per_channel", description=(
         "one scale per tensor, per output channel (Conv out-channels, Gemm's N axis, a MatMul matrix's columns), "
         "or per block of `block_size` along the reduction axis"))
@@ -205,7 +206,7 @@ RECOVERY_STEPS = ("smoothquant", "bias_correction", "equalization")
 
 class SmoothQuant(Section):
     """Per-input-channel scales that move activation outliers into the weights of MatMul/Gemm
-    and 1x1 Conv (README "Recovery"). `alpha`: the share of the outlier moved (0: none, 1: all),
+    and 1x1 Conv (docs/guides/recovery.md). `alpha`: the share of the outlier moved (0: none, 1: all),
     or `auto`: chosen per layer by measured error."""
 
     alpha: float | Literal["auto"] = Field("auto", description=(
@@ -223,7 +224,7 @@ class SmoothQuant(Section):
 
 
 class BiasCorrection(Section):
-    """Empirical bias correction (README "Recovery"): the mean output shift int8 causes in each
+    """Empirical bias correction (docs/guides/recovery.md): the mean output shift int8 causes in each
     quantized node of these types, measured on the calibration data, taken out of its bias."""
 
     op_types: list[Literal["Conv", "ConvTranspose", "Gemm", "MatMul"]] = Field(["Conv", "Gemm", "MatMul"],
@@ -231,8 +232,8 @@ class BiasCorrection(Section):
 
 
 class Equalization(Section):
-    """Cross-layer equalization of Conv -> (Relu/Clip) -> Conv pairs, depthwise included (README
-    "Recovery"): per-channel weight ranges balanced across each pair before calibration."""
+    """Cross-layer equalization of Conv -> (Relu/Clip) -> Conv pairs, depthwise included
+    (docs/guides/recovery.md): per-channel weight ranges balanced across each pair before calibration."""
 
     iterations: int = Field(1, ge=1, le=100, description="passes over the chains (each balances every pair once)")
 
@@ -285,7 +286,7 @@ class Recovery(Section):
 
 
 class Target(Section):
-    """The deployment target decisions are made for (README "Targets"): a profile (`auto`, a
+    """The deployment target decisions are made for (docs/guides/targets.md): a profile (`auto`, a
     shipped name, or a file from `qcli target measure`), the batch the model is served at, and
     the threads it runs on (None: the profile's). `target: NAME` is short for `{profile: NAME}`."""
 
@@ -347,8 +348,10 @@ class AutoPrecision(Section):
     candidates: list[Candidate] = Field(["int8", "dynamic", "int16", "float"], description=(
         "the promotions searched, dynamic (then float16/bfloat16) before float; `int8` is always the base; "
         "`int4`: 4-bit weights to shrink within the budget; `uint16`/`uint8` mean `int16`/`int8`"))
-    samples: int = Field(256, ge=1, description="samples of `--eval-data` (or held back) measured per trial")
-    max_trials: int = Field(200, ge=1, description="the search's budget, in trials (`--max-trials`)")
+    samples: int = Field(256, ge=1, description=(
+        "samples of `--eval-data` (or held back) measured per trial (and compared by `analyze --sensitivity`)"))
+    max_trials: int = Field(200, ge=1, description=(
+        "the search's budget, in trials (`--max-trials`; also `analyze --sensitivity`'s)"))
     time_budget: float = Field(600.0, gt=0, description="seconds: reported when passed, never a stop "
                                "(`--time-budget`)")
 
