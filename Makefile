@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BUILD_VENV := .build-venv
 
-.PHONY: install demo test fuzz bench sample-models real-models clean
+.PHONY: install demo test docs fuzz bench sample-models real-models clean
 
 install: $(STAMP)
 
@@ -25,12 +25,20 @@ demo: $(STAMP)
 		--report out/cnn.report.html --max-accuracy-drop 0.005 --min-compression 3
 
 # Lint and import order (ruff), types (mypy on qcli/), then the suite and qcli's docstring
-# examples (pytest), with the fuzzer's fast profile (tests/fuzz, fixed examples, ~20 s); each
-# tool is configured in pyproject.toml.
+# examples (pytest), with the fuzzer's fast profile (tests/fuzz, fixed examples, ~20 s) and the
+# strict docs build (tests/test_docs.py); each tool is configured in pyproject.toml.
 test: $(STAMP)
 	$(BIN)/ruff check qcli tests benchmarks
 	$(BIN)/mypy qcli
 	$(BIN)/python -m pytest
+
+# The documentation site (mkdocs.yml, docs/) into site/ (git-ignored), after regenerating the
+# configuration and pipeline references from the schemas (commit them: a test checks they are
+# up to date). --strict: a broken link or anchor, or a page missing from the nav, fails.
+# NO_MKDOCS_2_WARNING silences mkdocs-material's banner about MkDocs 2.0.
+docs: $(STAMP)
+	$(BIN)/python -m qcli.configdoc docs/reference
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # The property-based fuzzer (tests/fuzz) in its long profile: random graphs, configs, pipeline
 # files and bad inputs through the CLI for FUZZ_MINUTES (QCLI_FUZZ=fast: its fast profile).
@@ -81,4 +89,4 @@ real-models: $(STAMP)
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e scikit_image-0.26.0-*.whl .
 
 clean:
-	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis site

@@ -1,6 +1,6 @@
 """What verification reports: each floor checked against what was measured (the fidelity
 by qcli.analyze.verdict's rule, the latency ratio with its tolerance), with notes, as
-`qcli quantize` prints them and `--json` writes them (README "Verification")."""
+`qcli quantize` prints them and `--json` writes them (docs/guides/verification.md)."""
 
 from __future__ import annotations
 

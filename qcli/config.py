@@ -37,6 +37,7 @@ Mode = Literal["static", "dynamic"]
 OutputKindName = Literal["top1", "sequence", "cosine", "mask", "per_element", "ignore"]  # qcli.analyze.kinds.Kind
 # int4: weights, to shrink; float16/bfloat16: the node in that type (one of them per model)
 Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic", "float16", "bfloat16"]
+SYMMETRIC = "zero point 0 (signed types) or mid-range (unsigned)"  # the description of both `symmetric` keys
 
 
 class Section(BaseModel):
@@ -44,21 +45,28 @@ class Section(BaseModel):
 
 
 class Calibration(Section):
-    method: Method = "mse"
-    percentile: float = Field(99.999, gt=50, le=100)
-    samples: int = Field(256, ge=1)
-    batch_size: int = Field(8, ge=1)
-    bins: int = Field(2048, ge=128, le=1 << 16)
+    method: Method = Field("mse", description="how each tensor's range is solved from the statistics (`--method`)")
+    percentile: float = Field(99.999, gt=50, le=100, description="for `percentile`: the percentile of the values "
+                              "kept (symmetric schemes: of the absolute values) (`--percentile`)")
+    samples: int = Field(256, ge=1, description="the first N samples of `--data` calibration reads (`--samples`)")
+    batch_size: int = Field(8, ge=1, description="samples per inference batch, an upper bound: a run aims at 64 MB "
+                            "of observed tensors (`--batch-size`)")
+    bins: int = Field(2048, ge=128, le=1 << 16, description="histogram bins across each range (KL works on them)")
 
 
 class Activations(Section):
-    """`mode: dynamic` quantizes activations at run time (README "Dynamic quantization"): to
+    """`mode: dynamic` quantizes activations at run time (docs/guides/formats.md): to
     uint8 with an asymmetric range per tensor, which is what onnxruntime's DynamicQuantizeLinear
     computes, so other dtypes and `symmetric` cannot go with it."""
 
-    dtype: ActivationDtype = "uint8"
-    symmetric: bool = False
-    mode: Mode = "static"
+    dtype: ActivationDtype = Field("uint8", description=(
+        "`float`: weight-only quantization (8-bit weights written as Cast, Mul, which onnxruntime folds at load: "
+        "the file 4x smaller at float's speed and numerics; 4-bit ones as DequantizeLinear, fused into "
+        "MatMulNBits); float8: symmetric only; 16 bits run in float between their Q/DQ pairs (no fused kernel)"))
+    symmetric: bool = Field(False, description=SYMMETRIC)
+    mode: Mode = Field("static", description=(
+        "`dynamic`: activations quantized at run time by onnxruntime's kernels (uint8 asymmetric only; weights "
+        "8-bit per channel or per tensor), no calibration"))
 
     @field_validator("mode")
     @classmethod
@@ -78,10 +86,19 @@ class Activations(Section):
 
 
 class Weights(Section):
-    dtype: WeightDtype = "int8"
-    symmetric: bool = True
-    granularity: GranularityName = "per_channel"
-    block_size: int = Field(32, ge=8, le=1 << 16)  # larger than any weight's axis: one block per channel
+    dtype: WeightDtype = Field("int8", description=(
+        "float8: symmetric, per channel or per tensor; `int16`: per channel or per tensor, for weight-only nodes "
+        "(written as Cast, Mul, folded at load: half the float bytes at float's speed); a node with quantized "
+        "activations reads 16-bit weights through a DequantizeLinear and computes in float"))
+    symmetric: bool = Field(True, description=SYMMETRIC)
+    granularity: GranularityName = Field("per_channel", description=(
+        "one scale per tensor, per output channel (Conv out-channels, Gemm's N axis, a MatMul matrix's columns), "
+        "or per block of `block_size` along the reduction axis"))
+    # larger than any weight's axis: one block per channel
+    block_size: int = Field(32, ge=8, le=1 << 16, description=(
+        "a power of two: the block of `per_block` (opset 21: a config asking for it prepares models below at 21). "
+        "8-bit blocks of a node with quantized activations run per channel, with a note (onnxruntime's int8 "
+        "kernel takes one scale per output channel); weight-only nodes and int4/uint4 keep their blocks"))
 
     @field_validator("block_size")
     @classmethod
@@ -108,9 +125,9 @@ class Match(Section):
     """Selects nodes (by name pattern AND op type when both are given) and tensors by name.
     Patterns are globs (`/encoder/*`) or `re:<regex>` (full match)."""
 
-    nodes: list[str] = []
-    op_types: list[str] = []
-    tensors: list[str] = []
+    nodes: list[str] = Field([], description="node names: globs (`/head/*`) or `re:<regex>` (full match)")
+    op_types: list[str] = Field([], description="op types as ONNX spells them (`Conv`, `MatMul`)")
+    tensors: list[str] = Field([], description="tensor names: globs or `re:<regex>` (full match)")
 
     @field_validator("nodes", "tensors")
     @classmethod
@@ -125,12 +142,13 @@ class Match(Section):
 
 
 class CalibrationOverride(Section):
-    method: Method | None = None
-    percentile: float | None = Field(None, gt=50, le=100)
+    method: Method | None = Field(None, description="the range method of the matched tensors")
+    percentile: float | None = Field(None, gt=50, le=100, description="its percentile, for `percentile`")
 
 
 class Override(Section):
-    match: Match
+    match: Match = Field(description=(
+        "what the rule applies to: nodes by name AND op type when both are given; tensors by name; at least one"))
 
     @field_validator("match")
     @classmethod
@@ -139,11 +157,17 @@ class Override(Section):
             raise ValueError("match needs at least one of nodes, op_types, tensors")
         return m
 
-    precision: Precision | None = None
-    activations: Activations | None = None
-    weights: Weights | None = None
-    calibration: CalibrationOverride | None = None
-    range: tuple[float, float] | None = None
+    precision: Precision | None = Field(None, description=(
+        "`float`: the same as exclude; `dynamic`: the matched nodes quantized dynamically (needs `match.nodes` or "
+        "`match.op_types`); `float16`/`bfloat16`: the matched nodes run unquantized in that type (nodes only; one "
+        "of the two per model); otherwise the activation dtype (it also quantizes ops that are float by default, "
+        "e.g. Softmax)"))
+    activations: Activations | None = Field(None, description=(
+        "the activation scheme of the matched nodes' quantized tensors, or of the matched tensors"))
+    weights: Weights | None = Field(None, description="the weight scheme of the matched nodes' weights")
+    calibration: CalibrationOverride | None = Field(None, description="the range method for the matched tensors")
+    range: tuple[float, float] | None = Field(None, description="a fixed range `[low, high]` for the matched "
+                                              "tensors (no calibration)")
 
     @model_validator(mode="after")
     def _dynamic_selects_nodes(self) -> Override:
@@ -182,11 +206,14 @@ RECOVERY_STEPS = ("smoothquant", "bias_correction", "equalization")
 
 class SmoothQuant(Section):
     """Per-input-channel scales that move activation outliers into the weights of MatMul/Gemm
-    and 1x1 Conv (README "Recovery"). `alpha`: the share of the outlier moved (0: none, 1: all),
+    and 1x1 Conv (docs/guides/recovery.md). `alpha`: the share of the outlier moved (0: none, 1: all),
     or `auto`: chosen per layer by measured error."""
 
-    alpha: float | Literal["auto"] = "auto"
-    op_types: list[Literal["MatMul", "Gemm", "Conv"]] = ["MatMul", "Gemm", "Conv"]
+    alpha: float | Literal["auto"] = Field("auto", description=(
+        "the share of each outlier moved into the weights, 0 to 1; `auto`: off, 0.0, 0.1, ..., 1.0 scored per "
+        "activation by its readers' int8 error, the smallest kept (off wins ties)"))
+    op_types: list[Literal["MatMul", "Gemm", "Conv"]] = Field(["MatMul", "Gemm", "Conv"], description=(
+        "the readers smoothed: MatMul, Gemm (transA 0), 1x1 Conv"))
 
     @field_validator("alpha")
     @classmethod
@@ -197,17 +224,18 @@ class SmoothQuant(Section):
 
 
 class BiasCorrection(Section):
-    """Empirical bias correction (README "Recovery"): the mean output shift int8 causes in each
+    """Empirical bias correction (docs/guides/recovery.md): the mean output shift int8 causes in each
     quantized node of these types, measured on the calibration data, taken out of its bias."""
 
-    op_types: list[Literal["Conv", "ConvTranspose", "Gemm", "MatMul"]] = ["Conv", "Gemm", "MatMul"]
+    op_types: list[Literal["Conv", "ConvTranspose", "Gemm", "MatMul"]] = Field(["Conv", "Gemm", "MatMul"],
+                                                                               description="the nodes corrected")
 
 
 class Equalization(Section):
-    """Cross-layer equalization of Conv -> (Relu/Clip) -> Conv pairs, depthwise included (README
-    "Recovery"): per-channel weight ranges balanced across each pair before calibration."""
+    """Cross-layer equalization of Conv -> (Relu/Clip) -> Conv pairs, depthwise included
+    (docs/guides/recovery.md): per-channel weight ranges balanced across each pair before calibration."""
 
-    iterations: int = Field(1, ge=1, le=100)  # passes over the chains (each balances every pair once)
+    iterations: int = Field(1, ge=1, le=100, description="passes over the chains (each balances every pair once)")
 
 
 class Recovery(Section):
@@ -216,9 +244,13 @@ class Recovery(Section):
     mapping; the order they run in is fixed (equalization, smoothquant, bias correction), not
     the list's."""
 
-    smoothquant: SmoothQuant | None = None
-    bias_correction: BiasCorrection | None = None
-    equalization: Equalization | None = None
+    smoothquant: SmoothQuant | None = Field(None, description=(
+        "per-input-channel scales moving activation outliers into the weights of MatMul, Gemm and 1x1 Conv"))
+    bias_correction: BiasCorrection | None = Field(None, description=(
+        "the mean output shift int8 weights add to each channel, measured on the calibration data, taken out of "
+        "the bias (needs `--data`)"))
+    equalization: Equalization | None = Field(None, description=(
+        "cross-layer equalization of Conv -> Conv pairs (through Relu/LeakyRelu/PRelu), depthwise included"))
 
     @model_validator(mode="before")
     @classmethod
@@ -254,13 +286,15 @@ class Recovery(Section):
 
 
 class Target(Section):
-    """The deployment target decisions are made for (README "Targets"): a profile (`auto`, a
+    """The deployment target decisions are made for (docs/guides/targets.md): a profile (`auto`, a
     shipped name, or a file from `qcli target measure`), the batch the model is served at, and
     the threads it runs on (None: the profile's). `target: NAME` is short for `{profile: NAME}`."""
 
-    profile: str = Field("auto", min_length=1)
-    batch: int = Field(1, ge=1)
-    threads: int | None = Field(None, ge=1)
+    profile: str = Field("auto", min_length=1, description=(
+        "`auto` (the first shipped measured profile whose CPU flags this CPU has, else `generic`), a shipped "
+        "name (`x86-64-avx512vnni`, `generic`, `tensorrt`) or a file from `qcli target measure`"))
+    batch: int = Field(1, ge=1, description="the batch the model is served at: latencies are compared there")
+    threads: int | None = Field(None, ge=1, description="intra-op threads (`null`: the profile's)")
 
     @model_validator(mode="before")
     @classmethod
@@ -269,41 +303,63 @@ class Target(Section):
 
 
 class Verify(Section):
-    enabled: bool = True
-    # predicted: from the target profile (deterministic); measured: this machine's clock (A/B)
-    latency: Literal["predicted", "measured"] = "predicted"
-    min_top1_agreement: float = Field(0.99, ge=0, le=1)
-    min_cosine: float = Field(0.99, ge=-1, le=1)
-    max_latency_ratio: float | None = Field(1.0, gt=0)  # None: no latency floor
-    min_float_ms: float = Field(0.1, ge=0)  # the latency floor applies when float takes this long
-    samples: int = Field(64, ge=1)  # held-back samples compared
-    folds: int = Field(4, ge=1)  # a folder too small to hold samples back: k-fold (1: compare on calibration's)
-    rescue: bool = True
-    max_trials: int = Field(64, ge=1)  # the rescue's budget
-    time_budget: float = Field(120.0, gt=0)  # seconds
-    # output name -> the metric it is judged by (qcli.analyze.kinds; unnamed outputs: detected)
-    outputs: dict[str, OutputKindName] = {}
-    ctc_blank: int | None = Field(None, ge=0)  # a sequence's CTC blank class (None: detected)
-    # output name -> the value above which a mask output's element or label is "on" (default 0.5
-    # for probabilities, 0 for logits)
-    thresholds: dict[str, float] = {}
-    # how sure a pass must be: the one-sided confidence of each interval's lower end
-    # (qcli.analyze.confidence; 0.975: the ~95% two-sided interval)
-    confidence: float = Field(0.975, gt=0.5, lt=1)
-    # classes not counted at either end of a sequence (an OCR recognizer's space: str.strip)
-    sequence_trim: list[Annotated[int, Field(ge=0)]] = []
-    metric: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # package.module:function
+    enabled: bool = Field(True, description="compare the quantized model with the float model after quantizing "
+                          "(`--no-verify`: off)")
+    latency: Literal["predicted", "measured"] = Field("predicted", description=(
+        "latency verdicts from the target profile (the same on any machine) or this machine's A/B timing"))
+    min_top1_agreement: float = Field(0.99, ge=0, le=1, description=(
+        "the floor of agreements with the float model: top-1, sequence, per-element outputs and a mask's IoU "
+        "(`--min-top1-agreement`)"))
+    min_cosine: float = Field(0.99, ge=-1, le=1, description="the floor of mean cosines: embeddings and other "
+                              "float outputs (`--min-cosine`)")
+    max_latency_ratio: float | None = Field(1.0, gt=0, description=(
+        "ceiling on quantized / your model file's latency, at `target.batch` (`--max-latency-ratio`; `null`: none)"))
+    min_float_ms: float = Field(0.1, ge=0, description="the latency floor applies when the float model takes "
+                                "at least this long per run")
+    samples: int = Field(64, ge=1, description="samples compared (held back from calibration, or of `--eval-data`)")
+    folds: int = Field(4, ge=1, description=(
+        "a `--data` folder too small to hold samples back is verified by k-fold with this many folds; `1`: on "
+        "the calibration samples themselves"))
+    rescue: bool = Field(True, description="search precisions when a floor is missed (`--no-rescue`: exit 1 instead)")
+    max_trials: int = Field(64, ge=1, description="the rescue's budget, in trials")
+    time_budget: float = Field(120.0, gt=0, description="seconds: reported when a rescue runs past it, never a stop")
+    outputs: dict[str, OutputKindName] = Field({}, description=(
+        "how each named output is judged (an unknown name is an error listing the model's outputs); unnamed "
+        "outputs: decided from the op that computes them and their values"))
+    ctc_blank: int | None = Field(None, ge=0, description=(
+        "the CTC blank class of `sequence` outputs (`null`: detected); a class their last axis lacks is refused"))
+    thresholds: dict[str, float] = Field({}, description=(
+        "a mask output's threshold: the value above which its element or label is \"on\" (default 0.5 for "
+        "probabilities, 0 for logits); an output judged otherwise is refused"))
+    confidence: float = Field(0.975, gt=0.5, lt=1, description=(
+        "how sure a pass must be: the one-sided confidence of each interval's lower end (0.975: the ~95% "
+        "two-sided interval); each agreement check states what its samples show at it"))
+    sequence_trim: list[Annotated[int, Field(ge=0)]] = Field([], description=(
+        "classes not counted at either end of a `sequence`, as `str.strip` does (an OCR recognizer's space)"))
+    metric: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+                               json_schema_extra={"values": "`package.module:function` or `null`"}, description=(
+        "your own metric, `package.module:function`, called per compared sample; returns `(score, floor)`"))
 
 
 class AutoPrecision(Section):
-    enabled: bool = False
-    criteria: Criterion = "balanced"
-    max_accuracy_drop: float = Field(0.01, ge=0)
-    min_speedup: float | None = Field(None, gt=0)
-    candidates: list[Candidate] = ["int8", "dynamic", "int16", "float"]
-    samples: int = Field(256, ge=1)  # samples of --eval-data (or held back) measured per trial
-    max_trials: int = Field(200, ge=1)
-    time_budget: float = Field(600.0, gt=0)  # seconds
+    enabled: bool = Field(False, description="search a precision per node (`--auto-precision`)")
+    criteria: Criterion = Field("balanced", description=(
+        "the goal: `performance` (drop within budget at the least cost), `balanced` (aims at half the budget, "
+        "settles for the whole), `accuracy` (promote as far as `min_speedup` allows), `custom` (both limits)"))
+    max_accuracy_drop: float = Field(0.01, ge=0, description=(
+        "the budget, in the metric's units: top-1 points as a fraction with labels, else 1 - agreement, else "
+        "1 - cosine (`--max-accuracy-drop`)"))
+    min_speedup: float | None = Field(None, gt=0, description="the speed floor, float / quantized latency "
+                                      "(`--min-speedup`; `accuracy` criterion: 1.0 when unset)")
+    candidates: list[Candidate] = Field(["int8", "dynamic", "int16", "float"], description=(
+        "the promotions searched, dynamic (then float16/bfloat16) before float; `int8` is always the base; "
+        "`int4`: 4-bit weights to shrink within the budget; `uint16`/`uint8` mean `int16`/`int8`"))
+    samples: int = Field(256, ge=1, description=(
+        "samples of `--eval-data` (or held back) measured per trial (and compared by `analyze --sensitivity`)"))
+    max_trials: int = Field(200, ge=1, description=(
+        "the search's budget, in trials (`--max-trials`; also `analyze --sensitivity`'s)"))
+    time_budget: float = Field(600.0, gt=0, description="seconds: reported when passed, never a stop "
+                               "(`--time-budget`)")
 
     @field_validator("candidates")
     @classmethod
@@ -317,24 +373,42 @@ class AutoPrecision(Section):
 
 
 class Data(Section):
-    preprocess: Preprocess | None = None  # a pydantic model of its own: its errors carry the key's line
+    # a pydantic model of its own: its errors carry the key's line
+    preprocess: Preprocess | None = Field(None, description="how image files become model inputs, in order: "
+                                          "decode, channels, resize, center_crop, scale, mean/std, layout, dtype")
 
 
 class Config(Section):
-    version: Literal[1] = 1
-    # what a node no override gives a precision runs in: quantized (activations, weights), or float16/bfloat16
-    default_precision: Literal["quantized", "float16", "bfloat16"] = "quantized"
-    calibration: Calibration = Calibration()
-    activations: Activations = Activations()
-    weights: Weights = Weights()
-    bias: Literal["int32"] = "int32"
-    exclude: Match = Match()
-    overrides: list[Override] = []
-    verify: Verify = Verify()
-    auto_precision: AutoPrecision = AutoPrecision()
-    recovery: Recovery = Recovery()
-    data: Data = Data()
-    target: Target = Target()
+    version: Literal[1] = Field(1, description="the schema version")
+    default_precision: Literal["quantized", "float16", "bfloat16"] = Field("quantized", description=(
+        "what a node no override gives a precision runs in: quantized as `activations` and `weights` say, or "
+        "the 16-bit float type"))
+    calibration: Calibration = Field(Calibration(), description=(
+        "How activation ranges are found: one pass over the first `samples` of `--data`, then a range method. "
+        "The flags `--method`, `--percentile`, `--samples` and `--batch-size` override these keys."))
+    activations: Activations = Field(Activations(), description="The scheme of quantized activations.")
+    weights: Weights = Field(Weights(), description="The scheme of quantized weights.")
+    bias: Literal["int32"] = Field("int32", description=(
+        "bias scale = input scale x weight scale (Gemm: x alpha / beta), on its node's accumulator grid"))
+    exclude: Match = Field(Match(), description=(
+        "Nodes, op types and tensors kept float. An excluded node reads its inputs unquantized."))
+    overrides: list[Override] = Field([], description=(
+        "Rules applied in order, a later one winning. A rule that matches nothing is a warning naming the "
+        "closest names (`--strict`: an error)."))
+    verify: Verify = Field(Verify(), description=(
+        "After every quantize: the quantized model compared with the float model on samples calibration did not "
+        "read, against floors; a missed floor starts the rescue, else exit 1."))
+    auto_precision: AutoPrecision = Field(AutoPrecision(), description=(
+        "Automatic mixed precision (`--auto-precision`): a precision per node that meets an accuracy budget at "
+        "the least speed cost."))
+    recovery: Recovery = Field(Recovery(), description=(
+        "Optional steps that keep int8 accurate without going float, all off by default. Written as a list of "
+        "step names or one-key mappings with their knobs (`[equalization, {smoothquant: {alpha: auto}}]`); "
+        "they run in a fixed order (equalization, smoothquant, bias_correction), not the list's."))
+    data: Data = Field(Data(), description="How the samples of a data folder become model inputs.")
+    target: Target = Field(Target(), description=(
+        "The deployment target latency decisions are made for. `target: NAME` is short for "
+        "`target: {profile: NAME}`."))
 
     @model_validator(mode="after")
     def _one_half_type(self) -> Config:

@@ -1,4 +1,4 @@
-"""Materialize the plan's dynamic nodes (README "Dynamic quantization"): each is replaced by the
+"""Materialize the plan's dynamic nodes (docs/guides/formats.md): each is replaced by the
 subgraph onnxruntime runs with int8 kernels, its activations quantized at run time.
 
 - `matmul` (MatMul, Gemm): `DynamicQuantizeLinear(x) -> x_dynamic_quantized, _scale, _zero_point`

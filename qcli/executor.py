@@ -19,7 +19,7 @@ by the out-of-memory killer, a crash in native code) loses the items it was runn
 are run once more, one at a time, in fresh workers, and if one is lost again `WorkerLost`
 names it. (Ray retries a task whose worker died once itself.)
 
-Default (README "Scale-out"): `qcli calibrate` uses one worker, in its own process.
+Default (docs/guides/scale-out.md): `qcli calibrate` uses one worker, in its own process.
 Measured on the 2-core machine with benchmarks/scale.py (the sample CNN, 512 samples): one
 process 2.0 s, a local pool of two workers 3.1 s (0.65x), of one worker 2.6 s. The single
 pass is already a three-thread pipeline with onnxruntime on both cores, and each worker

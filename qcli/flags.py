@@ -51,7 +51,8 @@ class ScaleFlags:
         return self.workers is not None or self.executor != "local" or self.ray_address is not None
 
     def make(self) -> closing[Executor]:
-        """The executor these flags ask for (local defaults to one worker: README), closed after use."""
+        """The executor these flags ask for (local: one worker by default: docs/guides/scale-out.md),
+        closed after use."""
         workers = 1 if self.workers is None and self.executor == "local" else self.workers
         return closing(make_executor(self.executor, workers, self.ray_address))
 

@@ -1,5 +1,5 @@
-"""float16 / bfloat16: run chosen nodes of a model in a 16-bit float type (README "float16 and
-bfloat16").
+"""float16 / bfloat16: run chosen nodes of a model in a 16-bit float type
+(docs/guides/formats.md, "float16 and bfloat16").
 
 `to_half(model, wanted, kind, table)` converts the nodes named in `wanted` (a written model: Q/DQ
 nodes and all) and says which of them stay float32, and why. Decisions:

@@ -1,4 +1,4 @@
-"""Which samples verification compares, and which calibration reads (README "Verification"),
+"""Which samples verification compares, and which calibration reads (docs/guides/verification.md),
 decided once by `plan_data` and stated in the summary:
 - `--eval-data`: its first `verify.samples` (auto-precision: `auto_precision.samples`);
 - else the samples of `--data` after the ones calibration reads, when there are at least

@@ -32,26 +32,36 @@ from qcli.yamlfile import read_yaml
 
 
 class PipelineGates(Section):
-    max_accuracy_drop: float | None = Field(None, ge=0, le=1)
-    min_speedup: float | None = Field(None, gt=0)
-    min_compression: float | None = Field(None, gt=0)
+    max_accuracy_drop: float | None = Field(None, ge=0, le=1, description=(
+        "the largest accuracy drop, a fraction (0.01: one point of top-1); without labels, of 1 - top-1 "
+        "agreement, or 1 - cosine"))
+    min_speedup: float | None = Field(None, gt=0, description=(
+        "the least float / quantized latency: predicted by the config's target (the same on any CI runner), or "
+        "timed with `verify.latency: measured`"))
+    min_compression: float | None = Field(None, gt=0, description="the least float / quantized file size")
 
 
 class Pipeline(Section):
     """`qcli run PIPELINE.yaml`: calibrate -> quantize -> analyze, paths relative to the file."""
 
-    version: Literal[1] = 1
-    model: str
-    output: str
-    calibration_data: str
-    eval_data: str | None = None
-    labels: str | None = None
-    config: str | dict | None = None  # a file, a preset name, or the config itself inline
-    calibration_file: str | None = None
-    trt_cache: str | None = None  # TensorRT's calibration cache of the ranges (qcli.calibrate.trtcache)
-    reports: list[str] = []
-    gates: PipelineGates = PipelineGates()
-    analyze: AnalyzeOptions = AnalyzeOptions()
+    version: Literal[1] = Field(1, description="the schema version")
+    model: str = Field(description="the float ONNX model")
+    output: str = Field(description="the quantized model written")
+    calibration_data: str = Field(description="the calibration data folder (any data-folder layout)")
+    eval_data: str | None = Field(None, description="the data gates and reports are measured on (needed for them)")
+    labels: str | None = Field(None, description="a `labels.csv` kept outside `eval_data`")
+    config: str | dict | None = Field(None, json_schema_extra={"values": "a file, a preset name, or a mapping"},
+                                      description="the config: a file, a preset name, or the config itself inline")
+    calibration_file: str | None = Field(None, description="where to write the calibration file as well")
+    trt_cache: str | None = Field(None, description=(
+        "where to write TensorRT's calibration cache of the ranges as well (qcli.calibrate.trtcache)"))
+    reports: list[str] = Field([], description="reports to write: `.json`, `.md` or `.html`")
+    gates: PipelineGates = Field(PipelineGates(), description=(
+        "Quality gates on the analysis of `eval_data`: one that fails exits 1 (the model and reports are still "
+        "written)."))
+    analyze: AnalyzeOptions = Field(AnalyzeOptions(), description=(
+        "What the analysis measures and how long: the options of `qcli analyze` (one schema, `AnalyzeOptions`, "
+        "also taken by `qcli.analyze.analyze` in Python)."))
 
     @field_validator("reports")
     @classmethod

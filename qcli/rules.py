@@ -210,7 +210,7 @@ DYNAMIC: dict[str, DynamicRule] = {
     # An embedding table: int8 per column, gathered as int8 and dequantized after (only the
     # rows read), as onnxruntime's quantize_dynamic does; no activation to quantize.
     "Gather": DynamicRule("gather", weights=(0,)),
-    # Measured (README "Dynamic quantization"): stacks of 4 Conv+Relu quantized by onnxruntime's
+    # Measured (docs/guides/formats.md): stacks of 4 Conv+Relu quantized by onnxruntime's
     # quantize_dynamic (DynamicQuantizeLinear + ConvInteger + Cast + Mul, unfused) ran 3.4-4.5x
     # the float latency (3x3 at 64 and 128 channels, 1x1 at 256); onnxruntime has no dynamic GRU.
     "Conv": DynamicRule(None, (1,), reason="dynamic Conv (ConvInteger) runs 3-4x slower than float here: "
@@ -220,7 +220,7 @@ DYNAMIC: dict[str, DynamicRule] = {
 
 #: Ops whose only int8 kernel in onnxruntime is dynamic (no QLinear form): under static 8-bit
 #: activations they are quantized dynamically (DynamicQuantizeLSTM), not kept float. Measured on
-#: ddddocr's CNN + LSTM (README "Dynamic quantization"): the LSTM alone dynamic keeps 99.2% of
+#: ddddocr's CNN + LSTM (docs/guides/formats.md): the LSTM alone dynamic keeps 99.2% of
 #: 256 held-out captchas' strings, 1.3x smaller, 1.2x faster than float.
 DYNAMIC_ONLY = frozenset({"LSTM"})
 

@@ -242,7 +242,7 @@ def _weights_aside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, SharedWeigh
     model loads through a file, as before: no second copy in memory). onnxruntime copies the
     weights when it loads them, so the buffer is dropped once the session exists, and the load
     neither serializes them nor parses them as protobuf (faster, and a lower peak while it
-    loads: README "Cost of the default path"). The outputs are the same bits (the same tensors)."""
+    loads: docs/benchmarks.md, exported.py). The outputs are the same bits (the same tensors)."""
     inline = [t for t in model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
     size = sum(tensor_bytes(t.data_type, element_count(t.dims)) for t in inline)
     if not ASIDE_MIN_BYTES <= size < _INLINE_LIMIT:  # past it, through a file as before: no copy in memory

@@ -1,5 +1,5 @@
 """The float32 twin of a model that holds float16/bfloat16 tensors: what qcli runs and measures
-such a model on, on CPU (README "float16 and bfloat16"). onnxruntime's CPU provider has no
+such a model on, on CPU (docs/guides/formats.md). onnxruntime's CPU provider has no
 bfloat16 kernels, and runs float16 nodes through Casts to float32 that its optimizer then
 removes, so the model itself would measure as float32.
 """

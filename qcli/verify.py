@@ -1,6 +1,6 @@
 """Safe by default: quantize, compare with the float model, rescue what misses a floor.
 
-`quantize_checked` is what `qcli quantize` and `qcli run` do (README "Verification"):
+`quantize_checked` is what `qcli quantize` and `qcli run` do (docs/guides/verification.md):
 1. prepare the model once; calibrate on `--data` (or take the calibration file);
 2. quantize with the config;
 3. auto-precision (`auto_precision.enabled`): search for the choices meeting the config's
@@ -14,7 +14,7 @@
 
 Which samples are compared: qcli.holdout (decided once, stated in the summary).
 Latency is the target profile's prediction for the user's model file as given and each
-candidate, at `target.batch` (qcli.target, README "Targets"): exact, so every decision is the
+candidate, at `target.batch` (qcli.target, docs/guides/targets.md): exact, so every decision is the
 same on any machine and under any load; the floor is widened by PREDICTION_TOLERANCE, and this
 machine's A/B timing of the model written is reported beside it, never deciding. With
 `verify.latency: measured` the ratio is timed instead: a `latency.Ratio` (median of per-round
@@ -254,8 +254,8 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
     def instead(choices: Choices, settled: bool) -> Fidelity | None:
         """The weight-only model's fidelity when it meets the goal, tried as soon as the
         search's next prefix to confirm is mostly float (or everything promoted, when the goal
-        needs most units): then no prune of that prefix would be written (README
-        "Verification"). Timed against the prefix when that computes in int8 somewhere (the
+        needs most units): then no prune of that prefix would be written
+        (docs/guides/verification.md). Timed against the prefix when that computes in int8 somewhere (the
         weight-only one must not be slower): then only once the prefix is `settled` (confirmed,
         or everything promoted), the model the search would write (Silero's unconfirmed int8
         convolutions were faster)."""
@@ -333,8 +333,8 @@ def _no_payoff(int8: QuantizeResult, trials: Trials, ratio: float | None) -> str
     int8 form, stay float) and is not measurably faster than float (its latency interval reaches
     1 - LATENCY_TOLERANCE: a model at parity must not flip between searching and not with the
     draw; or the model is too fast to time). A mix then saves less than a quarter of the bytes
-    and runs no faster, so the rescue goes float in one trial instead of searching (README
-    "Verification")."""
+    and runs no faster, so the rescue goes float in one trial instead of searching
+    (docs/guides/verification.md)."""
     float_bytes, int8_bytes = weight_bytes(trials.prepared.model)[0], weight_bytes(int8.model)[0]
     if not float_bytes or int8_bytes <= SAVES * float_bytes or (
             ratio is not None and getattr(ratio, "high", ratio) < 1 - LATENCY_TOLERANCE):

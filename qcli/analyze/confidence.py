@@ -102,8 +102,11 @@ class Shows:
     def words(self) -> str:
         """The statement in plain words.
 
-        >>> print(Shows(32, 0, 0.99, 0.975).words())
-        0 of 32 samples changed: 97.5% sure at most 10.9% of unseen samples change; a 1% change rate goes unseen 72 times in 100 on 32 samples; the floor 0.99 needs 368 samples without a change (--eval-data DIR supplies them)
+        >>> for part in Shows(32, 0, 0.99, 0.975).words().split("; "):
+        ...     print(part)
+        0 of 32 samples changed: 97.5% sure at most 10.9% of unseen samples change
+        a 1% change rate goes unseen 72 times in 100 on 32 samples
+        the floor 0.99 needs 368 samples without a change (--eval-data DIR supplies them)
         """
         rate = 1.0 - self.floor
         text = (f"{self.changed} of {self.samples} samples changed: {_pct(self.confidence)} sure at most "

@@ -1,5 +1,5 @@
 """The agreement a model would keep on samples nobody compared, predicted from how far it moved
-the float model's decisions (README "Verification": a verdict with its uncertainty).
+the float model's decisions (docs/guides/verification.md: a verdict with its uncertainty).
 
 A decision (a sample's class, a sequence's symbol at one position) flips when the quantized
 model's change `e` of the float model's margin `m` (its top score minus the runner-up's, in

@@ -19,14 +19,17 @@ class AnalyzeOptions(Section):
     with `threads` intra-op threads (None: onnxruntime's default); `worst` layers listed in the
     reports; `layers=False` skips the per-layer pass."""
 
-    samples: int | None = Field(None, ge=1, title="the number of samples")  # the title names it in errors
-    batch_size: int = Field(32, ge=1)
-    runs: int = Field(50, ge=0)
-    warmup: int = Field(5, ge=0)
-    threads: int | None = Field(None, ge=1, le=1024)  # onnxruntime takes a 32-bit count
-    latency_batch: int = Field(1, ge=1)
-    worst: int = Field(10, ge=0)
-    layers: bool = True
+    # the title names it in errors
+    samples: int | None = Field(None, ge=1, title="the number of samples", description=(
+        "the first N samples of the data (`null`: all)"))
+    batch_size: int = Field(32, ge=1, description="samples per inference batch")
+    runs: int = Field(50, ge=0, description="timed runs per model, alternating between them (0: no timing)")
+    warmup: int = Field(5, ge=0, description="untimed runs first")
+    # onnxruntime takes a 32-bit count
+    threads: int | None = Field(None, ge=1, le=1024, description="intra-op threads (`null`: onnxruntime's default)")
+    latency_batch: int = Field(1, ge=1, description="the batch timed")
+    worst: int = Field(10, ge=0, description="the worst layers (per-layer SQNR) listed in the reports")
+    layers: bool = Field(True, description="`false`: skip the per-layer pass")
 
     @classmethod
     def of(cls, base: AnalyzeOptions | None = None, /, **values: Any) -> AnalyzeOptions:

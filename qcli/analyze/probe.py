@@ -294,7 +294,7 @@ class Probe:
     def ranking(self, n: int) -> Probe:
         """The probe the search ranks candidates on: the first `n` samples, and when folded no
         more than the first fold holds, so a quick trial builds and loads one fold's model, not
-        two (32 samples in 4 folds: 8; README "Automatic mixed precision")."""
+        two (32 samples in 4 folds: 8; docs/guides/mixed-precision.md)."""
         if self.folds is not None:
             n = min(n, sum(b.size for b, f in zip(self.batches, self.folds, strict=True) if f == self.folds[0]))
         return self.head(n)

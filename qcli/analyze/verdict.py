@@ -1,5 +1,5 @@
 """Whether a gated figure meets its floor, given that it was measured on a sample
-(README "Verification": a verdict with its uncertainty).
+(docs/guides/verification.md: a verdict with its uncertainty).
 
 A figure measured on n samples is an estimate; its ~95% interval (qcli.analyze.metrics) says
 where the same model could land on samples it never saw. The rule:

@@ -66,7 +66,7 @@ _AHEAD = 1
 #: the largest per-sample figure seen so far (the first batch's first sample is run alone to
 #: measure it); at most three runs' outputs are alive in the pipeline (one being computed, one
 #: queued, one observed), and when a single sample's outputs exceed this, each run is observed
-#: before the next starts, so one is (README, "Decision (calibration memory)").
+#: before the next starts, so one is (docs/guides/calibration.md, "Memory").
 RUN_OUTPUT_BYTES = 160 << 20
 #: The bytes a run aims at (`RunSize`): runs of 8 photos returned up to 3 x 160 MB at once
 #: for no speed (PP-LCNet's pass 695-738 -> 405-409 MB, 1.28-1.46 -> 1.23-1.30 s). A sample

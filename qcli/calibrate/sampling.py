@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
-#: Values of each sample that calibration counts into the histogram at least (why 2048: README,
-#: "Decision (calibration speed)").
+#: Values of each sample that calibration counts into the histogram at least (why 2048:
+#: docs/guides/calibration.md, "Which values the histograms count").
 SAMPLE_VALUES = 2048
 
 #: The first samples of the stream are counted whole: this many, or as many as hold

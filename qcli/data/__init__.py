@@ -10,7 +10,7 @@ Layouts, detected from the folder's contents (`scan`), each read by the reader o
   preprocessed as a `Preprocess` says;
 - `labels.csv` (`file,label`) beside the samples gives or overrides labels for any layout.
 
-Decisions (README "Data folders" says the same for users):
+Decisions (docs/guides/data-folders.md says the same for users):
 - Files are read in sorted order of their path relative to DIR; `samples=N` keeps the first N
   samples (a file holding a batch counts as that many samples).
 - An array with the model input's rank is a batch whose first axis is the batch axis; one rank

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from qcli.errors import DataError
 
@@ -34,14 +34,20 @@ class Preprocess(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # .nan/.inf: no mean or std
 
-    resize: tuple[int, ...] | None = None
-    center_crop: tuple[int, int] | None = None
-    scale: float = 1.0
-    mean: tuple[float, ...] = (0.0,)
-    std: tuple[float, ...] = (1.0,)
-    channels: Literal["RGB", "BGR", "GRAY"] = "RGB"
-    layout: Literal["NCHW", "NHWC"] = "NCHW"
-    dtype: Literal["float32", "float16", "float64", "uint8", "int8"] = "float32"
+    resize: tuple[int, ...] | None = Field(None, json_schema_extra={"values": "int N, or [H, W], or `null`"},
+                                           description="`N`: the shorter side to N, aspect kept; `[H, W]`: "
+                                           "exactly; bilinear")
+    center_crop: tuple[int, int] | None = Field(None, json_schema_extra={"values": "int N, or [H, W], or `null`"},
+                                                description="the center N x N or H x W pixels")
+    scale: float = Field(1.0, description="pixel values are divided by it (255: to 0..1)")
+    mean: tuple[float, ...] = Field((0.0,), json_schema_extra={"values": "float, or one per channel"},
+                                    description="subtracted after scaling")
+    std: tuple[float, ...] = Field((1.0,), json_schema_extra={"values": "float, or one per channel (no 0)"},
+                                   description="divides after the mean is subtracted")
+    channels: Literal["RGB", "BGR", "GRAY"] = Field("RGB", description="the channel order (or gray) decoded")
+    layout: Literal["NCHW", "NHWC"] = Field("NCHW", description="channels first or last")
+    dtype: Literal["float32", "float16", "float64", "uint8", "int8"] = Field("float32", description=(
+        "the input's element type"))
 
     @field_validator("resize", "center_crop", mode="before")
     @classmethod

@@ -9,7 +9,7 @@ weight's scheme after the YAML overrides. `assign_ranges(plan, model, table)` th
 group its range and turns it into scale and zero point. Calibration observes exactly
 `plan.calibrated_tensors`.
 
-Decisions (README "What gets quantized" and "Configuration" say the same for users):
+Decisions (docs/guides/quantization.md and configuration.md say the same for users):
 - A node in dynamic mode (`activations.mode: dynamic`, an override's `precision: dynamic`) is
   quantized dynamically when its op has a dynamic form (plan/dynamic.py), else stays float; it
   takes no part in the static plan (no Q/DQ, no calibration of its tensors).

@@ -1,4 +1,4 @@
-"""Weights only control flow reads, stored weight-only (README "What gets quantized").
+"""Weights only control flow reads, stored weight-only (docs/guides/quantization.md).
 
 Under float activations (weight-only quantization), a main-graph initializer that an If, Loop
 or Scan body reads from the outer scope at a weight input of a node with a weight rule (the LSTM

@@ -1,4 +1,4 @@
-"""Which nodes are quantized dynamically (README "Dynamic quantization"): those whose mode is
+"""Which nodes are quantized dynamically (docs/guides/formats.md): those whose mode is
 dynamic (`activations.mode: dynamic`, or an override's `precision: dynamic`) and whose op has a
 dynamic form (rules.DYNAMIC) over float32 tensors and constant float32 weights. Their weights
 are 8-bit (the config's `weights:`, per channel along the output channels); their activations

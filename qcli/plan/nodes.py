@@ -1,5 +1,5 @@
 """Which nodes are quantized: a screen of each node on its own, then phases that each reject
-some of the remaining candidates, every rejection with its reason (README "What gets quantized").
+some of the remaining candidates, every rejection with its reason (docs/guides/quantization.md).
 """
 
 from __future__ import annotations

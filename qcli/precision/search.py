@@ -7,7 +7,7 @@ steps rank by sensitivity and promote to the most accurate candidate (float), ne
 so which units are promoted does not depend on how busy the machine was: the same model, data
 and config give the same trials and choices. Only the steps that compare latencies (units
 slower in int8, the `accuracy` criterion's speed floor, a cheaper candidate than float) depend
-on timings, and the steps record them. README "Automatic mixed precision" describes the steps.
+on timings, and the steps record them. docs/guides/mixed-precision.md describes the steps.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
            candidates: Collection[str] | None = None, dynamic_first: bool = False,
            no_payoff: str | None = None, instead: Callable[[Choices, bool], Fidelity | None] | None = None,
            ) -> SearchResult:
-    """Find the choices meeting `goal` (README "Automatic mixed precision"): all int8 when that
+    """Find the choices meeting `goal` (docs/guides/mixed-precision.md): all int8 when that
     meets it; else units slower in int8 promoted (a missed latency ceiling), then the accuracy
     search; then, with `shrink`, int4 weights where they keep the goal. `candidates`: the
     promotions allowed; the accuracy search ranks and promotes with the most accurate of them
@@ -84,7 +84,7 @@ def _all_dynamic(s: SearchState, candidates: Collection[str] | None) -> Point | 
     (one trial; timed under a latency ceiling when it is accurate): no weight goes float. The
     first candidate after all int8 misses, by a fixed rule: a transformer's MatMuls, whose
     static int8 activations lose the outlier channels, keep their int8 weights this way, more
-    accurate and faster than the fewest float promotions (README "Verification"). When every
+    accurate and faster than the fewest float promotions (docs/guides/verification.md). When every
     weight is then dynamic (or an int8 table), the units without a weight of their own (residual
     Adds, attention MatMuls) go float too: no int8 kernel reads their static Q/DQ pairs any
     more, which only add work (the MiniLM encoder 0.63x -> 0.55x float's latency, cosine up)."""
@@ -251,7 +251,7 @@ def _prune(s: SearchState, ranking: Promotions, chosen: Choices, order: list[str
     When the goal needs most units (`s.missed`: the sensitivity found it so), the prune ends
     once a unit alone could not go back, then the rest at once, then the rest's least useful
     half: needed units are then dense among the rest, and it would spend a dozen trials on each
-    (README "Automatic mixed precision"); a unit the ranking missed leaves that half free."""
+    (docs/guides/mixed-precision.md); a unit the ranking missed leaves that half free."""
     pending = [n for n in order if n not in ranking.fixed and n in chosen]
     if cheaper is not None:
         pending = [n for n in pending if cheaper[n] != chosen[n]]

@@ -1,5 +1,5 @@
 """Sensitivity: what each quantized unit costs on its own, and what keeping it float gains
-(`qcli analyze --sensitivity`, README "Sensitivity").
+(`qcli analyze --sensitivity`, docs/guides/analysis.md).
 
 The quantized model's metadata says how qcli made it (`qcli.config`, `qcli.calibration`): the
 same plan is rebuilt and calibrated again on the data folder, which `qcli.holdout` splits into

@@ -1,5 +1,5 @@
-"""Recovery: graph and weight changes that keep int8 accurate before anything goes float (README
-"Recovery"; config `recovery:`). They run in a fixed order, each where its inputs exist:
+"""Recovery: graph and weight changes that keep int8 accurate before anything goes float
+(docs/guides/recovery.md; config `recovery:`). They run in a fixed order, each where its inputs exist:
 equalization on the prepared float graph before calibration (weights only), SmoothQuant from
 the per-channel statistics of the one calibration pass, bias correction from the quantized
 model's measured output shift.

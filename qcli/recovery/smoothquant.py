@@ -1,7 +1,7 @@
 """SmoothQuant (recovery: [smoothquant]): per-input-channel factors s that move activation outliers
 into the weights, Y = (X / s) @ (s W), exact in float.
 
-Decisions (README "Recovery: smoothquant"):
+Decisions (docs/guides/recovery.md, "SmoothQuant"):
 - Targets: every activation X read as input 0 by a statically quantized MatMul / Gemm (transA=0)
   / 1x1 Conv (group 1) of `op_types` whose weight is a quantized initializer no other node reads,
   unless X's range is fixed (a YAML `range:`: it describes X, not X / s).
@@ -20,7 +20,7 @@ Decisions (README "Recovery: smoothquant"):
   (exact minmax of X / s) for every method. A clipping method's range of the unsmoothed X says
   nothing per channel (its clip falls on the outlier channels that smoothing shrinks), and a
   histogram of X / s would need a second pass; after smoothing the outliers are gone, so the
-  tensor's minmax is what the clipping methods approach (measured in the README).
+  tensor's minmax is what the clipping methods approach (measured: docs/guides/recovery.md).
 - alpha "auto": per target, the candidates "off" (s = 1), 0.0, 0.1, ..., 1.0 are measured on the
   rows the calibration pass sampled (calibrate/channels.py): the error of every reader's output,
   ||Q(X/s) Q(s W) - X W||^2 / ||X W||^2 summed over readers, activations quantized per tensor with

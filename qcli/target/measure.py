@@ -8,7 +8,7 @@ non-negative, least relative error). `run_us`, a session.run's own cost, is a on
 model's wall time less the per-node slope of a CHAIN-Relu one. The profiler slows what it
 times, parallel int8 kernels most (on the PP-OCRv4 detector its kernels sum to 1.43x the
 unprofiled int8 run, 1.09x the float one), which is where predictions miss. Tried and set
-aside (benchmarks/target.py, README "Benchmarks"): taking the profiler's cost off each call
+aside (benchmarks/target.py, docs/benchmarks.md): taking the profiler's cost off each call
 to the unprofiled run's wall time (4 of 17 within 10%, against 4-7 across runs); fitting
 every entry at once to the micro-models' unprofiled wall times (8 of 17 in one form, but the
 QLinearAdd of an NHWC graph priced at 83 us; 3 of 17 with three predicted faster while

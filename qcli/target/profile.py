@@ -10,7 +10,7 @@ The same profile, graph and feeds give the same prediction anywhere: that is wha
 read (qcli.target.predict), never a clock.
 
 Files: JSON, `"format": "qcli-target/1"`; qcli ships some (qcli/target/profiles/*.json,
-README "Targets"), `auto` picks the first shipped measured profile whose CPU flags this CPU
+docs/guides/targets.md), `auto` picks the first shipped measured profile whose CPU flags this CPU
 has, else `generic` (rules that credit int8 with no speed of its own).
 """
 

@@ -131,7 +131,7 @@ TRUE_BLAME = (
     "needs auto_precision.min_speedup",  # criteria custom without its floor
     "auto-precision needs data",  # --auto-precision with --calib and no --eval-data
     "gate needs latency runs",  # a min_speedup gate with analyze.runs 0
-    "the model has no inputs",  # nothing to feed, calibrate or compare (README, data rules)
+    "the model has no inputs",  # nothing to feed, calibrate or compare (docs/guides/data-folders.md, rules)
     "needs --data DIR: it measures",  # recovery: [bias_correction] with --calib and no --data
 )
 
