@@ -121,7 +121,7 @@ def verification_of(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | No
     """The checks of `f` and `ratio` against the floors; `all_float`: the note saying why the
     model has no quantized node left, if so."""
     vf = config.verify
-    checks, notes = fidelity_checks(f, vf.min_top1_agreement, vf.min_cosine, vf.confidence), []
+    checks, notes = fidelity_checks(f, vf.min_top1_agreement, vf.min_cosine, vf.confidence, vf.max_relative_error), []
     if all_float:
         notes.append(all_float)
     exact = probe.predicts
@@ -146,22 +146,24 @@ def verification_of(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | No
                         confidence=vf.confidence)
 
 
-def fidelity_checks(f: Fidelity, min_agreement: float, min_cosine: float, confidence: float = DEFAULT) -> list[Check]:
+def fidelity_checks(f: Fidelity, min_agreement: float, min_cosine: float, confidence: float = DEFAULT,
+                    max_error: float | None = None) -> list[Check]:
     """One check per metric the outputs are gated on (agreements against `min_agreement`,
-    cosines against `min_cosine`, each by qcli.analyze.verdict's rule), on the output of its
-    kind that misses, else the lowest, with what a share of samples can show at `confidence`;
-    then the plug-in's."""
+    cosines against `min_cosine`, relative errors under `max_error`, each by
+    qcli.analyze.verdict's rule), on the output of its kind that misses, else the worst, with
+    what a share of samples can show at `confidence`; then the plug-in's."""
     checks = []
-    found = verdicts(f, min_agreement, min_cosine)
+    found = verdicts(f, min_agreement, min_cosine, max_error)
     changed = {o.name: o.changed for o in f.outputs}
-    for metric in (*AGREEMENT.values(), "cosine"):
+    for metric in (*AGREEMENT.values(), "cosine", "relative error"):
         mine = [v for v in found if v.metric == metric]
         if mine:
-            v = min(mine, key=lambda v: (v.passed, v.value))
-            k = changed.get(v.output) if metric != "cosine" else None
+            at_least = metric != "relative error"
+            v = min(mine, key=lambda v: (v.passed, v.value if at_least else -v.value))
+            k = changed.get(v.output) if metric in AGREEMENT.values() else None
             shows = Shows(v.samples, k, v.floor, confidence) if k is not None else None
-            checks.append(Check(metric, v.value, v.floor, True, v.passed, v.output, v.interval, v.samples, v.how,
-                                shows))
+            checks.append(Check(metric, v.value, v.floor, at_least, v.passed, v.output, v.interval, v.samples,
+                                v.how, shows))
     if f.custom is not None:
         checks.append(Check(f.custom.name, f.custom.score, f.custom.floor, True, f.custom.passed))
     return checks

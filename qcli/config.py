@@ -34,7 +34,8 @@ Precision = Literal["float", "int8", "uint8", "int16", "uint16", "dynamic", "flo
 HALF_PRECISIONS = ("float16", "bfloat16")  # float nodes run in a 16-bit float type (qcli/half.py)
 NO_QDQ = ("float", "dynamic", *HALF_PRECISIONS)  # precisions whose nodes get no static Q/DQ pair
 Mode = Literal["static", "dynamic"]
-OutputKindName = Literal["top1", "sequence", "cosine", "mask", "per_element", "ignore"]  # qcli.analyze.kinds.Kind
+# qcli.analyze.kinds.Kind
+OutputKindName = Literal["top1", "sequence", "cosine", "mask", "regression", "per_element", "ignore"]
 # int4: weights, to shrink; float16/bfloat16: the node in that type (one of them per model)
 Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic", "float16", "bfloat16"]
 SYMMETRIC = "zero point 0 (signed types) or mid-range (unsigned)"  # the description of both `symmetric` keys
@@ -312,6 +313,9 @@ class Verify(Section):
         "(`--min-top1-agreement`)"))
     min_cosine: float = Field(0.99, ge=-1, le=1, description="the floor of mean cosines: embeddings and other "
                               "float outputs (`--min-cosine`)")
+    max_relative_error: float = Field(0.1, gt=0, description=(
+        "the ceiling of `regression` outputs' RMS error over their spread across the compared samples (0.1: "
+        "the quantized output explains 99% of the float one's variance, as a cosine of 0.99 does a vector)"))
     max_latency_ratio: float | None = Field(1.0, gt=0, description=(
         "ceiling on quantized / your model file's latency, at `target.batch` (`--max-latency-ratio`; `null`: none)"))
     min_float_ms: float = Field(0.1, ge=0, description="the latency floor applies when the float model takes "

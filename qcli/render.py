@@ -351,6 +351,7 @@ _DETAILS = {
                  ("predicted_agreement", "predicted")],
     "mask": [("mask_iou", "mask IoU"), ("mask_agreement", "elements agree"), ("cosine", "cosine")],
     "cosine": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],
+    "regression": [("relative_error", "relative error"), ("sqnr_db", "SQNR dB")],
     "per_element": [("agreement", "elements equal")],
     "ignore": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],
 }

@@ -14,11 +14,12 @@ import pytest
 from conftest import parse_model, save, tensor_text, write_npz
 from qcli.analyze import analyze
 from qcli.analyze.gates import Gates
-from qcli.analyze.kinds import Kind, output_kinds
-from qcli.analyze.metrics import FidelityAccumulator, MaskAccumulator
+from qcli.analyze.kinds import Kind, OutputKind, output_kinds
+from qcli.analyze.metrics import FidelityAccumulator, MaskAccumulator, RegressionAccumulator
 from qcli.analyze.plugin import CustomScore
 from qcli.analyze.probe import Fidelity, OutputFidelity, output_fidelity
 from qcli.analyze.sequences import SequenceAccumulator, ctc_collapse
+from qcli.analyze.verdict import verdicts
 from qcli.config import Config, OutputKindName, Verify
 from qcli.errors import ConfigError
 from qcli.precision.goal import Goal
@@ -382,3 +383,56 @@ def test_an_accumulator_without_a_kind_decides_from_the_values() -> None:
     x = RNG.standard_normal((4, 3)).astype(np.float32)
     acc.update(x, x, 4)
     assert acc.kind is not None and acc.kind.kind is Kind.TOP1 and acc.top1_agreement == 1.0
+
+
+W8x1 = tensor_text("w", RNG.standard_normal((8, 1)).astype(np.float32))
+REGRESSOR = f"""<ir_version: 8, opset_import: ["" : 17]>
+    net (float[N, 8] x) => (float[N, 1] y) <{W8x1}, float[1] b = {{3.0}}> {{ m = MatMul (x, w)  y = Add (m, b) }}"""
+
+
+def test_one_value_per_sample_that_is_no_probability_is_a_regression() -> None:
+    """A quality score, an age: its cosine over one number is its sign, its argmax has one class."""
+    found = _kinds(parse_model(REGRESSOR), {"x": RNG.standard_normal((6, 8)).astype(np.float32)})["y"]
+    assert found.kind is Kind.REGRESSION
+    assert found.reason == ("a final linear layer with a bias (Add): one value per sample [6, 1], not a probability: "
+                            "a regression")
+
+
+def test_the_relative_error_is_over_the_outputs_spread() -> None:
+    acc = RegressionAccumulator()
+    ref = np.array([[1.0, 10.0], [3.0, 30.0], [5.0, 50.0]])  # element 1 spreads 10x element 0
+    acc.update(ref, ref + np.array([0.2, 0.0]), 3)
+    spread = np.mean([np.var(ref[:, 0]), np.var(ref[:, 1])])
+    assert acc.relative_error == pytest.approx(np.sqrt(0.02 / spread))
+    constant = RegressionAccumulator()
+    constant.update(np.full((4, 1), 2.0), np.full((4, 1), 2.1), 4)  # no spread: relative to its magnitude
+    assert constant.relative_error == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(("errors", "passed", "how"), [
+    ([0.0064] * 32, True, "clear below the ceiling"),  # relative error 0.08, no spread
+    ([0.0, 0.03] * 16, False, "above the ceiling"),  # 0.122
+    ([0.0, 0.019] * 16, False, "reaches above the ceiling"),  # 0.097, its interval [0.079, 0.113]
+])
+def test_a_regression_is_met_only_when_its_error_interval_is_under_the_ceiling(errors, passed: bool, how: str) -> None:
+    acc = FidelityAccumulator(OutputKind(Kind.REGRESSION, ""))
+    ref = np.tile([1.0, -1.0], 16).reshape(32, 1)  # variance 1: the relative error is the RMS error
+    acc.update(ref, ref + np.sqrt(errors).reshape(32, 1), 32)
+    figures = output_fidelity("y", acc)
+    (v,) = verdicts(_fidelity(figures), 0.99, 0.99, 0.1)
+    assert v.metric == "relative error" and v.passed is passed and how in v.how
+    assert _fidelity(figures).metric == "relative error (y)" and _fidelity(figures).drop == figures.relative_error
+
+
+def test_quantize_checks_a_regression_against_its_ceiling(cli, tmp_path: Path) -> None:
+    model = save(parse_model(REGRESSOR), tmp_path / "r.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(48):
+        write_npz(data / f"{i:02d}.npz", x=RNG.standard_normal((1, 8)).astype(np.float32))
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data)
+    (check,) = doc["verification"]["checks"][:1]
+    assert check["name"] == "relative error" and check["kind"] == "at_most" and check["floor"] == 0.1
+    assert doc["verification"]["outputs"][0]["kind"] == "regression" and check["passed"]
+    report = analyze(model, tmp_path / "q.onnx", data, runs=0, layers=False, gates=Gates(max_accuracy_drop=0.1))
+    assert report.gates[0].metric == "relative error (y)" and report.gates[0].passed

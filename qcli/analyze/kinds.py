@@ -14,7 +14,9 @@ data movement) and from the float model's values on the compared samples, in thi
    a sparse map's background fills.
 5. Softmax or LogSoftmax (also written out as Exp / ReduceSum(Exp)): `[N, C]` is `top1`,
    `[N, T, C]` or `[T, N, C]` a `sequence`, rank 4 (a per-pixel class map) a `mask`.
-6. One value per sample within [0, 1] (a detector's decision): a `mask`.
+6. One value per sample within [0, 1] (a detector's decision): a `mask`; any other one value per
+   sample (a score, an age, a quality rating) a `regression`: its error relative to its spread
+   over the compared samples.
 7. A trailing normalization (LpNormalization, a Div by ReduceL2 / Sqrt / a norm) or pooling
    (ReduceMean, GlobalAveragePool, a Div of a ReduceSum: mean over tokens) of more than one value
    per sample: `cosine`, an embedding.
@@ -49,7 +51,8 @@ class Kind(str, Enum):
     TOP1 = "top1"  # class scores: argmax over the last axis agrees
     SEQUENCE = "sequence"  # class scores per position: the whole argmax sequence agrees
     COSINE = "cosine"  # embeddings, feature maps: mean per-sample cosine
-    MASK = "mask"  # probability / score maps: cosine and thresholded masks agree
+    MASK = "mask"  # probability / score maps, multi-label scores: the IoU of the thresholded positives
+    REGRESSION = "regression"  # a few values per sample (scores, coordinates): error relative to their spread
     PER_ELEMENT = "per_element"  # integer / bool outputs: the share of elements equal
     IGNORE = "ignore"  # recurrent state: reported, not gated
 
@@ -246,6 +249,9 @@ def decide(name: str, values: Sequence[np.ndarray], evidence: tuple[str, str] | 
             return OutputKind(Kind.TOP1, f"{why}: {shape} class scores")
     if first.ndim >= 1 and first.size == first.shape[0] and _probabilities(values):
         return _mask(f"{why + ': ' if why else ''}one probability per sample {shape}", values, threshold)
+    if first.ndim >= 1 and first.size == first.shape[0]:
+        return OutputKind(Kind.REGRESSION, f"{why + ': ' if why else ''}one value per sample {shape}, not a "
+                                           "probability: a regression")
     if rule == "embedding" and first.size > max(first.shape[0], 1) and first.ndim >= 2:
         return OutputKind(Kind.COSINE, f"{why}: {shape} embedding")
     if classes and _unit_rows(values):

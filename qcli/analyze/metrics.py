@@ -11,7 +11,9 @@ The math, on a float reference `x` and a quantized result `y`:
   (qcli.analyze.sequences);
 - mask IoU = mean over samples of |A ∩ B| / |A ∪ B| of the thresholded masks (the labels or
   pixels "on"; 1 when both are empty): what a mask is gated on; mask agreement = fraction of
-  elements on the same side of the threshold, reported (a sparse map's background fills it).
+  elements on the same side of the threshold, reported (a sparse map's background fills it);
+- relative error (regression) = sqrt(mean squared error / the float values' variance across the
+  compared samples, averaged over elements): 0.1 means the quantized output explains 99% of it.
 The metric an output is judged by follows its kind (qcli.analyze.kinds). Each gated figure has
 an interval (~95% by default; `verify.confidence` sets it, qcli.analyze.confidence): a share of
 samples (top-1, sequence) the Wilson score interval, a mean over samples (cosine; element
@@ -174,6 +176,54 @@ class MaskAccumulator:
         return self.per_sample.n
 
 
+@dataclass
+class RegressionAccumulator:
+    """A regression output's error relative to its spread: sqrt(mean squared error / the float
+    values' variance across samples, averaged over elements), with each sample's squared error
+    for the interval.
+
+    >>> acc = RegressionAccumulator()
+    >>> acc.update(np.array([[1.0], [3.0]]), np.array([[1.1], [2.9]]), 2)
+    >>> round(acc.relative_error, 4)
+    0.1
+    """
+
+    errors: Mean = field(default_factory=Mean)  # per sample: mean squared error over its elements
+    sums: np.ndarray | None = None  # per element: Σ float value, Σ its square
+    squares: np.ndarray | None = None
+
+    def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
+        x = _rows(np.asarray(reference, dtype=np.float64), batch)
+        y = _rows(np.asarray(value, dtype=np.float64), batch)
+        self.errors.add(((y - x) ** 2).mean(axis=1))
+        self.sums = x.sum(axis=0) if self.sums is None else self.sums + x.sum(axis=0)
+        self.squares = (x * x).sum(axis=0) if self.squares is None else self.squares + (x * x).sum(axis=0)
+
+    @property
+    def spread(self) -> float | None:
+        """The float values' variance across samples, averaged over elements (population); an
+        output that does not vary over the samples: its mean square (else 1), so that its error
+        is relative to its magnitude, and finite."""
+        n = self.errors.n
+        if not n or self.sums is None or self.squares is None:
+            return None
+        variance = float(np.mean(np.maximum(self.squares / n - (self.sums / n) ** 2, 0.0)))
+        power = float(np.mean(self.squares / n))
+        return variance if variance > 1e-12 * max(power, 1e-30) else (power if power > 0 else 1.0)
+
+    def _relative(self, mse: float) -> float:
+        return math.sqrt(max(mse, 0.0) / (self.spread or 1.0))
+
+    @property
+    def relative_error(self) -> float | None:
+        mse = self.errors.value
+        return None if mse is None else self._relative(mse)
+
+    def interval(self, z: float = Z95) -> tuple[float, float] | None:
+        found = self.errors.interval(z)
+        return None if found is None else (self._relative(found[0]), self._relative(found[1]))
+
+
 def is_class_scores(value: np.ndarray) -> bool:
     """A class-score output: float, rank 2 `[N, C]` with at least 2 classes."""
     return value.ndim == 2 and value.shape[1] >= 2 and np.issubdtype(value.dtype, np.floating)
@@ -267,6 +317,7 @@ class FidelityAccumulator:
         self.sqnr = SqnrAccumulator()
         self.sequence: SequenceAccumulator | None = None
         self.mask: MaskAccumulator | None = None
+        self.regression: RegressionAccumulator | None = None
         self.margins: MarginAccumulator | None = None  # top-1 and sequence outputs: the decisions' margins
 
     @property
@@ -287,6 +338,8 @@ class FidelityAccumulator:
                 self.margins = MarginAccumulator(self.pool)
             if self.kind.kind is Kind.MASK and self.floating:
                 self.mask = MaskAccumulator(0.5 if self.kind.threshold is None else self.kind.threshold)
+            if self.kind.kind is Kind.REGRESSION and self.floating:
+                self.regression = RegressionAccumulator()
         x, y = _rows(reference, batch), _rows(value, batch)
         self.samples += x.shape[0]
         equal = x == y
@@ -318,6 +371,8 @@ class FidelityAccumulator:
                 self.margins.add(*decisions)
         if self.mask is not None:
             self.mask.update(reference, value, batch)
+        if self.regression is not None:
+            self.regression.update(reference, value, batch)
         if self.margins is not None and self.sequence is None:  # the float64 rows above, cut into decisions
             self.margins.update(x64, y64, reference.shape[-1] if reference.ndim else 1)
 
@@ -362,6 +417,14 @@ class FidelityAccumulator:
     @property
     def cosine_interval(self) -> tuple[float, float] | None:
         return self.cosines.interval(self.z) if self.floating else None
+
+    @property
+    def relative_error(self) -> float | None:
+        return self.regression.relative_error if self.regression is not None else None
+
+    @property
+    def error_interval(self) -> tuple[float, float] | None:
+        return self.regression.interval(self.z) if self.regression is not None else None
 
     @property
     def agreement_interval(self) -> tuple[float, float] | None:

@@ -103,6 +103,8 @@ class OutputFidelity:
     changed: int | None = None  # top-1, sequence: the samples whose decision changed
     agreement_interval: tuple[float, float] | None = None  # ~95% interval of the gated agreement
     cosine_interval: tuple[float, float] | None = None  # ~95% interval of the mean cosine
+    relative_error: float | None = None  # regression: RMS error over the float values' spread (gated)
+    error_interval: tuple[float, float] | None = None  # its interval
 
     @property
     def gated_agreement(self) -> float | None:
@@ -115,6 +117,11 @@ class OutputFidelity:
         """The cosine this output is gated on: cosine outputs only (a mask's is reported)."""
         return self.cosine if self.kind is Kind.COSINE else None
 
+    @property
+    def gated_error(self) -> float | None:
+        """The relative error this output is gated on: regression outputs only."""
+        return self.relative_error if self.kind is Kind.REGRESSION else None
+
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind.value, "reason": self.reason,
                 "top1_agreement": self.top1_agreement, "cosine": self.cosine, "sqnr_db": self.sqnr_db,
@@ -123,7 +130,8 @@ class OutputFidelity:
                 "mask_agreement": self.mask_agreement,
                 "mask_iou": self.mask_iou, "samples": self.samples,
                 "agreement_interval": rounded_pair(self.agreement_interval),
-                "cosine_interval": rounded_pair(self.cosine_interval)}
+                "cosine_interval": rounded_pair(self.cosine_interval),
+                "relative_error": self.relative_error, "error_interval": rounded_pair(self.error_interval)}
 
 
 @dataclass(frozen=True)
@@ -146,7 +154,7 @@ class Fidelity:
 
     @property
     def cosine(self) -> float | None:
-        """The lowest mean cosine over the outputs gated on it (cosine and mask kinds)."""
+        """The lowest mean cosine over the outputs gated on it (cosine outputs)."""
         values = [o.gated_cosine for o in self.outputs if o.gated_cosine is not None]
         return min(values) if values else None
 
@@ -155,6 +163,7 @@ class Fidelity:
         losses = [(1.0 - a, f"{AGREEMENT[o.kind]} ({o.name})") for o in self.outputs
                   if (a := o.gated_agreement) is not None]
         losses += [(1.0 - c, f"cosine ({o.name})") for o in self.outputs if (c := o.gated_cosine) is not None]
+        losses += [(e, f"relative error ({o.name})") for o in self.outputs if (e := o.gated_error) is not None]
         if self.custom is not None:
             losses.append((max(0.0, self.custom.floor - self.custom.score), self.custom.name))
         return losses
@@ -445,7 +454,7 @@ def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
         predicted_agreement=acc.predicted_agreement,
         mask_agreement=mask.agreement if mask else None, mask_iou=mask.iou if mask else None,
         samples=acc.samples, agreement_interval=acc.agreement_interval, cosine_interval=acc.cosine_interval,
-        changed=acc.changed(),
+        changed=acc.changed(), relative_error=acc.relative_error, error_interval=acc.error_interval,
     )
 
 

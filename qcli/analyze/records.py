@@ -52,6 +52,8 @@ def fidelity_record(name: str, acc: FidelityAccumulator) -> Fidelity:
         agreement=rounded(acc.element_agreement),
         agreement_interval=rounded_pair(acc.agreement_interval),
         cosine_interval=rounded_pair(acc.cosine_interval),
+        relative_error=rounded(acc.relative_error),
+        error_interval=rounded_pair(acc.error_interval),
     )
 
 

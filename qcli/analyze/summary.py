@@ -69,6 +69,9 @@ def headline(report: Report) -> str:
                          f"cosine {f.cosine:.5f} on {f.output}")
         elif f.kind == "cosine" and f.cosine is not None:
             parts.append(f"cosine {f.cosine:.5f}, SQNR {db(f.sqnr_db)} on {f.output}")
+        elif f.kind == "regression" and f.relative_error is not None:
+            parts.append(f"relative error {f.relative_error:.4f} of the spread, max abs error "
+                         f"{num(f.max_abs_error or 0.0)} on {f.output}")
     parts += [g.message for g in report.gates if g.name == "max_accuracy_drop"]
     return "; ".join(parts) if parts else f"{report.data.samples} samples compared"
 
@@ -123,6 +126,9 @@ def agreement_text(f: Fidelity) -> str:
         return f"{pct(f.sequence_agreement)}{within} of sequences ({pct(f.position_agreement)} of positions)"
     if f.kind == "mask":
         return f"IoU {pct(f.mask_iou)}{within} ({pct(f.mask_agreement)} of elements)"
+    if f.kind == "regression" and f.relative_error is not None:
+        span = f" [{f.error_interval[0]:.4f}, {f.error_interval[1]:.4f}]" if f.error_interval else ""
+        return f"relative error {f.relative_error:.4f}{span}"
     if f.kind == "per_element" or f.agreement is not None:
         return pct(f.agreement) + within if f.agreement is not None else "–"  # of the elements (ids, mask pixels)
     return "–"
@@ -143,7 +149,7 @@ GATE_HEADER = ("gate", "measure", "value", "threshold", "result")
 def gate_rows(report: Report) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for g in report.gates:
-        in_points = g.name == "max_accuracy_drop" and "cosine" not in g.metric
+        in_points = g.name == "max_accuracy_drop" and not any(m in g.metric for m in ("cosine", "relative error"))
         if g.value is None:
             value = "not measured"
         elif in_points:

@@ -12,7 +12,9 @@ where the same model could land on samples it never saw. The rule:
   missed;
 - a cosine or a mask's IoU (a mean of each sample's) whose interval straddles its floor: missed
   (each is the continuous figure: nothing finer can decide; a mask's cosine, which the
-  background fills, does not).
+  background fills, does not);
+- a regression's relative error, a ceiling: met when its whole interval is at or below it,
+  else missed (the continuous figure again).
 More samples narrow the intervals (`verify.samples`, `--eval-data`); verification does not
 fetch more on its own (every candidate would have to be measured on them again).
 """
@@ -81,8 +83,19 @@ def cosine_verdict(o: OutputFidelity, value: float, floor: float) -> Verdict:
     return Verdict("cosine", o.name, value, floor, o.cosine_interval, o.samples, side == "above", _HOW[side])
 
 
-def verdicts(f: Fidelity, min_agreement: float | None, min_cosine: float | None) -> list[Verdict]:
-    """One verdict per gated figure of every output (agreements, then cosines)."""
+def error_verdict(o: OutputFidelity, value: float, ceiling: float) -> Verdict:
+    """The verdict on a regression output's relative error (module docstring): a ceiling, met
+    only when its interval is clear below it."""
+    low, high = o.error_interval if o.error_interval is not None else (value, value)
+    side = "above" if high <= ceiling else "below" if low > ceiling or value > ceiling else "straddles"
+    how = {"above": "its interval is clear below the ceiling", "below": "above the ceiling",
+           "straddles": "its interval reaches above the ceiling"}[side]
+    return Verdict("relative error", o.name, value, ceiling, o.error_interval, o.samples, side == "above", how)
+
+
+def verdicts(f: Fidelity, min_agreement: float | None, min_cosine: float | None,
+             max_error: float | None = None) -> list[Verdict]:
+    """One verdict per gated figure of every output (agreements, cosines, then relative errors)."""
     from qcli.analyze.probe import AGREEMENT
 
     out = []
@@ -91,9 +104,11 @@ def verdicts(f: Fidelity, min_agreement: float | None, min_cosine: float | None)
                 for o in f.outputs if (a := o.gated_agreement) is not None]
     if min_cosine is not None:
         out += [cosine_verdict(o, c, min_cosine) for o in f.outputs if (c := o.gated_cosine) is not None]
+    if max_error is not None:
+        out += [error_verdict(o, e, max_error) for o in f.outputs if (e := o.gated_error) is not None]
     return out
 
 
-def meets(f: Fidelity, min_agreement: float | None, min_cosine: float | None) -> bool:
+def meets(f: Fidelity, min_agreement: float | None, min_cosine: float | None, max_error: float | None = None) -> bool:
     """Whether every gated figure of `f` meets its floor by the rule (the plug-in's score aside)."""
-    return all(v.passed for v in verdicts(f, min_agreement, min_cosine))
+    return all(v.passed for v in verdicts(f, min_agreement, min_cosine, max_error))

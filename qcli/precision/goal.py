@@ -2,7 +2,8 @@
 
 An accuracy budget (the drop of the fidelity metric at most `max_drop`, or a share of it), the
 verification floors (each output judged by its kind: `Fidelity.top1_agreement` is the lowest
-agreement of the outputs gated on one, `Fidelity.cosine` the lowest gated cosine) and the
+agreement of the outputs gated on one, `Fidelity.cosine` the lowest gated cosine, a regression's
+relative error under its ceiling) and the
 `verify.metric` plug-in's own floor, and a ceiling on the latency ratio to the float model. A Goal only
 judges measurements; it never measures.
 """
@@ -26,6 +27,7 @@ class Goal:
     min_top1_agreement: float | None = None  # floors (verification)
     min_cosine: float | None = None
     max_latency_ratio: float | None = None  # quantized / float latency at most this
+    max_relative_error: float | None = None  # regression outputs' ceiling (verification)
 
     def accurate(self, f: Fidelity | None, scale: float = 1.0) -> bool:
         """Whether `f` meets the floors (each gated figure by qcli.analyze.verdict's rule, which
@@ -34,7 +36,7 @@ class Goal:
             return False
         if self.max_drop is not None and f.drop > self.max_drop * scale + 1e-12:
             return False
-        if not meets(f, self.min_top1_agreement, self.min_cosine):
+        if not meets(f, self.min_top1_agreement, self.min_cosine, self.max_relative_error):
             return False
         return f.custom is None or f.custom.passed
 
