@@ -124,6 +124,9 @@ def verification_of(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | No
     checks, notes = fidelity_checks(f, vf.min_top1_agreement, vf.min_cosine, vf.confidence, vf.max_relative_error), []
     if all_float:
         notes.append(all_float)
+    notes += [f"output {o.name!r}: the float model detects nothing on the {o.samples} samples compared, so its "
+              "boxes check is empty; give samples with objects in them (--eval-data DIR)"
+              for o in f.outputs if o.boxes == 0]
     exact = probe.predicts
     if ratio is not None and floors.max_latency_ratio is not None:
         checks.append(Check("latency ratio", ratio, floors.max_latency_ratio, False,

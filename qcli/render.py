@@ -352,6 +352,7 @@ _DETAILS = {
     "mask": [("mask_iou", "mask IoU"), ("mask_agreement", "elements agree"), ("cosine", "cosine")],
     "cosine": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],
     "regression": [("relative_error", "relative error"), ("sqnr_db", "SQNR dB")],
+    "boxes": [("box_f1", "boxes matched (F1)"), ("boxes", "float detections"), ("cosine", "cosine")],
     "per_element": [("agreement", "elements equal")],
     "ignore": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],
 }
@@ -360,8 +361,8 @@ _DETAILS = {
 def output_kinds(console: Console, outputs: list[dict]) -> None:
     """Each output: the metric it is judged by, why, and its figures."""
     for o in outputs:
-        figures = ", ".join(f"{label} {o[key]:.4f}" for key, label in _DETAILS.get(o["kind"], [])
-                            if o.get(key) is not None)
+        figures = ", ".join(f"{label} {o[key]}" if isinstance(o[key], int) else f"{label} {o[key]:.4f}"
+                            for key, label in _DETAILS.get(o["kind"], []) if o.get(key) is not None)
         gated = " (not gated)" if o["kind"] == "ignore" else ""
         console.print(f"output {o['name']!r}: {o['kind']}{gated}, {o['reason']}" + (f": {figures}" if figures else ""))
 

@@ -27,7 +27,8 @@ from qcli.analyze import (
     sample_count,
     write_report,
 )
-from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, sqnr_db, wilson
+from qcli.analyze.intervals import wilson
+from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, sqnr_db
 from qcli.errors import ConfigError, DataError, GateFailed, ModelError, QcliError
 from qcli.runtime import make_session
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from qcli.analyze.intervals import mean_interval, wilson
 from qcli.analyze.kinds import Kind
-from qcli.analyze.metrics import mean_interval, wilson
 from qcli.analyze.probe import Fidelity, OutputFidelity
 from qcli.analyze.verdict import meets, verdicts
 from qcli.precision.goal import Goal
@@ -116,7 +116,7 @@ def mask(ious: list[float], cosine: float = 0.9999) -> OutputFidelity:
 
 @pytest.mark.parametrize(("ious", "passed", "how"), [
     ([0.996] * 32, True, "its interval is clear of the floor"),
-    ([1.0, 0.982] * 16, False, "the IoU is the mask's continuous figure"),  # mean 0.991, straddles: missed
+    ([1.0, 0.982] * 16, False, "a mean of each sample's IoU is the continuous figure"),  # mean 0.991, straddles: missed
     ([0.96] * 32, False, "below the floor"),  # the text detector's held-out IoU
 ])
 def test_a_masks_iou_is_decided_by_its_own_interval_never_by_its_cosine(ious: list[float], passed: bool,

@@ -5,6 +5,9 @@ data movement) and from the float model's values on the compared samples, in thi
 
 1. `verify.outputs` names it: that kind.
 2. Not float (class ids, token ids, bool masks): `per_element`, the share of elements equal.
+2a. Decoded boxes with class scores (`[N, 4 + C, A]` or `[N, A, 4 + C]`: centre and size in
+   pixels, then probabilities; qcli.analyze.boxes.box_layout): `boxes`, each sample's detections
+   (score >= 0.25 or `verify.thresholds`, suppressed per class) matched at IoU 0.5.
 3. A recurrent state (an LSTM/GRU/RNN Y_h or Y_c, or the shape of a float input named like a
    state: `state`, `hidden`, `h0`, `c0`...): `ignore`, reported and never gated: the next call's
    outputs, not this one's, show what its error does.
@@ -44,6 +47,7 @@ from enum import Enum
 import numpy as np
 import onnx
 
+from qcli.analyze.boxes import DEFAULT_THRESHOLD, box_layout
 from qcli.errors import ConfigError
 
 
@@ -53,6 +57,7 @@ class Kind(str, Enum):
     COSINE = "cosine"  # embeddings, feature maps: mean per-sample cosine
     MASK = "mask"  # probability / score maps, multi-label scores: the IoU of the thresholded positives
     REGRESSION = "regression"  # a few values per sample (scores, coordinates): error relative to their spread
+    BOXES = "boxes"  # a detector's decoded boxes with class scores: boxes matched at IoU 0.5 (qcli.analyze.boxes)
     PER_ELEMENT = "per_element"  # integer / bool outputs: the share of elements equal
     IGNORE = "ignore"  # recurrent state: reported, not gated
 
@@ -63,7 +68,8 @@ class OutputKind:
     reason: str
     blank: int | None = None  # sequence: the CTC blank class (collapse before comparing)
     trim: tuple[int, ...] = ()  # sequence: classes that do not count at either end (verify.sequence_trim)
-    threshold: float | None = None  # mask: values above it are "on" (verify.thresholds, else the default)
+    threshold: float | None = None  # mask: values above it are "on"; boxes: the score a detection needs
+    axis: int | None = None  # boxes: the attributes' axis of a batch (1 or 2)
 
 
 # Ops that move or reshape data without computing: an output's meaning is its producer's.
@@ -235,6 +241,8 @@ def decide(name: str, values: Sequence[np.ndarray], evidence: tuple[str, str] | 
     if state_input is not None:
         return OutputKind(Kind.IGNORE, f"the shape of the state input {state_input!r}: a recurrent state fed back, "
                                        "reported but not gated")
+    if (axis := box_layout(values)) is not None:
+        return _boxes(f"{shape} decoded boxes with class scores (attributes on axis {axis})", axis, threshold)
     classes = first.ndim == 2 and first.shape[1] >= 2
     if rule == "sigmoid":
         if classes:
@@ -283,6 +291,14 @@ def _mask(reason: str, values: Sequence[np.ndarray], threshold: float | None) ->
                                  "another)", threshold=threshold)
 
 
+def _boxes(reason: str, axis: int, threshold: float | None) -> OutputKind:
+    if threshold is not None:
+        return OutputKind(Kind.BOXES, f"{reason}; detections scoring {threshold:g} (verify.thresholds)",
+                          threshold=threshold, axis=axis)
+    return OutputKind(Kind.BOXES, f"{reason}; detections scoring {DEFAULT_THRESHOLD:g} (YOLO's; verify.thresholds "
+                                  "sets another)", threshold=DEFAULT_THRESHOLD, axis=axis)
+
+
 def forced(name: str, kind: Kind, values: Sequence[np.ndarray], blank: int | None,
            threshold: float | None = None) -> OutputKind:
     """The kind `verify.outputs` names, with its blank or threshold; a ConfigError for a float
@@ -296,6 +312,13 @@ def forced(name: str, kind: Kind, values: Sequence[np.ndarray], blank: int | Non
         return _sequence(why, values, blank)
     if kind is Kind.MASK:
         return _mask(why, values, threshold)
+    if kind is Kind.BOXES:
+        axis = box_layout(values)
+        if axis is None:
+            raise ConfigError(f"verify.outputs: output {name!r} does not hold decoded boxes with class scores",
+                              hint="boxes reads [N, 4 + C, A] or [N, A, 4 + C]: centre x, y, width and height in "
+                                   "pixels, then one probability per class")
+        return _boxes(why, axis, threshold)
     return OutputKind(kind, why)
 
 
@@ -338,7 +361,7 @@ def output_kinds(model: onnx.ModelProto, values: Mapping[str, Sequence[np.ndarra
         else:
             kinds[name] = decide(name, batches, _evidence(graph, name), _state_input(model, batches[0]), blank,
                                  threshold)
-        if threshold is not None and kinds[name].kind is not Kind.MASK:
+        if threshold is not None and kinds[name].kind not in (Kind.MASK, Kind.BOXES):
             raise ConfigError(f"verify.thresholds: output {name!r} is judged as {kinds[name].kind.value} "
                               f"({kinds[name].reason}), not as a mask: a threshold does not apply",
                               hint=f"add `verify.outputs: {{{name}: mask}}` to judge it by thresholded labels, "

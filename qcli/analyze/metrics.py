@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from qcli.analyze.boxes import DEFAULT_THRESHOLD, BoxAccumulator
+from qcli.analyze.intervals import Z95, Mean, wilson
 from qcli.analyze.kinds import Kind, OutputKind, decide
 from qcli.analyze.margins import MarginAccumulator, MarginPool
 from qcli.analyze.sequences import SequenceAccumulator
@@ -66,73 +68,6 @@ def as_array(value) -> np.ndarray:
         keys = list(value[0])
         return np.array([[v[k] for k in keys] for v in value], dtype=np.float32)
     return np.asarray(value)
-
-
-Z95 = 1.959964  # the standard normal's 97.5th percentile: two-sided 95%
-
-
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of the share k/n (`z`: its half-width in standard errors,
-    ~95% by default); it stays inside [0, 1] and is not empty at k = n, unlike k/n ± z
-    standard errors.
-
-    >>> [round(v, 3) for v in wilson(16, 16)], [round(v, 3) for v in wilson(15, 16)]
-    ([0.806, 1.0], [0.717, 0.989])
-    """
-    if n <= 0:
-        return 0.0, 1.0
-    p, z2 = k / n, z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def mean_interval(total: float, squares: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """The interval of a mean over n samples from their sum and sum of squares (mean ± z
-    standard errors, ~95% by default); one sample: the mean alone.
-
-    >>> [round(v, 4) for v in mean_interval(3 * 0.99, 0.98 ** 2 + 0.99 ** 2 + 1.0, 3)]
-    [0.9787, 1.0013]
-    """
-    if n <= 0:
-        return 0.0, 1.0
-    mean = total / n
-    if n == 1:
-        return mean, mean
-    var = max(squares - n * mean * mean, 0.0) / (n - 1)
-    half = z * math.sqrt(var / n)
-    return mean - half, mean + half
-
-
-@dataclass
-class Mean:
-    """A running mean over samples, with the sum of squares its interval needs.
-
-    >>> m = Mean(); m.add(np.array([1.0, 0.0, 1.0, 1.0])); m.value, [round(v, 3) for v in m.interval()]
-    (0.75, [0.26, 1.24])
-    """
-
-    n: int = 0
-    total: float = 0.0
-    squares: float = 0.0
-
-    def add(self, values: np.ndarray) -> None:
-        v = np.asarray(values, dtype=np.float64)
-        self.n += v.size
-        self.total += float(v.sum())
-        self.squares += float((v * v).sum())
-
-    @property
-    def value(self) -> float | None:
-        return self.total / self.n if self.n else None
-
-    def interval(self, z: float = Z95) -> tuple[float, float] | None:
-        return mean_interval(self.total, self.squares, self.n, z) if self.n else None
-
-    def share_interval(self, z: float = Z95) -> tuple[float, float] | None:
-        """The interval of a mean of shares, kept inside [0, 1]."""
-        found = self.interval(z)
-        return None if found is None else (max(0.0, found[0]), min(1.0, found[1]))
 
 
 def row_shares(equal: np.ndarray) -> np.ndarray:
@@ -318,6 +253,7 @@ class FidelityAccumulator:
         self.sequence: SequenceAccumulator | None = None
         self.mask: MaskAccumulator | None = None
         self.regression: RegressionAccumulator | None = None
+        self.boxes: BoxAccumulator | None = None
         self.margins: MarginAccumulator | None = None  # top-1 and sequence outputs: the decisions' margins
 
     @property
@@ -340,6 +276,8 @@ class FidelityAccumulator:
                 self.mask = MaskAccumulator(0.5 if self.kind.threshold is None else self.kind.threshold)
             if self.kind.kind is Kind.REGRESSION and self.floating:
                 self.regression = RegressionAccumulator()
+            if self.kind.kind is Kind.BOXES and self.floating:
+                self.boxes = BoxAccumulator(self.kind.threshold or DEFAULT_THRESHOLD, self.kind.axis or 1)
         x, y = _rows(reference, batch), _rows(value, batch)
         self.samples += x.shape[0]
         equal = x == y
@@ -373,6 +311,8 @@ class FidelityAccumulator:
             self.mask.update(reference, value, batch)
         if self.regression is not None:
             self.regression.update(reference, value, batch)
+        if self.boxes is not None:
+            self.boxes.update(reference, value, batch)
         if self.margins is not None and self.sequence is None:  # the float64 rows above, cut into decisions
             self.margins.update(x64, y64, reference.shape[-1] if reference.ndim else 1)
 
@@ -433,6 +373,8 @@ class FidelityAccumulator:
             return wilson(self.sequence.same, self.sequence.samples, self.z)
         if self.mask is not None and self.mask.samples:
             return self.mask.per_sample.share_interval(self.z)
+        if self.boxes is not None and self.boxes.samples:
+            return self.boxes.per_sample.share_interval(self.z)
         if self.class_scores and self.samples:
             return wilson(self.agree, self.samples, self.z)
         if self._per_element:

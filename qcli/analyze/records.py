@@ -53,6 +53,8 @@ def fidelity_record(name: str, acc: FidelityAccumulator) -> Fidelity:
         agreement_interval=rounded_pair(acc.agreement_interval),
         cosine_interval=rounded_pair(acc.cosine_interval),
         relative_error=rounded(acc.relative_error),
+        box_f1=rounded(acc.boxes.f1) if acc.boxes else None,
+        boxes=acc.boxes.boxes if acc.boxes else None,
         error_interval=rounded_pair(acc.error_interval),
     )
 

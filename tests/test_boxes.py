@@ -1,0 +1,94 @@
+"""A detector's boxes judged as its users judge them (qcli.analyze.boxes): the layout recognised
+from the values, detections thresholded and suppressed, matched at IoU 0.5, and the kind through
+verification."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import parse_model, save, tensor_text, write_npz
+from qcli.analyze.boxes import box_f1, box_layout, detections
+from qcli.analyze.kinds import Kind, output_kinds
+from qcli.errors import ConfigError
+
+RNG = np.random.default_rng(3)
+
+
+def yolo_like(anchors_first: bool, n: int = 2, a: int = 64, classes: int = 3) -> np.ndarray:
+    boxes = np.concatenate([RNG.uniform(0, 320, (n, a, 2)), RNG.uniform(4, 60, (n, a, 2))], axis=2)
+    scores = RNG.uniform(0, 1, (n, a, classes))
+    out = np.concatenate([boxes, scores], axis=2).astype(np.float32)
+    return out if anchors_first else out.transpose(0, 2, 1).copy()
+
+
+def test_decoded_boxes_are_recognised_either_way_round_and_nothing_else_is() -> None:
+    assert box_layout([yolo_like(True)]) == 2 and box_layout([yolo_like(False)]) == 1
+    raw = yolo_like(True)
+    raw[..., :4] = RNG.normal(0, 1, raw[..., :4].shape)  # offsets to a grid and log sizes, before decoding
+    assert box_layout([raw]) is None
+    normalized = yolo_like(True)
+    normalized[..., :4] /= 400  # boxes in image fractions: no different from scores
+    assert box_layout([normalized]) is None
+    softmax = RNG.dirichlet(np.ones(7), (2, 64)).astype(np.float32)  # a sequence's class scores
+    assert box_layout([softmax]) is None
+
+
+def test_suppression_is_per_class_and_matching_needs_the_class_and_half_the_area() -> None:
+    rows = np.array([[100, 100, 40, 40, 0.9, 0.0],  # kept
+                     [104, 100, 40, 40, 0.8, 0.0],  # suppressed by the first (IoU 0.82)
+                     [104, 100, 40, 40, 0.0, 0.7],  # another class: kept
+                     [300, 300, 10, 10, 0.2, 0.0]], np.float32)  # under the threshold
+    found = detections(rows, 0.25)
+    assert [(d.cls, round(d.score, 2)) for d in found] == [(0, 0.9), (1, 0.7)]
+    shifted = rows.copy()
+    shifted[0, 0] += 30  # IoU 400 / 2800 with where it was: another box
+    shifted[1, 4] = 0.1  # and the box it suppressed, gone
+    assert box_f1(found, detections(shifted, 0.25)) == pytest.approx(2 * 1 / 4)  # 1 matched of 2 + 2
+    relabelled = rows.copy()
+    relabelled[2, 4:] = [0.7, 0.0]  # now class 0, suppressed by the first box
+    assert box_f1(found, detections(relabelled, 0.25)) == pytest.approx(2 * 1 / 3)
+    assert box_f1([], []) == 1.0
+
+
+W = tensor_text("w", RNG.standard_normal((8, 4)).astype(np.float32))
+S = tensor_text("s", RNG.standard_normal((8, 3)).astype(np.float32))
+DETECTOR = f"""<ir_version: 8, opset_import: ["" : 17]>
+    net (float[N, 64, 8] x) => (float[N, 64, 7] y) <{W}, {S}, float k = {{40.0}}, float o = {{2.0}}> {{
+        m = MatMul (x, w)  r = Relu (m)  p = Mul (r, k)  b = Add (p, o)
+        c = MatMul (x, s)  q = Sigmoid (c)  y = Concat <axis = 2> (b, q) }}"""
+
+
+def test_a_detectors_output_is_boxes_with_its_threshold() -> None:
+    model = parse_model(DETECTOR)
+    import onnxruntime as ort
+
+    x = RNG.standard_normal((4, 64, 8)).astype(np.float32)
+    y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    found = output_kinds(model, {"y": [y]})["y"]
+    assert found.kind is Kind.BOXES and found.axis == 2 and found.threshold == 0.25
+    assert found.reason == ("[4, 64, 7] decoded boxes with class scores (attributes on axis 2); detections scoring "
+                            "0.25 (YOLO's; verify.thresholds sets another)")
+    assert output_kinds(model, {"y": [y]}, thresholds={"y": 0.5})["y"].threshold == 0.5
+    with pytest.raises(ConfigError, match="does not hold decoded boxes"):
+        output_kinds(model, {"y": [y - 100]}, named={"y": "boxes"})
+
+
+def test_verification_catches_the_scores_a_shared_concat_scale_wipes_out(cli, tmp_path: Path) -> None:
+    """int8 throughout, the Concat of pixel boxes (0-300) and probabilities (0-1) shares one
+    scale: every score rounds to 0 and no detection is left, while the output's cosine stays
+    0.9999 (the boxes fill it). Judged by its boxes, the model misses its floor."""
+    model = save(parse_model(DETECTOR), tmp_path / "det.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(48):
+        write_npz(data / f"{i:02d}.npz", x=RNG.standard_normal((1, 64, 8)).astype(np.float32))
+    result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--no-rescue", "--json")
+    assert result.exit_code == 1
+    v = json.loads(result.stdout)["verification"]
+    (check,) = v["checks"]
+    assert (check["name"], check["value"], check["passed"]) == ("boxes matched", 0.0, False)
+    assert v["outputs"][0]["kind"] == "boxes" and v["outputs"][0]["cosine"] > 0.999
