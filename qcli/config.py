@@ -35,7 +35,8 @@ HALF_PRECISIONS = ("float16", "bfloat16")  # float nodes run in a 16-bit float t
 NO_QDQ = ("float", "dynamic", *HALF_PRECISIONS)  # precisions whose nodes get no static Q/DQ pair
 Mode = Literal["static", "dynamic"]
 # qcli.analyze.kinds.Kind
-OutputKindName = Literal["top1", "sequence", "cosine", "mask", "regression", "boxes", "per_element", "ignore"]
+OutputKindName = Literal["top1", "sequence", "cosine", "mask", "map", "regression", "boxes", "per_element",
+                         "ignore"]
 # int4: weights, to shrink; float16/bfloat16: the node in that type (one of them per model)
 Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic", "float16", "bfloat16"]
 SYMMETRIC = "zero point 0 (signed types) or mid-range (unsigned)"  # the description of both `symmetric` keys

@@ -352,6 +352,7 @@ _DETAILS = {
     "mask": [("mask_iou", "mask IoU"), ("mask_agreement", "elements agree"), ("cosine", "cosine")],
     "cosine": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],
     "regression": [("relative_error", "relative error"), ("sqnr_db", "SQNR dB")],
+    "map": [("map_iou", "top-region IoU"), ("psnr_db", "PSNR dB"), ("cosine", "cosine")],
     "boxes": [("box_f1", "boxes matched (F1)"), ("boxes", "float detections"), ("cosine", "cosine")],
     "per_element": [("agreement", "elements equal")],
     "ignore": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],

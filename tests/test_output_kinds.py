@@ -4,6 +4,7 @@ using the kinds, the drop following the kind, and the `verify.metric` plug-in.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +14,10 @@ import pytest
 
 from conftest import parse_model, save, tensor_text, write_npz
 from qcli.analyze import analyze
+from qcli.analyze.figures import MapAccumulator, MaskAccumulator, RegressionAccumulator
 from qcli.analyze.gates import Gates
 from qcli.analyze.kinds import Kind, OutputKind, output_kinds
-from qcli.analyze.metrics import FidelityAccumulator, MaskAccumulator, RegressionAccumulator
+from qcli.analyze.metrics import FidelityAccumulator
 from qcli.analyze.plugin import CustomScore
 from qcli.analyze.probe import Fidelity, OutputFidelity, output_fidelity
 from qcli.analyze.sequences import SequenceAccumulator, ctc_collapse
@@ -436,3 +438,44 @@ def test_quantize_checks_a_regression_against_its_ceiling(cli, tmp_path: Path) -
     assert doc["verification"]["outputs"][0]["kind"] == "regression" and check["passed"]
     report = analyze(model, tmp_path / "q.onnx", data, runs=0, layers=False, gates=Gates(max_accuracy_drop=0.1))
     assert report.gates[0].metric == "relative error (y)" and report.gates[0].passed
+
+
+K3 = tensor_text("k", RNG.standard_normal((1, 2, 3, 3)).astype(np.float32))
+SALIENCY = f"""<ir_version: 8, opset_import: ["" : 17]>
+    net (float[N, 2, 16, 16] x) => (float[N, 1, 16, 16] y) <{K3}> {{ y = Conv <pads = [1, 1, 1, 1]> (x, k) }}"""
+
+
+def test_a_one_channel_map_is_judged_by_its_top_region() -> None:
+    """A saliency map or a heat-map: where its highest values are is what its users read."""
+    model = parse_model(SALIENCY)
+    found = _kinds(model, {"x": RNG.standard_normal((3, 2, 16, 16)).astype(np.float32)})["y"]
+    assert found.kind is Kind.MAP and found.reason == "a [3, 1, 16, 16] dense map: the IoU of its top tenth"
+    probabilities = _kinds(model, {"x": np.zeros((3, 2, 16, 16), np.float32)})["y"]  # all 0: within [0, 1]
+    assert probabilities.kind is Kind.MASK
+
+
+def test_the_top_region_iou_and_psnr() -> None:
+    acc = MapAccumulator()
+    ref = np.zeros((2, 1, 10, 10), np.float32)
+    ref[0, 0, :2, :5] = 5.0  # the top tenth of sample 0: its first 10 elements
+    ref[1, 0, 9, :] = 1.0  # of sample 1: its last 10
+    got = ref.copy()
+    got[0, 0, 0, :5] = 0.0  # half of sample 0's top region lost...
+    got[0, 0, 5, :5] = 6.0  # ...to another place
+    acc.update(ref, got, 2)
+    assert acc.iou == pytest.approx((5 / 15 + 1.0) / 2)
+    mse = (5 * 25 + 5 * 36) / 100  # sample 0; sample 1 is exact (left out of the PSNR)
+    assert acc.psnr.value == pytest.approx(10 * np.log10(25 / mse))
+
+
+def test_quantize_checks_a_map_by_its_top_region(cli, tmp_path: Path) -> None:
+    model = save(parse_model(SALIENCY), tmp_path / "s.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(48):
+        write_npz(data / f"{i:02d}.npz", x=RNG.standard_normal((1, 2, 16, 16)).astype(np.float32))
+    result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--json")
+    v = json.loads(result.stdout)["verification"]
+    assert v["outputs"][0]["kind"] == "map" and v["outputs"][0]["psnr_db"] > 20
+    (check,) = [c for c in v["checks"] if c["name"] == "top-region IoU"]
+    assert check["value"] == v["outputs"][0]["map_iou"] and check["passed"] is (result.exit_code == 0)

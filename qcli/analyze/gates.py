@@ -53,7 +53,7 @@ def accuracy_measure(accuracy: Accuracy | None, fidelity: list[Fidelity]) -> tup
 # The agreement each kind is judged by: (figure's attribute, its name)
 _AGREEMENT = {"top1": ("top1_agreement", "top-1 agreement"), "sequence": ("sequence_agreement", "sequence agreement"),
               "mask": ("mask_iou", "mask IoU"), "boxes": ("box_f1", "boxes matched"),
-              "per_element": ("agreement", "element agreement")}
+              "map": ("map_iou", "top-region IoU"), "per_element": ("agreement", "element agreement")}
 
 
 def _losses(f: Fidelity) -> list[tuple[str, float, bool]]:

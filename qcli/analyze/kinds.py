@@ -17,6 +17,9 @@ data movement) and from the float model's values on the compared samples, in thi
    a sparse map's background fills.
 5. Softmax or LogSoftmax (also written out as Exp / ReduceSum(Exp)): `[N, C]` is `top1`,
    `[N, T, C]` or `[T, N, C]` a `sequence`, rank 4 (a per-pixel class map) a `mask`.
+5a. A dense one-channel map (`[N, 1, H, W]` or `[N, H, W, 1]`, at least 64 elements): of
+   probabilities, a `mask`; else a `map` (saliency, a heat-map): the IoU of the two models' top
+   regions (each one's highest tenth of its values) and the PSNR.
 6. One value per sample within [0, 1] (a detector's decision): a `mask`; any other one value per
    sample (a score, an age, a quality rating) a `regression`: its error relative to its spread
    over the compared samples.
@@ -57,6 +60,7 @@ class Kind(str, Enum):
     COSINE = "cosine"  # embeddings, feature maps: mean per-sample cosine
     MASK = "mask"  # probability / score maps, multi-label scores: the IoU of the thresholded positives
     REGRESSION = "regression"  # a few values per sample (scores, coordinates): error relative to their spread
+    MAP = "map"  # a dense one-channel map (saliency, heat-map): IoU of the top regions, PSNR
     BOXES = "boxes"  # a detector's decoded boxes with class scores: boxes matched at IoU 0.5 (qcli.analyze.boxes)
     PER_ELEMENT = "per_element"  # integer / bool outputs: the share of elements equal
     IGNORE = "ignore"  # recurrent state: reported, not gated
@@ -197,6 +201,11 @@ def _probabilities(values: Sequence[np.ndarray]) -> bool:
                for v in values)
 
 
+def _one_channel_map(value: np.ndarray) -> bool:
+    """`[N, 1, H, W]` or `[N, H, W, 1]` with at least 64 elements a sample."""
+    return value.ndim == 4 and 1 in (value.shape[1], value.shape[3]) and value[0].size >= 64
+
+
 def mask_threshold(values: Sequence[np.ndarray]) -> float:
     """The default threshold of a mask: 0.5 for probabilities (values within [0, 1], up to
     float32 rounding), else 0 (the logit of 0.5).
@@ -255,6 +264,10 @@ def decide(name: str, values: Sequence[np.ndarray], evidence: tuple[str, str] | 
             return _mask(f"{why}: a {shape} per-pixel class map", values, threshold)
         if classes:
             return OutputKind(Kind.TOP1, f"{why}: {shape} class scores")
+    if _one_channel_map(first):
+        if _probabilities(values):
+            return _mask(f"{why + ': ' if why else ''}a {shape} map of probabilities", values, threshold)
+        return OutputKind(Kind.MAP, f"{why + ': ' if why else ''}a {shape} dense map: the IoU of its top tenth")
     if first.ndim >= 1 and first.size == first.shape[0] and _probabilities(values):
         return _mask(f"{why + ': ' if why else ''}one probability per sample {shape}", values, threshold)
     if first.ndim >= 1 and first.size == first.shape[0]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qcli.analyze.boxes import DEFAULT_THRESHOLD, BoxAccumulator
+from qcli.analyze.figures import MapAccumulator, MaskAccumulator, RegressionAccumulator, row_shares, rows
 from qcli.analyze.intervals import Z95, Mean, wilson
 from qcli.analyze.kinds import Kind, OutputKind, decide
 from qcli.analyze.margins import MarginAccumulator, MarginPool
@@ -70,95 +71,6 @@ def as_array(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def row_shares(equal: np.ndarray) -> np.ndarray:
-    """Per sample (row), the share of its elements that are True (an empty row: 1)."""
-    return equal.mean(axis=1) if equal.shape[1] else np.ones(equal.shape[0])
-
-
-@dataclass
-class MaskAccumulator:
-    """Thresholded masks of both models: the mean per-sample IoU of the "on" elements (each
-    sample's, for its interval), and the elements on the same side of `threshold`.
-
-    >>> acc = MaskAccumulator(0.5)
-    >>> acc.update(np.array([[0.9, 0.8, 0.1, 0.2]]), np.array([[0.9, 0.4, 0.1, 0.6]]), 1)
-    >>> acc.agreement, round(acc.iou, 4)
-    (0.5, 0.3333)
-    """
-
-    threshold: float = 0.5
-    elements: int = 0
-    equal: int = 0
-    per_sample: Mean = field(default_factory=Mean)  # each sample's IoU
-
-    def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
-        a, b = _rows(np.asarray(reference) > self.threshold, batch), _rows(np.asarray(value) > self.threshold, batch)
-        self.elements += a.size
-        self.equal += int(np.count_nonzero(a == b))
-        inter, union = np.count_nonzero(a & b, axis=1), np.count_nonzero(a | b, axis=1)
-        self.per_sample.add(np.where(union > 0, inter / np.maximum(union, 1), 1.0))
-
-    @property
-    def agreement(self) -> float | None:
-        return self.equal / self.elements if self.elements else None
-
-    @property
-    def iou(self) -> float | None:
-        return self.per_sample.value
-
-    @property
-    def samples(self) -> int:
-        return self.per_sample.n
-
-
-@dataclass
-class RegressionAccumulator:
-    """A regression output's error relative to its spread: sqrt(mean squared error / the float
-    values' variance across samples, averaged over elements), with each sample's squared error
-    for the interval.
-
-    >>> acc = RegressionAccumulator()
-    >>> acc.update(np.array([[1.0], [3.0]]), np.array([[1.1], [2.9]]), 2)
-    >>> round(acc.relative_error, 4)
-    0.1
-    """
-
-    errors: Mean = field(default_factory=Mean)  # per sample: mean squared error over its elements
-    sums: np.ndarray | None = None  # per element: Σ float value, Σ its square
-    squares: np.ndarray | None = None
-
-    def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
-        x = _rows(np.asarray(reference, dtype=np.float64), batch)
-        y = _rows(np.asarray(value, dtype=np.float64), batch)
-        self.errors.add(((y - x) ** 2).mean(axis=1))
-        self.sums = x.sum(axis=0) if self.sums is None else self.sums + x.sum(axis=0)
-        self.squares = (x * x).sum(axis=0) if self.squares is None else self.squares + (x * x).sum(axis=0)
-
-    @property
-    def spread(self) -> float | None:
-        """The float values' variance across samples, averaged over elements (population); an
-        output that does not vary over the samples: its mean square (else 1), so that its error
-        is relative to its magnitude, and finite."""
-        n = self.errors.n
-        if not n or self.sums is None or self.squares is None:
-            return None
-        variance = float(np.mean(np.maximum(self.squares / n - (self.sums / n) ** 2, 0.0)))
-        power = float(np.mean(self.squares / n))
-        return variance if variance > 1e-12 * max(power, 1e-30) else (power if power > 0 else 1.0)
-
-    def _relative(self, mse: float) -> float:
-        return math.sqrt(max(mse, 0.0) / (self.spread or 1.0))
-
-    @property
-    def relative_error(self) -> float | None:
-        mse = self.errors.value
-        return None if mse is None else self._relative(mse)
-
-    def interval(self, z: float = Z95) -> tuple[float, float] | None:
-        found = self.errors.interval(z)
-        return None if found is None else (self._relative(found[0]), self._relative(found[1]))
-
-
 def is_class_scores(value: np.ndarray) -> bool:
     """A class-score output: float, rank 2 `[N, C]` with at least 2 classes."""
     return value.ndim == 2 and value.shape[1] >= 2 and np.issubdtype(value.dtype, np.floating)
@@ -178,14 +90,6 @@ def _sum_squares(v: np.ndarray) -> float:
     over a chunk is accurate to ~1e-7 relative; a float64 copy of every activation costs 6x the time)."""
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected by the caller
         return float(sum(float(np.dot(v[i : i + _CHUNK], v[i : i + _CHUNK])) for i in range(0, v.size, _CHUNK)))
-
-
-def _rows(value: np.ndarray, batch: int) -> np.ndarray:
-    """The output as one flattened row per sample (the whole tensor as one row when it has no
-    batch axis)."""
-    if value.ndim >= 1 and value.shape[0] == batch:
-        return value.reshape(batch, -1)
-    return value.reshape(1, -1)
 
 
 @dataclass
@@ -254,6 +158,7 @@ class FidelityAccumulator:
         self.mask: MaskAccumulator | None = None
         self.regression: RegressionAccumulator | None = None
         self.boxes: BoxAccumulator | None = None
+        self.map: MapAccumulator | None = None
         self.margins: MarginAccumulator | None = None  # top-1 and sequence outputs: the decisions' margins
 
     @property
@@ -276,9 +181,11 @@ class FidelityAccumulator:
                 self.mask = MaskAccumulator(0.5 if self.kind.threshold is None else self.kind.threshold)
             if self.kind.kind is Kind.REGRESSION and self.floating:
                 self.regression = RegressionAccumulator()
+            if self.kind.kind is Kind.MAP and self.floating:
+                self.map = MapAccumulator()
             if self.kind.kind is Kind.BOXES and self.floating:
                 self.boxes = BoxAccumulator(self.kind.threshold or DEFAULT_THRESHOLD, self.kind.axis or 1)
-        x, y = _rows(reference, batch), _rows(value, batch)
+        x, y = rows(reference, batch), rows(value, batch)
         self.samples += x.shape[0]
         equal = x == y
         self.exact += int(np.all(equal, axis=1).sum())
@@ -313,6 +220,8 @@ class FidelityAccumulator:
             self.regression.update(reference, value, batch)
         if self.boxes is not None:
             self.boxes.update(reference, value, batch)
+        if self.map is not None:
+            self.map.update(reference, value, batch)
         if self.margins is not None and self.sequence is None:  # the float64 rows above, cut into decisions
             self.margins.update(x64, y64, reference.shape[-1] if reference.ndim else 1)
 
@@ -375,6 +284,8 @@ class FidelityAccumulator:
             return self.mask.per_sample.share_interval(self.z)
         if self.boxes is not None and self.boxes.samples:
             return self.boxes.per_sample.share_interval(self.z)
+        if self.map is not None and self.map.samples:
+            return self.map.per_sample.share_interval(self.z)
         if self.class_scores and self.samples:
             return wilson(self.agree, self.samples, self.z)
         if self._per_element:

@@ -77,7 +77,7 @@ def parallel_runs(threads: int | None) -> int:
 
 
 AGREEMENT = {Kind.TOP1: "top-1 agreement", Kind.SEQUENCE: "sequence agreement", Kind.MASK: "mask IoU",
-             Kind.BOXES: "boxes matched", Kind.PER_ELEMENT: "element agreement"}
+             Kind.BOXES: "boxes matched", Kind.MAP: "top-region IoU", Kind.PER_ELEMENT: "element agreement"}
 
 
 @dataclass(frozen=True)
@@ -106,13 +106,16 @@ class OutputFidelity:
     relative_error: float | None = None  # regression: RMS error over the float values' spread (gated)
     box_f1: float | None = None  # boxes: mean per-sample F1 of the two models' detections (gated)
     boxes: int | None = None  # boxes: the float model's detections on the compared samples
+    map_iou: float | None = None  # map: mean per-sample IoU of the two models' top regions (gated)
+    psnr_db: float | None = None  # map: mean per-sample PSNR over the float sample's range (detail)
     error_interval: tuple[float, float] | None = None  # its interval
 
     @property
     def gated_agreement(self) -> float | None:
         """The agreement this output is gated on (its kind's), None for cosine and ignore."""
         return {Kind.TOP1: self.top1_agreement, Kind.SEQUENCE: self.sequence_agreement,
-                Kind.MASK: self.mask_iou, Kind.BOXES: self.box_f1, Kind.PER_ELEMENT: self.agreement}.get(self.kind)
+                Kind.MASK: self.mask_iou, Kind.BOXES: self.box_f1, Kind.MAP: self.map_iou,
+                Kind.PER_ELEMENT: self.agreement}.get(self.kind)
 
     @property
     def gated_cosine(self) -> float | None:
@@ -134,7 +137,7 @@ class OutputFidelity:
                 "agreement_interval": rounded_pair(self.agreement_interval),
                 "cosine_interval": rounded_pair(self.cosine_interval),
                 "relative_error": self.relative_error, "error_interval": rounded_pair(self.error_interval),
-                "box_f1": self.box_f1, "boxes": self.boxes}
+                "box_f1": self.box_f1, "boxes": self.boxes, "map_iou": self.map_iou, "psnr_db": self.psnr_db}
 
 
 @dataclass(frozen=True)
@@ -459,6 +462,7 @@ def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
         samples=acc.samples, agreement_interval=acc.agreement_interval, cosine_interval=acc.cosine_interval,
         changed=acc.changed(), relative_error=acc.relative_error, error_interval=acc.error_interval,
         box_f1=acc.boxes.f1 if acc.boxes else None, boxes=acc.boxes.boxes if acc.boxes else None,
+        map_iou=acc.map.iou if acc.map else None, psnr_db=acc.map.psnr.value if acc.map else None,
     )
 
 

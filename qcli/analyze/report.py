@@ -89,7 +89,7 @@ class Fidelity:
     """How closely one output follows a reference (the float model, or reference outputs)."""
 
     output: str
-    kind: str  # top1 | sequence | cosine | mask | regression | boxes | per_element | ignore (qcli.analyze.kinds)
+    kind: str  # top1 | sequence | cosine | mask | map | regression | boxes | per_element | ignore (analyze.kinds)
     samples: int
     top1_agreement: float | None  # class-scores only
     cosine: float | None  # mean per-sample cosine similarity (float outputs)
@@ -110,6 +110,8 @@ class Fidelity:
     relative_error: float | None = None  # regression: RMS error over the float values' spread
     box_f1: float | None = None  # boxes: mean per-sample F1 of the two models' detections at IoU 0.5
     boxes: int | None = None  # boxes: the reference's detections over all samples
+    map_iou: float | None = None  # map: mean per-sample IoU of the two models' top tenths
+    psnr_db: float | None = None  # map: mean per-sample PSNR over the reference sample's range
     error_interval: list[float] | None = None  # its interval
 
 

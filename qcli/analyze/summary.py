@@ -69,6 +69,8 @@ def headline(report: Report) -> str:
                          f"cosine {f.cosine:.5f} on {f.output}")
         elif f.kind == "cosine" and f.cosine is not None:
             parts.append(f"cosine {f.cosine:.5f}, SQNR {db(f.sqnr_db)} on {f.output}")
+        elif f.kind == "map" and f.map_iou is not None:
+            parts.append(f"top-region IoU {pct(f.map_iou)}, PSNR {db(f.psnr_db)} on {f.output}")
         elif f.kind == "boxes" and f.box_f1 is not None:
             parts.append(f"boxes matched {pct(f.box_f1)} (F1 at IoU 0.5, {f.boxes} float detections) on {f.output}")
         elif f.kind == "regression" and f.relative_error is not None:
@@ -128,6 +130,8 @@ def agreement_text(f: Fidelity) -> str:
         return f"{pct(f.sequence_agreement)}{within} of sequences ({pct(f.position_agreement)} of positions)"
     if f.kind == "mask":
         return f"IoU {pct(f.mask_iou)}{within} ({pct(f.mask_agreement)} of elements)"
+    if f.kind == "map":
+        return f"top-region IoU {pct(f.map_iou)}{within} (PSNR {db(f.psnr_db)})"
     if f.kind == "boxes":
         return f"boxes {pct(f.box_f1)}{within} (F1 at IoU 0.5, {f.boxes} float detections)"
     if f.kind == "regression" and f.relative_error is not None:

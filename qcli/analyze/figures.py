@@ -1,0 +1,159 @@
+"""The figure each kind of output is gated on, accumulated batch by batch (qcli.analyze.kinds):
+a mask's IoU, a dense map's top region, a regression's relative error. Each keeps running sums
+and each sample's figure for its interval, never an array past `update`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from qcli.analyze.intervals import Z95, Mean
+
+
+def rows(value: np.ndarray, batch: int) -> np.ndarray:
+    """The output as one flattened row per sample (the whole tensor as one row when it has no
+    batch axis)."""
+    if value.ndim >= 1 and value.shape[0] == batch:
+        return value.reshape(batch, -1)
+    return value.reshape(1, -1)
+
+
+
+
+def row_shares(equal: np.ndarray) -> np.ndarray:
+    """Per sample (row), the share of its elements that are True (an empty row: 1)."""
+    return equal.mean(axis=1) if equal.shape[1] else np.ones(equal.shape[0])
+
+
+@dataclass
+class MaskAccumulator:
+    """Thresholded masks of both models: the mean per-sample IoU of the "on" elements (each
+    sample's, for its interval), and the elements on the same side of `threshold`.
+
+    >>> acc = MaskAccumulator(0.5)
+    >>> acc.update(np.array([[0.9, 0.8, 0.1, 0.2]]), np.array([[0.9, 0.4, 0.1, 0.6]]), 1)
+    >>> acc.agreement, round(acc.iou, 4)
+    (0.5, 0.3333)
+    """
+
+    threshold: float = 0.5
+    elements: int = 0
+    equal: int = 0
+    per_sample: Mean = field(default_factory=Mean)  # each sample's IoU
+
+    def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
+        a, b = rows(np.asarray(reference) > self.threshold, batch), rows(np.asarray(value) > self.threshold, batch)
+        self.elements += a.size
+        self.equal += int(np.count_nonzero(a == b))
+        inter, union = np.count_nonzero(a & b, axis=1), np.count_nonzero(a | b, axis=1)
+        self.per_sample.add(np.where(union > 0, inter / np.maximum(union, 1), 1.0))
+
+    @property
+    def agreement(self) -> float | None:
+        return self.equal / self.elements if self.elements else None
+
+    @property
+    def iou(self) -> float | None:
+        return self.per_sample.value
+
+    @property
+    def samples(self) -> int:
+        return self.per_sample.n
+
+
+@dataclass
+class RegressionAccumulator:
+    """A regression output's error relative to its spread: sqrt(mean squared error / the float
+    values' variance across samples, averaged over elements), with each sample's squared error
+    for the interval.
+
+    >>> acc = RegressionAccumulator()
+    >>> acc.update(np.array([[1.0], [3.0]]), np.array([[1.1], [2.9]]), 2)
+    >>> round(acc.relative_error, 4)
+    0.1
+    """
+
+    errors: Mean = field(default_factory=Mean)  # per sample: mean squared error over its elements
+    sums: np.ndarray | None = None  # per element: Σ float value, Σ its square
+    squares: np.ndarray | None = None
+
+    def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
+        x = rows(np.asarray(reference, dtype=np.float64), batch)
+        y = rows(np.asarray(value, dtype=np.float64), batch)
+        self.errors.add(((y - x) ** 2).mean(axis=1))
+        self.sums = x.sum(axis=0) if self.sums is None else self.sums + x.sum(axis=0)
+        self.squares = (x * x).sum(axis=0) if self.squares is None else self.squares + (x * x).sum(axis=0)
+
+    @property
+    def spread(self) -> float | None:
+        """The float values' variance across samples, averaged over elements (population); an
+        output that does not vary over the samples: its mean square (else 1), so that its error
+        is relative to its magnitude, and finite."""
+        n = self.errors.n
+        if not n or self.sums is None or self.squares is None:
+            return None
+        variance = float(np.mean(np.maximum(self.squares / n - (self.sums / n) ** 2, 0.0)))
+        power = float(np.mean(self.squares / n))
+        return variance if variance > 1e-12 * max(power, 1e-30) else (power if power > 0 else 1.0)
+
+    def _relative(self, mse: float) -> float:
+        return math.sqrt(max(mse, 0.0) / (self.spread or 1.0))
+
+    @property
+    def relative_error(self) -> float | None:
+        mse = self.errors.value
+        return None if mse is None else self._relative(mse)
+
+    def interval(self, z: float = Z95) -> tuple[float, float] | None:
+        found = self.errors.interval(z)
+        return None if found is None else (self._relative(found[0]), self._relative(found[1]))
+
+
+TOP_SHARE = 0.1  # a dense map's top region: the highest tenth of its values
+
+
+@dataclass
+class MapAccumulator:
+    """A dense map's (saliency, heat-map, one-channel score map) top region: per sample, the
+    elements each model puts in the highest TOP_SHARE of its own values, and their IoU; and the
+    PSNR over the float sample's range.
+
+    >>> acc = MapAccumulator()
+    >>> ref = np.arange(20, dtype=np.float32).reshape(1, 20)  # top tenth: elements 18 and 19
+    >>> got = ref.copy(); got[0, 17] = 30  # now 17 and 19
+    >>> acc.update(ref, got, 1); round(acc.iou, 4)
+    0.3333
+    """
+
+    per_sample: Mean = field(default_factory=Mean)  # each sample's IoU of the top regions
+    psnr: Mean = field(default_factory=Mean)  # each sample's PSNR (dB; an exact sample is left out)
+
+    def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
+        x = rows(np.asarray(reference, dtype=np.float32), batch)
+        y = rows(np.asarray(value, dtype=np.float32), batch)
+        k = max(1, int(round(TOP_SHARE * x.shape[1])))
+        a, b = _top(x, k), _top(y, k)
+        inter, union = np.count_nonzero(a & b, axis=1), np.count_nonzero(a | b, axis=1)
+        self.per_sample.add(np.where(union > 0, inter / np.maximum(union, 1), 1.0))
+        peak = (x.max(axis=1) - x.min(axis=1)).astype(np.float64)
+        mse = ((y.astype(np.float64) - x) ** 2).mean(axis=1)
+        keep = (mse > 0) & (peak > 0)
+        self.psnr.add(10 * np.log10(peak[keep] ** 2 / mse[keep]))
+
+    @property
+    def iou(self) -> float | None:
+        return self.per_sample.value
+
+    @property
+    def samples(self) -> int:
+        return self.per_sample.n
+
+
+def _top(x: np.ndarray, k: int) -> np.ndarray:
+    """Per row, the k largest elements (ties broken by position: one region, however flat)."""
+    order = np.argsort(-x, axis=1, kind="stable")[:, :k]
+    top = np.zeros(x.shape, bool)
+    np.put_along_axis(top, order, True, axis=1)
+    return top
