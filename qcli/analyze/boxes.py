@@ -21,11 +21,11 @@ mean over samples is gated like an agreement.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from qcli.analyze.intervals import Mean
+from qcli.analyze.figures import PerSample
 
 IOU = 0.5  # suppression and matching
 TOP_K = 1000  # candidates kept per sample before suppression, by score
@@ -89,12 +89,11 @@ def box_f1(a: list[Detection], b: list[Detection]) -> float:
 
 
 @dataclass
-class BoxAccumulator:
+class BoxAccumulator(PerSample):
     """Per sample, the F1 of the two models' detections (module docstring)."""
 
     threshold: float = DEFAULT_THRESHOLD
     axis: int = 1  # the attributes' axis of a batch: 1 ([N, K, A]) or 2 ([N, A, K])
-    per_sample: Mean = field(default_factory=Mean)
     boxes: int = 0  # the float model's detections, over all samples
 
     def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
@@ -108,11 +107,7 @@ class BoxAccumulator:
 
     @property
     def f1(self) -> float | None:
-        return self.per_sample.value
-
-    @property
-    def samples(self) -> int:
-        return self.per_sample.n
+        return self.mean
 
 
 def box_layout(values: Sequence[np.ndarray]) -> int | None:

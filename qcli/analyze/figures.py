@@ -22,13 +22,34 @@ def rows(value: np.ndarray, batch: int) -> np.ndarray:
 
 
 
+
+def iou_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row of two boolean arrays, |a & b| / |a | b| (two empty rows: 1)."""
+    inter, union = np.count_nonzero(a & b, axis=1), np.count_nonzero(a | b, axis=1)
+    return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+
+
+@dataclass
+class PerSample:
+    """A figure that is the mean of each sample's, kept for its interval."""
+
+    per_sample: Mean = field(default_factory=Mean, kw_only=True)
+
+    @property
+    def mean(self) -> float | None:
+        return self.per_sample.value
+
+    @property
+    def samples(self) -> int:
+        return self.per_sample.n
+
 def row_shares(equal: np.ndarray) -> np.ndarray:
     """Per sample (row), the share of its elements that are True (an empty row: 1)."""
     return equal.mean(axis=1) if equal.shape[1] else np.ones(equal.shape[0])
 
 
 @dataclass
-class MaskAccumulator:
+class MaskAccumulator(PerSample):
     """Thresholded masks of both models: the mean per-sample IoU of the "on" elements (each
     sample's, for its interval), and the elements on the same side of `threshold`.
 
@@ -41,14 +62,12 @@ class MaskAccumulator:
     threshold: float = 0.5
     elements: int = 0
     equal: int = 0
-    per_sample: Mean = field(default_factory=Mean)  # each sample's IoU
 
     def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
         a, b = rows(np.asarray(reference) > self.threshold, batch), rows(np.asarray(value) > self.threshold, batch)
         self.elements += a.size
         self.equal += int(np.count_nonzero(a == b))
-        inter, union = np.count_nonzero(a & b, axis=1), np.count_nonzero(a | b, axis=1)
-        self.per_sample.add(np.where(union > 0, inter / np.maximum(union, 1), 1.0))
+        self.per_sample.add(iou_rows(a, b))
 
     @property
     def agreement(self) -> float | None:
@@ -56,11 +75,7 @@ class MaskAccumulator:
 
     @property
     def iou(self) -> float | None:
-        return self.per_sample.value
-
-    @property
-    def samples(self) -> int:
-        return self.per_sample.n
+        return self.mean
 
 
 @dataclass
@@ -115,7 +130,7 @@ TOP_SHARE = 0.1  # a dense map's top region: the highest tenth of its values
 
 
 @dataclass
-class MapAccumulator:
+class MapAccumulator(PerSample):
     """A dense map's (saliency, heat-map, one-channel score map) top region: per sample, the
     elements each model puts in the highest TOP_SHARE of its own values, and their IoU; and the
     PSNR over the float sample's range.
@@ -127,7 +142,6 @@ class MapAccumulator:
     0.3333
     """
 
-    per_sample: Mean = field(default_factory=Mean)  # each sample's IoU of the top regions
     psnr: Mean = field(default_factory=Mean)  # each sample's PSNR (dB; an exact sample is left out)
 
     def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
@@ -135,8 +149,7 @@ class MapAccumulator:
         y = rows(np.asarray(value, dtype=np.float32), batch)
         k = max(1, int(round(TOP_SHARE * x.shape[1])))
         a, b = _top(x, k), _top(y, k)
-        inter, union = np.count_nonzero(a & b, axis=1), np.count_nonzero(a | b, axis=1)
-        self.per_sample.add(np.where(union > 0, inter / np.maximum(union, 1), 1.0))
+        self.per_sample.add(iou_rows(a, b))
         peak = (x.max(axis=1) - x.min(axis=1)).astype(np.float64)
         mse = ((y.astype(np.float64) - x) ** 2).mean(axis=1)
         keep = (mse > 0) & (peak > 0)
@@ -144,11 +157,7 @@ class MapAccumulator:
 
     @property
     def iou(self) -> float | None:
-        return self.per_sample.value
-
-    @property
-    def samples(self) -> int:
-        return self.per_sample.n
+        return self.mean
 
 
 def _top(x: np.ndarray, k: int) -> np.ndarray:
