@@ -479,3 +479,16 @@ def test_quantize_checks_a_map_by_its_top_region(cli, tmp_path: Path) -> None:
     assert v["outputs"][0]["kind"] == "map" and v["outputs"][0]["psnr_db"] > 20
     (check,) = [c for c in v["checks"] if c["name"] == "top-region IoU"]
     assert check["value"] == v["outputs"][0]["map_iou"] and check["passed"] is (result.exit_code == 0)
+
+
+def test_a_few_scores_above_zero_on_every_sample_are_a_regression_not_classes() -> None:
+    """A speech-quality model's [N, 3] mean opinion scores (1-5) from a final linear layer:
+    argmax over them is no decision anyone makes."""
+    w = tensor_text("w", (RNG.standard_normal((8, 3)) * 0.1).astype(np.float32))
+    model = parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 8] x) => (float[N, 3] y) <{w}, float[3] b = {{3.5, 4.0, 3.0}}> {{
+            m = MatMul (x, w)  y = Add (m, b) }}""")
+    found = _kinds(model, {"x": RNG.standard_normal((16, 8)).astype(np.float32)})["y"]
+    assert found.kind is Kind.REGRESSION and "values above 0 on every sample" in found.reason
+    logits = _kinds(parse_model(MODELS["linear_head"]), {"x": RNG.standard_normal((16, 8)).astype(np.float32)})["y"]
+    assert logits.kind is Kind.TOP1  # both signs: logits

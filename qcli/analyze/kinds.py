@@ -30,6 +30,9 @@ data movement) and from the float model's values on the compared samples, in thi
 9. A final linear layer with a bias (Gemm, MatMul + Add), not normalized or pooled after:
    `[N, C]` is `top1`, `[N, T, C]` a `sequence` (a tagger's or a CTC head's logits). A bias-less
    final MatMul on `[N, T, D]` is as often a projection of hidden states: rule 10.
+9a. `[N, C]` with 2 <= C <= 16, every value above 0 on every sample, rows not summing to 1:
+   `regression` (several scores or measurements: a speech-quality model's three mean opinion
+   scores), where a classifier's logits take both signs.
 10. Otherwise `[N, C]` is `top1` (class scores, as before kinds existed) and every other float
    output `cosine` (feature maps, hidden states, regressions).
 
@@ -90,6 +93,7 @@ LINEAR = frozenset({"Gemm", "MatMul"})
 _DIVISOR_WRAPPERS = DATA_MOVEMENT | {"Clip", "Max", "Add", "Pow"}
 _STATE_NAME = re.compile(r"(state|hidden|^[hc]\d*$|^[hc]_|_[hc]\d*$|^h[nx]$|^c[nx]$)", re.IGNORECASE)
 UNIT_NORM_TOLERANCE = 1e-3
+MAX_SCORES = 16  # at most this many values per sample are read as several scores (rule 9a)
 
 
 class _Graph:
@@ -201,6 +205,13 @@ def _probabilities(values: Sequence[np.ndarray]) -> bool:
                for v in values)
 
 
+def _positive(values: Sequence[np.ndarray]) -> bool:
+    """Every value above 0 on every sample and no row summing to 1: a few scores or measurements
+    (mean opinion scores, sizes), where a classifier's logits take both signs."""
+    return all(v.size and float(np.min(v)) > 0 and not np.allclose(np.sum(v, axis=-1), 1.0, atol=1e-3)
+               for v in values)
+
+
 def _one_channel_map(value: np.ndarray) -> bool:
     """`[N, 1, H, W]` or `[N, H, W, 1]` with at least 64 elements a sample."""
     return value.ndim == 4 and 1 in (value.shape[1], value.shape[3]) and value[0].size >= 64
@@ -279,6 +290,10 @@ def decide(name: str, values: Sequence[np.ndarray], evidence: tuple[str, str] | 
         return OutputKind(Kind.COSINE, f"{shape} rows of unit norm: an embedding")
     if rule == "linear" and first.ndim == 3 and first.shape[2] >= 2:  # a bias-less MatMul may project hidden states
         return _sequence(f"{why}: {shape} class scores per position", values, blank)
+    if classes and first.shape[1] <= MAX_SCORES and _positive(values):
+        return OutputKind(Kind.REGRESSION, f"{why + ': ' if why else ''}{shape} values above 0 on every sample, not "
+                                           "probabilities: scores or measurements, not logits (name it top1 in "
+                                           "verify.outputs if these are class scores)")
     if classes:
         return OutputKind(Kind.TOP1, f"{why}: {shape} class scores" if why else f"{shape} float: class scores")
     return OutputKind(Kind.COSINE, f"{why}: {shape} float values" if why else f"{shape} float values")
