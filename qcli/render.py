@@ -346,7 +346,8 @@ def verification(console: Console, doc: dict) -> None:
 
 # The figures shown for each kind of output: (JSON key, label)
 _DETAILS = {
-    "top1": [("top1_agreement", "top-1 agreement"), ("predicted_agreement", "predicted"), ("cosine", "cosine")],
+    "top1": [("top1_agreement", "top-1 agreement"), ("top5_agreement", "in top 5"),
+             ("predicted_agreement", "predicted"), ("cosine", "cosine")],
     "sequence": [("sequence_agreement", "sequences unchanged"), ("position_agreement", "positions"),
                  ("predicted_agreement", "predicted")],
     "mask": [("mask_iou", "mask IoU"), ("mask_agreement", "elements agree"), ("cosine", "cosine")],

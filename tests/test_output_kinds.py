@@ -492,3 +492,16 @@ def test_a_few_scores_above_zero_on_every_sample_are_a_regression_not_classes() 
     assert found.kind is Kind.REGRESSION and "values above 0 on every sample" in found.reason
     logits = _kinds(parse_model(MODELS["linear_head"]), {"x": RNG.standard_normal((16, 8)).astype(np.float32)})["y"]
     assert logits.kind is Kind.TOP1  # both signs: logits
+
+
+def test_class_scores_report_whether_floats_top1_stays_in_the_top_five() -> None:
+    acc = FidelityAccumulator(OutputKind(Kind.TOP1, ""))
+    ref = np.tile(np.arange(8, dtype=np.float32), (3, 1))  # float's top-1: class 7
+    got = ref.copy()
+    got[1, 7] = 3.5  # class 7 falls to 5th place: top-1 changed, still in the top 5
+    got[2, 7] = -1.0  # last: out of the top 5
+    acc.update(ref, got, 3)
+    assert acc.top1_agreement == pytest.approx(1 / 3) and acc.top5_agreement == pytest.approx(2 / 3)
+    few = FidelityAccumulator(OutputKind(Kind.TOP1, ""))
+    few.update(ref[:, :4], ref[:, :4], 3)
+    assert few.top5_agreement is None  # 4 classes: every one is in the top 5

@@ -71,6 +71,18 @@ def as_array(value) -> np.ndarray:
     return np.asarray(value)
 
 
+def top5_hits(scores: np.ndarray, labels: np.ndarray) -> int:
+    """Rows of `scores` whose 5 highest include the row's label (all, with fewer than 5 classes).
+
+    >>> top5_hits(np.array([[0.0, 1, 2, 3, 4, 5], [5.0, 4, 3, 2, 1, 0]]), np.array([0, 0]))
+    1
+    """
+    if scores.shape[1] <= 5:
+        return scores.shape[0]
+    top = np.argpartition(-scores, 4, axis=1)[:, :5]
+    return int((top == np.asarray(labels).reshape(-1, 1)).any(axis=1).sum())
+
+
 def is_class_scores(value: np.ndarray) -> bool:
     """A class-score output: float, rank 2 `[N, C]` with at least 2 classes."""
     return value.ndim == 2 and value.shape[1] >= 2 and np.issubdtype(value.dtype, np.floating)
@@ -144,6 +156,8 @@ class FidelityAccumulator:
 
     samples: int = 0
     agree: int = 0
+    in_top5: int = 0  # class scores: samples whose float top-1 is among the quantized top 5
+    classes: int = 0  # class scores: how many
     exact: int = 0
     equal: int = 0  # elements equal (integer/bool outputs)
     compared: int = 0
@@ -210,6 +224,8 @@ class FidelityAccumulator:
             self.cosine_min = min(self.cosine_min, float(cosine[finite].min()))
         if self.class_scores:
             self.agree += int((x.argmax(axis=1) == y.argmax(axis=1)).sum())
+            self.in_top5 += top5_hits(y, x.argmax(axis=1))
+            self.classes = x.shape[1]
         if self.sequence is not None:
             decisions = self.sequence.update(reference, value, batch)
             if self.margins is not None:
@@ -228,6 +244,14 @@ class FidelityAccumulator:
     @property
     def top1_agreement(self) -> float | None:
         return self.agree / self.samples if self.class_scores and self.samples else None
+
+    @property
+    def top5_agreement(self) -> float | None:
+        """The share of samples whose float top-1 the quantized model keeps in its top 5 (with
+        at least 5 classes): reported beside the top-1 agreement, never gated."""
+        if not (self.class_scores and self.samples) or self.classes < 5:
+            return None
+        return self.in_top5 / self.samples
 
     def changed(self) -> int | None:
         """Samples whose gated decision changed so far, for the outputs whose gated agreement
@@ -307,8 +331,7 @@ class TopKAccumulator:
         self.samples += labels.shape[0]
         self.top1 += int((scores.argmax(axis=1) == labels).sum())
         if self.classes >= 5:
-            top = np.argpartition(-scores, 4, axis=1)[:, :5]
-            self.top5 += int((top == labels[:, None]).any(axis=1).sum())
+            self.top5 += top5_hits(scores, labels)
 
     @property
     def top1_rate(self) -> float | None:

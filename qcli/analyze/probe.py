@@ -106,6 +106,7 @@ class OutputFidelity:
     relative_error: float | None = None  # regression: RMS error over the float values' spread (gated)
     box_f1: float | None = None  # boxes: mean per-sample F1 of the two models' detections (gated)
     boxes: int | None = None  # boxes: the float model's detections on the compared samples
+    top5_agreement: float | None = None  # top1 (5 classes or more): float's top-1 in the quantized top 5
     map_iou: float | None = None  # map: mean per-sample IoU of the two models' top regions (gated)
     psnr_db: float | None = None  # map: mean per-sample PSNR over the float sample's range (detail)
     error_interval: tuple[float, float] | None = None  # its interval
@@ -137,7 +138,8 @@ class OutputFidelity:
                 "agreement_interval": rounded_pair(self.agreement_interval),
                 "cosine_interval": rounded_pair(self.cosine_interval),
                 "relative_error": self.relative_error, "error_interval": rounded_pair(self.error_interval),
-                "box_f1": self.box_f1, "boxes": self.boxes, "map_iou": self.map_iou, "psnr_db": self.psnr_db}
+                "top5_agreement": self.top5_agreement, "box_f1": self.box_f1, "boxes": self.boxes,
+                "map_iou": self.map_iou, "psnr_db": self.psnr_db}
 
 
 @dataclass(frozen=True)
@@ -462,7 +464,8 @@ def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
         samples=acc.samples, agreement_interval=acc.agreement_interval, cosine_interval=acc.cosine_interval,
         changed=acc.changed(), relative_error=acc.relative_error, error_interval=acc.error_interval,
         box_f1=acc.boxes.f1 if acc.boxes else None, boxes=acc.boxes.boxes if acc.boxes else None,
-        map_iou=acc.map.iou if acc.map else None, psnr_db=acc.map.psnr.value if acc.map else None,
+        top5_agreement=acc.top5_agreement, map_iou=acc.map.iou if acc.map else None,
+        psnr_db=acc.map.psnr.value if acc.map else None,
     )
 
 

@@ -55,6 +55,7 @@ def fidelity_record(name: str, acc: FidelityAccumulator) -> Fidelity:
         relative_error=rounded(acc.relative_error),
         box_f1=rounded(acc.boxes.f1) if acc.boxes else None,
         boxes=acc.boxes.boxes if acc.boxes else None,
+        top5_agreement=rounded(acc.top5_agreement),
         map_iou=rounded(acc.map.iou) if acc.map else None,
         psnr_db=rounded(acc.map.psnr.value, 5) if acc.map else None,
         error_interval=rounded_pair(acc.error_interval),

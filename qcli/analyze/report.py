@@ -110,6 +110,7 @@ class Fidelity:
     relative_error: float | None = None  # regression: RMS error over the float values' spread
     box_f1: float | None = None  # boxes: mean per-sample F1 of the two models' detections at IoU 0.5
     boxes: int | None = None  # boxes: the reference's detections over all samples
+    top5_agreement: float | None = None  # top1 (5 classes or more): float's top-1 in the quantized top 5
     map_iou: float | None = None  # map: mean per-sample IoU of the two models' top tenths
     psnr_db: float | None = None  # map: mean per-sample PSNR over the reference sample's range
     error_interval: list[float] | None = None  # its interval

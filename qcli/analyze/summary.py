@@ -125,7 +125,8 @@ def agreement_text(f: Fidelity) -> str:
     a mask's elements)."""
     within = f" [{pct(f.agreement_interval[0])}, {pct(f.agreement_interval[1])}]" if f.agreement_interval else ""
     if f.kind == "top1":
-        return pct(f.top1_agreement) + within
+        top5 = f" ({pct(f.top5_agreement)} in the top 5)" if f.top5_agreement is not None else ""
+        return pct(f.top1_agreement) + within + top5
     if f.kind == "sequence":
         return f"{pct(f.sequence_agreement)}{within} of sequences ({pct(f.position_agreement)} of positions)"
     if f.kind == "mask":
