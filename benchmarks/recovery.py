@@ -65,6 +65,7 @@ import inputs  # noqa: E402  (benchmarks/inputs.py)
 from ort_quantize import calibration_reader, error_line, ort_preprocess, quiet, run_quantize_static  # noqa: E402
 from quantize import optimized_ops, time_round  # noqa: E402  (benchmarks/quantize.py)
 from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
+from usermetrics import ctc_string, samples  # noqa: E402  (benchmarks/usermetrics.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
@@ -222,15 +223,6 @@ def quantize_all(task: Task, variants: list[Variant], folders: dict[str, Path], 
 # ---------------------------------------------------------------------------- judging
 
 
-def samples(folder: Path) -> list[dict[str, np.ndarray]]:
-    """Every sample of `folder`, in order, as arrays by name (a `label` included)."""
-    out = []
-    for f in sorted(folder.glob("*.npz")):
-        with np.load(f) as arrays:
-            out.append(dict(arrays))
-    return out
-
-
 def held_out_outputs(path: Path, task: Task, held_out: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
     """The judged output of every held-out sample at batch 1; for a stateful model, the samples
     in order as one stream, the state each run returns fed to the next (the first: the file's)."""
@@ -248,18 +240,6 @@ def held_out_outputs(path: Path, task: Task, held_out: list[dict[str, np.ndarray
         out, state = session.run([task.output, task.state[1]], feed)
         outputs.append(out)
     return outputs
-
-
-def ctc_string(scores: np.ndarray) -> tuple[int, ...]:
-    """Greedy CTC decoding of one sample: argmax per step (or the ids, when the graph took the
-    argmax), repeats collapsed, blank 0 dropped.
-
-    >>> ctc_string(np.array([[0, 3, 3, 0, 3, 5, 5, 0]]))
-    (3, 3, 5)
-    """
-    ids = (scores.argmax(-1) if scores.dtype.kind == "f" else scores).reshape(-1)
-    keep = np.concatenate([[True], ids[1:] != ids[:-1]]) & (ids != 0)
-    return tuple(int(i) for i in ids[keep])
 
 
 def cosine(reference: list[np.ndarray], outputs: list[np.ndarray], truth: np.ndarray | None) -> str:
