@@ -182,7 +182,11 @@ def test_data_movement_without_a_quantized_neighbour_stays_float() -> None:
     assert plan.activations == ["x"]
 
 
-def test_sigmoid_fixes_a_group_s_range_only_when_every_member_has_it() -> None:
+def test_sigmoid_fixes_a_group_s_range_and_probabilities_never_share_a_scale_with_other_values() -> None:
+    """A Concat of a Sigmoid's probabilities and a Conv's values into a graph output (a YOLOv8
+    head: boxes in pixels and class scores) stays float: one scale for both rounded every score
+    to 0; each input keeps its own scale. Two Sigmoids' outputs share theirs, [0, 1] without
+    calibration."""
     text = f"""g (float[1,2,4,4] x) => (float[1,4,4,4] y) <{CONV_WEIGHTS}, {CONV_WEIGHTS_2}> {{
         [conv] c = Conv(x, w, b)
         [sigmoid] s = Sigmoid(c)
@@ -190,7 +194,10 @@ def test_sigmoid_fixes_a_group_s_range_only_when_every_member_has_it() -> None:
         [cat] y = Concat <axis = 1> (s, OTHER)
     }}"""
     mixed = plan_of(text.replace("OTHER", "d"))
-    assert next(g for g in mixed.groups if "s" in g.tensors).fixed_range is None
+    assert decided(mixed, "cat") == (False, "it writes a graph output joining probabilities with values of another "
+                                            "range: one scale would round the probabilities away")
+    alone = next(g for g in mixed.groups if "s" in g.tensors)
+    assert alone.tensors == ["s"] and alone.fixed_range == (0.0, 1.0)
     both = plan_of(text.replace("OTHER", "t").replace("[cat]", "[sigmoid2] t = Sigmoid(d)\n[cat]"))
     group = next(g for g in both.groups if "s" in g.tensors)
     assert group.tensors == ["s", "t", "y"] and group.fixed_range == (0.0, 1.0)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from qcli.plan.context import Context, UnionFind
 from qcli.plan.nodes import writes_float
-from qcli.rules import activation_inputs, folds_statically
+from qcli.rules import activation_inputs, folds_statically, rule_for
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,41 @@ def read_quantized(ctx: Context, candidates: frozenset[int], name: str) -> bool:
     return False
 
 
+def mixes_ranges(ctx: Context, i: int) -> str | None:
+    """Why a Concat that writes a graph output may not share one scale among its inputs: it joins
+    the outputs of ops of a known range (Sigmoid, Softmax: probabilities) with values of another
+    range. A YOLOv8 head concatenates boxes in pixels (0-320) with class probabilities: one
+    uint8 scale of 1.25 rounded every probability under 0.62 to 0, and no detection was left;
+    a graph output's Q/DQ buys no speed (its reader is the caller, in float). Inside the graph
+    such a Concat shares (a YOLOX head's raw offsets, -1 to 2, with its scores: the ranges
+    are alike there, and the int8 kernels around it pay)."""
+    node = ctx.node(i)
+    if node.op_type != "Concat" or not any(o in ctx.index.outputs for o in node.output):
+        return None
+    ranges = [_range_of(ctx, t) for t in node.input]
+    known = {r for r in ranges if r is not None}
+    if known and (None in ranges or len(known) > 1):
+        return ("it writes a graph output joining probabilities with values of another range: one scale would round "
+                "the probabilities away")
+    return None
+
+
+def _range_of(ctx: Context, name: str) -> tuple[float, float] | None:
+    """The known range of `name`'s producer, looking through data movement of one input
+    (Reshape, Transpose, Slice...); None when not known."""
+    seen: set[str] = set()
+    while name not in seen:
+        seen.add(name)
+        j = ctx.index.producer(name)
+        if j is None:
+            return None
+        node, rule = ctx.node(j), rule_for(ctx.node(j))
+        if rule is None or rule.kind != "shares" or node.op_type == "Concat" or not node.input:
+            return rule.output_range if rule is not None else None
+        name = node.input[0]
+    return None
+
+
 @dataclass(frozen=True)
 class Shared:
     """The data movement quantized with its neighbours, and the tensors that share one scale."""
@@ -104,7 +139,8 @@ def share_scales(ctx: Context, candidates: frozenset[int], quantized: Quantized)
     tensors = set(quantized.tensors)
     touched = dict(quantized.touched)
     groups: UnionFind[str] = UnionFind()
-    shares = [i for i in sorted(candidates) if ctx.is_kind(i, "shares")]
+    mixing = {i: why for i in sorted(candidates) if ctx.is_kind(i, "shares") and (why := mixes_ranges(ctx, i))}
+    shares = [i for i in sorted(candidates) if ctx.is_kind(i, "shares") and i not in mixing]
     active: set[int] = set()
     changed = True
     while changed:
@@ -120,5 +156,5 @@ def share_scales(ctx: Context, candidates: frozenset[int], quantized: Quantized)
                 touched[i] = frozenset(members)
                 for t in members[1:]:
                     groups.union(members[0], t)
-    rejected = {i: "no quantized neighbour" for i in shares if i not in active}
+    rejected = {**{i: "no quantized neighbour" for i in shares if i not in active}, **mixing}
     return Shared(Quantized(frozenset(tensors), touched, quantized.folded), frozenset(active), groups, rejected)
