@@ -352,8 +352,9 @@ class AutoPrecision(Section):
         "the goal: `performance` (drop within budget at the least cost), `balanced` (aims at half the budget, "
         "settles for the whole), `accuracy` (promote as far as `min_speedup` allows), `custom` (both limits)"))
     max_accuracy_drop: float = Field(0.01, ge=0, description=(
-        "the budget, in the metric's units: top-1 points as a fraction with labels, else 1 - agreement, else "
-        "1 - cosine (`--max-accuracy-drop`)"))
+        "the budget, in the metric's units: top-1 points as a fraction with labels, else 1 - agreement, "
+        "1 - cosine, or a regression's unexplained variance (its relative error squared) "
+        "(`--max-accuracy-drop`)"))
     min_speedup: float | None = Field(None, gt=0, description="the speed floor, float / quantized latency "
                                       "(`--min-speedup`; `accuracy` criterion: 1.0 when unset)")
     candidates: list[Candidate] = Field(["int8", "dynamic", "int16", "float"], description=(

@@ -34,7 +34,7 @@ from qcli.yamlfile import read_yaml
 class PipelineGates(Section):
     max_accuracy_drop: float | None = Field(None, ge=0, le=1, description=(
         "the largest accuracy drop, a fraction (0.01: one point of top-1); without labels, of 1 - top-1 "
-        "agreement, or 1 - cosine"))
+        "agreement, 1 - cosine, or a regression's unexplained variance"))
     min_speedup: float | None = Field(None, gt=0, description=(
         "the least float / quantized latency: predicted by the config's target (the same on any CI runner), or "
         "timed with `verify.latency: measured`"))

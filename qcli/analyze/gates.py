@@ -3,7 +3,8 @@
 - `max_accuracy_drop` (fraction, 0.01 = one point): with labels, on top-1 (float - quantized);
   without labels, on the largest loss over the outputs, each by its kind (qcli.analyze.kinds):
   1 - its top-1 or sequence agreement, mask IoU or element agreement, 1 - its mean cosine
-  (cosine outputs), its relative error (regression outputs); `ignore` outputs are not gated;
+  (cosine outputs), its relative error squared (regression outputs: the share of the float
+  output's variance the error leaves, 1 - R²); `ignore` outputs are not gated;
 - `min_speedup`: float median latency / quantized median latency;
 - `min_compression`: float file bytes / quantized file bytes.
 Each result says by how much it passed or missed, e.g. "speedup 0.92x < 1.10x (short by 0.18x)".
@@ -67,7 +68,7 @@ def _losses(f: Fidelity) -> list[tuple[str, float, bool]]:
     if f.kind == "cosine" and f.cosine is not None:
         losses.append((f"1 - cosine ({f.output})", 1.0 - f.cosine, False))
     if f.kind == "regression" and f.relative_error is not None:
-        losses.append((f"relative error ({f.output})", f.relative_error, False))
+        losses.append((f"unexplained variance ({f.output})", f.relative_error ** 2, False))
     return losses
 
 

@@ -171,7 +171,10 @@ class Fidelity:
         losses = [(1.0 - a, f"{AGREEMENT[o.kind]} ({o.name})") for o in self.outputs
                   if (a := o.gated_agreement) is not None]
         losses += [(1.0 - c, f"cosine ({o.name})") for o in self.outputs if (c := o.gated_cosine) is not None]
-        losses += [(e, f"relative error ({o.name})") for o in self.outputs if (e := o.gated_error) is not None]
+        # a regression's loss: the share of float's variance the error leaves (relative error squared,
+        # 1 - R²), as 1 - cosine is a vector's: a budget of 0.01 is verify.max_relative_error's 0.1
+        losses += [(e * e, f"unexplained variance ({o.name})") for o in self.outputs
+                   if (e := o.gated_error) is not None]
         if self.custom is not None:
             losses.append((max(0.0, self.custom.floor - self.custom.score), self.custom.name))
         return losses

@@ -158,7 +158,7 @@ GATE_HEADER = ("gate", "measure", "value", "threshold", "result")
 def gate_rows(report: Report) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for g in report.gates:
-        in_points = g.name == "max_accuracy_drop" and not any(m in g.metric for m in ("cosine", "relative error"))
+        in_points = g.name == "max_accuracy_drop" and not any(m in g.metric for m in ("cosine", "variance"))
         if g.value is None:
             value = "not measured"
         elif in_points:
