@@ -103,3 +103,21 @@ def test_quantize_verifies_a_detector_by_its_boxes_and_keeps_its_output_concat_f
     (check,) = [c for c in doc["verification"]["checks"] if c["name"] == "boxes matched"]
     assert doc["verification"]["outputs"][0]["kind"] == "boxes" and check["value"] > 0
     assert doc["quantized"].get("Concat", 0) == 0  # the output's Concat reads its inputs in float
+
+
+def test_boxes_are_pooled_over_the_samples_so_empty_crops_do_not_fill_the_figure() -> None:
+    """Nineteen crops without a detection and one with four, two of them lost: 2 x 2 / (4 + 2).
+    A mean of each crop's F1 would say 0.98 (NudeNet's held-out photos: 0.97 where its users'
+    F1 was 0.73)."""
+    empty = np.zeros((20, 8, 6), np.float32)  # [N, A, 4 + 2]
+    empty[..., :4] = [50, 50, 10, 10]
+    ref, got = empty.copy(), empty.copy()
+    for k, x in enumerate((20, 80, 140, 200)):
+        ref[0, k] = [x, 50, 30, 30, 0.9, 0.0]
+        got[0, k] = [x, 50, 30, 30, 0.9 if k < 2 else 0.1, 0.0]
+    acc = FidelityAccumulator(OutputKind(Kind.BOXES, "", threshold=0.25, axis=2))
+    acc.update(ref, got, 20)
+    assert acc.boxes is not None and (acc.boxes.boxes, acc.boxes.found, acc.boxes.matched) == (4, 2, 2)
+    assert acc.boxes.f1 == pytest.approx(2 / 3)
+    low, high = acc.agreement_interval or (0, 0)
+    assert low < 2 / 3 < high and high < 0.99  # three boxes' worth: wide, and clear below 0.99

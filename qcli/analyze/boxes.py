@@ -1,14 +1,17 @@
 """A detector's boxes, compared as its users compare them: decoded, thresholded, suppressed, and
-matched between the two models.
+matched between the two models, pooled over the samples as a detector's users pool them.
 
 A `boxes` output (qcli.analyze.kinds) holds, per sample, A candidates of K attributes: the box
 as centre x, centre y, width, height in pixels, then one score per class (YOLOv8's `[N, 4 + C,
 A]`, or anchors first, `[N, A, 4 + C]`). Per sample and model: the candidates whose best class
 score reaches the threshold (`verify.thresholds`, default 0.25: YOLO's), at most TOP_K of them
 by score, then non-maximum suppression per class at IoU 0.5. Two boxes match when they are of
-the same class and overlap at IoU >= 0.5 (greedy, highest score first). The figure is each
-sample's F1, 2 x matched / (float's boxes + quantized's boxes), 1 when both found none; the
-mean over samples is gated like an agreement.
+the same class and overlap at IoU >= 0.5 (greedy, highest score first). The figure is the F1
+over every sample's boxes, 2 x matched / (float's boxes + quantized's boxes), 1 when neither
+model found any, gated like an agreement; its interval is Wilson's for matched boxes out of the
+boxes compared, so a check resting on few boxes says so. A mean of each sample's F1 would count
+every empty crop as a perfect sample: on NudeNet's held-out photos it gave 0.97 where the
+boxes' F1 was 0.73 (8 of 12 float boxes kept).
 
 >>> row = np.array([[50, 50, 20, 20, 0.9, 0.1], [52, 50, 20, 20, 0.8, 0.0], [200, 200, 10, 10, 0.1, 0.6]])
 >>> [(b.cls, round(b.score, 2)) for b in detections(row, 0.25)]
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qcli.analyze.figures import PerSample
+from qcli.analyze.intervals import Z95, wilson
 
 IOU = 0.5  # suppression and matching
 TOP_K = 1000  # candidates kept per sample before suppression, by score
@@ -73,8 +76,13 @@ def box_f1(a: list[Detection], b: list[Detection]) -> float:
     when both are empty."""
     if not a and not b:
         return 1.0
+    return 2 * matched(a, b) / (len(a) + len(b))
+
+
+def matched(a: list[Detection], b: list[Detection]) -> int:
+    """Boxes of `a` with a box of `b` of their class at IoU >= 0.5, greedily by score."""
     taken: set[int] = set()
-    matched = 0
+    found = 0
     for d in a:
         best, at = IOU, None
         for j, e in enumerate(b):
@@ -84,30 +92,47 @@ def box_f1(a: list[Detection], b: list[Detection]) -> float:
                     best, at = overlap, j
         if at is not None:
             taken.add(at)
-            matched += 1
-    return 2 * matched / (len(a) + len(b))
+            found += 1
+    return found
 
 
 @dataclass
-class BoxAccumulator(PerSample):
-    """Per sample, the F1 of the two models' detections (module docstring)."""
+class BoxAccumulator:
+    """The two models' detections over all samples, matched (module docstring).
+
+    >>> acc = BoxAccumulator()
+    >>> one = np.array([[[50, 50, 20, 20, 0.9]], [[9, 9, 4, 4, 0.1]]], np.float32)  # [N, A, K]
+    >>> acc.axis = 2; acc.update(one, one, 2); acc.f1, acc.boxes, acc.samples
+    (1.0, 1, 2)
+    """
 
     threshold: float = DEFAULT_THRESHOLD
     axis: int = 1  # the attributes' axis of a batch: 1 ([N, K, A]) or 2 ([N, A, K])
     boxes: int = 0  # the float model's detections, over all samples
+    found: int = 0  # the quantized model's
+    matched: int = 0
+    samples: int = 0
 
     def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
         x, y = (np.moveaxis(np.asarray(v, dtype=np.float32), self.axis, -1) for v in (reference, value))
-        f1 = []
         for i in range(x.shape[0]):
             a, b = detections(x[i], self.threshold), detections(y[i], self.threshold)
             self.boxes += len(a)
-            f1.append(box_f1(a, b))
-        self.per_sample.add(np.array(f1))
+            self.found += len(b)
+            self.matched += matched(a, b)
+        self.samples += x.shape[0]
 
     @property
     def f1(self) -> float | None:
-        return self.mean
+        if not self.samples:
+            return None
+        return 2 * self.matched / (self.boxes + self.found) if self.boxes + self.found else 1.0
+
+    def interval(self, z: float = Z95) -> tuple[float, float] | None:
+        """Wilson's interval of matched boxes out of the boxes compared (the two models' mean)."""
+        if not self.samples:
+            return None
+        return wilson(self.matched, (self.boxes + self.found) / 2, z) if self.boxes + self.found else (1.0, 1.0)
 
 
 def box_layout(values: Sequence[np.ndarray]) -> int | None:

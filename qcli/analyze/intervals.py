@@ -13,7 +13,7 @@ import numpy as np
 Z95 = 1.959964  # the standard normal's 97.5th percentile: two-sided 95%
 
 
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+def wilson(k: float, n: float, z: float = Z95) -> tuple[float, float]:
     """The Wilson score interval of the share k/n (`z`: its half-width in standard errors,
     ~95% by default); it stays inside [0, 1] and is not empty at k = n, unlike k/n ± z
     standard errors.

@@ -307,7 +307,7 @@ class FidelityAccumulator:
         if self.mask is not None and self.mask.samples:
             return self.mask.per_sample.share_interval(self.z)
         if self.boxes is not None and self.boxes.samples:
-            return self.boxes.per_sample.share_interval(self.z)
+            return self.boxes.interval(self.z)
         if self.map is not None and self.map.samples:
             return self.map.per_sample.share_interval(self.z)
         if self.class_scores and self.samples:

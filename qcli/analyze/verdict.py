@@ -10,8 +10,9 @@ where the same model could land on samples it never saw. The rule:
   margins predict (qcli.analyze.margins; a sequence's, at most what its position agreement
   predicts: one changed position in 32 sequences of 40 predicts 0.969); an integer output's:
   missed;
-- a cosine, a mask's or a map's IoU or a detector's boxes matched (a mean of each sample's) whose
-  interval straddles its floor: missed
+- a cosine or a mask's or a map's IoU (a mean of each sample's) whose interval straddles its
+  floor: missed; so is a detector's boxes matched (Wilson's interval over the boxes: too few
+  boxes to show the floor)
   (each is the continuous figure: nothing finer can decide; a mask's cosine, which the
   background fills, does not);
 - a regression's relative error, a ceiling: met when its whole interval is at or below it,
@@ -67,10 +68,13 @@ def agreement_verdict(o: OutputFidelity, metric: str, value: float, floor: float
         how = (f"{_HOW[side]}; the margins of float's decisions and how far they moved predict "
                f"{o.predicted_agreement:.4f} on unseen samples, {'at or above' if close else 'below'} {floor:g}")
         return Verdict(metric, o.name, value, floor, interval, o.samples, close, how)
-    if o.kind in (Kind.MASK, Kind.BOXES, Kind.MAP):
+    if o.kind is Kind.BOXES:
         return Verdict(metric, o.name, value, floor, interval, o.samples, False,
-                       f"{_HOW[side]}: a mean of each sample's {'F1' if o.kind is Kind.BOXES else 'IoU'} is the "
-                       "continuous figure, nothing finer decides")
+                       f"{_HOW[side]}: {o.boxes} float boxes cannot show the floor (give samples with more objects "
+                       "in them: --eval-data DIR)")
+    if o.kind in (Kind.MASK, Kind.MAP):
+        return Verdict(metric, o.name, value, floor, interval, o.samples, False,
+                       f"{_HOW[side]}: a mean of each sample's IoU is the continuous figure, nothing finer decides")
     if cos is None or min_cosine is None:
         return Verdict(metric, o.name, value, floor, interval, o.samples, False,
                        f"{_HOW[side]} and the output has no cosine to decide")
