@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             if lacks := heldout.missing(name):
                 page.line(f"[yellow]skipped {name}: {', '.join(lacks)} not found (`make real-models`)[/yellow]")
                 continue
-            calib = heldout.MODELS[name][1](Path(tmp) / name / "inputs")["calib"]
-            runs = [run(c, heldout.MODELS[name][0], calib, Path(tmp) / name / "q.onnx") for c in CONDITIONS]
+            calib = heldout.MODELS[name].write(Path(tmp) / name / "inputs")["calib"]
+            runs = [run(c, heldout.MODELS[name].path, calib, Path(tmp) / name / "q.onnx") for c in CONDITIONS]
             ok = len({(code, digest) for code, digest, _ in runs}) == 1
             same += ok
             table.add_row(name, *(f"exit {c} {d} ({s:.0f} s)" for c, d, s in runs), "yes" if ok else "[red]no[/red]")

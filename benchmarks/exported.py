@@ -159,7 +159,7 @@ KINDS = ("qcli", "ort", "fp32", "calibrate")
 
 def measure(name: str, work: Path, rounds: int, env: dict[str, str]) -> Row:
     """Every kind on one model, `rounds` times, one kind after another."""
-    model, writer, _ = heldout.MODELS[name]
+    model, writer = heldout.MODELS[name].path, heldout.MODELS[name].write
     calib = writer(work / "inputs")["calib"]
     row = Row(name)
     for _ in range(rounds):

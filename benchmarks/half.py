@@ -56,8 +56,8 @@ def _category(why: str) -> str:
 
 
 def row(name: str, kind: str, work: Path) -> tuple[str, ...]:
-    model = heldout.MODELS[name][0]
-    folders = heldout.MODELS[name][1](work / "inputs")
+    model = heldout.MODELS[name].path
+    folders = heldout.MODELS[name].write(work / "inputs")
     out = work / f"{name}.{kind}.onnx"
     began = time.perf_counter()
     code, doc, error = heldout.run_qcli(model, folders["calib"], out, Path(kind))

@@ -91,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     within = total = wrong_side = 0
     with tempfile.TemporaryDirectory(prefix="qcli-bench-target-") as tmp:
         for name in args.models:
-            model = heldout.MODELS[name][0]
+            model = heldout.MODELS[name].path
             if lacks := heldout.missing(name):
                 page.line(f"[yellow]skipped {name}: {', '.join(lacks)} not found (`make real-models`)[/yellow]")
                 continue
-            calib = heldout.MODELS[name][1](Path(tmp) / name / "inputs")["calib"]
+            calib = heldout.MODELS[name].write(Path(tmp) / name / "inputs")["calib"]
             for variant in args.variants:
                 out = Path(tmp) / name / f"{variant}.onnx"
                 said = quantized(variant, model, calib, out)
