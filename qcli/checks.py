@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from qcli.analyze.confidence import DEFAULT, Shows
+from qcli.analyze.fidelity import AGREEMENT, Fidelity
 from qcli.analyze.latency import Ratio
-from qcli.analyze.probe import AGREEMENT, Fidelity, Probe
+from qcli.analyze.probe import Probe
 from qcli.analyze.report import rounded_pair
 from qcli.analyze.verdict import verdicts
 from qcli.config import Config

@@ -33,9 +33,10 @@ from pathlib import Path
 
 import onnx
 
+from qcli.analyze.fidelity import Fidelity
 from qcli.analyze.kinds import check_outputs
 from qcli.analyze.plugin import load_metric
-from qcli.analyze.probe import Fidelity, Probe
+from qcli.analyze.probe import Probe
 from qcli.analyze.size import weight_bytes
 from qcli.calibrate.ranges import RangeSettings
 from qcli.calibrate.table import CalibrationTable

@@ -14,12 +14,12 @@ import pytest
 
 from conftest import parse_model, save, tensor_text, write_npz
 from qcli.analyze import analyze
+from qcli.analyze.fidelity import Fidelity, OutputFidelity, output_fidelity
 from qcli.analyze.figures import MapAccumulator, MaskAccumulator, RegressionAccumulator
 from qcli.analyze.gates import Gates
 from qcli.analyze.kinds import Kind, OutputKind, output_kinds
 from qcli.analyze.metrics import FidelityAccumulator
 from qcli.analyze.plugin import CustomScore
-from qcli.analyze.probe import Fidelity, OutputFidelity, output_fidelity
 from qcli.analyze.sequences import SequenceAccumulator, ctc_collapse
 from qcli.analyze.verdict import verdicts
 from qcli.config import Config, OutputKindName, Verify

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from conftest import parse_model
-from qcli.analyze.probe import Fidelity, OutputFidelity
+from qcli.analyze.fidelity import Fidelity, OutputFidelity
 from qcli.config import Config, parse_config
 from qcli.plan import make_plan
 from qcli.precision import Goal, StepKind, Unit, attribute, find_units, promoted_config, search
@@ -714,7 +714,7 @@ def test_a_confirmation_measured_in_part_stands_for_no_other_model() -> None:
     when its figures are asked for (`best reachable` compares noise)."""
     from types import SimpleNamespace
 
-    from qcli.analyze.probe import OutputFidelity
+    from qcli.analyze.fidelity import OutputFidelity
     from qcli.precision.trials import Trials
 
     class Probe:

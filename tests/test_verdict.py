@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from qcli.analyze.fidelity import Fidelity, OutputFidelity
 from qcli.analyze.intervals import mean_interval, wilson
 from qcli.analyze.kinds import Kind
-from qcli.analyze.probe import Fidelity, OutputFidelity
 from qcli.analyze.verdict import meets, verdicts
 from qcli.precision.goal import Goal
 

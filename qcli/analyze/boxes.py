@@ -80,18 +80,17 @@ def box_f1(a: list[Detection], b: list[Detection]) -> float:
 
 
 def matched(a: list[Detection], b: list[Detection]) -> int:
-    """Boxes of `a` with a box of `b` of their class at IoU >= 0.5, greedily by score."""
-    taken: set[int] = set()
+    """Boxes of `a` with a box of `b` of their class at IoU >= 0.5, greedily by score (each box
+    of `a` takes the untaken one it overlaps most)."""
+    if not a or not b:
+        return 0
+    overlaps = _iou(np.array([d.box for d in a]), np.array([e.box for e in b]))
+    overlaps[np.array([d.cls for d in a])[:, None] != np.array([e.cls for e in b])[None, :]] = 0.0
     found = 0
-    for d in a:
-        best, at = IOU, None
-        for j, e in enumerate(b):
-            if j not in taken and e.cls == d.cls:
-                overlap = float(_iou(np.array([d.box]), np.array([e.box]))[0, 0])
-                if overlap >= best:
-                    best, at = overlap, j
-        if at is not None:
-            taken.add(at)
+    for row in overlaps:
+        j = int(row.argmax())
+        if row[j] >= IOU:
+            overlaps[:, j] = 0.0  # taken
             found += 1
     return found
 

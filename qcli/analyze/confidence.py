@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from statistics import NormalDist
 
 DEFAULT = 0.975
@@ -87,7 +88,7 @@ class Shows:
     floor: float
     confidence: float
 
-    @property
+    @cached_property
     def at_most(self) -> float:
         return upper_rate(self.changed, self.samples, self.confidence)
 

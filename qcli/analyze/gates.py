@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qcli.analyze.fidelity import AGREEMENT
+from qcli.analyze.kinds import Kind
 from qcli.analyze.report import Accuracy, Fidelity, GateResult, Predicted, Size, Speed, rounded
 from qcli.errors import ConfigError
 
@@ -51,10 +53,10 @@ def accuracy_measure(accuracy: Accuracy | None, fidelity: list[Fidelity]) -> tup
     return max(losses, key=lambda loss: loss[1])
 
 
-# The agreement each kind is judged by: (figure's attribute, its name)
-_AGREEMENT = {"top1": ("top1_agreement", "top-1 agreement"), "sequence": ("sequence_agreement", "sequence agreement"),
-              "mask": ("mask_iou", "mask IoU"), "boxes": ("box_f1", "boxes matched"),
-              "map": ("map_iou", "top-region IoU"), "per_element": ("agreement", "element agreement")}
+# The agreement each kind is judged by: (the report's attribute for it, its name as verification says it)
+_AGREEMENT = {k.value: (attr, AGREEMENT[k]) for k, attr in (
+    (Kind.TOP1, "top1_agreement"), (Kind.SEQUENCE, "sequence_agreement"), (Kind.MASK, "mask_iou"),
+    (Kind.BOXES, "box_f1"), (Kind.MAP, "map_iou"), (Kind.PER_ELEMENT, "agreement"))}
 
 
 def _losses(f: Fidelity) -> list[tuple[str, float, bool]]:

@@ -230,14 +230,9 @@ class FidelityAccumulator:
             decisions = self.sequence.update(reference, value, batch)
             if self.margins is not None:
                 self.margins.add(*decisions)
-        if self.mask is not None:
-            self.mask.update(reference, value, batch)
-        if self.regression is not None:
-            self.regression.update(reference, value, batch)
-        if self.boxes is not None:
-            self.boxes.update(reference, value, batch)
-        if self.map is not None:
-            self.map.update(reference, value, batch)
+        for figure in (self.mask, self.regression, self.boxes, self.map):  # the one of its kind, if any
+            if figure is not None:
+                figure.update(reference, value, batch)
         if self.margins is not None and self.sequence is None:  # the float64 rows above, cut into decisions
             self.margins.update(x64, y64, reference.shape[-1] if reference.ndim else 1)
 

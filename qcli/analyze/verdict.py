@@ -24,12 +24,9 @@ fetch more on its own (every candidate would have to be measured on them again).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from qcli.analyze.fidelity import AGREEMENT, Fidelity, OutputFidelity
 from qcli.analyze.kinds import Kind
-
-if TYPE_CHECKING:
-    from qcli.analyze.probe import Fidelity, OutputFidelity
 
 Interval = tuple[float, float]
 
@@ -102,8 +99,6 @@ def error_verdict(o: OutputFidelity, value: float, ceiling: float) -> Verdict:
 def verdicts(f: Fidelity, min_agreement: float | None, min_cosine: float | None,
              max_error: float | None = None) -> list[Verdict]:
     """One verdict per gated figure of every output (agreements, cosines, then relative errors)."""
-    from qcli.analyze.probe import AGREEMENT
-
     out = []
     if min_agreement is not None:
         out += [agreement_verdict(o, AGREEMENT[o.kind], a, min_agreement, min_cosine)

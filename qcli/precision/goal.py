@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qcli.analyze.probe import Fidelity
+from qcli.analyze.fidelity import Fidelity
 from qcli.analyze.verdict import meets
 from qcli.config import Config, Criterion
 from qcli.errors import ConfigError

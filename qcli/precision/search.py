@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import replace
 
-from qcli.analyze.probe import Fidelity
+from qcli.analyze.fidelity import Fidelity
 from qcli.precision.goal import Goal
 from qcli.precision.ranking import rank
 from qcli.precision.state import Point, Promotions, SearchState

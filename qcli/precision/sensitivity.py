@@ -26,7 +26,8 @@ from typing import Any
 
 import onnx
 
-from qcli.analyze.probe import Fidelity, Probe
+from qcli.analyze.fidelity import Fidelity
+from qcli.analyze.probe import Probe
 from qcli.analyze.report import Sensitivity, UnitSensitivity, rounded
 from qcli.calibrate.ranges import RangeSettings
 from qcli.calibrate.table import CalibrationTable

@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from qcli.analyze.probe import Fidelity
+from qcli.analyze.fidelity import Fidelity
 from qcli.config import HALF_PRECISIONS
 from qcli.precision.goal import Goal
 from qcli.precision.steps import SearchResult, SearchTrials, Step, StepKind

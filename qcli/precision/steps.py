@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from qcli.analyze.probe import Fidelity
+from qcli.analyze.fidelity import Fidelity
 from qcli.precision.units import Choices, Costs
 
 

@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from qcli.analyze.probe import Fidelity
+from qcli.analyze.fidelity import Fidelity
 from qcli.analyze.size import weight_bytes
 from qcli.config import Activations, Config
 from qcli.info import element_count, tensor_bytes

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from qcli.analyze.fidelity import Fidelity
 from qcli.analyze.latency import Ratio
-from qcli.analyze.probe import Fidelity, Probe
+from qcli.analyze.probe import Probe
 from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
 from qcli.dynamic import NODE_SUFFIXES, QUANTIZER_SUFFIX
