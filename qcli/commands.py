@@ -336,11 +336,11 @@ def init_config(output: Path, force: bool = False) -> Path:
 def measure_target(output: Path | None, threads: int | None, name: str | None, *,
                    progress: ProgressFactory = no_progress) -> dict:
     """`qcli target measure`: this machine's profile, written atomically; what was written."""
-    from qcli.target.measure import dump, measure, suite_size
+    from qcli.target.measure import ROUNDS, dump, measure, suite_size
 
     start = time.perf_counter()
     models = suite_size()
-    with progress("measuring kernels", models, unit="models") as advance:
+    with progress("measuring kernels", models * ROUNDS, unit="models") as advance:
         profile = measure(threads, advance, name)
     path = output if output is not None else Path(f"{profile.name}.json")
     write_text_atomic(check_writable(path, "the target profile"), dump(profile))

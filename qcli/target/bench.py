@@ -26,12 +26,27 @@ CONVS = [  # (cin, cout, size, kernel, group, stride)
     (256, 256, 28, 5, 256, 2), (32, 32, 160, 3, 32, 1), (8, 8, 48, 1, 1, 1), (8, 16, 48, 3, 1, 1),
     (16, 16, 24, 1, 1, 1), (8, 8, 96, 3, 8, 1), (3, 8, 96, 3, 1, 2), (16, 32, 24, 1, 1, 1), (24, 24, 48, 1, 1, 1),
     (16, 16, 48, 3, 16, 2), (48, 48, 12, 5, 48, 1), (4, 4, 64, 3, 1, 1),
+    # large ones, as a spectrogram CNN or a 640x640 detector runs them: the MAC rate keeps rising
+    (64, 128, 112, 3, 1, 1), (128, 64, 128, 3, 1, 1), (64, 64, 160, 3, 1, 1), (32, 32, 224, 3, 1, 1),
+    (256, 256, 28, 3, 1, 1), (16, 32, 320, 3, 1, 2),
+]
+# convolutions with few or odd channels and long or flat kernels, as audio front ends (a CQT's
+# 1x256 filters) and detector heads (one output channel) run them:
+# (cin, cout, (h, w), (kh, kw), (sh, sw))
+ODD_CONVS = [
+    (1, 1, (1, 8192), (1, 256), (1, 2)), (1, 36, (1, 8192), (1, 256), (1, 64)), (8, 8, (32, 264), (3, 39), (1, 1)),
+    (8, 1, (64, 128), (5, 5), (1, 1)), (32, 1, (64, 96), (7, 3), (1, 1)), (1, 32, (64, 192), (7, 7), (1, 3)),
+    (3, 24, (64, 64), (3, 3), (1, 1)), (1, 8, (64, 64), (3, 3), (1, 1)), (33, 1, (64, 64), (3, 3), (1, 1)),
+    (8, 24, (48, 48), (3, 3), (1, 1)), (20, 40, (32, 32), (3, 3), (1, 1)), (16, 1, (96, 96), (1, 1), (1, 1)),
+    (64, 2, (40, 40), (3, 3), (1, 1)), (32, 4, (80, 80), (1, 1), (1, 1)), (16, 8, (56, 56), (3, 3), (2, 2)),
+    (8, 8, (20, 400), (3, 9), (1, 1)), (1, 4, (1, 16000), (1, 64), (1, 4)), (24, 12, (28, 28), (5, 5), (1, 1)),
+    (128, 1, (20, 20), (3, 3), (1, 1)), (2, 8, (128, 128), (3, 3), (2, 2)),
 ]
 ACTIVATIONS = (None, "HardSwish", "Relu")  # a float Conv's, fused into it by onnxruntime
 MATMULS = [(1, 64, 64), (1, 256, 256), (1, 768, 768), (1, 1024, 4096), (8, 512, 512), (16, 768, 768),
            (64, 256, 1024), (128, 768, 768), (128, 768, 3072), (32, 128, 32), (4, 32, 16), (32768, 4, 4),
            (4096, 16, 16), (1024, 64, 64), (2048, 32, 128), (256, 256, 64), (64, 64, 64), (512, 128, 512),
-           (8192, 8, 32), (16, 96, 96), (50, 512, 256)]
+           (8192, 8, 32), (16, 96, 96), (50, 512, 256), (256, 512, 1), (64, 128, 8), (1, 512, 2)]
 RNNS = [(16, 32, 32), (50, 64, 64), (100, 128, 128), (30, 256, 256), (200, 64, 128), (10, 512, 256),
         (75, 256, 128), (120, 32, 64)]  # (steps, input, hidden)
 ELEMENTS = [64, 1024, 16_384, 262_144, 2_097_152]
@@ -77,15 +92,17 @@ def _weight(name: str, w: np.ndarray, quantized: bool, axis: int = 0) -> tuple[l
                              name=f"{name}_DQ")], inits
 
 
-def _wrapped(core: list, inits: list, x: tuple[str, list[int]], y: tuple[str, list[int]], quantized: bool):
-    """`core` reading x and writing y, with Q/DQ pairs around both when `quantized`."""
+def _wrapped(core: list, inits: list, x: tuple[str, list[int]], y: tuple[str, list[int]], quantized: bool,
+             float_out: bool = False):
+    """`core` reading x and writing y, with Q/DQ pairs around both when `quantized` (around x
+    alone with `float_out`: a MatMul then runs as MatMulIntegerToFloat)."""
     nodes = list(core)
     if quantized:
         qin, i1 = _qdq("x", "x_dq")
-        qout, i2 = _qdq("y_f", "y")
+        qout, i2 = ([], []) if float_out else _qdq("y_f", "y")
         for n in nodes:
             n.input[:] = ["x_dq" if i == "x" else i for i in n.input]
-            n.output[:] = ["y_f" if o == "y" else o for o in n.output]
+            n.output[:] = [o if float_out or o != "y" else "y_f" for o in n.output]
         nodes, inits = qin + nodes + qout, inits + i1 + i2
     return _model(nodes, [_t("x", F, x[1])], [_t("y", F, y[1])], inits)
 
@@ -94,25 +111,37 @@ def suite(rng: np.random.Generator) -> Iterator[tuple[str, onnx.ModelProto, dict
     """(what, model, feeds) for every micro-model."""
     for quantized in (False, True):
         tag = "int8" if quantized else "float"
-        for (cin, cout, size, k, group, stride), act in itertools.product(CONVS, ACTIVATIONS[:1 if quantized else 3]):
-            w = rng.standard_normal((cout, cin // group, k, k)).astype(np.float32) * 0.1
-            wn, wi = _weight("w", w, quantized)
-            x, y = [1, cin, size, size], [1, cout, -(-size // stride), -(-size // stride)]
-            nodes = wn + [helper.make_node("Conv", ["x", "w"], ["c" if act else "y"], pads=[k // 2] * 4, group=group,
-                                           strides=[stride] * 2, name="conv")]
-            nodes += [helper.make_node(act, ["c"], ["y"], name="act")] if act else []
-            yield (f"Conv {cin}->{cout} {k}x{k}/{stride} g{group} @{size} {act or ''} {tag}",
-                   _wrapped(nodes, wi, ("x", x), ("y", y), quantized), _feeds(rng, x))
-        for m, kk, n in MATMULS:
+        squares = [(cin, cout, (size,) * 2, (k,) * 2, (stride,) * 2, group)
+                   for cin, cout, size, k, group, stride in CONVS]
+        for (cin, cout, size, k, stride, group), act in itertools.product(
+                squares + [(*conv, 1) for conv in ODD_CONVS], ACTIVATIONS[:1 if quantized else 3]):
+            yield _conv(rng, cin, cout, size, k, stride, group, act, quantized)
+        for (m, kk, n), float_out in itertools.product(MATMULS, (False, True) if quantized else (False,)):
             wn, wi = _weight("w", rng.standard_normal((kk, n)).astype(np.float32) * 0.1, quantized, axis=1)
             mm = helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")
-            yield (f"MatMul {m}x{kk}x{n} {tag}", _wrapped(wn + [mm], wi, ("x", [m, kk]), ("y", [m, n]), quantized),
-                   _feeds(rng, [m, kk]))
+            yield (f"MatMul {m}x{kk}x{n} {tag}{' float out' if float_out else ''}",
+                   _wrapped(wn + [mm], wi, ("x", [m, kk]), ("y", [m, n]), quantized, float_out), _feeds(rng, [m, kk]))
         yield from _blocks(rng, quantized)
     yield from _gemms(rng)
     yield from _dynamic(rng)
     yield from _rnns(rng)
     yield from _elementwise(rng)
+
+
+def _conv(rng: np.random.Generator, cin: int, cout: int, size: tuple[int, int], k: tuple[int, int],
+          stride: tuple[int, int], group: int, act: str | None, quantized: bool):
+    """(what, model, feeds) of one Conv (and its activation), padded by half its kernel."""
+    w = rng.standard_normal((cout, cin // group, *k)).astype(np.float32) * 0.1
+    wn, wi = _weight("w", w, quantized)
+    pads = [k[0] // 2, k[1] // 2] * 2
+    x = [1, cin, *size]
+    y = [1, cout, *((n + 2 * (kk // 2) - kk) // s + 1 for n, kk, s in zip(size, k, stride, strict=True))]
+    nodes = wn + [helper.make_node("Conv", ["x", "w"], ["c" if act else "y"], pads=pads, group=group,
+                                   strides=list(stride), name="conv")]
+    nodes += [helper.make_node(act, ["c"], ["y"], name="act")] if act else []
+    shape = "x".join(map(str, k)) + "/" + "x".join(map(str, stride))
+    return (f"Conv {cin}->{cout} {shape} g{group} @{'x'.join(map(str, size))} {act or ''} "
+            f"{'int8' if quantized else 'float'}", _wrapped(nodes, wi, ("x", x), ("y", y), quantized), _feeds(rng, x))
 
 
 BLOCKS = [(8, 96), (16, 56), (24, 40), (32, 28), (64, 14), (128, 7), (48, 24)]  # (channels, size)
@@ -190,6 +219,23 @@ def _rnns(rng: np.random.Generator):
             yield (f"{op} {steps}x{size}->{hidden}", _model([node], [_t("x", F, [steps, 1, size])],
                                                             [_t("y", F, [steps, 1, 1, hidden])], [w, r]),
                    _feeds(rng, [steps, 1, size]))
+        yield _dynamic_lstm(rng, steps, size, hidden)
+
+
+def _dynamic_lstm(rng: np.random.Generator, steps: int, size: int, hidden: int):
+    """com.microsoft DynamicQuantizeLSTM, as qcli.dynamic writes an LSTM: int8 W [1, I, 4H] and
+    R [1, H, 4H], a scale per row."""
+    inits = []
+    for name, rows in (("W", size), ("R", hidden)):
+        values = rng.integers(-127, 128, (1, rows, 4 * hidden)).astype(np.int8)
+        inits += [numpy_helper.from_array(values, name),
+                  numpy_helper.from_array(np.full((1, 4 * hidden), 0.001, np.float32), f"{name}_s"),
+                  numpy_helper.from_array(np.zeros((1, 4 * hidden), np.int8), f"{name}_z")]
+    node = helper.make_node("DynamicQuantizeLSTM", ["x", "W", "R", "", "", "", "", "", "W_s", "W_z", "R_s", "R_z"],
+                            ["y"], hidden_size=hidden, name="rnn", domain="com.microsoft")
+    model = _model([node], [_t("x", F, [steps, 1, size])], [_t("y", F, [steps, 1, 1, hidden])], inits)
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return f"DynamicQuantizeLSTM {steps}x{size}->{hidden}", model, _feeds(rng, [steps, 1, size])
 
 
 def _elementwise(rng: np.random.Generator):
@@ -201,33 +247,42 @@ def _elementwise(rng: np.random.Generator):
                 node = helper.make_node(op, inputs, ["y"], name=op.lower(), **UNARY_ATTRS.get(op, {}))
                 yield (f"{op} {shaped}", _model([node], [_t("x", F, shaped)], [_t("y", F, None)], inits),
                        _feeds(rng, shaped))
-        for op in BINARY:
-            node = helper.make_node(op, ["x", "x2"], ["y"], name=op.lower())
-            yield (f"{op} {count}", _model([node], [_t("x", F, shape), _t("x2", F, shape)], [_t("y", F, shape)], []),
-                   {**_feeds(rng, shape), "x2": _feeds(rng, shape)["x"] + 2})
+        # same shapes; broadcasting against the last axis, which onnxruntime loops over per row
+        for a, b in [(shape, shape), ([1, count, 1], [1]), ([1, max(count // 8, 1), 8], [8])]:
+            for op in BINARY:
+                node = helper.make_node(op, ["x", "x2"], ["y"], name=op.lower())
+                yield (f"{op} {a} {b}", _model([node], [_t("x", F, a), _t("x2", F, b)], [_t("y", F, a)], []),
+                       {**_feeds(rng, a), "x2": _feeds(rng, b)["x"] + 2})
+            yield from _quantized_binary(rng, a, b)
         qdq, inits = _qdq("x", "y")
         yield f"Q/DQ {count}", _model(qdq, [_t("x", F, shape)], [_t("y", F, shape)], inits), _feeds(rng, shape)
-        yield from _quantized_elementwise(rng, count, shape)
+        yield from _quantized_elementwise(rng, count)
 
 
-def _quantized_elementwise(rng: np.random.Generator, count: int, shape: list[int]):
-    """Ops between Q/DQ pairs: QLinearAdd and QLinearMul (onnxruntime fuses them), and the
-    uint8 forms of pooling, Resize and Concat (it runs those on uint8 directly), on a channels-
-    last shape as its NHWC transformer leaves them and a channels-first one."""
+def _quantized_binary(rng: np.random.Generator, shape: list[int], other: list[int]):
+    """QLinearAdd and QLinearMul (Add and Mul between Q/DQ pairs, which onnxruntime fuses)."""
     for op in ("Add", "Mul"):
         a, i1 = _qdq("x", "a")
         b, i2 = _qdq("x2", "b")
         out, i3 = _qdq("s", "y")
         nodes = a + b + [helper.make_node(op, ["a", "b"], ["s"], name=f"q{op.lower()}")] + out
-        yield (f"QLinear{op} {count}", _model(nodes, [_t("x", F, shape), _t("x2", F, shape)], [_t("y", F, shape)],
-                                              i1 + i2 + i3), {**_feeds(rng, shape), "x2": _feeds(rng, shape)["x"]})
+        yield (f"QLinear{op} {shape} {other}",
+               _model(nodes, [_t("x", F, shape), _t("x2", F, other)], [_t("y", F, shape)], i1 + i2 + i3),
+               {**_feeds(rng, shape), "x2": _feeds(rng, other)["x"]})
+
+
+def _quantized_elementwise(rng: np.random.Generator, count: int):
+    """The uint8 forms of pooling, Resize and Concat (onnxruntime runs those on uint8
+    directly), on a channels-last shape as its NHWC transformer leaves them, a channels-first
+    one, and (Concat) rows of one element."""
     if count < 1024:
         return
     side = max(int(np.sqrt(count // 16)), 2)
-    for spatial in ([1, 16, side, side], [1, side, side, 16]):
-        for op in ("MaxPool", "Resize", "Concat"):
+    for spatial in ([1, 16, side, side], [1, side, side, 16], [1, count // 2, 2, 1]):
+        for op in ("MaxPool", "Resize", "Concat") if spatial[-1] != 1 else ("Concat",):
             inputs, inits = _unary_inputs(op, spatial)
             attrs = {"kernel_shape": [2, 2], "strides": [2, 2]} if op == "MaxPool" else UNARY_ATTRS.get(op, {})
+            attrs = {"axis": 3} if spatial[-1] == 1 else attrs  # a block per element
             if op == "Resize":
                 inits = [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
             q, i1 = _qdq("x", "xd")

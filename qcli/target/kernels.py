@@ -33,12 +33,16 @@ OPS: dict[str, tuple[str, bool]] = {
 WEIGHT_INPUT = {"QLinearConv": 3, "QLinearMatMul": 3, "QGemm": 3}
 FEATURES = ("call", "mac", "moved", "weights", "fused", "rows")  # what a profile's terms are per unit of
 # where a class a profile lacks is priced (a measured profile has them all; a rules one may not)
-FALLBACK = {"dwconv.f32": "conv.f32", "dwconv.i8": "conv.i8", "conv.i8": "conv.f32", "matmul.i8": "matmul.f32",
+FALLBACK = {"dwconv.f32": "conv.f32", "dwconv.i8": "conv.i8", "nconv.f32": "conv.f32", "nconv.i8": "conv.i8",
+            "conv.i8": "conv.f32", "matmul.i8": "matmul.f32",
             "nbits.i4": "matmul.f32", "rnn.i8": "rnn.f32", "rnn.f32": "matmul.f32", "qdq": "memory",
             "qmemory": "memory", "control": "memory"}
-CLASSES = ("conv.f32", "conv.i8", "dwconv.f32", "dwconv.i8", "matmul.f32", "matmul.i8", "nbits.i4",
-           "rnn.f32", "rnn.i8", "qdq", "memory", "qmemory", "control")
+CLASSES = ("conv.f32", "conv.i8", "dwconv.f32", "dwconv.i8", "nconv.f32", "nconv.i8", "matmul.f32", "matmul.i8",
+           "nbits.i4", "rnn.f32", "rnn.i8", "qdq", "memory", "qmemory", "control")
 
+# a convolution with fewer output channels per group is `nconv`: onnxruntime's int8 kernels
+# pad them to 16 and walk every tap per output position, at a third of the MAC rate or less
+NARROW = 16
 Shape = tuple[int, ...]
 DTYPE_BYTES = {"float": 4, "double": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int16": 2,
                "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "bool": 1}
@@ -68,7 +72,9 @@ class Kernel:
     (multiply-accumulates; 0 for a memory-bound op), activation bytes `moved` (read and
     written), constant bytes `weights`, `fused` activation elements, and `rows`: a
     convolution's output positions, a recurrence's steps, a memory op's rows (elements / the
-    last axis: a Softmax or LayerNormalization pays per row)."""
+    last axis: a Softmax or LayerNormalization pays per row). A compute kernel's `gemm` is the
+    matrix product it runs, (M, K, N, taps, groups): a convolution's output positions, input
+    and output channels per group, kernel taps and groups; a matrix product's rows, K, N."""
 
     node: str
     op: str
@@ -78,10 +84,30 @@ class Kernel:
     weights: float = 0
     fused: float = 0
     rows: float = 0
+    gemm: tuple[int, int, int, int, int] | None = None
 
-    def features(self) -> tuple[float, ...]:
-        """The values of FEATURES."""
-        return (1.0, self.work, self.moved, self.weights, self.fused, self.rows)
+    def features(self, pack: tuple[int, int] | None = None) -> tuple[float, ...]:
+        """The values of FEATURES; with `pack` (input, output channels), `mac` counts the
+        products the target's kernel does with K and N padded to multiples of them (`packed`).
+
+        >>> Kernel("c", "QLinearConv", "conv.i8", work=256, gemm=(1, 1, 1, 256, 1)).features((4, 16))[1]
+        16384
+        """
+        work = self.work if pack is None or self.gemm is None else packed(self.gemm, pack)
+        return (1.0, work, self.moved, self.weights, self.fused, self.rows)
+
+
+def packed(gemm: tuple[int, int, int, int, int], pack: tuple[int, int]) -> int:
+    """The MACs of a product (M, K, N, taps, groups) whose kernel packs the weights in blocks
+    of `pack` = (input channels, output channels) per tap: onnxruntime's int8 convolution on
+    AVX-512 VNNI pads each tap's input channels to 4 and the outputs to 16, so a 1-channel
+    convolution costs as a 4-in, 16-out one.
+
+    >>> packed((10, 1, 8, 9, 1), (4, 16)), packed((10, 8, 32, 1, 2), (4, 16))
+    (5760, 5120)
+    """
+    m, k, n, taps, groups = gemm
+    return m * groups * taps * -(-k // pack[0]) * pack[0] * -(-n // pack[1]) * pack[1]
 
 
 def kernel(node: str, op: str, inputs: list[Operand], outputs: list[Operand], attrs: dict[str, int],
@@ -89,28 +115,79 @@ def kernel(node: str, op: str, inputs: list[Operand], outputs: list[Operand], at
     """The class and features of one executed node (`activation`: it applies a fused one).
 
     >>> x, w = Operand("float", (1, 8, 10, 10)), Operand("float", (16, 8, 3, 3), True)
-    >>> kernel("c", "Conv", [x, w], [Operand("float", (1, 16, 10, 10))], {}, activation=True)
-    Kernel(node='c', op='Conv', cls='conv.f32', work=115200, moved=9600, weights=4608, fused=1600, rows=100)
+    >>> kernel("c", "Conv", [x, w], [Operand("float", (1, 16, 10, 10))], {}, activation=True)  # doctest: +ELLIPSIS
+    Kernel(node='c', op='Conv', cls='conv.f32', work=115200, moved=9600, ..., rows=100, gemm=(100, 8, 16, 9, 1))
     >>> a, b = Operand("uint8", (1, 4, 32)), Operand("int8", (32, 64), True)
     >>> kernel("m", "MatMulInteger", [a, b], [Operand("int32", (1, 4, 64))], {}).work
     8192
     >>> kernel("r", "Relu", [Operand("float", (1, 100))], [Operand("float", (1, 100))], {})
-    Kernel(node='r', op='Relu', cls='memory', work=0, moved=800, weights=0, fused=0, rows=1)
+    Kernel(node='r', op='Relu', cls='memory', work=0, moved=800, weights=0, fused=0, rows=1, gemm=None)
     """
     family, int8 = OPS.get(op, ("qmemory" if op.startswith("QLinear") else "memory", False))
     moved = sum(i.bytes for i in inputs if not i.constant) + sum(o.bytes for o in outputs)
     weights = sum(i.bytes for i in inputs if i.constant)
     if family in ("qdq", "memory", "qmemory", "control"):
-        last = outputs[0].shape[-1] if outputs and outputs[0].shape and outputs[0].shape[-1] else 1
-        return Kernel(node, op, family, 0, moved, weights, rows=outputs[0].elements // last if outputs else 0)
+        return Kernel(node, op, family, 0, moved, weights, rows=_rows(op, inputs, outputs, attrs))
     out = outputs[0].elements if outputs else 0
     weight = inputs[WEIGHT_INPUT.get(op, 1)].shape if len(inputs) > WEIGHT_INPUT.get(op, 1) else ()
     cls, work = _compute(family, int8, inputs, weight, out, attrs)
+    positions = out // weight[0] if family == "conv" and weight and weight[0] else 0
+    gemm = _gemm(family, out, positions, weight, attrs, work)
     if family == "rnn":  # a recurrence runs its steps one after another
         rows = inputs[0].shape[0] if inputs and inputs[0].shape else 0
-    else:
-        rows = out // weight[0] if family == "conv" and weight and weight[0] else 0
-    return Kernel(node, op, cls, work, moved, weights, out if activation else 0, rows)
+    else:  # a convolution's output positions; a product's rows (each requantized or scaled)
+        rows = positions or (gemm[0] if gemm is not None else 0)
+    return Kernel(node, op, cls, work, moved, weights, out if activation else 0, rows, gemm)
+
+
+def _rows(op: str, inputs: list[Operand], outputs: list[Operand], attrs: dict[str, int]) -> int:
+    """A memory op's rows: the runs it loops over. One input: elements over the last axis (a
+    Softmax's, a LayerNormalization's rows). Several (an elementwise op): the output's
+    elements over its innermost run of axes that every input either spans or broadcasts the
+    same way, as onnxruntime's broadcasting loops: [1, 172, 309, 1] + [1] is 53148 runs of one
+    element (the size-1 axis ends the run), [1, 28, 28, 64] + [1] one run. A Concat: the
+    blocks it copies.
+
+    >>> x, one = Operand("uint8", (1, 172, 309, 1)), Operand("uint8", (1,))
+    >>> _rows("QLinearAdd", [x, Operand("float", ()), one], [x], {}), _rows("Add", [x, x], [x], {})
+    (53148, 1)
+    >>> y = Operand("uint8", (1, 28, 28, 64))
+    >>> _rows("QLinearAdd", [y, one], [y], {}), _rows("Add", [y, Operand("float", (64,))], [y], {})
+    (1, 784)
+    >>> _rows("Concat", [x, x], [Operand("uint8", (1, 172, 309, 2))], {"axis": -1})
+    106296
+    """
+    if not outputs:
+        return 0
+    out = outputs[0].shape
+    tensors = [i.shape for i in inputs if i.shape]
+    if op.endswith("Concat"):
+        axis = attrs.get("axis", 0) % max(len(out), 1)
+        return math.prod(out[:axis]) * sum(len(t) == len(out) for t in tensors)
+    if len(tensors) < 2 or not out:
+        return outputs[0].elements // (out[-1] if out and out[-1] else 1)
+    aligned = [(1,) * (len(out) - len(t)) + tuple(t[-len(out):]) for t in tensors]
+    pattern = [tuple(t[d] == 1 and out[d] != 1 for t in aligned) for d in range(len(out))]
+    run = 1
+    for d in reversed(range(len(out))):
+        if pattern[d] != pattern[-1]:
+            break
+        run *= out[d]
+    return outputs[0].elements // max(run, 1)
+
+
+def _gemm(family: str, out: int, rows: int, weight: Shape, attrs: dict[str, int], work: int,
+          ) -> tuple[int, int, int, int, int] | None:
+    """A convolution's or matrix product's (M, K, N, taps, groups) (Kernel), if its weight's
+    dims say it; for a product, K is its MACs over its outputs and N the weight's columns."""
+    group = attrs.get("group", 1)
+    if family == "conv" and len(weight) > 2 and weight[0] and group and weight[0] % group == 0:
+        return rows, weight[1], weight[0] // group, math.prod(weight[2:]), group
+    if family in ("matmul", "gemm") and out and weight:
+        n = weight[0] if family == "gemm" and attrs.get("transB", 0) and len(weight) > 1 else weight[-1]
+        if n and out % n == 0:
+            return out // n, work // out, n, 1, 1
+    return None
 
 
 def _compute(family: str, int8: bool, inputs: list[Operand], weight: Shape, out: int, attrs: dict[str, int],
@@ -118,8 +195,10 @@ def _compute(family: str, int8: bool, inputs: list[Operand], weight: Shape, out:
     """A compute kernel's class and multiply-accumulates (`weight`: its weight's dims)."""
     dtype = ".i8" if int8 else ".f32"
     if family == "conv":
-        depthwise = attrs.get("group", 1) > 1 and len(weight) > 2 and weight[1] == 1
-        return ("dwconv" if depthwise else "conv") + dtype, out * math.prod(weight[1:])
+        group = attrs.get("group", 1)
+        depthwise = group > 1 and len(weight) > 2 and weight[1] == 1
+        narrow = not depthwise and bool(weight) and weight[0] // max(group, 1) < NARROW
+        return ("dwconv" if depthwise else "nconv" if narrow else "conv") + dtype, out * math.prod(weight[1:])
     if family == "convtranspose":
         return "conv" + dtype, inputs[0].elements * math.prod(weight[1:])
     if family == "nbits":

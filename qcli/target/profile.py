@@ -37,12 +37,20 @@ GENERIC = "generic"
 
 class Cost(BaseModel):
     """One entry's price: `terms` {feature: µs per unit} (qcli.target.kernels.FEATURES), or
-    `like` another entry times `factor`."""
+    `like` another entry times `factor`. `pack` [input, output channels]: the kernel pads K and
+    N to multiples of these, and `mac` counts the padded products (qcli.target.kernels.packed)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     terms: dict[Feature, Annotated[float, Field(ge=0)]] | None = None
     like: str | None = None
     factor: float = Field(1.0, gt=0)
+    pack: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = None
+
+    def us(self, k: Kernel) -> float:
+        """µs of a call by these terms (a `like` entry is priced through its profile)."""
+        terms = self.terms or {}
+        return sum(terms.get(name, 0.0) * value  # type: ignore[call-overload]
+                   for name, value in zip(FEATURES, k.features(self.pack), strict=True))
 
     @model_validator(mode="after")
     def _one_form(self) -> Cost:
@@ -95,8 +103,7 @@ class Profile(BaseModel):
         cost = self.kernels[key]
         if cost.like is not None:
             return cost.factor * self._us(cost.like, k)
-        terms = cost.terms or {}
-        return sum(terms.get(name, 0.0) * value for name, value in zip(FEATURES, k.features(), strict=True))  # type: ignore[call-overload]
+        return cost.us(k)
 
 
 def shipped() -> list[str]:
