@@ -486,6 +486,8 @@ def target_measure(
     threads: Annotated[int | None, typer.Option("--threads", help="Intra-op threads the model is served with "
                                                 "(default: onnxruntime's, one per core).", min=1)] = None,
     name: Annotated[str | None, typer.Option("--name", help="The profile's name (default: this CPU's ISA).")] = None,
+    batch: Annotated[int, typer.Option("--batch", help="The batch the model is served at: the micro-models run at "
+                                       "it (pair it with `target: {batch: B}`).", min=1)] = 1,
     json_out: JsonOpt = False, quiet: QuietOpt = False, debug: DebugOpt = False,
 ) -> None:
     """Measure this machine's kernel costs into a target profile (run it on the deployment CPU)."""
@@ -493,7 +495,7 @@ def target_measure(
     def work() -> None:
         from qcli.commands import measure_target
 
-        doc = measure_target(output, threads, name, progress=_progress(quiet or json_out))
+        doc = measure_target(output, threads, name, batch, progress=_progress(quiet or json_out))
         if json_out:
             _print_json(doc)
         else:

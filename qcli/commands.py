@@ -333,16 +333,17 @@ def init_config(output: Path, force: bool = False) -> Path:
     return write_text_atomic(check_writable(output, "the config template"), (PRESETS / "default.yaml").read_text())
 
 
-def measure_target(output: Path | None, threads: int | None, name: str | None, *,
+def measure_target(output: Path | None, threads: int | None, name: str | None, batch: int = 1, *,
                    progress: ProgressFactory = no_progress) -> dict:
-    """`qcli target measure`: this machine's profile, written atomically; what was written."""
+    """`qcli target measure`: this machine's profile at `batch`, written atomically; what was
+    written."""
     from qcli.target.measure import ROUNDS, dump, measure, suite_size
 
     start = time.perf_counter()
     models = suite_size()
     with progress("measuring kernels", models * ROUNDS, unit="models") as advance:
-        profile = measure(threads, advance, name)
+        profile = measure(threads, advance, name, batch)
     path = output if output is not None else Path(f"{profile.name}.json")
     write_text_atomic(check_writable(path, "the target profile"), dump(profile))
     return {"path": str(path), "name": profile.name, "entries": len(profile.kernels), "models": models,
-            "seconds": round(time.perf_counter() - start, 1), "threads": profile.threads}
+            "seconds": round(time.perf_counter() - start, 1), "threads": profile.threads, "batch": profile.batch}

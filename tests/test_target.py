@@ -193,13 +193,43 @@ def test_target_measure_writes_a_profile_qcli_reads(cli, tmp_path: Path, monkeyp
     suite = bench.suite
     monkeypatch.setattr(bench, "suite", lambda rng: (m for _, m in zip(range(3), suite(rng), strict=False)))
     out = tmp_path / "mine.json"
-    doc = cli.json("target", "measure", "-o", out, "--name", "mine")
-    assert doc["path"] == str(out) and doc["models"] == 3
+    doc = cli.json("target", "measure", "-o", out, "--name", "mine", "--batch", "4")
+    assert doc["path"] == str(out) and doc["models"] == 3 and doc["batch"] == 4
     shown = cli.json("target", "show", out)
     assert shown["name"] == "mine" and shown["kind"] == "measured" and "conv.f32" in shown["kernels"]
+    assert shown["batch"] == 4
     config = tmp_path / "c.yaml"
     config.write_text(f"version: 1\ntarget: {out}\n")
     assert cli("config", "validate", config).exit_code == 0
+    from qcli.config import load_config
+    from qcli.target.deployment import Deployment
+
+    said = Deployment.of(load_config(config)).describe()
+    assert said == "target mine (file), batch 1 (its kernels measured at batch 4), latency predicted"
+
+
+def test_micro_models_run_at_the_batch_asked_along_their_batch_axis() -> None:
+    """A convolution's batch is its first axis, a recurrence's its second; an operand that
+    broadcasts (a [1] against [1, N, 1]) keeps its shape."""
+    import onnxruntime as ort
+
+    from qcli.target import bench
+
+    wanted = {"Conv 3->16": 0, "LSTM 16x32->32": 1, "DynamicQuantizeLSTM 16x32": 1, "Add [1, 1024, 1] [1]": 0}
+    seen = set()
+    for what, model, feeds in bench.suite(np.random.default_rng(0)):
+        found = next((key for key in wanted if what.startswith(key) and key not in seen), None)
+        if found is None:
+            continue
+        seen.add(found)
+        model, fed = bench.batched(model, feeds, 3)
+        axis = wanted[found]
+        assert fed["x"].shape[axis] == 3 * feeds["x"].shape[axis], what
+        assert all(fed[k].shape == v.shape for k, v in feeds.items() if k != "x"), what
+        outputs = ort.InferenceSession(model.SerializeToString()).run(None, fed)
+        alone = ort.InferenceSession(model.SerializeToString()).run(None, feeds) if found.startswith("Add") else None
+        assert outputs[0].ndim >= 2 and (alone is None or outputs[0].shape[0] == 3 * alone[0].shape[0]), what
+    assert seen == set(wanted)
 
 
 def test_a_target_that_is_neither_shipped_nor_a_file_is_refused_before_calibrating(cli, tmp_path: Path) -> None:

@@ -326,5 +326,33 @@ def _gemms(rng: np.random.Generator):
                    _feeds(rng, [m, kk]))
 
 
+RECURRENT = ("LSTM", "GRU", "RNN", "DynamicQuantizeLSTM")  # their batch axis is the second
+
+
+def batched(model: onnx.ModelProto, feeds: dict[str, np.ndarray], batch: int,
+            ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A micro-model served at `batch`: the inputs of `x`'s rank `batch` times along the batch
+    axis (a recurrence's second, every other op's first; a broadcast operand of lower rank
+    stays), the outputs' shapes left to onnxruntime.
+
+    >>> _, model, feeds = next(suite(np.random.default_rng(0)))
+    >>> _, fed = batched(model, feeds, 4)
+    >>> feeds["x"].shape, fed["x"].shape
+    ((1, 3, 112, 112), (4, 3, 112, 112))
+    """
+    if batch == 1:
+        return model, feeds
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    axis = 1 if any(n.op_type in RECURRENT for n in model.graph.node) else 0
+    rank = feeds["x"].ndim
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) == rank:
+            dims[axis].dim_param = "batch"
+    for value in model.graph.output:
+        value.type.tensor_type.ClearField("shape")
+    return model, {name: np.repeat(v, batch, axis=axis) if v.ndim == rank else v for name, v in feeds.items()}
+
+
 def _feeds(rng: np.random.Generator, shape: list[int]) -> dict[str, np.ndarray]:
     return {"x": rng.standard_normal(shape).astype(np.float32)}

@@ -38,5 +38,7 @@ class Deployment:
 
     def describe(self) -> str:
         how = "predicted" if not self.measured else "measured on this machine"
-        return f"target {self.profile.name} ({self.chosen}), batch {self.batch}, latency {how}"
+        other = (f" (its kernels measured at batch {self.profile.batch})"
+                 if self.profile.kind == "measured" and self.profile.batch != self.batch and not self.measured else "")
+        return f"target {self.profile.name} ({self.chosen}), batch {self.batch}{other}, latency {how}"
 

@@ -167,14 +167,14 @@ def _features(key: str) -> tuple[str, ...]:
 
 
 def measure(threads: int | None = None, progress: Callable[[int], None] | None = None,
-            name: str | None = None) -> Profile:
-    """This machine's profile (module docstring); `progress(1)` after each micro-model of each
-    of ROUNDS passes."""
+            name: str | None = None, batch: int = 1) -> Profile:
+    """This machine's profile at `batch` (module docstring); `progress(1)` after each
+    micro-model of each of ROUNDS passes."""
     flags = cpu_flags()
     default_name, isa = isa_name(flags)
     run_us = run_overhead(threads)
     calls: dict[str, list[tuple[Kernel, float]]] = {}
-    for timed in _timed_suite(threads, progress):
+    for timed in _timed_suite(threads, progress, batch):
         for k, us in timed:
             for key in (f"{k.cls}:{k.op}", k.cls):
                 calls.setdefault(key, []).append((k, us))
@@ -184,21 +184,22 @@ def measure(threads: int | None = None, progress: Callable[[int], None] | None =
     kernels = {key: fitted(key, [k for k, _ in found], [us for _, us in found]) for key, found in sorted(calls.items())}
     return Profile(
         name=name or default_name, kind="measured", cpu_flags=isa, onnxruntime=ort.__version__,
-        threads=threads, batch=1, run_us=run_us, kernels=kernels,
+        threads=threads, batch=batch, run_us=run_us, kernels=kernels,
         description=f"measured by `qcli target measure` on {platform.machine()} ({os.cpu_count()} CPUs)",
         basis=f"{suite_size()} micro-models, each kernel's median time over {MIN_RUNS}-{RUNS} runs under "
               f"onnxruntime's profiler, the median of {ROUNDS} passes",
     )
 
 
-def _timed_suite(threads: int | None, progress: Callable[[int], None] | None) -> list[list[tuple[Kernel, float]]]:
+def _timed_suite(threads: int | None, progress: Callable[[int], None] | None, batch: int = 1,
+                 ) -> list[list[tuple[Kernel, float]]]:
     """Each micro-model's kernel calls and their times: the median over ROUNDS passes over the
     suite, each in a new session (one session's times can sit 40% off another's: a median of
     200 runs does not remove that)."""
     timed: list[list[tuple[Kernel, list[float]]]] = []
     for round_ in range(ROUNDS):
         for i, (_, model, feeds) in enumerate(bench.suite(np.random.default_rng(0))):
-            found = timed_kernels(model, feeds, threads)
+            found = timed_kernels(*bench.batched(model, feeds, batch), threads)
             if round_ == 0:
                 timed.append([(k, [us]) for k, us in found])
             else:
