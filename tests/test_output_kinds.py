@@ -506,3 +506,66 @@ def test_class_scores_report_whether_floats_top1_stays_in_the_top_five() -> None
     few = FidelityAccumulator(OutputKind(Kind.TOP1, ""))
     few.update(ref[:, :4], ref[:, :4], 3)
     assert few.top5_agreement is None  # 4 classes: every one is in the top 5
+
+
+SEGMENTATION = """<ir_version: 8, opset_import: ["" : 17]>
+    net (float[N, 3, 8, 8] x) => (float[N, {C}, 16, 16] y) <float[{C}, 3, 1, 1] w = {W}, float[4] s = {1.0, 1.0, 2.0, 2.0}> {
+        c = Conv (x, w)  y = Resize <mode = "linear"> (c, , s) }"""
+
+
+def _segmentation(classes: int) -> onnx.ModelProto:
+    weights = "{" + ", ".join(f"{v:.3f}" for v in RNG.standard_normal(classes * 3)) + "}"
+    return parse_model(SEGMENTATION.replace("{C}", str(classes)).replace("{W}", weights))
+
+
+def test_upsampled_logits_are_a_class_map_judged_by_the_mean_iou_of_its_classes() -> None:
+    """A segmentation head (Conv, then Resize to the input's size): each pixel's class is the
+    argmax over the channels; a small class lost costs its whole IoU, where the pixels agreeing
+    (the background's) barely move. A detector's raw head (no upsampling) stays cosine."""
+    model = _segmentation(3)
+    ref = np.zeros((1, 3, 16, 16), np.float32)
+    ref[0, 0] = 1.0  # background everywhere
+    ref[0, 1, :2, :2] = 2.0  # a 4-pixel object of class 1
+    ref[0, 2, 8:, :] = 3.0  # half the image class 2
+    got = ref.copy()
+    got[0, 1, :2, :2] = 0.0  # the object lost to the background
+    kind = output_kinds(model, {"y": [ref]})["y"]
+    assert kind.kind is Kind.MASK and kind.classes == 1
+    assert kind.reason.startswith("upsampled by Resize: a [1, 3, 16, 16] per-pixel class map (segmentation logits)")
+    acc = FidelityAccumulator(kind)
+    acc.update(ref, got, 1)
+    figures = output_fidelity("y", acc)
+    assert figures.mask_agreement == pytest.approx(252 / 256)
+    assert figures.mask_iou == pytest.approx((124 / 128 + 0.0 + 1.0) / 3)  # background, class 1, class 2
+    raw = parse_model(SEGMENTATION.replace("{C}", "3").replace("{W}", "{" + ", ".join(["0.1"] * 9) + "}")
+                      .replace("y = Resize <mode = \"linear\"> (c, , s)", "y = Identity (c)")
+                      .replace("16, 16] y", "8, 8] y"))
+    assert output_kinds(raw, {"y": [ref[:, :, :8, :8]]})["y"].kind is Kind.COSINE
+
+
+def test_a_softmax_class_map_is_compared_by_its_argmax_and_takes_no_threshold() -> None:
+    model = parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        net (float[N, 4, 6, 6] x) => (float[N, 4, 6, 6] y) { y = Softmax <axis = 1> (x) }""")
+    values = RNG.random((2, 4, 6, 6)).astype(np.float32)
+    kind = output_kinds(model, {"y": [values]})["y"]
+    assert kind.kind is Kind.MASK and kind.classes == 1 and "the argmax over axis 1" in kind.reason
+    channels_last = RNG.random((2, 6, 6, 4)).astype(np.float32)
+    assert output_kinds(model, {"y": [channels_last]})["y"].classes == 3
+    with pytest.raises(ConfigError, match=r"verify.thresholds: output 'y' is computed by Softmax: a \[2, 4, 6, 6\] "
+                                          r"per-pixel class map: compared by each pixel's class \(the argmax\), so a "
+                                          r"threshold does not apply"):
+        output_kinds(model, {"y": [values]}, thresholds={"y": 0.3})
+
+
+def test_quantize_judges_a_segmentation_head_by_the_mean_iou_of_its_classes(cli, tmp_path: Path) -> None:
+    model = save(_segmentation(4), tmp_path / "seg.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    write_npz(data / "x.npz", x=RNG.standard_normal((24, 3, 8, 8)).astype(np.float32))
+    doc = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--no-rescue",
+                   "--min-top1-agreement", "0.5")
+    v = doc["verification"]
+    assert v["checks"][0]["name"] == "mask IoU" and v["checks"][0]["output"] == "y"
+    out = v["outputs"][0]
+    assert out["kind"] == "mask" and "segmentation logits" in out["reason"] and "mean IoU" in out["reason"]
+    assert 0.0 <= out["mask_iou"] <= out["mask_agreement"] <= 1.0

@@ -29,6 +29,24 @@ def iou_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
 
 
+def class_ious(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row of two class maps (each pixel's class), the mean IoU of the classes either has:
+    a small class counts as much as the background (mean IoU, as segmentation is judged).
+
+    >>> class_ious(np.array([[0, 0, 0, 1]]), np.array([[0, 0, 0, 0]]))
+    array([0.375])
+    """
+    k = int(max(a.max(initial=0), b.max(initial=0))) + 1
+    out = np.ones(a.shape[0])
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        both = np.bincount(x.astype(np.int64) * k + y, minlength=k * k).reshape(k, k)
+        inter = np.diag(both)
+        union = both.sum(axis=0) + both.sum(axis=1) - inter
+        if (union > 0).any():
+            out[i] = float(np.mean(inter[union > 0] / union[union > 0]))
+    return out
+
+
 @dataclass
 class PerSample:
     """A figure that is the mean of each sample's, kept for its interval."""
@@ -62,12 +80,17 @@ class MaskAccumulator(PerSample):
     threshold: float = 0.5
     elements: int = 0
     equal: int = 0
+    classes: int | None = None  # a per-pixel class map's class axis: compared by its argmax (`class_ious`)
 
     def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
-        a, b = rows(np.asarray(reference) > self.threshold, batch), rows(np.asarray(value) > self.threshold, batch)
+        if self.classes is not None:
+            a, b = (rows(np.asarray(v).argmax(axis=self.classes), batch) for v in (reference, value))
+            self.per_sample.add(class_ious(a, b))
+        else:
+            a, b = rows(np.asarray(reference) > self.threshold, batch), rows(np.asarray(value) > self.threshold, batch)
+            self.per_sample.add(iou_rows(a, b))
         self.elements += a.size
         self.equal += int(np.count_nonzero(a == b))
-        self.per_sample.add(iou_rows(a, b))
 
     @property
     def agreement(self) -> float | None:

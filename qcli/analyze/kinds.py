@@ -16,7 +16,13 @@ data movement) and from the float model's values on the compared samples, in thi
    of the positives (the labels or pixels "on"), never by the share of elements agreeing, which
    a sparse map's background fills.
 5. Softmax or LogSoftmax (also written out as Exp / ReduceSum(Exp)): `[N, C]` is `top1`,
-   `[N, T, C]` or `[T, N, C]` a `sequence`, rank 4 (a per-pixel class map) a `mask`.
+   `[N, T, C]` or `[T, N, C]` a `sequence`, rank 4 a per-pixel class map: a `mask` whose pixels'
+   classes are the argmax over the class axis (1, or 3 when it is the smaller), judged by the
+   mean IoU of the classes either model's map has (a small class counts as much as the
+   background; pixels agreeing are reported).
+5b. Upsampled by Resize or Upsample, rank 4 with 2 to MAX_CLASSES channels: segmentation
+   logits, a per-pixel class map as in 5 (a detector's raw heads and a backbone's features are
+   not upsampled at the end).
 5a. A dense one-channel map (`[N, 1, H, W]` or `[N, H, W, 1]`, at least 64 elements): of
    probabilities, a `mask`; else a `map` (saliency, a heat-map): the IoU of the two models' top
    regions (each one's highest tenth of its values) and the PSNR.
@@ -77,6 +83,7 @@ class OutputKind:
     trim: tuple[int, ...] = ()  # sequence: classes that do not count at either end (verify.sequence_trim)
     threshold: float | None = None  # mask: values above it are "on"; boxes: the score a detection needs
     axis: int | None = None  # boxes: the attributes' axis of a batch (1 or 2)
+    classes: int | None = None  # mask: a per-pixel class map's class axis, compared by its argmax
 
 
 # Ops that move or reshape data without computing: an output's meaning is its producer's.
@@ -89,6 +96,8 @@ SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
 NORMS = frozenset({"LpNormalization", "ReduceL2", "Sqrt", "ReduceSumSquare"})
 POOLS = frozenset({"ReduceMean", "ReduceSum", "GlobalAveragePool", "GlobalMaxPool", "ReduceMax"})
 LINEAR = frozenset({"Gemm", "MatMul"})
+UPSAMPLING = frozenset({"Resize", "Upsample"})
+MAX_CLASSES = 256  # an upsampled map with 2 to this many channels is a class map (rule 5b)
 # Ops a norm's divisor passes through: clamping away from 0, adding epsilon, broadcasting.
 _DIVISOR_WRAPPERS = DATA_MOVEMENT | {"Clip", "Max", "Add", "Pow"}
 _STATE_NAME = re.compile(r"(state|hidden|^[hc]\d*$|^[hc]_|_[hc]\d*$|^h[nx]$|^c[nx]$)", re.IGNORECASE)
@@ -144,6 +153,8 @@ def _evidence(graph: _Graph, name: str) -> tuple[str, str] | None:
         return f"computed by {op}{at}", "sigmoid"
     if op in SOFTMAX:
         return f"computed by {op}{at}", "softmax"
+    if op in UPSAMPLING:
+        return f"upsampled by {op}{at}", "upsampled"
     if op == "LpNormalization":
         return f"normalized by LpNormalization{at}", "embedding"
     if op == "Div" and len(node.input) == 2:
@@ -271,10 +282,12 @@ def decide(name: str, values: Sequence[np.ndarray], evidence: tuple[str, str] | 
     if rule == "softmax":
         if first.ndim == 3:
             return _sequence(f"{why}: {shape} class scores per position", values, blank)
-        if first.ndim >= 4:
-            return _mask(f"{why}: a {shape} per-pixel class map", values, threshold)
+        if first.ndim == 4:
+            return _class_map(name, f"{why}: a {shape} per-pixel class map", first, threshold)
         if classes:
             return OutputKind(Kind.TOP1, f"{why}: {shape} class scores")
+    if rule == "upsampled" and first.ndim == 4 and 2 <= first.shape[_class_axis(first)] <= MAX_CLASSES:
+        return _class_map(name, f"{why}: a {shape} per-pixel class map (segmentation logits)", first, threshold)
     if _one_channel_map(first):
         if _probabilities(values):
             return _mask(f"{why + ': ' if why else ''}a {shape} map of probabilities", values, threshold)
@@ -317,6 +330,25 @@ def _mask(reason: str, values: Sequence[np.ndarray], threshold: float | None) ->
     why = "probabilities" if threshold == 0.5 else "logits: the logit of 0.5"
     return OutputKind(Kind.MASK, f"{reason}; masks thresholded at {threshold:g} ({why}; verify.thresholds sets "
                                  "another)", threshold=threshold)
+
+
+def _class_axis(value: np.ndarray) -> int:
+    """A rank-4 class map's class axis: 1 (channels first), or 3 when the last axis is the
+    smaller (channels last)."""
+    return 3 if value.shape[3] < value.shape[1] else 1
+
+
+def _class_map(name: str, reason: str, value: np.ndarray, threshold: float | None) -> OutputKind:
+    """A per-pixel class map: each pixel's class the argmax over the class axis, judged by the
+    mean IoU of the classes (a small class counts as much as the background)."""
+    if threshold is not None:
+        raise ConfigError(f"verify.thresholds: output {name!r} is {reason}: compared by each pixel's class (the "
+                          "argmax), so a threshold does not apply",
+                          hint="drop its threshold, or name it `mask` in verify.outputs to judge each channel "
+                               "thresholded")
+    axis = _class_axis(value)
+    return OutputKind(Kind.MASK, f"{reason}; each pixel's class the argmax over axis {axis}, judged by the mean "
+                                 "IoU of the classes", classes=axis)
 
 
 def _boxes(reason: str, axis: int, threshold: float | None) -> OutputKind:

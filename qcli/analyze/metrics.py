@@ -12,6 +12,8 @@ The math, on a float reference `x` and a quantized result `y`:
 - mask IoU = mean over samples of |A ∩ B| / |A ∪ B| of the thresholded masks (the labels or
   pixels "on"; 1 when both are empty): what a mask is gated on; mask agreement = fraction of
   elements on the same side of the threshold, reported (a sparse map's background fills it);
+  a per-pixel class map's: per sample, the mean over the classes either argmax map has of their
+  IoU (mean IoU), and the pixels whose class agrees;
 - relative error (regression) = sqrt(mean squared error / the float values' variance across the
   compared samples, averaged over elements): 0.1 means the quantized output explains 99% of it.
 The metric an output is judged by follows its kind (qcli.analyze.kinds). Each gated figure has
@@ -192,7 +194,8 @@ class FidelityAccumulator:
             if self.kind.kind in (Kind.TOP1, Kind.SEQUENCE) and self.floating:
                 self.margins = MarginAccumulator(self.pool)
             if self.kind.kind is Kind.MASK and self.floating:
-                self.mask = MaskAccumulator(0.5 if self.kind.threshold is None else self.kind.threshold)
+                self.mask = MaskAccumulator(0.5 if self.kind.threshold is None else self.kind.threshold,
+                                            classes=self.kind.classes)
             if self.kind.kind is Kind.REGRESSION and self.floating:
                 self.regression = RegressionAccumulator()
             if self.kind.kind is Kind.MAP and self.floating:
