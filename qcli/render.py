@@ -376,18 +376,22 @@ def target_profile(console: Console, doc: dict) -> None:
         if doc.get(key):
             console.print(escape(doc[key]))
     threads = doc.get("threads") or "onnxruntime's default"
-    console.print(f"threads {threads} · per run {doc['run_us']:g} us · per kernel call {doc['node_us']:g} us"
+    console.print(f"batch {doc.get('batch', 1)} · threads {threads} · per run {doc['run_us']:g} us · per kernel call "
+                  f"{doc['node_us']:g} us"
                   + (f" · onnxruntime {doc['onnxruntime']}" if doc.get("onnxruntime") else "")
                   + (f" · CPU flags {', '.join(doc['cpu_flags'])}" if doc.get("cpu_flags") else ""))
     table = Table(title="us per call = sum of term x feature (qcli.target.kernels)", title_justify="left")
-    for col in ("entry", "call", "per MAC", "per byte moved", "per weight byte", "per fused elem", "per row"):
+    for col in ("entry", "call", "per MAC", "channels padded to", "per byte moved", "per weight byte",
+                "per fused elem", "per row"):
         table.add_column(col, justify="left" if col == "entry" else "right", no_wrap=col == "entry")
     for key, cost in doc["kernels"].items():
         if cost.get("like"):
             table.add_row(escape(key), f"like {escape(cost['like'])} x {cost.get('factor', 1.0):g}")
             continue
         terms = cost.get("terms", {})
-        table.add_row(escape(key), *(num(terms[f]) if f in terms else "-"
-                                     for f in ("call", "mac", "moved", "weights", "fused", "rows")))
+        cells = [num(terms[f]) if f in terms else "-" for f in ("call", "mac", "moved", "weights", "fused", "rows")]
+        pack = cost.get("pack")
+        cells.insert(2, f"{pack[0]} in, {pack[1]} out" if pack else "-")
+        table.add_row(escape(key), *cells)
     console.print(table)
     console.print(f"shipped profiles: {', '.join(doc['shipped'])}")

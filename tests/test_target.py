@@ -322,3 +322,16 @@ def test_narrow_convolutions_are_their_own_class_and_priced_by_padded_products()
     cost = fitted("conv.i8", calls, times)
     assert cost.pack == (4, 16)
     assert [round(cost.us(c), 3) for c in calls] == [round(t, 3) for t in times]
+
+
+def test_target_show_prints_the_batch_and_each_entrys_channel_packing(cli, tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"format": "qcli-target/1", "name": "mine", "kind": "measured", "batch": 8,
+                                "kernels": {"memory": {"terms": {"call": 1.0}},
+                                            "conv.i8": {"terms": {"mac": 1e-6}, "pack": [4, 16]}}}))
+    monkeypatch.setenv("COLUMNS", "200")
+    shown = cli("target", "show", path)
+    assert shown.exit_code == 0, shown.stderr
+    assert "batch 8 · threads onnxruntime's default" in shown.stdout
+    row = next(line for line in shown.stdout.splitlines() if "conv.i8" in line)
+    assert "4 in, 16 out" in row and "1.00e-06" in row
