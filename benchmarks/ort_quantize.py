@@ -69,12 +69,20 @@ def calibration_reader(model_path: Path, calib: Path, per_call: int):
     return Reader([batch.inputs for batch in folder.batches(per_call)])
 
 
+PER_CHANNEL_OPSET = 13  # DequantizeLinear's axis: below it, quantize_static writes models onnxruntime refuses
+
+
 def ort_preprocess(model_path: Path, out: Path) -> tuple[Path, list[str]]:
     """`quant_pre_process` as onnxruntime's docs recommend; on failure, the variant its error
-    suggests, then none. Returns the model to quantize and what went wrong."""
+    suggests, then none. A model below opset 13 is first converted to it (onnx's version
+    converter), as onnxruntime's warning asks for per-channel weights: without it,
+    quantize_static writes per-channel DequantizeLinear nodes the model's opset lacks, which
+    onnxruntime refuses to load (the PaddleOCR models, ddddocr, dnsmos, basic-pitch). Returns
+    the model to quantize and what went wrong."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     notes: list[str] = []
+    model_path = _at_least_opset(model_path, out.with_suffix(".opset13.onnx"), notes)
     for label, options in (("quant_pre_process", {}), ("quant_pre_process(skip_symbolic_shape=True)",
                                                         {"skip_symbolic_shape": True})):
         try:
@@ -85,6 +93,24 @@ def ort_preprocess(model_path: Path, out: Path) -> tuple[Path, list[str]]:
             notes.append(f"onnxruntime {label} failed: {error_line(exc)}")
     notes.append("onnxruntime quantizes the model without pre-processing")
     return model_path, notes
+
+
+def _at_least_opset(model_path: Path, out: Path, notes: list[str]) -> Path:
+    """`model_path`, or its conversion to PER_CHANNEL_OPSET written to `out` when below it."""
+    import onnx
+
+    model = onnx.load(str(model_path))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), PER_CHANNEL_OPSET)
+    if opset >= PER_CHANNEL_OPSET:
+        return model_path
+    try:
+        converted = onnx.version_converter.convert_version(model, PER_CHANNEL_OPSET)
+        onnx.save(converted, str(out))
+    except Exception as exc:  # noqa: BLE001 - a benchmark note, not a crash
+        notes.append(f"onnx's version converter failed on opset {opset}: {error_line(exc)}")
+        return model_path
+    notes.append(f"converted from opset {opset} to {PER_CHANNEL_OPSET} for per-channel weights")
+    return out
 
 
 def run_quantize_static(source: Path, reader_factory: Callable, out: Path, method: str, **options) -> float:
