@@ -65,9 +65,10 @@ def isa_name(flags: frozenset[str]) -> tuple[str, list[str]]:
 
 
 def timed_kernels(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int | None,
-                  ) -> list[tuple[Kernel, float]]:
-    """Each kernel call of one run and its median µs over the profiled runs."""
-    kernels = executed(model, feeds, threads)
+                  kernels: list[Kernel] | None = None) -> list[tuple[Kernel, float]]:
+    """Each kernel call of one run (`kernels`, if known already: `executed`'s) and its median
+    µs over the profiled runs."""
+    kernels = executed(model, feeds, threads) if kernels is None else kernels
     with tempfile.TemporaryDirectory(prefix="qcli-measure-") as tmp:
         session = make_session(model, threads, profile=Path(tmp) / "profile", timing=True)
         runs, start = 0, time.perf_counter()
@@ -178,9 +179,9 @@ def measure(threads: int | None = None, progress: Callable[[int], None] | None =
         for k, us in timed:
             for key in (f"{k.cls}:{k.op}", k.cls):
                 calls.setdefault(key, []).append((k, us))
-    for key in [key for key in calls if ":" in key]:  # a class of one op: its entry is the class's;
+    for key in [key for key in calls if ":" in key]:  # a class of one op, or an op seen a few
         if {k.op for k, _ in calls[key.partition(":")[0]]} == {key.partition(":")[2]} or len(calls[key]) < MIN_CALLS:
-            del calls[key]  # an op seen a few times is priced by its class
+            del calls[key]  # times: priced by its class's entry
     kernels = {key: fitted(key, [k for k, _ in found], [us for _, us in found]) for key, found in sorted(calls.items())}
     return Profile(
         name=name or default_name, kind="measured", cpu_flags=isa, onnxruntime=ort.__version__,
@@ -199,13 +200,13 @@ def _timed_suite(threads: int | None, progress: Callable[[int], None] | None, ba
     timed: list[list[tuple[Kernel, list[float]]]] = []
     for round_ in range(ROUNDS):
         for i, (_, model, feeds) in enumerate(bench.suite(np.random.default_rng(0))):
-            found = timed_kernels(*bench.batched(model, feeds, batch), threads)
-            if round_ == 0:
+            known = [k for k, _ in timed[i]] if round_ else None  # the graph onnxruntime runs, read once
+            found = timed_kernels(*bench.batched(model, feeds, batch), threads, known)
+            if not round_:
                 timed.append([(k, [us]) for k, us in found])
             else:
-                for (k, times), (again, us) in zip(timed[i], found, strict=False):
-                    if again.node == k.node:
-                        times.append(us)
+                for (k, kept), (again, us) in zip(timed[i], found, strict=False):
+                    kept.extend([us] if again.node == k.node else [])
             if progress is not None:
                 progress(1)
     return [[(k, float(np.median(times))) for k, times in model] for model in timed]
