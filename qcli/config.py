@@ -39,6 +39,10 @@ OutputKindName = Literal["top1", "sequence", "cosine", "mask", "map", "regressio
                          "ignore"]
 # int4: weights, to shrink; float16/bfloat16: the node in that type (one of them per model)
 Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic", "float16", "bfloat16"]
+# qcli.prepare's passes a run may leave out (`prepare.skip`): rewrites the quantizer does without,
+# which a target may run slower than the exporter's graph; the others are needed to quantize
+SkippablePass = Literal["canonicalize", "fold_batchnorm"]
+SKIPPABLE_PASSES = ("canonicalize", "fold_batchnorm")
 SYMMETRIC = "zero point 0 (signed types) or mid-range (unsigned)"  # the description of both `symmetric` keys
 
 
@@ -287,6 +291,23 @@ class Recovery(Section):
         return [s for s in ("equalization", "smoothquant", "bias_correction") if getattr(self, s) is not None]
 
 
+class Prepare(Section):
+    """The graph passes qcli may leave out of preparing the float model (qcli.prepare):
+    `canonicalize` (exporter idioms rewritten) and `fold_batchnorm`. A verified run leaves out
+    a pass the target profile predicts makes the float graph slower than the user's file, and
+    writes it here, so the precision config reproduces the model (docs/guides/targets.md)."""
+
+    skip: list[SkippablePass] = Field([], description=(
+        "passes not run: `canonicalize` (Sum -> Add, Mul/Add folded into the Conv before, ReduceMean -> "
+        "GlobalAveragePool, HardSwish rewrites, ...) and `fold_batchnorm`; a verified run adds the ones "
+        "the target profile predicts make your model slower"))
+
+    @field_validator("skip")
+    @classmethod
+    def _ordered(cls, skip: list[str]) -> list[str]:
+        return [name for name in SKIPPABLE_PASSES if name in skip]
+
+
 class Target(Section):
     """The deployment target decisions are made for (docs/guides/targets.md): a profile (`auto`, a
     shipped name, or a file from `qcli target measure`), the batch the model is served at, and
@@ -412,6 +433,9 @@ class Config(Section):
         "step names or one-key mappings with their knobs (`[equalization, {smoothquant: {alpha: auto}}]`); "
         "they run in a fixed order (equalization, smoothquant, bias_correction), not the list's."))
     data: Data = Field(Data(), description="How the samples of a data folder become model inputs.")
+    prepare: Prepare = Field(Prepare(), description=(
+        "The float model's preparation: the passes left out (a verified run leaves out the ones predicted to "
+        "make your model slower on the target)."))
     target: Target = Field(Target(), description=(
         "The deployment target latency decisions are made for. `target: NAME` is short for "
         "`target: {profile: NAME}`."))

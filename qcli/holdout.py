@@ -22,8 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import onnx
 
+from qcli.analyze.latency import timed_inputs
 from qcli.analyze.probe import Probe
 from qcli.calibrate.shards import Fold, plan_folds
 from qcli.calibrate.table import CalibrationTable
@@ -121,6 +123,16 @@ def make_probe(model: onnx.ModelProto, inputs: list[InputSpec], config: Config, 
     return Probe(model, batches, inputs, source=plan.description, verify=config.verify,
                  deployment=Deployment.of(config),
                  folds=tags if plan.spans else None)
+
+
+def deployment_feeds(plan: DataPlan, inputs: list[InputSpec], config: Config) -> dict[str, np.ndarray]:
+    """The first samples compared, at `target.batch`: what the probe predicts latency on."""
+    assert plan.verify_path is not None  # checked by the caller
+    start, _ = plan.compared[0]
+    folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=config.target.batch,
+                        start=start)
+    feeds, _ = timed_inputs(next(iter(folder.batches(PROBE_BATCH))), inputs, config.target.batch)
+    return feeds
 
 
 def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: DataPlan,

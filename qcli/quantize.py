@@ -224,10 +224,13 @@ def _keep_own_value_info(out: onnx.ModelProto, model: onnx.ModelProto) -> None:
 def _recipe(config: Config) -> dict:
     """The config as the model's metadata records it: what decides the model's content. The
     `verify` and `auto_precision` sections check and search; what they changed is in the
-    overrides (the precision config), so they are left out."""
+    overrides (the precision config), so they are left out; so is a `prepare` section that
+    leaves nothing out (every pass ran: what models written before the key existed record)."""
     doc = config_document(config)
     for section in ("verify", "auto_precision"):
         doc.pop(section, None)
+    if not config.prepare.skip:
+        doc.pop("prepare", None)
     return doc
 
 
@@ -244,14 +247,15 @@ def prepare_for(model: onnx.ModelProto, config: Config, *, force: bool = False) 
     The opset converter may add nodes (ReduceMean's axes become a Constant input at 18), so the
     upgrade is a preparation step and every stage gets this one graph. Decided on the config,
     not its plan: the precision config a search writes (the same weights sections, some nodes
-    promoted) then prepares the same graph and reproduces the model exactly. The recovery steps
+    promoted) then prepares the same graph and reproduces the model exactly. The passes in
+    `prepare.skip` are left out. The recovery steps
     that change the float graph run last (`recover_graph`)."""
     opset = BLOCK_OPSET if _asks_blocks(config) else TARGET_OPSET
     if config.half == "bfloat16":
         opset = max(opset, BFLOAT16_OPSET)
     if _asks_float8(config):
         opset = max(opset, FLOAT8_OPSET)
-    prepared = prepare(model, force=force, opset=opset)
+    prepared = prepare(model, force=force, opset=opset, skip=config.prepare.skip)
     return recover_graph(prepared, config)
 
 

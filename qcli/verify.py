@@ -42,7 +42,6 @@ from qcli.calibrate.ranges import RangeSettings
 from qcli.calibrate.table import CalibrationTable
 from qcli.checks import (
     LATENCY_TOLERANCE,
-    PREDICTION_TOLERANCE,
     Verification,
     fast_by_construction,
     latency_ok,
@@ -52,7 +51,7 @@ from qcli.checks import (
 from qcli.config import Config
 from qcli.data import InputSpec, model_inputs
 from qcli.errors import InternalError, QcliError
-from qcli.holdout import DataPlan, calibrate_planned, make_probe, plan_samples
+from qcli.holdout import DataPlan, calibrate_planned, deployment_feeds, make_probe, plan_samples
 from qcli.model import Owned, fingerprint
 from qcli.phases import ProgressFactory, no_progress, phase
 from qcli.plan import make_plan
@@ -69,6 +68,7 @@ from qcli.precision import (
 )
 from qcli.precision.reasons import Why, in_plan, reasons, whys
 from qcli.precision.stored import SAVES, Stored, mostly_float, weight_only
+from qcli.preparation import kept_passes
 from qcli.prepare import PrepareResult
 from qcli.quantize import (
     QuantizeResult,
@@ -134,6 +134,10 @@ def quantize_checked(
     plan = plan_samples(data, eval_data, config, inputs)
     with phase("prepare"):
         prepared = prepare_for(model, config, force=force)
+        kept: list[str] = []
+        if table is None and plan.verify_path is not None and _floor_predicted(config):
+            prepared, config, kept = kept_passes(model, config, prepared, deployment_feeds(plan, inputs, config),
+                                                 Deployment.of(config), force=force)
     if data is None and table is None:  # a config that calibrates nothing (dynamic, weight-only)
         table, why = _no_calibration(model, prepared, config, strict)
         plan = replace(plan, description=why) if plan.verify_path is None else plan
@@ -144,7 +148,7 @@ def quantize_checked(
                                             executor=executor, methods=methods, force=force, strict=strict)
     with phase("build"):
         result = quantize(model, config, table, force=force, strict=strict, prepared=prepared)
-    outcome = Outcome(result, config, table, plan, searched_for_goal=ap.enabled)
+    outcome = Outcome(result, config, table, plan, searched_for_goal=ap.enabled, notes=kept)
     if not (ap.enabled or vf.enabled):
         return outcome
     if plan.verify_path is None:
@@ -166,9 +170,6 @@ def _verified(outcome: Outcome, model: onnx.ModelProto, prepared: PrepareResult,
     ap, vf = config.auto_precision, config.verify
     with phase("reference"):  # the float model's outputs
         probe = make_probe(model, inputs, config, plan, labels)
-    if probe.predicts and vf.enabled and vf.max_latency_ratio is not None:
-        with phase("verify"):
-            outcome.notes += _slower_prepared(probe, prepared)
     units = find_units(result.planned or prepared.model, result.plan)
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
     with phase("verify"), progress("verifying" if not ap.enabled else "searching precisions", None,
@@ -185,16 +186,11 @@ def _verified(outcome: Outcome, model: onnx.ModelProto, prepared: PrepareResult,
     return outcome
 
 
-def _slower_prepared(probe: Probe, prepared: PrepareResult) -> list[str]:
-    """A note when qcli's preparation alone (before anything is quantized) is predicted to
-    make the float graph slower than the user's file on the target: every model qcli writes
-    is built on it, and is judged against the file as given."""
-    ratio = probe.predicted_ratio(prepared.model)
-    if ratio <= 1 + PREDICTION_TOLERANCE:
-        return []
-    changes = "; ".join(prepared.notes) or "no change noted"
-    return [f"preparation alone is predicted {float(ratio):.3f}x your model's latency on the target ({changes}); "
-            "the latency floor judges the model written against your file as given"]
+def _floor_predicted(config: Config) -> bool:
+    """Whether the run judges latency by the target profile's prediction against a floor: then
+    the preparation passes predicted to make the user's model slower are left out."""
+    vf = config.verify
+    return vf.enabled and vf.max_latency_ratio is not None and vf.latency == "predicted"
 
 
 def _no_calibration(model: onnx.ModelProto, prepared: PrepareResult, config: Config,

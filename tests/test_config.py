@@ -34,6 +34,8 @@ def _error(cli, tmp_path: Path, text: str) -> str:
         ("calibration:\n  metod: kl\n", ":2: unknown key calibration.metod", "hint: did you mean 'method'?"),
         ("activations:\n  symmetric: maybe\n", ":2: activations.symmetric: Input should be a valid boolean", None),
         ("calibration:\n  percentile: -5\n", ":2: calibration.percentile: Input should be greater than 50 (got -5)", None),
+        ("prepare:\n  skip: [fold_constants]\n",
+         ":2: prepare.skip[0]: Input should be 'canonicalize' or 'fold_batchnorm' (got 'fold_constants')", None),
         ("activations: {dtype: int4}\n", ":1: activations.dtype: Input should be 'uint8', 'int8', 'uint16', 'int16', 'float8e4m3fn', 'float8e5m2' or 'float' (got 'int4')", None),
         ("exclude:\n  nodes: ['re:(unclosed']\n", ":2: exclude.nodes: Value error, regular expression '(unclosed' does not compile", None),
         ("overrides:\n  - match: {nodes: [a]}\n    activatons: {dtype: uint16}\n", ":3: unknown key overrides[0].activatons", "hint: did you mean 'activations'?"),

@@ -153,6 +153,15 @@ def test_conv_bn_folded(groups: int, channels: int) -> None:
     assert_same_outputs(model, result.model, **BN_TOLERANCE)
 
 
+def test_a_skipped_pass_is_left_out() -> None:
+    """`prepare(skip=...)` (the config's `prepare.skip`) runs every pass but the ones named."""
+    model = build(CONV_BN, w=weights(4, 3, 3, 3), b=weights(4, seed=3), **bn_params(4))
+    assert ops(prepare(model).model) == Counter(Conv=1)
+    kept = prepare(model, skip=("fold_batchnorm",))
+    assert ops(kept.model) == Counter(Conv=1, BatchNormalization=1)
+    assert not any("BatchNormalization" in note for note in kept.notes)
+
+
 def test_conv_without_bias_gets_one() -> None:
     text = CONV_BN.replace("(x, w, b)", "(x, w)")
     model = build(text, w=weights(4, 3, 3, 3), **bn_params(4))

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from conftest import normal_folder, parse_model, save
@@ -262,10 +264,10 @@ net (float[N, 8, 16, 16] x) => (float[N, 4] y) <float[8, 4] w = {W}> {
 """
 
 
-def test_a_preparation_predicted_slower_than_the_file_is_said(cli, tmp_path: Path) -> None:
-    """qcli rewrites a spatial ReduceMean as a GlobalAveragePool; under a profile that prices
-    the pool far above the mean, the summary says preparation alone is slower, and the
-    latency verdict is against the file as given."""
+def test_a_preparation_pass_predicted_slower_than_the_file_is_left_out(cli, tmp_path: Path) -> None:
+    """qcli rewrites a spatial ReduceMean as a GlobalAveragePool (canonicalize); under a profile
+    that prices the pool far above the mean, the run leaves that pass out, says so, and records
+    it in the model's config (`prepare.skip`), which a run without verification follows."""
     weights = "{" + ", ".join(f"{v:.3f}" for v in np.random.default_rng(0).normal(0, 0.3, 32)) + "}"
     model = save(parse_model(REDUCE_MEAN.replace("{W}", weights)), tmp_path / "m.onnx")
     profile = tmp_path / "slowpool.json"
@@ -276,9 +278,21 @@ def test_a_preparation_predicted_slower_than_the_file_is_said(cli, tmp_path: Pat
     data = normal_folder(tmp_path / "data", 24, x=(1, 8, 16, 16))
     doc = json.loads(cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--config", config,
                          "--json").stdout)
-    note = next(n for n in doc["notes"] if n.startswith("preparation alone is predicted "))
-    assert "x your model's latency on the target (" in note and "GlobalAveragePool" in note
+    note = next(n for n in doc["notes"] if n.startswith("preparation: "))
+    assert re.fullmatch(r"preparation: canonicalize left out \(prepare\.skip\): your model is predicted at "
+                        r"\d+\.\d{3}x its latency on the target with it, 1\.000x without", note), note
+    assert not any(n.startswith("preparation alone") for n in doc["notes"])
     assert doc["verification"]["target"].startswith("target slowpool (file), batch 1")
+    written = onnx.load(tmp_path / "q.onnx")
+    assert "ReduceMean" in {n.op_type for n in written.graph.node}
+    assert "GlobalAveragePool" not in {n.op_type for n in written.graph.node}
+    recorded = json.loads(next(p.value for p in written.metadata_props if p.key == "qcli.config"))
+    assert recorded["prepare"] == {"skip": ["canonicalize"]}
+    for skip, op in (("[canonicalize]", "ReduceMean"), ("[]", "GlobalAveragePool")):  # no prediction: as the key says
+        again = tmp_path / "again.yaml"
+        again.write_text(f"version: 1\nprepare: {{skip: {skip}}}\nverify: {{enabled: false}}\n")
+        assert cli("quantize", model, "-o", tmp_path / "r.onnx", "--data", data, "--config", again, "-q").exit_code == 0
+        assert op in {n.op_type for n in onnx.load(tmp_path / "r.onnx").graph.node}
 
 
 def test_analyze_gates_speedup_on_the_prediction(cli, tmp_path: Path, monkeypatch) -> None:

@@ -41,11 +41,12 @@ Decisions (and why):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import onnx
 
+from qcli.config import SKIPPABLE_PASSES as SKIPPABLE  # the passes a run may leave out
 from qcli.prepare._graph import BLOCK_OPSET, TARGET_OPSET, Options, PassResult
 from qcli.prepare.batchnorm import fold_batchnorm
 from qcli.prepare.canonicalize import canonicalize
@@ -84,9 +85,11 @@ class PrepareResult:
     quantized: WeightMemo = field(default_factory=WeightMemo, repr=False, compare=False)
 
 
-def prepare(model: onnx.ModelProto, *, force: bool = False, opset: int = TARGET_OPSET) -> PrepareResult:
+def prepare(model: onnx.ModelProto, *, force: bool = False, opset: int = TARGET_OPSET,
+            skip: Collection[str] = ()) -> PrepareResult:
     """Run `PASSES` on a copy of `model` (the caller's ModelProto is never changed), upgrading
-    a model below `opset` to it (BLOCK_OPSET for per-block weights).
+    a model below `opset` to it (BLOCK_OPSET for per-block weights), leaving out the passes
+    named in `skip` (SKIPPABLE: the config's `prepare.skip`).
 
     Raises ModelError for an already quantized model (unless `force`) and for a model whose
     opset cannot be upgraded.
@@ -95,12 +98,12 @@ def prepare(model: onnx.ModelProto, *, force: bool = False, opset: int = TARGET_
     work = onnx.ModelProto()
     work.CopyFrom(model)
     notes: list[str] = []
-    for step in PASSES:
+    for step in (p for p in PASSES if p.__name__ not in skip):
         result = step(work, options)
         work = result.model
         _add(notes, result.notes)
         if step is inline_constant_if and result.modified:
-            for again in AFTER_INLINING:
+            for again in (p for p in AFTER_INLINING if p.__name__ not in skip):
                 result = again(work, options)
                 work = result.model
                 _add(notes, result.notes)
@@ -115,6 +118,7 @@ __all__ = [
     "AFTER_INLINING",
     "BLOCK_OPSET",
     "PASSES",
+    "SKIPPABLE",
     "Options",
     "PassResult",
     "PrepareResult",
