@@ -706,3 +706,33 @@ def test_samples_of_a_fixed_first_dimension_count_once(cli, tmp_path: Path) -> N
                   x=rng.standard_normal((1, 3)).astype(np.float32))
     v = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data)["verification"]
     assert v["samples"] == 24 and v["data"].startswith(f"{data} samples 1-24 in 4 folds: 24 compared")
+
+
+WIDE = """
+<ir_version: 8, opset_import: ["" : 13]>
+net (float[N, 4, S] x) => (float[N, 4] y) {
+    r = Relu (x)
+    t = Tanh (r)
+    y = ReduceMax <axes = [2], keepdims = 0> (t)
+}
+"""
+
+
+def test_a_probe_batch_holds_what_its_runs_can_afford(tmp_path: Path) -> None:
+    """Samples per probe batch: PROBE_BATCH for small tensors; fewer when one sample's
+    intermediate tensors (shape inference's bytes: r and t, 4 x S floats each, and y) pass
+    PROBE_RUN_BYTES, so a session's memory is bounded by the model and one batch."""
+    from onnx import parser
+
+    from qcli.data import DataFolder, model_inputs
+    from qcli.holdout import PROBE_BATCH, PROBE_RUN_BYTES, probe_batch
+    from qcli.prepare.shapes import activation_bytes
+
+    model = parser.parse_model(WIDE)
+    assert activation_bytes(model, {"x": (1, 4, 100)}) == 2 * 4 * 100 * 4 + 4 * 4
+    for length, expected in ((100, PROBE_BATCH), (1 << 16, PROBE_RUN_BYTES // (2 * 4 * 4 * (1 << 16) + 16)),
+                             (1 << 20, 1)):
+        folder = tmp_path / f"s{length}"
+        folder.mkdir()
+        write_npz(folder / "0.npz", x=np.zeros((1, 4, length), np.float32))
+        assert probe_batch(model, DataFolder(folder, model_inputs(model))) == expected

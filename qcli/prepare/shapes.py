@@ -10,7 +10,9 @@ if it contradicts inference, inference is retried without it.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
+from onnx import helper
 
 from qcli.graph import iter_graphs
 from qcli.prepare._graph import Options, PassResult, light_copy
@@ -57,3 +59,28 @@ def _typed(model: onnx.ModelProto) -> set[str]:
             if value.type.tensor_type.elem_type:
                 names.add(value.name)
     return names
+
+
+def activation_bytes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Bytes of the main graph's intermediate tensors and outputs for one run with inputs of
+    these `shapes`, as shape inference sizes them (tensors it cannot size count 0): an upper
+    bound of what the run holds at once, less what onnxruntime's planner reuses. Deterministic:
+    what a run's size is chosen on (qcli.holdout)."""
+    light = light_copy(model).model
+    for value in light.graph.input:
+        if value.name in shapes:
+            value.type.tensor_type.ClearField("shape")
+            value.type.tensor_type.shape.dim.extend(
+                helper.make_tensor_type_proto(1, shapes[value.name]).tensor_type.shape.dim)
+    del light.graph.value_info[:]
+    try:
+        inferred = _infer(light)
+    except Exception:  # onnx raises InferenceError, ValidationError, RuntimeError...
+        return 0
+    total = 0
+    for value in (*inferred.graph.value_info, *inferred.graph.output):
+        t = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+        if t.elem_type and t.HasField("shape") and all(d >= 0 for d in dims):
+            total += int(np.prod(dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
+    return total
