@@ -177,6 +177,7 @@ def collect(
                 values = _run(session, sink.names, part, batch, folder, reference)
                 run_size.note(values, part.size)
                 sink.put(values, part.size, wait=run_size.waits)
+                del values  # the sink holds them while they are observed, and no longer
                 samples += part.size
                 batches += 1
                 if progress is not None:

@@ -66,6 +66,12 @@ def activation_bytes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]])
     these `shapes`, as shape inference sizes them (tensors it cannot size count 0): an upper
     bound of what the run holds at once, less what onnxruntime's planner reuses. Deterministic:
     what a run's size is chosen on (qcli.holdout)."""
+    return sum(tensor_bytes(model, shapes).values())
+
+
+def tensor_bytes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """Tensor -> its bytes in one run with inputs of these `shapes`, for the main graph's
+    intermediate tensors and outputs shape inference can size (none when it fails)."""
     light = light_copy(model).model
     for value in light.graph.input:
         if value.name in shapes:
@@ -76,11 +82,12 @@ def activation_bytes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]])
     try:
         inferred = _infer(light)
     except Exception:  # onnx raises InferenceError, ValidationError, RuntimeError...
-        return 0
-    total = 0
+        return {}
+    sizes = {}
     for value in (*inferred.graph.value_info, *inferred.graph.output):
         t = value.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
         if t.elem_type and t.HasField("shape") and all(d >= 0 for d in dims):
-            total += int(np.prod(dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
-    return total
+            itemsize = helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
+            sizes[value.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
+    return sizes
