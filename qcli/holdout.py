@@ -142,13 +142,14 @@ def probe_batch(model: onnx.ModelProto, folder: DataFolder) -> int:
     return max(1, min(PROBE_BATCH, PROBE_RUN_BYTES // max(per_sample, 1)))
 
 
-def deployment_feeds(plan: DataPlan, inputs: list[InputSpec], config: Config) -> dict[str, np.ndarray]:
-    """The first samples compared, at `target.batch`: what the probe predicts latency on."""
+def deployment_feeds(model: onnx.ModelProto, plan: DataPlan, inputs: list[InputSpec],
+                     config: Config) -> dict[str, np.ndarray]:
+    """The probe's first batch at `target.batch` (`timed_inputs`): what it predicts latency on."""
     assert plan.verify_path is not None  # checked by the caller
-    start, _ = plan.compared[0]
-    folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=config.target.batch,
+    start, count = plan.compared[0]
+    folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=count or None,
                         start=start)
-    feeds, _ = timed_inputs(next(iter(folder.batches(PROBE_BATCH))), inputs, config.target.batch)
+    feeds, _ = timed_inputs(next(iter(folder.batches(probe_batch(model, folder)))), inputs, config.target.batch)
     return feeds
 
 

@@ -136,7 +136,7 @@ def quantize_checked(
         prepared = prepare_for(model, config, force=force)
         kept: list[str] = []
         if table is None and plan.verify_path is not None and _floor_predicted(config):
-            prepared, config, kept = kept_passes(model, config, prepared, deployment_feeds(plan, inputs, config),
+            prepared, config, kept = kept_passes(model, config, prepared, deployment_feeds(model, plan, inputs, config),
                                                  Deployment.of(config), force=force)
     if data is None and table is None:  # a config that calibrates nothing (dynamic, weight-only)
         table, why = _no_calibration(model, prepared, config, strict)
