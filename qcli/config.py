@@ -13,7 +13,7 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -42,7 +42,7 @@ Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynami
 # qcli.prepare's passes a run may leave out (`prepare.skip`): rewrites the quantizer does without,
 # which a target may run slower than the exporter's graph; the others are needed to quantize
 SkippablePass = Literal["canonicalize", "fold_batchnorm"]
-SKIPPABLE_PASSES = ("canonicalize", "fold_batchnorm")
+SKIPPABLE_PASSES: tuple[str, ...] = get_args(SkippablePass)
 SYMMETRIC = "zero point 0 (signed types) or mid-range (unsigned)"  # the description of both `symmetric` keys
 
 

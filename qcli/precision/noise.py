@@ -28,7 +28,7 @@ from qcli.analyze.probe import Probe
 from qcli.graph import node_names
 from qcli.precision.units import Choices
 from qcli.prepare import PrepareResult
-from qcli.prepare.shapes import tensor_bytes
+from qcli.prepare.shapes import tensor_sizes
 
 GROUP_BYTES = 64 << 20  # the tensors one run returns, at most (but one tensor)
 
@@ -67,7 +67,7 @@ def unit_noise(trials: Candidates, nodes: list[str], choices: Choices) -> dict[s
     tensors = sorted({t for pair in ends.values() for t in pair})
     first = probe.batches[0]
     feeds = first.sample(first.inputs, 0)
-    sizes = tensor_bytes(float_model, {name: array.shape for name, array in feeds.items()})
+    sizes = tensor_sizes(float_model, {name: array.shape for name, array in feeds.items()})
     noise: dict[str, float] = {}
     for group in _groups(tensors, sizes):
         try:

@@ -10,11 +10,13 @@ if it contradicts inference, inference is retried without it.
 
 from __future__ import annotations
 
-import numpy as np
+import math
+
 import onnx
 from onnx import helper
 
 from qcli.graph import iter_graphs
+from qcli.info import tensor_bytes
 from qcli.prepare._graph import Options, PassResult, light_copy
 
 
@@ -66,10 +68,10 @@ def activation_bytes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]])
     these `shapes`, as shape inference sizes them (tensors it cannot size count 0): an upper
     bound of what the run holds at once, less what onnxruntime's planner reuses. Deterministic:
     what a run's size is chosen on (qcli.holdout)."""
-    return sum(tensor_bytes(model, shapes).values())
+    return sum(tensor_sizes(model, shapes).values())
 
 
-def tensor_bytes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+def tensor_sizes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
     """Tensor -> its bytes in one run with inputs of these `shapes`, for the main graph's
     intermediate tensors and outputs shape inference can size (none when it fails)."""
     light = light_copy(model).model
@@ -88,6 +90,5 @@ def tensor_bytes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> 
         t = value.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
         if t.elem_type and t.HasField("shape") and all(d >= 0 for d in dims):
-            itemsize = helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
-            sizes[value.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
+            sizes[value.name] = tensor_bytes(t.elem_type, math.prod(dims))
     return sizes

@@ -206,7 +206,8 @@ def _timed_suite(threads: int | None, progress: Callable[[int], None] | None, ba
                 timed.append([(k, [us]) for k, us in found])
             else:
                 for (k, kept), (again, us) in zip(timed[i], found, strict=False):
-                    kept.extend([us] if again.node == k.node else [])
+                    if again.node == k.node:
+                        kept.append(us)
             if progress is not None:
                 progress(1)
     return [[(k, float(np.median(times))) for k, times in model] for model in timed]
