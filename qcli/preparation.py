@@ -24,14 +24,17 @@ from qcli.phases import phase
 from qcli.prepare import PrepareResult
 from qcli.quantize import prepare_for
 from qcli.target.deployment import Deployment
+from qcli.target.predict import Prediction
 
 
 def kept_passes(model: onnx.ModelProto, config: Config, prepared: PrepareResult, feeds: dict[str, np.ndarray],
-                deployment: Deployment, *, force: bool = False) -> tuple[PrepareResult, Config, list[str]]:
+                deployment: Deployment, reference: Prediction, *,
+                force: bool = False) -> tuple[PrepareResult, Config, list[str]]:
     """`prepared` and `config`, or both without the passes predicted to make `model` slower
-    (module docstring), and the notes saying so."""
+    (module docstring), and the notes saying so. `reference`: `model`'s prediction on `feeds`
+    (the caller's: the probe takes it over)."""
+    original = reference.us
     with phase("predict"):
-        original = deployment.predict(model, feeds).us
         ratio = deployment.predict(prepared.model, feeds).us / original
     if ratio <= 1 + PREDICTION_TOLERANCE:
         return prepared, config, []

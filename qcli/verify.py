@@ -135,9 +135,12 @@ def quantize_checked(
     with phase("prepare"):
         prepared = prepare_for(model, config, force=force)
         kept: list[str] = []
+        predicted = None  # the float model's prediction and its feeds, for the probe to take over
         if table is None and plan.verify_path is not None and _floor_predicted(config):
-            prepared, config, kept = kept_passes(model, config, prepared, deployment_feeds(model, plan, inputs, config),
-                                                 Deployment.of(config), force=force)
+            deployment, feeds = Deployment.of(config), deployment_feeds(model, plan, inputs, config)
+            with phase("predict"):
+                predicted = (feeds, deployment.predict(model, feeds))
+            prepared, config, kept = kept_passes(model, config, prepared, feeds, deployment, predicted[1], force=force)
     if data is None and table is None:  # a config that calibrates nothing (dynamic, weight-only)
         table, why = _no_calibration(model, prepared, config, strict)
         plan = replace(plan, description=why) if plan.verify_path is None else plan
@@ -158,18 +161,21 @@ def quantize_checked(
         return outcome
     labels = labels if eval_data is not None else None
     if not owned:
-        return _verified(outcome, model, prepared, inputs, labels, executor, force, progress)
+        return _verified(outcome, model, prepared, inputs, labels, executor, force, progress, predicted)
     with Loan(model, prepared.model) as model:  # the caller's copy of the weights is freed here
-        return _verified(outcome, model, prepared, inputs, labels, executor, force, progress)
+        return _verified(outcome, model, prepared, inputs, labels, executor, force, progress, predicted)
 
 
 def _verified(outcome: Outcome, model: onnx.ModelProto, prepared: PrepareResult, inputs: list[InputSpec],
-              labels: Path | None, executor, force: bool, progress: ProgressFactory) -> Outcome:
-    """`outcome` verified against the float `model` on the plan's samples, and rescued."""
+              labels: Path | None, executor, force: bool, progress: ProgressFactory, predicted=None) -> Outcome:
+    """`outcome` verified against the float `model` on the plan's samples, and rescued;
+    `predicted`: (feeds, the float model's prediction on them), made while preparing."""
     config, table, plan, result = outcome.config, outcome.table, outcome.data, outcome.result
     ap, vf = config.auto_precision, config.verify
     with phase("reference"):  # the float model's outputs
         probe = make_probe(model, inputs, config, plan, labels)
+        if predicted is not None:
+            probe.take_prediction(*predicted)
     units = find_units(result.planned or prepared.model, result.plan)
     budget = (ap.max_trials, ap.time_budget) if ap.enabled else (vf.max_trials, vf.time_budget)
     with phase("verify"), progress("verifying" if not ap.enabled else "searching precisions", None,

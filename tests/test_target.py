@@ -349,3 +349,25 @@ def test_target_show_prints_the_batch_and_each_entrys_channel_packing(cli, tmp_p
     assert "batch 8 · threads onnxruntime's default" in shown.stdout
     row = next(line for line in shown.stdout.splitlines() if "conv.i8" in line)
     assert "4 in, 16 out" in row and "1.00e-06" in row
+
+
+def test_a_verified_run_predicts_the_float_model_once(cli, tmp_path: Path, monkeypatch) -> None:
+    """The prediction of the user's model made while preparing (to judge the passes) is the one
+    the latency verdict divides by: the probe does not make it again."""
+    import traceback
+
+    import qcli.target.deployment as deployment
+
+    model, data = near_parity_data(tmp_path)
+    callers: list[str] = []  # the function asking for each prediction
+    real = deployment.predict
+
+    def counted(m, feeds, *args, **kwargs):
+        callers.append(traceback.extract_stack()[-3].name)  # above Deployment.predict
+        return real(m, feeds, *args, **kwargs)
+
+    monkeypatch.setattr(deployment, "predict", counted)
+    assert cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "-q").exit_code == 0
+    assert callers.count("quantize_checked") == 1  # the user's model, while preparing
+    assert "predicted_ratio" in callers  # the verdict ran on predictions
+    assert "_reference_prediction" not in callers

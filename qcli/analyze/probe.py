@@ -254,6 +254,13 @@ class Probe:
             ratio = self.deployment.predict(candidate, self.feeds()).us / self._reference_prediction().us
         return Ratio([round(ratio, 6)])
 
+    def take_prediction(self, feeds: dict[str, np.ndarray], prediction: Prediction) -> None:
+        """The float model's prediction made on `feeds` already (qcli.verify, while preparing):
+        kept when they are this probe's own (`feeds`), so it is not made again."""
+        own = self.feeds()
+        if own.keys() == feeds.keys() and all(np.array_equal(own[k], feeds[k]) for k in own):
+            self._reference = prediction
+
     def _reference_prediction(self) -> Prediction:
         """The float model's prediction, made once (its model and feeds never change)."""
         if self._reference is None:
