@@ -13,12 +13,13 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from qcli.configerrors import config_error, key_path
+from qcli.configparts import Prepare, Recovery, Section, Target
 from qcli.data import Preprocess
 from qcli.errors import ConfigError
 from qcli.yamlfile import read_yaml
@@ -39,15 +40,7 @@ OutputKindName = Literal["top1", "sequence", "cosine", "mask", "map", "regressio
                          "ignore"]
 # int4: weights, to shrink; float16/bfloat16: the node in that type (one of them per model)
 Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic", "float16", "bfloat16"]
-# qcli.prepare's passes a run may leave out (`prepare.skip`): rewrites the quantizer does without,
-# which a target may run slower than the exporter's graph; the others are needed to quantize
-SkippablePass = Literal["canonicalize", "fold_batchnorm"]
-SKIPPABLE_PASSES: tuple[str, ...] = get_args(SkippablePass)
 SYMMETRIC = "zero point 0 (signed types) or mid-range (unsigned)"  # the description of both `symmetric` keys
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # .nan/.inf: no setting means them
 
 
 class Calibration(Section):
@@ -205,124 +198,6 @@ def check_dynamic_weights(w: Weights) -> Weights:
         raise ValueError(f"dynamic quantization takes 8-bit weights per channel or per tensor, not "
                          f"{w.dtype} {w.granularity} (activations.mode is dynamic)")
     return w
-
-
-RECOVERY_STEPS = ("smoothquant", "bias_correction", "equalization")
-
-
-class SmoothQuant(Section):
-    """Per-input-channel scales that move activation outliers into the weights of MatMul/Gemm
-    and 1x1 Conv (docs/guides/recovery.md). `alpha`: the share of the outlier moved (0: none, 1: all),
-    or `auto`: chosen per layer by measured error."""
-
-    alpha: float | Literal["auto"] = Field("auto", description=(
-        "the share of each outlier moved into the weights, 0 to 1; `auto`: off, 0.0, 0.1, ..., 1.0 scored per "
-        "activation by its readers' int8 error, the smallest kept (off wins ties)"))
-    op_types: list[Literal["MatMul", "Gemm", "Conv"]] = Field(["MatMul", "Gemm", "Conv"], description=(
-        "the readers smoothed: MatMul, Gemm (transA 0), 1x1 Conv"))
-
-    @field_validator("alpha")
-    @classmethod
-    def _share(cls, alpha: float | str) -> float | str:
-        if not isinstance(alpha, str) and not 0.0 <= alpha <= 1.0:
-            raise ValueError("alpha is a share between 0 and 1, or auto")
-        return alpha
-
-
-class BiasCorrection(Section):
-    """Empirical bias correction (docs/guides/recovery.md): the mean output shift int8 causes in each
-    quantized node of these types, measured on the calibration data, taken out of its bias."""
-
-    op_types: list[Literal["Conv", "ConvTranspose", "Gemm", "MatMul"]] = Field(["Conv", "Gemm", "MatMul"],
-                                                                               description="the nodes corrected")
-
-
-class Equalization(Section):
-    """Cross-layer equalization of Conv -> (Relu/Clip) -> Conv pairs, depthwise included
-    (docs/guides/recovery.md): per-channel weight ranges balanced across each pair before calibration."""
-
-    iterations: int = Field(1, ge=1, le=100, description="passes over the chains (each balances every pair once)")
-
-
-class Recovery(Section):
-    """The `recovery:` steps, each absent (off) or with its knobs. Written in YAML as a list of
-    step names or one-key mappings (`[smoothquant, {equalization: {iterations: 2}}]`) or as a
-    mapping; the order they run in is fixed (equalization, smoothquant, bias correction), not
-    the list's."""
-
-    smoothquant: SmoothQuant | None = Field(None, description=(
-        "per-input-channel scales moving activation outliers into the weights of MatMul, Gemm and 1x1 Conv"))
-    bias_correction: BiasCorrection | None = Field(None, description=(
-        "the mean output shift int8 weights add to each channel, measured on the calibration data, taken out of "
-        "the bias (needs `--data`)"))
-    equalization: Equalization | None = Field(None, description=(
-        "cross-layer equalization of Conv -> Conv pairs (through Relu/LeakyRelu/PRelu), depthwise included"))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _steps(cls, raw: Any) -> Any:
-        if raw is None:
-            return {}
-        if isinstance(raw, dict):
-            raw = {k: ({} if v is None else v) for k, v in raw.items()}
-            return raw
-        if not isinstance(raw, list):
-            return raw
-        steps: dict[str, Any] = {}
-        for item in raw:
-            name, knobs = (item, {}) if isinstance(item, str) else next(iter(item.items()), (None, None)) \
-                if isinstance(item, dict) and len(item) == 1 else (None, None)
-            if name not in RECOVERY_STEPS:
-                close = difflib.get_close_matches(str(name), RECOVERY_STEPS, n=1)
-                raise ValueError(f"unknown recovery step {item!r}" + (f": did you mean {close[0]!r}?" if close else "")
-                                 + f" (steps: {', '.join(RECOVERY_STEPS)}; each a name or a one-key mapping)")
-            if name in steps:
-                raise ValueError(f"recovery step {name!r} is given twice")
-            steps[name] = {} if knobs is None else knobs
-        return steps
-
-    @property
-    def steps(self) -> list[str]:
-        """The steps that are on, in the order they run.
-
-        >>> Recovery.model_construct(bias_correction=BiasCorrection(), equalization=Equalization()).steps
-        ['equalization', 'bias_correction']
-        """
-        return [s for s in ("equalization", "smoothquant", "bias_correction") if getattr(self, s) is not None]
-
-
-class Prepare(Section):
-    """The graph passes qcli may leave out of preparing the float model (qcli.prepare):
-    `canonicalize` (exporter idioms rewritten) and `fold_batchnorm`. A verified run leaves out
-    a pass the target profile predicts makes the float graph slower than the user's file, and
-    writes it here, so the precision config reproduces the model (docs/guides/targets.md)."""
-
-    skip: list[SkippablePass] = Field([], description=(
-        "passes not run: `canonicalize` (Sum -> Add, Mul/Add folded into the Conv before, ReduceMean -> "
-        "GlobalAveragePool, HardSwish rewrites, ...) and `fold_batchnorm`; a verified run adds the ones "
-        "the target profile predicts make your model slower"))
-
-    @field_validator("skip")
-    @classmethod
-    def _ordered(cls, skip: list[str]) -> list[str]:
-        return [name for name in SKIPPABLE_PASSES if name in skip]
-
-
-class Target(Section):
-    """The deployment target decisions are made for (docs/guides/targets.md): a profile (`auto`, a
-    shipped name, or a file from `qcli target measure`), the batch the model is served at, and
-    the threads it runs on (None: the profile's). `target: NAME` is short for `{profile: NAME}`."""
-
-    profile: str = Field("auto", min_length=1, description=(
-        "`auto` (the first shipped measured profile whose CPU flags this CPU has, else `generic`), a shipped "
-        "name (`x86-64-avx512vnni`, `generic`, `tensorrt`) or a file from `qcli target measure`"))
-    batch: int = Field(1, ge=1, description="the batch the model is served at: latencies are compared there")
-    threads: int | None = Field(None, ge=1, description="intra-op threads (`null`: the profile's)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _short(cls, value: Any) -> Any:
-        return {"profile": value} if isinstance(value, str) else value
 
 
 class Verify(Section):

@@ -19,7 +19,8 @@ import numpy as np
 import onnx
 
 from qcli.checks import PREDICTION_TOLERANCE
-from qcli.config import SKIPPABLE_PASSES, Config
+from qcli.config import Config
+from qcli.configparts import SKIPPABLE_PASSES
 from qcli.phases import phase
 from qcli.prepare import PrepareResult
 from qcli.quantize import prepare_for

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from qcli.config import SKIPPABLE_PASSES as SKIPPABLE  # the passes a run may leave out
+from qcli.configparts import SKIPPABLE_PASSES as SKIPPABLE  # the passes a run may leave out
 from qcli.prepare._graph import BLOCK_OPSET, TARGET_OPSET, Options, PassResult
 from qcli.prepare.batchnorm import fold_batchnorm
 from qcli.prepare.canonicalize import canonicalize

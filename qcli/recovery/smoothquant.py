@@ -40,7 +40,8 @@ from onnx import numpy_helper
 
 from qcli.calibrate.channels import ChannelObserver
 from qcli.calibrate.table import CalibrationTable
-from qcli.config import Config, SmoothQuant
+from qcli.config import Config
+from qcli.configparts import SmoothQuant
 from qcli.errors import CalibrationError
 from qcli.graph import GraphIndex
 from qcli.plan import Plan, make_plan
