@@ -146,6 +146,8 @@ PercentileOpt = Annotated[
 ]
 SamplesOpt = Annotated[int | None, typer.Option("--samples", help="Use the first N samples (default 256).")]
 BatchOpt = Annotated[int | None, typer.Option("--batch-size", help="Samples per inference batch (default 8).")]
+SeqLenOpt = Annotated[int | None, typer.Option(
+    "--seq-len", help="A text data folder's chunk length in tokens (default 128; config: data.seq_len).")]
 ExecutorOpt = Annotated[
     str,
     typer.Option("--executor", help="Where calibration and precision-search trials run: local (processes on "
@@ -175,6 +177,7 @@ def calibrate(
     percentile: PercentileOpt = None,
     samples: SamplesOpt = None,
     batch_size: BatchOpt = None,
+    seq_len: SeqLenOpt = None,
     config: ConfigOpt = None,
     strict: StrictOpt = False,
     output: Annotated[
@@ -197,7 +200,7 @@ def calibrate(
         from qcli.flags import CalibrateFlags, CalibrationFlags, ScaleFlags
 
         flags = CalibrateFlags(
-            model, data, output, CalibrationFlags(config, method, percentile, samples, batch_size), strict,
+            model, data, output, CalibrationFlags(config, method, percentile, samples, batch_size, seq_len), strict,
             ScaleFlags(executor, workers, ray_address), trt_cache,
         )
         doc = commands.calibrate_command(flags, progress=_progress(quiet or json_out))
@@ -219,6 +222,7 @@ def quantize(
     percentile: PercentileOpt = None,
     samples: SamplesOpt = None,
     batch_size: BatchOpt = None,
+    seq_len: SeqLenOpt = None,
     config: ConfigOpt = None,
     strict: StrictOpt = False,
     force: Annotated[
@@ -272,7 +276,7 @@ def quantize(
         from qcli.flags import CalibrationFlags, QuantizeFlags, ScaleFlags
 
         flags = QuantizeFlags(
-            model, output, data, calib, CalibrationFlags(config, method, percentile, samples, batch_size),
+            model, output, data, calib, CalibrationFlags(config, method, percentile, samples, batch_size, seq_len),
             strict=strict, force=force, eval_data=eval_data, max_accuracy_drop=max_accuracy_drop,
             auto_precision=auto_precision, criteria=criteria, min_speedup=min_speedup, max_trials=max_trials,
             time_budget=time_budget, precision_out=precision_out, no_verify=no_verify, no_rescue=no_rescue,
@@ -322,6 +326,7 @@ def analyze(
         int | None, typer.Option("--threads", help="onnxruntime intra-op threads (default: all cores).")
     ] = None,
     latency_batch: Annotated[int, typer.Option("--latency-batch", help="Batch size of the timed runs.")] = 1,
+    seq_len: SeqLenOpt = None,
     worst: Annotated[int, typer.Option("--worst", help="Layers listed in the worst-layers table.")] = 10,
     config: ConfigOpt = None,
     sensitivity: Annotated[
@@ -357,7 +362,7 @@ def analyze(
         gates = Gates(max_accuracy_drop, min_speedup, min_compression)
         result = commands.analyze_command(
             model, quantized, data, options, labels=labels, gates=gates, config=config, report=report,
-            progress=_progress(quiet or json_out),
+            seq_len=seq_len, progress=_progress(quiet or json_out),
             sensitivity=SensitivityFlags(sensitivity, max_trials, time_budget,
                                          ScaleFlags(executor, workers, ray_address)),
         )

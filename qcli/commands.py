@@ -20,11 +20,11 @@ from qcli.analyze.gates import Gates
 from qcli.calibrate.table import METHODS, CalibrationTable, load_table, save_table, solved_methods
 from qcli.calibrate.trtcache import write_trt_cache
 from qcli.checks import Check
-from qcli.config import PRESETS, config_yaml, load_config, load_preprocess
+from qcli.config import PRESETS, config_yaml, load_config
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import GateFailed, QcliError
 from qcli.files import check_writable, write_text_atomic
-from qcli.flags import CalibrateFlags, QuantizeFlags, SensitivityFlags
+from qcli.flags import CalibrateFlags, QuantizeFlags, SensitivityFlags, with_seq_len
 from qcli.info import describe_data, describe_model, file_bytes
 from qcli.model import Owned, fingerprint, load_model, save_model
 from qcli.phases import ProgressFactory, no_progress, phase, recording
@@ -43,7 +43,7 @@ def inspect_command(model: Path, data: Path | None = None, *, config: str | None
     info = describe_model(model)
     if data is not None:
         inputs = model_inputs(load_model(model))
-        folder = DataFolder(data, inputs, preprocess=load_preprocess(config), samples=samples)
+        folder = DataFolder(data, inputs, reading=load_config(config).data.reading, samples=samples)
         info["data"] = describe_data(folder)
     return info
 
@@ -56,7 +56,7 @@ def calibrate_command(flags: CalibrateFlags, *, progress: ProgressFactory = no_p
     config = flags.calibration.load()
     model = load_model(flags.model)
     folder = DataFolder(
-        flags.data, model_inputs(model), preprocess=config.data.preprocess, samples=config.calibration.samples
+        flags.data, model_inputs(model), reading=config.data.reading, samples=config.calibration.samples
     )
     out = flags.calibration_file
     start = time.perf_counter()
@@ -158,7 +158,7 @@ def _quantize_run(flags: QuantizeFlags, progress: ProgressFactory) -> QuantizeRu
         with phase("evaluate"):
             run.evaluation = evaluate(
                 flags.model, flags.output, flags.eval_data, max_accuracy_drop=flags.max_accuracy_drop,
-                preprocess=config.data.preprocess, verify=config.verify,
+                reading=config.data.reading, verify=config.verify,
             )
         doc["evaluation"] = {"summary": headline(run.evaluation), **run.evaluation.to_dict()}
     return run
@@ -248,10 +248,12 @@ def analyze_command(
     gates: Gates = Gates(),
     config: str | None = None,
     report: Path | None = None,
+    seq_len: int | None = None,
     progress: ProgressFactory = no_progress,
     sensitivity: SensitivityFlags | None = None,
 ) -> Report:
-    """`analyze` with the preprocessing of `config` (a file or preset), writing `report` when
+    """`analyze` with the data reading of `config` (a file or preset; `seq_len` over its
+    `data.seq_len`), writing `report` when
     given (.json, .md or .html); with `sensitivity.enabled`, each unit's sensitivity too
     (qcli.precision.sensitivity; QUANTIZED's metadata is checked before any work). The caller
     checks `gate_error()`."""
@@ -259,17 +261,17 @@ def analyze_command(
     sensitivity.check()
     if report is not None:
         check_report(report)
-    loaded = load_config(config)
+    loaded = with_seq_len(load_config(config), seq_len)
     if sensitivity.enabled:
         from qcli.precision.sensitivity import read_recipe
 
         models = load_model(float_model), load_model(quantized_model)
         recipe = read_recipe(models[1], str(quantized_model), models[0])
-    preprocess = loaded.data.preprocess
-    total = sample_count(float_model, data, samples=options.samples, preprocess=preprocess)
+    reading = loaded.data.reading
+    total = sample_count(float_model, data, samples=options.samples, reading=reading)
     with progress("analyzing", total) as advance:
         result = analyze(
-            float_model, quantized_model, data, options, labels=labels, gates=gates, preprocess=preprocess,
+            float_model, quantized_model, data, options, labels=labels, gates=gates, reading=reading,
             progress=advance, verify=loaded.verify, deployment=Deployment.of(loaded),
         )
     if sensitivity.enabled:

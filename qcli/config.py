@@ -20,7 +20,8 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from qcli.configerrors import config_error, key_path
 from qcli.configparts import Prepare, Recovery, Section, Target
-from qcli.data import Preprocess
+from qcli.data import Preprocess, Reading
+from qcli.data.text import DEFAULT_SEQ_LEN
 from qcli.errors import ConfigError
 from qcli.yamlfile import read_yaml
 
@@ -37,7 +38,7 @@ NO_QDQ = ("float", "dynamic", *HALF_PRECISIONS)  # precisions whose nodes get no
 Mode = Literal["static", "dynamic"]
 # qcli.analyze.kinds.Kind
 OutputKindName = Literal["top1", "sequence", "cosine", "mask", "map", "regression", "boxes", "per_element",
-                         "ignore"]
+                         "ignore", "tokens"]
 # int4: weights, to shrink; float16/bfloat16: the node in that type (one of them per model)
 Candidate = Literal["float", "int8", "uint8", "int16", "uint16", "int4", "dynamic", "float16", "bfloat16"]
 SYMMETRIC = "zero point 0 (signed types) or mid-range (unsigned)"  # the description of both `symmetric` keys
@@ -213,6 +214,9 @@ class Verify(Section):
     max_relative_error: float = Field(0.1, gt=0, description=(
         "the ceiling of `regression` outputs' RMS error over their spread across the compared samples (0.1: "
         "the quantized output explains 99% of the float one's variance, as a cosine of 0.99 does a vector)"))
+    max_perplexity_increase: float = Field(0.02, gt=0, description=(
+        "the ceiling of a language model's perplexity on the compared text, quantized / float - 1 (`tokens` "
+        "outputs; 0.02: 2% higher)"))
     max_latency_ratio: float | None = Field(1.0, gt=0, description=(
         "ceiling on quantized / your model file's latency, at `target.batch` (`--max-latency-ratio`; `null`: none)"))
     min_float_ms: float = Field(0.1, ge=0, description="the latency floor applies when the float model takes "
@@ -278,6 +282,14 @@ class Data(Section):
     # a pydantic model of its own: its errors carry the key's line
     preprocess: Preprocess | None = Field(None, description="how image files become model inputs, in order: "
                                           "decode, channels, resize, center_crop, scale, mean/std, layout, dtype")
+    seq_len: int = Field(DEFAULT_SEQ_LEN, ge=2, description=(
+        "a text data folder's chunk length in tokens (`--seq-len`): each file is encoded with the folder's "
+        "tokenizer.json and cut into chunks this long, one prompt each"))
+
+    @property
+    def reading(self) -> Reading:
+        """How a data folder's files become inputs, by this section."""
+        return Reading(self.preprocess, self.seq_len)
 
 
 class Config(Section):
@@ -404,11 +416,6 @@ def load_config(path: str | os.PathLike | None) -> Config:
     path = resolve_config(path)
     raw, lines = read_yaml(path, "config file")
     return parse_config(raw, str(path), lines)
-
-
-def load_preprocess(path: str | os.PathLike | None) -> Preprocess | None:
-    """The `data.preprocess` section of a config file, validated, or None when absent."""
-    return load_config(path).data.preprocess
 
 
 def config_document(config: Config) -> dict:

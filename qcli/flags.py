@@ -27,15 +27,27 @@ class CalibrationFlags:
     percentile: float | None = None
     samples: int | None = None
     batch_size: int | None = None
+    seq_len: int | None = None  # data.seq_len
 
     def load(self) -> Config:
         return self.merge(load_config(self.config))
 
     def merge(self, config: Config) -> Config:
-        return config.merged(calibration={
+        merged = config.merged(calibration={
             "method": self.method, "percentile": self.percentile, "samples": self.samples,
             "batch_size": self.batch_size,
         })
+        return with_seq_len(merged, self.seq_len)
+
+
+def with_seq_len(config: Config, seq_len: int | None) -> Config:
+    """`config` with `--seq-len` laid over `data.seq_len` (None: as it is)."""
+    if seq_len is None:
+        return config
+    if seq_len < 2:
+        raise QcliError(f"--seq-len must be at least 2 tokens, got {seq_len}",
+                        hint="a chunk's tokens are each predicted from those before it")
+    return config.model_copy(update={"data": config.data.model_copy(update={"seq_len": seq_len})})
 
 
 @dataclass(frozen=True)

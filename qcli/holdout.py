@@ -106,7 +106,7 @@ def plan_samples(data: Path | None, eval_data: Path | None, config: Config, inpu
     ap, vf = config.auto_precision, config.verify
     if not (ap.enabled or vf.enabled):
         return DataPlan(config.calibration.samples, None)
-    total = len(DataFolder(data, inputs, preprocess=config.data.preprocess)) if data is not None else None
+    total = len(DataFolder(data, inputs, reading=config.data.reading)) if data is not None else None
     return plan_data(data, total, eval_data, config, ap.samples if ap.enabled else vf.samples)
 
 
@@ -118,7 +118,7 @@ def make_probe(model: onnx.ModelProto, inputs: list[InputSpec], config: Config, 
     batches, tags = [], []
     size = None
     for k, (start, count) in enumerate(plan.compared):
-        folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=count, start=start,
+        folder = DataFolder(plan.verify_path, inputs, reading=config.data.reading, samples=count, start=start,
                             labels=labels)
         size = size or probe_batch(model, folder)
         part = list(folder.batches(size))
@@ -147,7 +147,7 @@ def deployment_feeds(model: onnx.ModelProto, plan: DataPlan, inputs: list[InputS
     """The probe's first batch at `target.batch` (`timed_inputs`): what it predicts latency on."""
     assert plan.verify_path is not None  # checked by the caller
     start, count = plan.compared[0]
-    folder = DataFolder(plan.verify_path, inputs, preprocess=config.data.preprocess, samples=count or None,
+    folder = DataFolder(plan.verify_path, inputs, reading=config.data.reading, samples=count or None,
                         start=start)
     feeds, _ = timed_inputs(next(iter(folder.batches(probe_batch(model, folder)))), inputs, config.target.batch)
     return feeds
@@ -161,7 +161,7 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
     compares on them (`fold_plan`), then bias correction's shifts when it is on: on every sample
     for the model written, and for each fold's model on the other folds' samples alone, as its
     ranges; the plan as the folds left it, and the table."""
-    folder = DataFolder(data, model_inputs(model), preprocess=config.data.preprocess,
+    folder = DataFolder(data, model_inputs(model), reading=config.data.reading,
                         samples=plan.calibration_samples)
     plan, folds = fold_plan(plan, len(folder), config.calibration.batch_size)
     with progress("calibrating", len(folder)) as advance:

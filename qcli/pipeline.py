@@ -137,11 +137,11 @@ def run_pipeline(path: str | Path, *, progress: ProgressFactory = no_progress) -
     result = PipelineResult(output, quantized, outcome, outcome.config, calibration_file)
     if pipeline.eval_data is not None:
         eval_folder, options = local(pipeline.eval_data), pipeline.analyze
-        total = sample_count(model_path, eval_folder, samples=options.samples, preprocess=config.data.preprocess)
+        total = sample_count(model_path, eval_folder, samples=options.samples, reading=config.data.reading)
         with progress("analyzing", total) as advance:
             result.report = analyze(
                 model_path, output, eval_folder, options, labels=optional(pipeline.labels),
-                gates=Gates(**pipeline.gates.model_dump()), preprocess=config.data.preprocess, progress=advance,
+                gates=Gates(**pipeline.gates.model_dump()), reading=config.data.reading, progress=advance,
                 verify=config.verify, deployment=Deployment.of(config),
             )
         for report_path in pipeline.reports:

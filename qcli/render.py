@@ -357,6 +357,8 @@ _DETAILS = {
     "boxes": [("box_f1", "boxes matched (F1)"), ("boxes", "float detections"), ("cosine", "cosine")],
     "per_element": [("agreement", "elements equal")],
     "ignore": [("cosine", "cosine"), ("sqnr_db", "SQNR dB")],
+    "tokens": [("perplexity_increase", "perplexity increase"), ("float_perplexity", "perplexity float"),
+               ("perplexity", "quantized"), ("token_agreement", "next token agrees"), ("kl", "KL nats")],
 }
 
 

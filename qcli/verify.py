@@ -236,7 +236,7 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
         wanted = goal_of(config)
         ceiling = min((r for r in (wanted.max_latency_ratio, floors.max_latency_ratio) if r is not None), default=None)
         goal = Goal(wanted.criterion, wanted.max_drop, floors.min_top1_agreement, floors.min_cosine, ceiling,
-                    floors.max_relative_error)
+                    floors.max_relative_error, floors.max_perplexity_increase)
     exact = trials.probe.predicts
     goal = tolerant(goal, exact)
     trials.ceiling = goal.max_latency_ratio
@@ -408,7 +408,8 @@ def _floors(config: Config, probe: Probe) -> Goal:
     ceiling = vf.max_latency_ratio
     if ceiling is not None and probe.float_ms() < vf.min_float_ms:
         ceiling = None
-    return Goal("performance", None, vf.min_top1_agreement, vf.min_cosine, ceiling, vf.max_relative_error)
+    return Goal("performance", None, vf.min_top1_agreement, vf.min_cosine, ceiling, vf.max_relative_error,
+                vf.max_perplexity_increase)
 
 
 def _explain(outcome: Outcome, why_of: dict[str, tuple[Why, str]], half: set[str]) -> None:

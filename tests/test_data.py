@@ -14,7 +14,7 @@ from onnx import numpy_helper
 from PIL import Image
 
 from conftest import IMAGE_MODEL, TWO_INPUT_MODEL, parse_model, write_npz
-from qcli.data import DataFolder, Preprocess, model_inputs
+from qcli.data import DataFolder, Preprocess, Reading, model_inputs
 from qcli.data.readers import READERS
 from qcli.data.scan import EntryKind
 from qcli.errors import DataError
@@ -103,7 +103,7 @@ def test_image_folders_give_labels_and_preprocess(tmp_path: Path) -> None:
     pre = Preprocess.from_dict(
         {"resize": 6, "center_crop": 4, "scale": 255, "mean": [0.5], "std": [0.25], "channels": "GRAY"}
     )
-    folder = DataFolder(tmp_path, IMAGE_INPUTS, preprocess=pre)
+    folder = DataFolder(tmp_path, IMAGE_INPUTS, reading=Reading(pre))
     samples = list(folder)
     assert folder.class_names == ["cat", "dog"]
     assert [s.label.tolist() for s in samples] == [[0], [1]]
@@ -116,10 +116,10 @@ def test_rgb_image_layouts(tmp_path: Path) -> None:
     pixels[..., 0], pixels[..., 2] = 10, 30  # R, B
     Image.fromarray(pixels, "RGB").save(tmp_path / "a.bmp")
     spec = [type(IMAGE_INPUTS[0])("image", np.dtype("float32"), ("N", 2, 3, 3))]
-    [nhwc] = list(DataFolder(tmp_path, spec, preprocess=Preprocess(channels="BGR", layout="NHWC")))
+    [nhwc] = list(DataFolder(tmp_path, spec, reading=Reading(Preprocess(channels="BGR", layout="NHWC"))))
     assert nhwc.inputs["image"][0, 0, 0].tolist() == [30, 0, 10]
     spec = [type(IMAGE_INPUTS[0])("image", np.dtype("float32"), ("N", 3, 2, 3))]
-    [nchw] = list(DataFolder(tmp_path, spec, preprocess=Preprocess()))
+    [nchw] = list(DataFolder(tmp_path, spec, reading=Reading(Preprocess())))
     assert nchw.inputs["image"][0, :, 0, 0].tolist() == [10, 0, 30]
 
 
@@ -198,7 +198,7 @@ def test_unreadable_image(tmp_path: Path) -> None:
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     with pytest.raises(DataError, match=r"cannot read image .*broken\.png"):
-        list(DataFolder(tmp_path, IMAGE_INPUTS, preprocess=Preprocess(channels="GRAY")))
+        list(DataFolder(tmp_path, IMAGE_INPUTS, reading=Reading(Preprocess(channels="GRAY"))))
 
 
 def test_images_without_preprocess(tmp_path: Path) -> None:

@@ -411,6 +411,17 @@ def test_the_relative_error_is_over_the_outputs_spread() -> None:
     assert constant.relative_error == pytest.approx(0.05)
 
 
+def test_an_output_without_a_batch_axis_pools_its_spread() -> None:
+    """A Flatten to [N * 2, 5] is one row per batch whose length follows the batch: its elements do
+    not line up across batches (the fuzzer found the sums failing to broadcast, exit 3)."""
+    acc = RegressionAccumulator()
+    a, b = RNG.standard_normal((16, 5)), RNG.standard_normal((32, 5))
+    acc.update(a, a + 0.1, 8)
+    acc.update(b, b + 0.1, 16)
+    values = np.concatenate([a.ravel(), b.ravel()])
+    assert acc.ragged and acc.relative_error == pytest.approx(0.1 / np.std(values))
+
+
 @pytest.mark.parametrize(("errors", "passed", "how"), [
     ([0.0064] * 32, True, "clear below the ceiling"),  # relative error 0.08, no spread
     ([0.0, 0.03] * 16, False, "above the ceiling"),  # 0.122

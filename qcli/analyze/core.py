@@ -45,7 +45,7 @@ from qcli.analyze.report import (
 from qcli.analyze.size import compare_sizes, model_size, proto_size
 from qcli.calibrate.collect import RUN_OUTPUT_BYTES, RunSize, parts, prefetch, session_with_outputs
 from qcli.config import Verify
-from qcli.data import Batch, DataFolder, InputSpec, Preprocess, model_inputs
+from qcli.data import Batch, DataFolder, InputSpec, Reading, model_inputs
 from qcli.errors import DataError, ModelError, QcliError
 from qcli.model import external_data_files, fingerprint, load_model
 from qcli.runtime import make_session
@@ -90,7 +90,7 @@ def analyze(
     *,
     labels: str | Path | None = None,
     gates: Gates = Gates(),
-    preprocess: Preprocess | None = None,
+    reading: Reading | None = None,
     progress: Callable[[int], None] | None = None,
     verify: Verify | None = None,
     deployment: Any = None,
@@ -113,7 +113,7 @@ def analyze(
         raise QcliError("the min_speedup gate needs latency runs", hint="set runs to at least 1 (default 50)")
     fm, qm = _load(float_model), _load(quantized_model)
     inputs = _check_compatible(fm, qm)
-    folder = open_data(data, inputs, labels=labels, preprocess=preprocess, samples=opts.samples)
+    folder = open_data(data, inputs, labels=labels, reading=reading, samples=opts.samples)
     if verify is not None:
         check_outputs(fm.proto, verify.outputs)
     sessions = _Sessions.open(fm, qm, inputs, opts, verify or Verify())
@@ -144,7 +144,7 @@ def evaluate(
     batch_size: int = 32,
     threads: int | None = None,
     max_accuracy_drop: float | None = None,
-    preprocess: Preprocess | None = None,
+    reading: Reading | None = None,
     progress: Callable[[int], None] | None = None,
     verify: Verify | None = None,
 ) -> Report:
@@ -155,16 +155,16 @@ def evaluate(
     options = AnalyzeOptions.of(samples=samples, batch_size=batch_size, runs=0, warmup=0, threads=threads, layers=False)
     return analyze(
         float_model, quantized_model, data, options, labels=labels, gates=Gates(max_accuracy_drop=max_accuracy_drop),
-        preprocess=preprocess, progress=progress, verify=verify,
+        reading=reading, progress=progress, verify=verify,
     )
 
 
 def sample_count(
-    float_model: str | Path, data: str | Path, *, samples: int | None = None, preprocess: Preprocess | None = None
+    float_model: str | Path, data: str | Path, *, samples: int | None = None, reading: Reading | None = None
 ) -> int:
     """How many samples `analyze` will read (for a progress bar's total); reads only headers."""
     model = load_model(float_model, load_external_data=False)
-    return len(DataFolder(data, model_inputs(model), preprocess=preprocess, samples=samples))
+    return len(DataFolder(data, model_inputs(model), reading=reading, samples=samples))
 
 
 # --------------------------------------------------------------------------- the pass
@@ -350,7 +350,7 @@ class _Measures:
         self.samples += batch.size
         for name in self.outputs:
             try:
-                self.fidelity[name].update(f_out[name], q_out[name], batch.size)
+                self.fidelity[name].update(f_out[name], q_out[name], batch.size, batch.inputs)
             except ValueError as exc:
                 raise ModelError(
                     f"output {name!r} of {self.quantized} does not match the float model's on {where}: {exc}",
@@ -416,10 +416,10 @@ class _Measures:
 
 def open_data(
     data: str | Path, inputs: list[InputSpec], *, labels: str | Path | None = None,
-    preprocess: Preprocess | None = None, samples: int | None = None,
+    reading: Reading | None = None, samples: int | None = None,
 ) -> DataFolder:
     """The data folder, with labels from `labels` (a labels.csv kept elsewhere) when given."""
-    return DataFolder(data, inputs, preprocess=preprocess, samples=samples, labels=labels)
+    return DataFolder(data, inputs, reading=reading, samples=samples, labels=labels)
 
 
 def _where(folder: DataFolder, batch: Batch) -> str:

@@ -46,6 +46,12 @@ class OutputFidelity:
     map_iou: float | None = None  # map: mean per-sample IoU of the two models' top regions (gated)
     psnr_db: float | None = None  # map: mean per-sample PSNR over the float sample's range (detail)
     error_interval: tuple[float, float] | None = None  # its interval
+    perplexity: float | None = None  # tokens: the quantized model's perplexity on the text's next tokens
+    float_perplexity: float | None = None  # tokens: the float model's
+    perplexity_increase: float | None = None  # tokens: quantized / float - 1 (gated)
+    perplexity_interval: tuple[float, float] | None = None  # its interval
+    token_agreement: float | None = None  # tokens: positions whose next-token argmax agrees (detail)
+    kl: float | None = None  # tokens: mean KL of the quantized next-token distribution from float's, nats
 
     @property
     def gated_agreement(self) -> float | None:
@@ -64,6 +70,11 @@ class OutputFidelity:
         """The relative error this output is gated on: regression outputs only."""
         return self.relative_error if self.kind is Kind.REGRESSION else None
 
+    @property
+    def gated_perplexity(self) -> float | None:
+        """The perplexity increase this output is gated on: a language model's logits only."""
+        return self.perplexity_increase if self.kind is Kind.TOKENS else None
+
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind.value, "reason": self.reason,
                 "top1_agreement": self.top1_agreement, "cosine": self.cosine, "sqnr_db": self.sqnr_db,
@@ -75,7 +86,10 @@ class OutputFidelity:
                 "cosine_interval": rounded_pair(self.cosine_interval),
                 "relative_error": self.relative_error, "error_interval": rounded_pair(self.error_interval),
                 "top5_agreement": self.top5_agreement, "box_f1": self.box_f1, "boxes": self.boxes,
-                "map_iou": self.map_iou, "psnr_db": self.psnr_db}
+                "map_iou": self.map_iou, "psnr_db": self.psnr_db, "perplexity": self.perplexity,
+                "float_perplexity": self.float_perplexity, "perplexity_increase": self.perplexity_increase,
+                "perplexity_interval": rounded_pair(self.perplexity_interval),
+                "token_agreement": self.token_agreement, "kl": self.kl}
 
 
 @dataclass(frozen=True)
@@ -111,6 +125,8 @@ class Fidelity:
         # 1 - R²), as 1 - cosine is a vector's: a budget of 0.01 is verify.max_relative_error's 0.1
         losses += [(e * e, f"unexplained variance ({o.name})") for o in self.outputs
                    if (e := o.gated_error) is not None]
+        losses += [(max(p, 0.0), f"perplexity increase ({o.name})") for o in self.outputs
+                   if (p := o.gated_perplexity) is not None]
         if self.custom is not None:
             losses.append((max(0.0, self.custom.floor - self.custom.score), self.custom.name))
         return losses
@@ -137,7 +153,7 @@ class Fidelity:
 def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
     """One output's figures, by its kind."""
     kind = acc.kind or OutputKind(Kind.COSINE, "")
-    seq, mask = acc.sequence, acc.mask
+    seq, mask, tokens = acc.sequence, acc.mask, acc.tokens
     return OutputFidelity(
         name, acc.class_scores, acc.top1_agreement, acc.cosine, acc.sqnr.db, acc.element_agreement,
         kind=kind.kind, reason=kind.reason,
@@ -149,4 +165,8 @@ def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
         box_f1=acc.boxes.f1 if acc.boxes else None, boxes=acc.boxes.boxes if acc.boxes else None,
         top5_agreement=acc.top5_agreement, map_iou=acc.map.iou if acc.map else None,
         psnr_db=acc.map.psnr.value if acc.map else None,
+        perplexity=tokens.perplexity if tokens else None, float_perplexity=tokens.float_perplexity if tokens else None,
+        perplexity_increase=tokens.increase if tokens else None,
+        perplexity_interval=tokens.interval() if tokens else None,
+        token_agreement=tokens.agreement if tokens else None, kl=tokens.kl.value if tokens else None,
     )

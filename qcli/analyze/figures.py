@@ -116,13 +116,22 @@ class RegressionAccumulator:
     errors: Mean = field(default_factory=Mean)  # per sample: mean squared error over its elements
     sums: np.ndarray | None = None  # per element: Σ float value, Σ its square
     squares: np.ndarray | None = None
+    # An output whose first axis is not the batch (a Flatten to [N * 2, 5]) is one row per batch,
+    # its length changing with the batch: its elements do not line up across rows, so the spread
+    # is then that of all its values pooled (`ragged`).
+    ragged: bool = False
+    pooled: Mean = field(default_factory=Mean)  # every float value seen
 
     def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
         x = rows(np.asarray(reference, dtype=np.float64), batch)
         y = rows(np.asarray(value, dtype=np.float64), batch)
         self.errors.add(((y - x) ** 2).mean(axis=1))
-        self.sums = x.sum(axis=0) if self.sums is None else self.sums + x.sum(axis=0)
-        self.squares = (x * x).sum(axis=0) if self.squares is None else self.squares + (x * x).sum(axis=0)
+        self.pooled.add(x.ravel())
+        if self.sums is not None and self.sums.shape[0] != x.shape[1]:
+            self.ragged = True
+        if not self.ragged:
+            self.sums = x.sum(axis=0) if self.sums is None else self.sums + x.sum(axis=0)
+            self.squares = (x * x).sum(axis=0) if self.squares is None else self.squares + (x * x).sum(axis=0)
 
     @property
     def spread(self) -> float | None:
@@ -132,8 +141,13 @@ class RegressionAccumulator:
         n = self.errors.n
         if not n or self.sums is None or self.squares is None:
             return None
-        variance = float(np.mean(np.maximum(self.squares / n - (self.sums / n) ** 2, 0.0)))
-        power = float(np.mean(self.squares / n))
+        if self.ragged:
+            m = self.pooled.n
+            power = self.pooled.squares / m
+            variance = max(power - (self.pooled.total / m) ** 2, 0.0)
+        else:
+            variance = float(np.mean(np.maximum(self.squares / n - (self.sums / n) ** 2, 0.0)))
+            power = float(np.mean(self.squares / n))
         return variance if variance > 1e-12 * max(power, 1e-30) else (power if power > 0 else 1.0)
 
     def _relative(self, mse: float) -> float:

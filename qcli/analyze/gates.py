@@ -71,6 +71,8 @@ def _losses(f: Fidelity) -> list[tuple[str, float, bool]]:
         losses.append((f"1 - cosine ({f.output})", 1.0 - f.cosine, False))
     if f.kind == "regression" and f.relative_error is not None:
         losses.append((f"unexplained variance ({f.output})", f.relative_error ** 2, False))
+    if f.kind == "tokens" and f.perplexity_increase is not None:
+        losses.append((f"perplexity increase ({f.output})", max(f.perplexity_increase, 0.0), False))
     return losses
 
 

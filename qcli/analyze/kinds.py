@@ -39,6 +39,9 @@ data movement) and from the float model's values on the compared samples, in thi
 9a. `[N, C]` with 2 <= C <= 16, every value above 0 on every sample, rows not summing to 1:
    `regression` (several scores or measurements: a speech-quality model's three mean opinion
    scores), where a classifier's logits take both signs.
+1a. In a decoder (an input `input_ids` and past key/value inputs or `present*` outputs): the key/
+   value cache it returns (`present*`) is `ignore`, as a recurrent state; float `[N, T, V]`
+   logits are `tokens`, judged by perplexity on the text's next tokens (qcli.analyze.tokens).
 10. Otherwise `[N, C]` is `top1` (class scores, as before kinds existed) and every other float
    output `cosine` (feature maps, hidden states, regressions).
 
@@ -73,6 +76,7 @@ class Kind(str, Enum):
     BOXES = "boxes"  # a detector's decoded boxes with class scores: boxes matched at IoU 0.5 (qcli.analyze.boxes)
     PER_ELEMENT = "per_element"  # integer / bool outputs: the share of elements equal
     IGNORE = "ignore"  # recurrent state: reported, not gated
+    TOKENS = "tokens"  # a language model's logits: perplexity on the next tokens (qcli.analyze.tokens)
 
 
 @dataclass(frozen=True)
@@ -402,6 +406,22 @@ def _check_blank(name: str, classes: int, blank: int | None) -> None:
                           hint="give one of its classes, or drop verify.ctc_blank")
 
 
+def _decoder_output(model: onnx.ModelProto, name: str, value: np.ndarray) -> OutputKind | None:
+    """Rule 1a: a decoder's key/value cache or its logits, else None."""
+    inputs = {i.name for i in model.graph.input}
+    cached = any("past" in i for i in inputs) or any(o.name.startswith("present") for o in model.graph.output)
+    if "input_ids" not in inputs or not cached or not np.issubdtype(value.dtype, np.floating):
+        return None
+    if name.startswith("present"):
+        return OutputKind(Kind.IGNORE, "the key/value cache a decoder returns: reported, not gated (the next "
+                                       "step's logits show its error)")
+    if value.ndim == 3 and value.shape[2] >= 2:
+        shape = "[" + ", ".join(str(s) for s in value.shape) + "]"
+        return OutputKind(Kind.TOKENS, f"{shape} logits over {value.shape[2]} tokens at each position of a decoder "
+                                       "fed input_ids: judged by perplexity on the next tokens")
+    return None
+
+
 def output_kinds(model: onnx.ModelProto, values: Mapping[str, Sequence[np.ndarray]],
                  named: Mapping[str, str] | None = None, blank: int | None = None,
                  trim: Sequence[int] = (), thresholds: Mapping[str, float] | None = None) -> dict[str, OutputKind]:
@@ -418,6 +438,8 @@ def output_kinds(model: onnx.ModelProto, values: Mapping[str, Sequence[np.ndarra
         threshold = thresholds.get(name)
         if name in named:
             kinds[name] = forced(name, Kind(named[name]), batches, blank, threshold)
+        elif (found := _decoder_output(model, name, batches[0])) is not None:
+            kinds[name] = found
         else:
             kinds[name] = decide(name, batches, _evidence(graph, name), _state_input(model, batches[0]), blank,
                                  threshold)

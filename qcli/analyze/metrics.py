@@ -15,7 +15,9 @@ The math, on a float reference `x` and a quantized result `y`:
   a per-pixel class map's: per sample, the mean over the classes either argmax map has of their
   IoU (mean IoU), and the pixels whose class agrees;
 - relative error (regression) = sqrt(mean squared error / the float values' variance across the
-  compared samples, averaged over elements): 0.1 means the quantized output explains 99% of it.
+  compared samples, averaged over elements): 0.1 means the quantized output explains 99% of it;
+- perplexity increase (a language model's logits) = quantized / float perplexity on the text's
+  next tokens - 1 (qcli.analyze.tokens).
 The metric an output is judged by follows its kind (qcli.analyze.kinds). Each gated figure has
 an interval (~95% by default; `verify.confidence` sets it, qcli.analyze.confidence): a share of
 samples (top-1, sequence) the Wilson score interval, a mean over samples (cosine; element
@@ -30,6 +32,7 @@ agreement and mask IoU, per sample) mean ± z standard errors.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +43,7 @@ from qcli.analyze.intervals import Z95, Mean, wilson
 from qcli.analyze.kinds import Kind, OutputKind, decide
 from qcli.analyze.margins import MarginAccumulator, MarginPool
 from qcli.analyze.sequences import SequenceAccumulator
+from qcli.analyze.tokens import TokenAccumulator
 
 # Below this much noise power per unit of signal the two tensors are equal for any purpose;
 # SQNR is then reported as None ("exact") rather than as an infinite number JSON cannot hold.
@@ -175,13 +179,17 @@ class FidelityAccumulator:
         self.regression: RegressionAccumulator | None = None
         self.boxes: BoxAccumulator | None = None
         self.map: MapAccumulator | None = None
+        self.tokens: TokenAccumulator | None = None
         self.margins: MarginAccumulator | None = None  # top-1 and sequence outputs: the decisions' margins
 
     @property
     def class_scores(self) -> bool:
         return self.kind is not None and self.kind.kind is Kind.TOP1
 
-    def update(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
+    def update(self, reference: np.ndarray, value: np.ndarray, batch: int,
+               inputs: Mapping[str, np.ndarray] | None = None) -> None:
+        """One batch of both models' values of this output; `inputs`: the batch's inputs (a
+        language model's next tokens are its `input_ids`)."""
         reference, value = np.asarray(reference), np.asarray(value)
         if reference.shape != value.shape:
             raise ValueError(f"shapes differ: {list(reference.shape)} vs {list(value.shape)}")
@@ -200,6 +208,8 @@ class FidelityAccumulator:
                 self.regression = RegressionAccumulator()
             if self.kind.kind is Kind.MAP and self.floating:
                 self.map = MapAccumulator()
+            if self.kind.kind is Kind.TOKENS and self.floating:
+                self.tokens = TokenAccumulator(self.z)
             if self.kind.kind is Kind.BOXES and self.floating:
                 self.boxes = BoxAccumulator(self.kind.threshold or DEFAULT_THRESHOLD, self.kind.axis or 1)
         x, y = rows(reference, batch), rows(value, batch)
@@ -233,6 +243,9 @@ class FidelityAccumulator:
             decisions = self.sequence.update(reference, value, batch)
             if self.margins is not None:
                 self.margins.add(*decisions)
+        if self.tokens is not None:
+            ids = (inputs or {}).get("input_ids")
+            self.tokens.update(reference, value, None if ids is None else np.asarray(ids))
         for figure in (self.mask, self.regression, self.boxes, self.map):  # the one of its kind, if any
             if figure is not None:
                 figure.update(reference, value, batch)
@@ -308,6 +321,8 @@ class FidelityAccumulator:
             return self.boxes.interval(self.z)
         if self.map is not None and self.map.samples:
             return self.map.per_sample.share_interval(self.z)
+        if self.tokens is not None and self.tokens.samples:
+            return self.tokens.same.share_interval(self.z)
         if self.class_scores and self.samples:
             return wilson(self.agree, self.samples, self.z)
         if self._per_element:

@@ -144,7 +144,7 @@ class Probe:
         for j, values in self._outputs(candidate):
             batch, reference = self.batches[j], self.reference[j]
             for acc, ref, value in zip(accs, reference, values, strict=True):
-                acc.update(ref, value, batch.size)
+                acc.update(ref, value, batch.size, batch.inputs)
             if custom is not None:
                 custom.update(dict(zip(self.names, reference, strict=True)), dict(zip(self.names, values, strict=True)),
                               batch)

@@ -7,6 +7,7 @@ from qcli.analyze.kinds import Kind, OutputKind
 from qcli.analyze.layers import QuantizedTensor
 from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, TopKAccumulator
 from qcli.analyze.report import Accuracy, ClassAccuracy, Fidelity, LayerError, rounded, rounded_pair
+from qcli.analyze.tokens import TokenAccumulator
 
 
 def accuracy_record(output: str | None, topk: tuple[TopKAccumulator, TopKAccumulator] | None) -> Accuracy | None:
@@ -59,7 +60,17 @@ def fidelity_record(name: str, acc: FidelityAccumulator) -> Fidelity:
         map_iou=rounded(acc.map.iou) if acc.map else None,
         psnr_db=rounded(acc.map.psnr.value, 5) if acc.map else None,
         error_interval=rounded_pair(acc.error_interval),
+        **_tokens(acc.tokens),
     )
+
+
+def _tokens(acc: TokenAccumulator | None) -> dict:
+    """A language model's figures (qcli.analyze.tokens), rounded; none for other outputs."""
+    if acc is None:
+        return {}
+    return {"perplexity": rounded(acc.perplexity), "float_perplexity": rounded(acc.float_perplexity),
+            "perplexity_increase": rounded(acc.increase), "perplexity_interval": rounded_pair(acc.interval()),
+            "token_agreement": rounded(acc.agreement), "kl": rounded(acc.kl.value)}
 
 
 def layer_record(p: QuantizedTensor, acc: SqnrAccumulator) -> LayerError:

@@ -89,7 +89,7 @@ class Fidelity:
     """How closely one output follows a reference (the float model, or reference outputs)."""
 
     output: str
-    kind: str  # top1 | sequence | cosine | mask | map | regression | boxes | per_element | ignore (analyze.kinds)
+    kind: str  # top1 | sequence | cosine | mask | map | regression | boxes | per_element | ignore | tokens
     samples: int
     top1_agreement: float | None  # class-scores only
     cosine: float | None  # mean per-sample cosine similarity (float outputs)
@@ -114,6 +114,12 @@ class Fidelity:
     map_iou: float | None = None  # map: mean per-sample IoU of the two models' top tenths
     psnr_db: float | None = None  # map: mean per-sample PSNR over the reference sample's range
     error_interval: list[float] | None = None  # its interval
+    perplexity: float | None = None  # tokens: the compared model's perplexity on the text's next tokens
+    float_perplexity: float | None = None  # tokens: the reference model's
+    perplexity_increase: float | None = None  # tokens: perplexity / float_perplexity - 1
+    perplexity_interval: list[float] | None = None  # its interval
+    token_agreement: float | None = None  # tokens: positions whose next-token argmax agrees
+    kl: float | None = None  # tokens: mean KL divergence of the next-token distributions, nats
 
 
 @dataclass

@@ -76,6 +76,10 @@ def headline(report: Report) -> str:
         elif f.kind == "regression" and f.relative_error is not None:
             parts.append(f"relative error {f.relative_error:.4f} of the spread, max abs error "
                          f"{num(f.max_abs_error or 0.0)} on {f.output}")
+        elif f.kind == "tokens" and f.perplexity is not None:
+            parts.append(f"perplexity {f.float_perplexity:.3f} -> {f.perplexity:.3f} "
+                         f"({f.perplexity_increase:+.2%}), next token unchanged at {pct(f.token_agreement)} of "
+                         f"positions on {f.output}")
     parts += [g.message for g in report.gates if g.name == "max_accuracy_drop"]
     return "; ".join(parts) if parts else f"{report.data.samples} samples compared"
 
@@ -89,6 +93,10 @@ def summary_rows(report: Report) -> list[tuple[str, ...]]:
                      points(acc.top1_drop)))
         if acc.float.top5 is not None:
             rows.append(("top-5 accuracy", pct(acc.float.top5), pct(acc.quantized.top5), points(acc.top5_drop)))
+    for f in report.fidelity:
+        if f.kind == "tokens" and f.perplexity is not None and f.float_perplexity is not None:
+            rows.append((f"perplexity ({f.samples} chunks of text, `{f.output}`)", f"{f.float_perplexity:.3f}",
+                         f"{f.perplexity:.3f}", f"{f.perplexity_increase:+.2%}"))
     for ref in report.reference:
         f, q = ref.float, ref.quantized
         if f.top1_agreement is not None:
@@ -138,6 +146,9 @@ def agreement_text(f: Fidelity) -> str:
     if f.kind == "regression" and f.relative_error is not None:
         span = f" [{f.error_interval[0]:.4f}, {f.error_interval[1]:.4f}]" if f.error_interval else ""
         return f"relative error {f.relative_error:.4f}{span}"
+    if f.kind == "tokens" and f.perplexity_increase is not None:
+        span = f" [{f.perplexity_interval[0]:+.2%}, {f.perplexity_interval[1]:+.2%}]" if f.perplexity_interval else ""
+        return f"perplexity {f.perplexity_increase:+.2%}{span} (next token {pct(f.token_agreement)}{within})"
     if f.kind == "per_element" or f.agreement is not None:
         return pct(f.agreement) + within if f.agreement is not None else "–"  # of the elements (ids, mask pixels)
     return "–"

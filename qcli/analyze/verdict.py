@@ -16,7 +16,8 @@ where the same model could land on samples it never saw. The rule:
   (each is the continuous figure: nothing finer can decide; a mask's cosine, which the
   background fills, does not);
 - a regression's relative error, a ceiling: met when its whole interval is at or below it,
-  else missed (the continuous figure again).
+  else missed (the continuous figure again); so is a language model's perplexity increase
+  (its interval from the chunks' differences of mean log-likelihood: qcli.analyze.tokens).
 More samples narrow the intervals (`verify.samples`, `--eval-data`); verification does not
 fetch more on its own (every candidate would have to be measured on them again).
 """
@@ -86,19 +87,22 @@ def cosine_verdict(o: OutputFidelity, value: float, floor: float) -> Verdict:
     return Verdict("cosine", o.name, value, floor, o.cosine_interval, o.samples, side == "above", _HOW[side])
 
 
-def error_verdict(o: OutputFidelity, value: float, ceiling: float) -> Verdict:
-    """The verdict on a regression output's relative error (module docstring): a ceiling, met
-    only when its interval is clear below it."""
-    low, high = o.error_interval if o.error_interval is not None else (value, value)
+def error_verdict(o: OutputFidelity, value: float, ceiling: float, metric: str = "relative error",
+                  interval: Interval | None = None) -> Verdict:
+    """The verdict on a regression output's relative error (or `metric`, with its `interval`: a
+    perplexity increase), a ceiling (module docstring): met only when its interval is clear below it."""
+    interval = o.error_interval if metric == "relative error" else interval
+    low, high = interval if interval is not None else (value, value)
     side = "above" if high <= ceiling else "below" if low > ceiling or value > ceiling else "straddles"
     how = {"above": "its interval is clear below the ceiling", "below": "above the ceiling",
            "straddles": "its interval reaches above the ceiling"}[side]
-    return Verdict("relative error", o.name, value, ceiling, o.error_interval, o.samples, side == "above", how)
+    return Verdict(metric, o.name, value, ceiling, interval, o.samples, side == "above", how)
 
 
 def verdicts(f: Fidelity, min_agreement: float | None, min_cosine: float | None,
-             max_error: float | None = None) -> list[Verdict]:
-    """One verdict per gated figure of every output (agreements, cosines, then relative errors)."""
+             max_error: float | None = None, max_perplexity: float | None = None) -> list[Verdict]:
+    """One verdict per gated figure of every output (agreements, cosines, relative errors, then
+    perplexity increases)."""
     out = []
     if min_agreement is not None:
         out += [agreement_verdict(o, AGREEMENT[o.kind], a, min_agreement, min_cosine)
@@ -107,9 +111,13 @@ def verdicts(f: Fidelity, min_agreement: float | None, min_cosine: float | None,
         out += [cosine_verdict(o, c, min_cosine) for o in f.outputs if (c := o.gated_cosine) is not None]
     if max_error is not None:
         out += [error_verdict(o, e, max_error) for o in f.outputs if (e := o.gated_error) is not None]
+    if max_perplexity is not None:
+        out += [error_verdict(o, p, max_perplexity, "perplexity increase", o.perplexity_interval)
+                for o in f.outputs if (p := o.gated_perplexity) is not None]
     return out
 
 
-def meets(f: Fidelity, min_agreement: float | None, min_cosine: float | None, max_error: float | None = None) -> bool:
+def meets(f: Fidelity, min_agreement: float | None, min_cosine: float | None, max_error: float | None = None,
+          max_perplexity: float | None = None) -> bool:
     """Whether every gated figure of `f` meets its floor by the rule (the plug-in's score aside)."""
-    return all(v.passed for v in verdicts(f, min_agreement, min_cosine, max_error))
+    return all(v.passed for v in verdicts(f, min_agreement, min_cosine, max_error, max_perplexity))

@@ -27,6 +27,7 @@ from __future__ import annotations
 from qcli.data.folder import DataFolder
 from qcli.data.inputs import InputSpec, model_inputs
 from qcli.data.preprocess import Preprocess
+from qcli.data.readers import Reading
 from qcli.data.samples import LABEL_KEY, Batch, Sample
 from qcli.data.scan import IMAGE_EXTENSIONS, LABELS_CSV
 
@@ -38,6 +39,7 @@ __all__ = [
     "DataFolder",
     "InputSpec",
     "Preprocess",
+    "Reading",
     "Sample",
     "model_inputs",
 ]

@@ -14,8 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from qcli.data.inputs import InputSpec
-from qcli.data.preprocess import Preprocess
-from qcli.data.readers import READERS
+from qcli.data.readers import READERS, Reading
 from qcli.data.samples import Batch, Sample, signature, split, stack, take
 from qcli.data.scan import Entry, read_labels, scan
 from qcli.data.validate import validate
@@ -41,12 +40,13 @@ class DataFolder:
         path: str | os.PathLike,
         inputs: list[InputSpec],
         *,
-        preprocess: Preprocess | None = None,
+        reading: Reading | None = None,
         samples: int | None = None,
         labels: str | os.PathLike | None = None,
         start: int = 0,
     ):
         """`labels`: a labels.csv kept outside the folder (default: DIR/labels.csv if present);
+        `reading`: images' preprocessing and text's chunk length (default: none, 128 tokens);
         `start`: skip the first `start` samples (`samples` counts from there). A model with no
         inputs is refused (ModelError): it has no samples, every run computes the same outputs."""
         if not inputs:
@@ -59,7 +59,7 @@ class DataFolder:
         self.path = Path(path)
         self.labels_file = Path(labels) if labels is not None else None
         self.inputs = inputs
-        self.preprocess = preprocess
+        self.reading = reading or Reading()
         self.limit = samples
         self.start = start
         if start < 0:
@@ -153,7 +153,7 @@ class DataFolder:
 
     def read(self, entry: Entry) -> Sample:
         """Load one entry, give it its labels.csv label, and check it against the model inputs."""
-        sample = READERS[entry.kind].read(entry, self.inputs, self.preprocess)
+        sample = READERS[entry.kind].read(entry, self.inputs, self.reading)
         if entry.rel in self.labels_csv:
             sample.label = self.labels_csv[entry.rel]
         return validate(sample, self.inputs, self.path)

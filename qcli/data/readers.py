@@ -1,4 +1,4 @@
-"""One reader per entry kind (`.npz`, `.npy`, ONNX test data set, image), looked up in `READERS`.
+"""One reader per entry kind (`.npz`, `.npy`, ONNX test data set, image, text), looked up in `READERS`.
 
 A reader turns an entry into a `Sample` (arrays not yet checked against the model) and counts
 the samples an entry holds from array headers where the format has them, without reading data.
@@ -20,19 +20,28 @@ from qcli.data.inputs import InputSpec
 from qcli.data.preprocess import Preprocess
 from qcli.data.samples import LABEL_KEY, Sample
 from qcli.data.scan import Entry, EntryKind
+from qcli.data.text import DEFAULT_SEQ_LEN, read_text_file
 from qcli.errors import DataError
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a folder's files become inputs: images' preprocessing, text's chunk length in tokens."""
+
+    preprocess: Preprocess | None = None
+    seq_len: int = DEFAULT_SEQ_LEN
 
 
 @dataclass(frozen=True)
 class Reader:
     """How one kind of entry is read."""
 
-    read: Callable[[Entry, list[InputSpec], Preprocess | None], Sample]
+    read: Callable[[Entry, list[InputSpec], Reading], Sample]
     # Samples in the entry as its headers tell for the model's first input; None: read it to know.
     count: Callable[[Entry, InputSpec], int | None]
 
 
-def _read_npz(entry: Entry, inputs: list[InputSpec], preprocess: Preprocess | None) -> Sample:
+def _read_npz(entry: Entry, inputs: list[InputSpec], reading: Reading) -> Sample:
     try:
         with np.load(entry.path, allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
@@ -42,7 +51,7 @@ def _read_npz(entry: Entry, inputs: list[InputSpec], preprocess: Preprocess | No
     return Sample(entry.rel, arrays, label)
 
 
-def _read_npy(entry: Entry, inputs: list[InputSpec], preprocess: Preprocess | None) -> Sample:
+def _read_npy(entry: Entry, inputs: list[InputSpec], reading: Reading) -> Sample:
     if len(inputs) != 1:
         raise DataError(
             f"{entry.path}: .npy files feed single-input models, but the model has "
@@ -56,7 +65,7 @@ def _read_npy(entry: Entry, inputs: list[InputSpec], preprocess: Preprocess | No
     return Sample(entry.rel, {inputs[0].name: array})
 
 
-def _read_test_data_set(entry: Entry, inputs: list[InputSpec], preprocess: Preprocess | None) -> Sample:
+def _read_test_data_set(entry: Entry, inputs: list[InputSpec], reading: Reading) -> Sample:
     """`input_<i>.pb` in input order (a tensor named after no model input takes the i-th input's
     name); `output_<i>.pb` kept as reference outputs."""
     tensors = _tensor_files(entry.path, "input")
@@ -89,8 +98,8 @@ def _tensor_files(folder: Path, prefix: str) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-def _read_image(entry: Entry, inputs: list[InputSpec], preprocess: Preprocess | None) -> Sample:
-    if preprocess is None:
+def _read_image(entry: Entry, inputs: list[InputSpec], reading: Reading) -> Sample:
+    if reading.preprocess is None:
         raise DataError(
             f"{entry.root} holds images but no preprocessing is configured",
             hint="add a data.preprocess section (resize, scale, mean, std, channels, "
@@ -98,7 +107,7 @@ def _read_image(entry: Entry, inputs: list[InputSpec], preprocess: Preprocess | 
         )
     if len(inputs) != 1:
         raise DataError(f"images feed single-input models; the model has {len(inputs)} inputs")
-    image = preprocess.apply(entry.path)
+    image = reading.preprocess.apply(entry.path)
     label = None if entry.class_label is None else np.array([entry.class_label], np.int64)
     return Sample(entry.rel, {inputs[0].name: image}, label)
 
@@ -150,4 +159,6 @@ READERS: dict[EntryKind, Reader] = {
     "npy": Reader(_read_npy, _count_npy),
     "pb": Reader(_read_test_data_set, _count_test_data_set),
     "image": Reader(_read_image, lambda entry, spec: 1),
+    "text": Reader(lambda entry, inputs, reading: read_text_file(entry.path, entry.rel, inputs, reading.seq_len),
+                   lambda entry, spec: None),
 }

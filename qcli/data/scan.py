@@ -1,7 +1,8 @@
 """What a data folder holds: its sample entries, their kind, and the labels given beside them.
 
 A folder holds one layout: `*.npz`, `*.npy`, images, image class subfolders (sorted class names
--> label ids, as torchvision's ImageFolder) or ONNX test data sets; mixing layouts is refused.
+-> label ids, as torchvision's ImageFolder), ONNX test data sets, or text (`*.txt` / `*.jsonl`
+with a `tokenizer.json`: qcli.data.text); mixing layouts is refused.
 Entries are listed in sorted order of their path under the folder. `labels.csv` (`file,label`)
 gives or overrides the label of any entry.
 """
@@ -18,10 +19,11 @@ from typing import Literal
 
 import numpy as np
 
+from qcli.data.text import TEXT_EXTENSIONS, TOKENIZER
 from qcli.errors import DataError
 from qcli.textfile import read_text
 
-EntryKind = Literal["npz", "npy", "pb", "image"]
+EntryKind = Literal["npz", "npy", "pb", "image", "text"]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp")
 LABELS_CSV = "labels.csv"
@@ -48,7 +50,7 @@ class Scan:
     """A folder's entries in reading order, its layout (as reported), and its class names."""
 
     entries: list[Entry]
-    layout: str  # npz | npy | image | image-folders | onnx-test-data
+    layout: str  # npz | npy | image | image-folders | onnx-test-data | text
     class_names: list[str]
 
 
@@ -58,11 +60,15 @@ def scan(root: Path) -> Scan:
     test_sets = [d for d in dirs if d.startswith("test_data_set")]
     if test_sets:
         return Scan([Entry(root, d, "pb") for d in test_sets], "onnx-test-data", [])
-    by_kind: dict[EntryKind, list[str]] = {"npz": [], "npy": [], "image": []}  # in the order mixes are named
+    # in the order mixes are named
+    by_kind: dict[EntryKind, list[str]] = {"npz": [], "npy": [], "image": [], "text": []}
+    kinds: dict[str, EntryKind] = dict(_KIND_BY_SUFFIX)
+    if TOKENIZER in files:
+        kinds.update(dict.fromkeys(TEXT_EXTENSIONS, "text"))
     for name in files:
         suffix = os.path.splitext(name)[1].lower()
-        if suffix in _KIND_BY_SUFFIX:
-            by_kind[_KIND_BY_SUFFIX[suffix]].append(name)
+        if suffix in kinds:
+            by_kind[kinds[suffix]].append(name)
     # As torchvision's ImageFolder: once any subfolder holds images, every subfolder is a
     # class (an empty one still takes its label id, so ids do not shift).
     subdirs = [root / d for d in dirs]
@@ -74,7 +80,9 @@ def scan(root: Path) -> Scan:
         raise DataError(
             f"no samples found in {root}",
             hint="a data folder holds *.npz, *.npy, image files, image class subfolders, "
-            "or test_data_set_*/input_<i>.pb folders",
+            "test_data_set_*/input_<i>.pb folders, or *.txt / *.jsonl text with the model's tokenizer.json"
+            + (" (text files are samples only beside a tokenizer.json)" if any(
+                os.path.splitext(name)[1].lower() in TEXT_EXTENSIONS for name in files) else ""),
         )
     if len(found) > 1:
         raise DataError(

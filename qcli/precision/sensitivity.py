@@ -156,7 +156,7 @@ def _rebuild(model: onnx.ModelProto, config: Config, data: Path, progress: Progr
     `qcli.holdout`), and the probe comparing candidates on the samples calibration did not read."""
     inputs = model_inputs(model)
     prepared = prepare_for(model, config)
-    total = len(DataFolder(data, inputs, preprocess=config.data.preprocess))
+    total = len(DataFolder(data, inputs, reading=config.data.reading))
     count = config.auto_precision.samples
     if make_plan(prepared.model, config).calibrated_tensors:
         plan, table = calibrate_planned(model, config, data, plan_data(data, total, None, config, count), prepared,

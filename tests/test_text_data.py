@@ -1,0 +1,171 @@
+"""Text data folders (.txt / .jsonl + tokenizer.json) and language models' verdicts: decoders with a
+KV cache fed prompts with no past, judged by perplexity on the text's next tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import fused_op_counts, write_npz
+from decoders import TEXT, decoder, save, tokenizer_json
+from qcli.analyze.kinds import Kind, output_kinds
+from qcli.analyze.tokens import TokenAccumulator, log_softmax
+from qcli.data import DataFolder, Reading, model_inputs
+from qcli.data.text import chunks
+from qcli.errors import DataError
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer decoder with a KV cache and random weights, and its tokenizer."""
+    root = tmp_path_factory.mktemp("decoder")
+    save(decoder(), root / "decoder.onnx")
+    tokenizer_json(root / "tokenizer.json", TEXT)
+    return root
+
+
+def text_folder(root: Path, tiny: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tokenizer.json").write_bytes((tiny / "tokenizer.json").read_bytes())
+    for name, text in files.items():
+        (root / name).write_text(text)
+    return root
+
+
+def corpus(root: Path, tiny: Path, n: int = 40) -> Path:
+    """`n` .txt files of the docstring-like sentences, each a few chunks of 16 tokens."""
+    return text_folder(root, tiny, {f"{i:03d}.txt": " ".join(TEXT[(i + j) % len(TEXT)] for j in range(3))
+                                    for i in range(n)})
+
+
+def test_a_text_folder_feeds_prompts_with_an_empty_past(tmp_path: Path, tiny: Path) -> None:
+    inputs = model_inputs(onnx.load(str(tiny / "decoder.onnx")))
+    data = text_folder(tmp_path / "text", tiny, {"a.txt": TEXT[0] * 3, "b.jsonl": "\n".join(
+        json.dumps({"text": t}) for t in TEXT[:3]) + "\n\n"})
+    folder = DataFolder(data, inputs, reading=Reading(seq_len=16))
+    assert folder.layout == "text"
+    samples = list(folder)
+    assert [s.source for s in samples] == ["a.txt", "b.jsonl"]
+    a = samples[0].inputs
+    assert a["input_ids"].shape[1] == 16 and a["input_ids"].dtype == np.int64
+    assert (a["attention_mask"] == 1).all() and a["attention_mask"].shape == a["input_ids"].shape
+    assert (a["position_ids"] == np.arange(16)).all()
+    assert a["past_key_values.1.value"].shape == (a["input_ids"].shape[0], 4, 0, 16)
+    assert len(folder) == sum(s.size for s in samples)
+    # the chunks are the tokenizer's ids of the whole file, cut every 16 tokens (the tail dropped)
+    from tokenizers import Tokenizer
+    ids = Tokenizer.from_file(str(data / "tokenizer.json")).encode(TEXT[0] * 3).ids
+    assert a["input_ids"].ravel().tolist() == ids[:len(ids) // 16 * 16]
+    # a .jsonl file's records are one document, joined by blank lines
+    jsonl = Tokenizer.from_file(str(data / "tokenizer.json")).encode("\n\n".join(TEXT[:3])).ids
+    assert samples[1].inputs["input_ids"].ravel().tolist() == jsonl[:len(jsonl) // 16 * 16]
+
+
+def test_chunks_keep_one_length_per_file() -> None:
+    assert chunks(list(range(40)), 16) == [list(range(16)), list(range(16, 32))]
+    assert chunks(list(range(5)), 16) == [list(range(5))]  # a short file is one shorter chunk
+    assert chunks([3], 16) == []
+
+
+def test_text_files_without_a_tokenizer_are_not_samples(tmp_path: Path, tiny: Path) -> None:
+    (tmp_path / "a.txt").write_text("hello")
+    inputs = model_inputs(onnx.load(str(tiny / "decoder.onnx")))
+    with pytest.raises(DataError) as err:
+        DataFolder(tmp_path, inputs)
+    assert err.value.message == f"no samples found in {tmp_path}"
+    assert err.value.hint.endswith("or *.txt / *.jsonl text with the model's tokenizer.json (text files are samples "
+                                   "only beside a tokenizer.json)")
+    write_npz(tmp_path / "0.npz", x=np.zeros((1, 3), np.float32))  # a README beside .npz samples stays ignored
+    assert DataFolder(tmp_path, inputs).layout == "npz"
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("{not json", "b.jsonl:2: not a JSON record: Expecting property name enclosed in double quotes"),
+    ('{"txt": "x"}', 'b.jsonl:2: a record without a "text" string'),
+])
+def test_a_bad_jsonl_record_is_named_by_line(tmp_path: Path, tiny: Path, line: str, message: str) -> None:
+    data = text_folder(tmp_path / "t", tiny, {"b.jsonl": json.dumps({"text": TEXT[0]}) + "\n" + line + "\n"})
+    inputs = model_inputs(onnx.load(str(tiny / "decoder.onnx")))
+    with pytest.raises(DataError) as err:
+        list(DataFolder(data, inputs))
+    assert err.value.message == f"{data}/{message}"
+
+
+def test_an_input_a_text_folder_cannot_feed_is_refused(tmp_path: Path, tiny: Path) -> None:
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (int64[N, T] input_ids, float[N, 3] extra) => (int64[N, T] y) { y = Identity(input_ids) }""")
+    data = text_folder(tmp_path / "t", tiny, {"a.txt": TEXT[0]})
+    with pytest.raises(DataError) as err:
+        list(DataFolder(data, model_inputs(model)))
+    assert err.value.message == f"{data} is a text data folder, which cannot feed the model's input 'extra' [N, 3]"
+    assert err.value.hint == ("a text folder feeds input_ids, attention_mask, position_ids, token_type_ids and past "
+                              "key/value inputs; give other models .npz samples")
+
+
+def test_seq_len_below_two_is_refused(cli, tmp_path: Path, tiny: Path) -> None:
+    data = corpus(tmp_path / "text", tiny, 4)
+    result = cli("calibrate", tiny / "decoder.onnx", "--data", data, "--seq-len", "1", "-o", tmp_path / "c.json")
+    assert result.exit_code == 2
+    assert "error: --seq-len must be at least 2 tokens, got 1" in result.stderr
+
+
+def test_a_decoders_logits_are_tokens_and_its_cache_is_ignored(tiny: Path) -> None:
+    model = onnx.load(str(tiny / "decoder.onnx"))
+    values = {o.name: [np.zeros((1, 8, 320) if o.name == "logits" else (1, 4, 8, 16), np.float32)]
+              for o in model.graph.output}
+    kinds = output_kinds(model, values)
+    assert kinds["logits"].kind is Kind.TOKENS
+    assert kinds["logits"].reason == ("[1, 8, 320] logits over 320 tokens at each position of a decoder fed "
+                                      "input_ids: judged by perplexity on the next tokens")
+    assert {kinds[n].kind for n in values if n != "logits"} == {Kind.IGNORE}
+
+
+def test_perplexity_is_the_exponent_of_the_mean_negative_log_likelihood() -> None:
+    rng = np.random.default_rng(0)
+    f, q = rng.normal(size=(3, 10, 50)), rng.normal(size=(3, 10, 50))
+    ids = rng.integers(0, 50, (3, 10))
+    acc = TokenAccumulator()
+    acc.update(f[:2], q[:2], ids[:2])
+    acc.update(f[2:], q[2:], ids[2:])
+    nll = [-np.mean([log_softmax(x[i, t])[ids[i, t + 1]] for i in range(3) for t in range(9)]) for x in (f, q)]
+    assert acc.float_perplexity == pytest.approx(np.exp(nll[0]))
+    assert acc.perplexity == pytest.approx(np.exp(nll[1]))
+    assert acc.increase == pytest.approx(np.exp(nll[1] - nll[0]) - 1)
+    assert acc.agreement == pytest.approx(np.mean(f.argmax(-1) == q.argmax(-1)))
+    same = TokenAccumulator()
+    same.update(f, f, ids)
+    assert same.increase == 0 and same.agreement == 1 and same.kl.value == pytest.approx(0)
+
+
+def test_int4_weights_on_a_decoder_from_a_text_folder(cli, tmp_path: Path, tiny: Path) -> None:
+    data = corpus(tmp_path / "text", tiny)
+    out = tmp_path / "int4.onnx"
+    doc = cli.json("quantize", tiny / "decoder.onnx", "-o", out, "--data", data, "--seq-len", "16",
+                   "--config", "weights-int4")
+    outputs = {o["name"]: o for o in doc["verification"]["outputs"]}
+    logits = outputs["logits"]
+    assert logits["kind"] == "tokens" and abs(logits["perplexity_increase"]) < 0.02
+    assert logits["perplexity"] == pytest.approx(logits["float_perplexity"] * (1 + logits["perplexity_increase"]))
+    checks = {c["name"]: c for c in doc["verification"]["checks"]}
+    assert checks["perplexity increase"]["passed"] and checks["perplexity increase"]["floor"] == 0.02
+    assert outputs["present.0.key"]["kind"] == "ignore"
+    assert fused_op_counts(out, tmp_path)["MatMulNBits"] == 13  # q, k, v, o, fc1, fc2 of 2 layers, and lm_head
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert session.get_outputs()[0].name == "logits"
+
+
+def test_the_perplexity_ceiling_gates(cli, tmp_path: Path, tiny: Path) -> None:
+    data = corpus(tmp_path / "text", tiny)
+    (tmp_path / "c.yaml").write_text("version: 1\nactivations: {dtype: float}\n"
+                                     "weights: {dtype: int4, symmetric: true, granularity: per_block, block_size: 32}\n"
+                                     "verify: {max_perplexity_increase: 1.0e-6, max_latency_ratio: null, "
+                                     "rescue: false}\n")
+    result = cli("quantize", tiny / "decoder.onnx", "-o", tmp_path / "q.onnx", "--data", data, "--seq-len", "16",
+                 "--config", tmp_path / "c.yaml")
+    assert result.exit_code == 1, result.stderr
+    assert "perplexity increase" in result.stdout + result.stderr
