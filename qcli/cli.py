@@ -44,7 +44,8 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")]
 ConfigOpt = Annotated[
     str | None,
-    typer.Option("--config", help="YAML config file, or a preset: default, dynamic, tensorrt, accuracy, weights-int4."),
+    typer.Option("--config", help="YAML config file, or a preset: default, dynamic, tensorrt, accuracy, weights-int4, "
+                 "llm-int4, llm-int8."),
 ]
 DropOpt = Annotated[
     float | None,

@@ -94,6 +94,10 @@ class Weights(Section):
     granularity: GranularityName = Field("per_channel", description=(
         "one scale per tensor, per output channel (Conv out-channels, Gemm's N axis, a MatMul matrix's columns), "
         "or per block of `block_size` along the reduction axis"))
+    algorithm: Literal["rtn", "gptq"] = Field("rtn", description=(
+        "how integer weights are rounded: `rtn` each value to its nearest; `gptq` MatMul and Gemm weights one input "
+        "row at a time, each rounding error spread onto the rows left by the Gram matrix of the layer's inputs on "
+        "the calibration samples (needs `--data`; qcli/gptq.py)"))
     # larger than any weight's axis: one block per channel
     block_size: int = Field(32, ge=8, le=1 << 16, description=(
         "a power of two: the block of `per_block` (opset 21: a config asking for it prepares models below at 21). "
@@ -179,6 +183,8 @@ class Override(Section):
                              "drop activations and weights here")
         if dynamic and self.activations is not None:
             raise ValueError("precision dynamic sets the activations (uint8 at run time): drop activations here")
+        if self.weights is not None and self.weights.algorithm != "rtn":
+            raise ValueError("weights.algorithm is one per model: set it in the top-level weights section")
         made_dynamic = dynamic or (self.activations is not None and self.activations.mode == "dynamic")
         if self.weights is not None and made_dynamic:
             check_dynamic_weights(self.weights)
@@ -429,6 +435,9 @@ def config_document(config: Config) -> dict:
     if config.data.preprocess is not None:
         pre = config.data.preprocess.model_dump(mode="json", exclude_none=True)
         doc["data"] = {"preprocess": pre}
+    for weights in [doc["weights"], *(o["weights"] for o in doc["overrides"] if o.get("weights"))]:
+        if weights.get("algorithm") == "rtn":  # the default: models made before it existed keep their bytes
+            del weights["algorithm"]
     return doc
 
 

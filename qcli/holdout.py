@@ -34,7 +34,7 @@ from qcli.data import DataFolder, InputSpec, model_inputs
 from qcli.phases import ProgressFactory, no_progress
 from qcli.prepare import PrepareResult
 from qcli.prepare.shapes import activation_bytes
-from qcli.quantize import calibrate, measure_bias_shifts
+from qcli.quantize import calibrate, measure_bias_shifts, measure_grams
 from qcli.target.deployment import Deployment
 
 MIN_SAMPLES = 16
@@ -168,8 +168,13 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
         table = calibrate(model, folder, config, progress=advance, force=force, strict=strict,
                           methods=methods or (config.calibration.method,), prepared=prepared,
                           executor=executor, folds=folds)
+    parts = [[folder], *(_other_folds(folder, fold) for fold in folds)]
+    if config.weights.algorithm == "gptq":
+        with progress("measuring Gram matrices (gptq)", len(folder) * len(parts) - sum(f.samples for f in folds)
+                      ) as advance:
+            for t, part in zip([table, *table.folds], parts, strict=True):
+                measure_grams(model, config, t, part, prepared=prepared, progress=advance)
     if config.recovery.bias_correction is not None:
-        parts = [[folder], *(_other_folds(folder, fold) for fold in folds)]
         with progress("measuring bias shifts", len(folder) * len(parts) - sum(f.samples for f in folds)) as advance:
             for t, part in zip([table, *table.folds], parts, strict=True):
                 measure_bias_shifts(model, config, t, part, prepared=prepared, progress=advance)

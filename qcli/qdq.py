@@ -227,14 +227,17 @@ def _weight_edits(source: _Source, plan: Plan) -> tuple[_Edits, dict[str, np.nda
             if elsewhere:  # its readers read it by its name: nothing to rewire
                 continue
         else:
+            # The zero point stays even when all zeros: onnxruntime fuses Gemm only with one. Per block
+            # (MatMulNBits, which takes none) an all-zero one is left out: 1% of an int4 model's bytes.
+            zero_point = None if isinstance(wp.scheme.granularity, PerBlock) and not np.any(zero) else (
+                f"{wp.name}_zero_point")
             edits.inits += [
                 _tensor(q, f"{wp.name}_quantized", dtype.onnx_type),
                 numpy_helper.from_array(scale, f"{wp.name}_scale"),
-                # The zero point stays even when all zeros: onnxruntime fuses Gemm only with one.
-                _tensor(zero, f"{wp.name}_zero_point", dtype.onnx_type),
+                *([_tensor(zero, zero_point, dtype.onnx_type)] if zero_point else []),
             ]
             edits.nodes.append(_dequantize_node(
-                f"{wp.name}_quantized", f"{wp.name}_scale", f"{wp.name}_zero_point", f"{wp.name}_dequantized",
+                f"{wp.name}_quantized", f"{wp.name}_scale", zero_point, f"{wp.name}_dequantized",
                 axis=wp.axis, domain=qdq_domain(dtype.bits, source.opset), block=_block_size(wp),
             ))
         for use in source.uses(wp.name, only_quantized=True):
@@ -423,10 +426,21 @@ def _import_contrib_domain(model: onnx.ModelProto, new_nodes: list[onnx.NodeProt
 
 
 def _tensor(values: np.ndarray, name: str, onnx_type: int) -> onnx.TensorProto:
-    """An initializer of `onnx_type` (int4/uint4 are packed two per byte by onnx's helper)."""
+    """An initializer of `onnx_type`; int4/uint4 packed two per byte into raw data, the first of
+    each pair in the low nibble (onnx's helper stores them as int32 varints: 1.4x the bytes, and
+    10 bytes per negative pair).
+
+    >>> t = _tensor(np.array([[-7, 3], [2, -1]], np.int8), "w", onnx.TensorProto.INT4)
+    >>> t.raw_data.hex(), numpy_helper.to_array(t).tolist()
+    ('39f2', [[-7, 3], [2, -1]])
+    """
     values = np.asarray(values)
     if onnx_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
-        return helper.make_tensor(name, onnx_type, values.shape, values.flatten().tolist())
+        nibbles = (values.astype(np.int16).ravel() & 0x0F).astype(np.uint8)
+        if nibbles.size % 2:
+            nibbles = np.append(nibbles, np.uint8(0))
+        packed = nibbles[0::2] | (nibbles[1::2] << 4)
+        return helper.make_tensor(name, onnx_type, values.shape, packed.tobytes(), raw=True)
     return numpy_helper.from_array(values, name)
 
 

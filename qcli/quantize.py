@@ -21,7 +21,7 @@ from typing import Any
 
 import onnx
 
-from qcli import __version__
+from qcli import __version__, gptq
 from qcli.calibrate.collect import Collected, collect
 from qcli.calibrate.pool import started
 from qcli.calibrate.ranges import RangeSettings
@@ -38,6 +38,7 @@ from qcli.phases import phase
 from qcli.plan import DynamicNode, Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
+from qcli.qweights import WeightMemo, frozen
 from qcli.recovery import bias, check_table, graph_steps
 from qcli.recovery.equalize import equalize
 from qcli.recovery.smoothquant import channel_requests, find_targets, smooth
@@ -167,6 +168,8 @@ def quantize(
     recovery = {**prepared.recovery, **smoothed}
     source = correct_biases(work, plan, config, table, recovery, notes)
     memo = prepared.quantized if reused and source is prepared.model else None  # weights changed: no memo
+    if config.weights.algorithm == "gptq":
+        memo = _gptq_rounded(source, plan, table, memo, notes)
     lean = lean and not (plan.half and config.half)  # the 16-bit rewrite reads the float weights
     out = materialize(source, plan, index if source is work else GraphIndex.of(source), memo, lean)
     half = None
@@ -288,6 +291,17 @@ def measure_bias_shifts(model: onnx.ModelProto, config: Config, table: Calibrati
     table.bias_shifts = bias.measure(planned, int8.model, found, folders, config.calibration.batch_size, progress)
 
 
+def measure_grams(model: onnx.ModelProto, config: Config, table: CalibrationTable, folders: Sequence[DataFolder],
+                  *, prepared: PrepareResult, progress: Callable[[int], None] | None = None) -> None:
+    """GPTQ's Gram matrices (qcli.gptq) of the inputs of the weights `config` quantizes, over
+    `folders` (the samples `table` was calibrated on), through the prepared float graph; kept on
+    `table` for every later `quantize` with it."""
+    work = prepared.model
+    plan = make_plan(work, config)
+    table.grams = gptq.measure(work, gptq.targets(work, plan).values(), folders, config.calibration.batch_size,
+                               progress)
+
+
 def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: CalibrationTable, recovery: dict,
                    notes: list[str]) -> onnx.ModelProto:
     """`work`, or a copy with bias correction's shifts taken out of the biases of the nodes
@@ -305,6 +319,21 @@ def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: Cal
     notes.append(f"bias correction: corrected {done['nodes']} node(s)" + (
         f"; largest shift {largest['value']:.3g} ({largest['node']})" if largest else ""))
     return source
+
+
+def _gptq_rounded(source: onnx.ModelProto, plan: Plan, table: CalibrationTable, memo: WeightMemo | None,
+                  notes: list[str]) -> WeightMemo:
+    """`memo` (or a new one) holding the weights GPTQ rounds (qcli.gptq) under their plans, which
+    the build then takes instead of rounding to nearest; solved once per memo and plan."""
+    if table.grams is None:
+        raise gptq.needs_data()
+    memo = memo or WeightMemo()
+    wanted = {name for name, wp in plan.weights.items() if ("qdq", wp) not in memo.weights}
+    solved = gptq.solve(source, plan, table.grams, wanted)
+    for name, weight in solved.items():
+        memo.weights[("qdq", plan.weights[name])] = frozen(weight)
+    notes.extend(gptq.notes(source, plan))
+    return memo
 
 
 def _asks_blocks(config: Config) -> bool:
@@ -441,9 +470,13 @@ def node_precisions(model: onnx.ModelProto) -> dict[str, str]:
             if folded is not None:  # a weight-only weight (qcli/weightonly.py)
                 weights.add(onnx.TensorProto.DataType.Name(types[folded]).lower())
                 continue
-            if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 3 or dq.input[2] not in types:
+            if dq is None or dq.op_type != "DequantizeLinear":
                 continue
-            dtype = onnx.TensorProto.DataType.Name(types[dq.input[2]]).lower()
+            # the zero point's type, else (a per-block weight's left out) the integers'
+            typed = dq.input[2] if len(dq.input) > 2 and dq.input[2] in types else dq.input[0]
+            if typed not in types:
+                continue
+            dtype = onnx.TensorProto.DataType.Name(types[typed]).lower()
             if dtype != "int32":  # a bias: its type follows the others
                 (weights if dq.input[0] in types else acts).add(dtype)
         if acts or weights:

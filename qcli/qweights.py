@@ -42,7 +42,7 @@ def quantized_weight(values: np.ndarray, plan: WeightPlan) -> Weight:
     ([[64, -127], [-127, 64]], [0.01575, 0.00394], [0, 0])
     """
     scheme, axis = plan.scheme, plan.axis
-    scale, zero = _weight_qparams(values, plan)
+    scale, zero = weight_qparams(values, plan)
     if isinstance(scheme.granularity, PerBlock) and axis is not None:
         block, size = scheme.granularity.size, values.shape[axis]
         q = quantize(values, _expand_blocks(scale, block, axis, size), _expand_blocks(zero, block, axis, size),
@@ -52,7 +52,7 @@ def quantized_weight(values: np.ndarray, plan: WeightPlan) -> Weight:
     return q, scale, zero
 
 
-def _weight_qparams(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np.ndarray]:
+def weight_qparams(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np.ndarray]:
     """Scale and zero point of a weight: one, one per channel along `axis`, or one per block of
     values along `axis` (then shaped like the weight with that axis shortened)."""
     scheme, axis = plan.scheme, plan.axis
@@ -81,11 +81,11 @@ def weight_of(memo: WeightMemo | None, key: Hashable, values: Callable[[], np.nd
     if memo is None:
         return quantized_weight(values(), plan)
     if key not in memo.weights:
-        memo.weights[key] = _frozen(quantized_weight(values(), plan))
+        memo.weights[key] = frozen(quantized_weight(values(), plan))
     return memo.weights[key]
 
 
-def _frozen(weight: Weight) -> Weight:
+def frozen(weight: Weight) -> Weight:
     """The arrays made read-only: a remembered weight is shared by every later build."""
     for array in weight:
         array.setflags(write=False)

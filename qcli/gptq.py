@@ -1,0 +1,248 @@
+"""GPTQ (Frantar et al., 2023): MatMul and Gemm weights rounded one input row at a time, each
+row's rounding error spread onto the rows not yet rounded through the inverse Gram matrix of the
+layer's inputs, so that the layer's outputs on the calibration data move least
+(`weights.algorithm: gptq`; `rtn`, the default, rounds every value to its nearest).
+
+Decisions:
+- The Gram matrix X^T X of a quantized MatMul's (or Gemm's) input, over every row of it (each
+  token of each calibration sample), comes from one extra pass over the calibration samples
+  (`measure`) through the prepared float graph, in float64: one K x K matrix per input tensor
+  (q, k and v read one). It lives on the calibration table in memory only, as bias correction's
+  shifts do: with `--calib FILE` the run is refused (`needs_data`).
+- The inputs are the float model's (the weights before them are not rounded yet): one pass,
+  where the original GPTQ feeds each layer the quantized layers' outputs before it.
+- Rows in decreasing order of the Gram diagonal (GPTQ's act-order: the inputs that carry the
+  most energy are rounded first, while the most rows are left to absorb their error), with
+  static groups: each block's scale and zero point are set before any row is rounded, from the
+  float weights, so the blocks stay contiguous along the reduction axis as DequantizeLinear and
+  MatMulNBits read them. Each block's range is clipped by the ratio (1 to 0.7) whose rounding
+  error, weighted by the Gram diagonal, is least (`searched`; GPTQ's `mse` option, made
+  activation-aware): ratio 1 is RTN's scale, so no block rounds worse than RTN's would.
+- Dampening: 1% of the mean diagonal added to it (GPTQ's percdamp 0.01); an input that is 0 on
+  every calibration row gets a diagonal of 1: its weights are rounded to nearest and kept (GPTQ
+  zeroes them; unseen data may use them).
+- Other weights (Conv, a MatMul whose weight is its first input, a weight several inputs
+  read) keep RTN, said in a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from qcli.calibrate.collect import session_with_outputs
+from qcli.data import DataFolder
+from qcli.errors import QcliError
+from qcli.graph import GraphIndex
+from qcli.plan import Plan, WeightPlan
+from qcli.qweights import Weight, quantized_weight, weight_qparams
+from qcli.scheme import PerBlock, integer_range
+
+DAMP = 0.01  # of the Gram diagonal's mean, added to it
+RATIOS = tuple(1.0 - 0.025 * i for i in range(13))  # the clipped ranges `searched` tries: 1.0 .. 0.7
+BLOCK_ROWS = 128  # rows rounded between two updates of the rest (GPTQ's lazy batch)
+
+
+@dataclass
+class Gram:
+    """Σ x xᵀ over the rows of one tensor (float64, K x K) and how many rows it summed."""
+
+    matrix: np.ndarray
+    rows: int = 0
+
+
+def needs_data() -> QcliError:
+    return QcliError(
+        "weights.algorithm gptq needs --data DIR: it reads the Gram matrices of the layers' inputs on the "
+        "calibration samples, which a calibration file does not hold",
+        hint="give --data DIR instead of --calib FILE, or set weights.algorithm: rtn")
+
+
+def targets(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = None) -> dict[str, str]:
+    """weight -> the input tensor whose Gram matrix GPTQ rounds it by: integer weights that only
+    MatMul (as its second input) or Gemm (as B) nodes read, all on one input tensor."""
+    index = index or GraphIndex.of(model)
+    found = {}
+    for name, wp in plan.weights.items():
+        tensor = index.initializers.get(name)
+        if wp.scheme.dtype.is_float or wp.axis is None or tensor is None or len(tensor.dims) != 2:
+            continue
+        uses = index.read_at.get(name, ())
+        readers = [model.graph.node[i] for i, position in uses if position == 1]
+        inputs = {n.input[0] for n in readers if n.op_type in ("MatMul", "Gemm") and not _transposed_a(n)}
+        if uses and len(readers) == len(uses) and len(inputs) == 1 and all(n.op_type in ("MatMul", "Gemm")
+                                                                          for n in readers):
+            found[name] = inputs.pop()
+    return found
+
+
+def _transposed_a(node: onnx.NodeProto) -> bool:
+    """A Gemm reading its input transposed (its rows are not the input's last axis)."""
+    return any(a.name == "transA" and a.i for a in node.attribute)
+
+
+def measure(model: onnx.ModelProto, tensors: Iterable[str], folders: Iterable[DataFolder], batch_size: int,
+            progress: Callable[[int], None] | None = None) -> dict[str, Gram]:
+    """The Gram matrix of each of `tensors` (last axis: K) over one pass of `folders`."""
+    names = sorted(set(tensors))
+    if not names:
+        return {}
+    session = session_with_outputs(model, names)
+    grams: dict[str, Gram] = {}
+    for batch in (b for folder in folders for b in folder.batches(batch_size)):
+        for name, value in zip(names, session.run(names, batch.inputs), strict=True):
+            x = np.asarray(value, np.float32)
+            x = x.reshape(-1, x.shape[-1])
+            gram = grams.setdefault(name, Gram(np.zeros((x.shape[1], x.shape[1]))))
+            gram.matrix += (x.T @ x).astype(np.float64)
+            gram.rows += x.shape[0]
+        if progress is not None:
+            progress(batch.size)
+    return grams
+
+
+def rounded(values: np.ndarray, wp: WeightPlan, gram: Gram) -> Weight:
+    """`values` quantized under `wp` by GPTQ on `gram` (module docstring): integers, scale and
+    zero point shaped as `quantized_weight` gives them, the scales `searched`."""
+    q, scale, zero = quantized_weight(values, wp)
+    reduce_axis = _reduction_axis(values, wp)
+    w = np.moveaxis(values.astype(np.float64), reduce_axis, -1).reshape(-1, values.shape[reduce_axis])  # [N, K]
+    k = w.shape[1]
+    if gram.matrix.shape != (k, k) or gram.rows == 0:
+        return q, scale, zero
+    h = gram.matrix / gram.rows
+    scale, zero = searched(values, wp, np.diag(h))
+    s, z = (np.moveaxis(_per_value(p, wp, values.shape), reduce_axis, -1).reshape(w.shape).astype(np.float64)
+            for p in (scale, zero))
+    lo, hi = integer_range(wp.scheme.dtype, wp.scheme.symmetric)
+    ints = _gptq(w, h, s, z, lo, hi)
+    shaped = np.moveaxis(ints.reshape(np.moveaxis(values, reduce_axis, -1).shape), -1, reduce_axis)
+    return shaped.astype(q.dtype), scale, zero
+
+
+def searched(values: np.ndarray, wp: WeightPlan, energy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and zero point per block (or channel) from the range clipped by the ratio of `RATIOS`
+    whose rounding error, weighted by each input's `energy` (the Gram diagonal: a weight on an
+    input that is often large costs more), is least: the outliers of a 32-value block otherwise
+    set a step too coarse for the other 31."""
+    axis = _reduction_axis(values, wp)
+    w = np.moveaxis(values.astype(np.float64), axis, -1).reshape(-1, values.shape[axis])  # [N, K]
+    blocked = isinstance(wp.scheme.granularity, PerBlock)
+    block = wp.scheme.granularity.size if isinstance(wp.scheme.granularity, PerBlock) else w.shape[1]
+    groups = -(-w.shape[1] // block)
+    lo, hi = integer_range(wp.scheme.dtype, wp.scheme.symmetric)
+    best = np.full((w.shape[0], groups), np.inf)
+    chosen: list[np.ndarray] = []
+    pick = np.zeros((w.shape[0], groups), np.int64)
+    for i, ratio in enumerate(RATIOS):
+        scale, zero = weight_qparams(values * np.float32(ratio), wp)
+        s, z = (np.moveaxis(_per_value(p, wp, values.shape), axis, -1).reshape(w.shape).astype(np.float64)
+                for p in (scale, zero))
+        q = np.clip(np.rint(w / s) + z, lo, hi)
+        err = energy * (w - (q - z) * s) ** 2
+        err = np.pad(err, [(0, 0), (0, groups * block - w.shape[1])]).reshape(w.shape[0], groups, block).sum(-1)
+        better = err < best
+        best, pick = np.where(better, err, best), np.where(better, i, pick)
+        chosen.append(np.stack([_layout(p, wp, axis, w.shape[0], groups, blocked) for p in (scale, zero)]))
+    stacked = np.stack(chosen)  # [ratios, 2, N, groups]
+    rows, cols = np.indices(pick.shape)
+    scale_best, zero_best = stacked[pick, 0, rows, cols], stacked[pick, 1, rows, cols]
+    scale, zero = weight_qparams(values, wp)
+    return (_unlayout(scale_best, scale, axis, blocked).astype(scale.dtype),
+            _unlayout(zero_best, zero, axis, blocked).astype(zero.dtype))
+
+
+def _layout(param: np.ndarray, wp: WeightPlan, axis: int, n: int, groups: int, blocked: bool) -> np.ndarray:
+    """A block's (or channel's) parameter in the [N, groups] layout of `searched`."""
+    if blocked:
+        return np.moveaxis(np.asarray(param, np.float64), axis, -1).reshape(n, groups)
+    return np.asarray(param, np.float64).reshape(n, 1)
+
+
+def _unlayout(chosen: np.ndarray, like: np.ndarray, axis: int, blocked: bool) -> np.ndarray:
+    """`chosen` [N, groups] back in the shape of the parameter `like`."""
+    if blocked:
+        return np.moveaxis(chosen.reshape(np.moveaxis(like, axis, -1).shape), -1, axis)
+    return chosen.reshape(like.shape)
+
+
+def _reduction_axis(values: np.ndarray, wp: WeightPlan) -> int:
+    """The weight's axis its layer sums over: the per-block axis, or the one a per-channel
+    axis is not (a MatMul [K, N] quantized per column N: K)."""
+    assert wp.axis is not None
+    if isinstance(wp.scheme.granularity, PerBlock) or values.ndim != 2:
+        return wp.axis
+    return 1 - wp.axis
+
+
+def _per_value(param: np.ndarray, wp: WeightPlan, shape: tuple[int, ...]) -> np.ndarray:
+    """A scale or zero point repeated to the weight's shape."""
+    assert wp.axis is not None
+    if isinstance(wp.scheme.granularity, PerBlock):
+        block = wp.scheme.granularity.size
+        return np.take(np.repeat(param, block, axis=wp.axis), np.arange(shape[wp.axis]), axis=wp.axis)
+    view = [1] * len(shape)
+    view[wp.axis] = -1
+    return np.broadcast_to(np.asarray(param).reshape(view), shape)
+
+
+def _gptq(w: np.ndarray, h: np.ndarray, s: np.ndarray, z: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Integers for `w` [N, K] with scales and zero points `s`, `z` (per value) on Gram `h` [K, K]."""
+    w, h = w.copy(), h.copy()
+    dead = np.diag(h) == 0
+    h[dead, dead] = 1.0
+    h[np.diag_indices_from(h)] += DAMP * float(np.mean(np.diag(h)))
+    order = np.argsort(-np.diag(h), kind="stable")
+    w, s, z, h = w[:, order], s[:, order], z[:, order], h[np.ix_(order, order)]
+    hinv = _upper_cholesky_of_inverse(h)
+    k = w.shape[1]
+    ints = np.zeros_like(w)
+    for start in range(0, k, BLOCK_ROWS):
+        stop = min(start + BLOCK_ROWS, k)
+        errors = np.zeros((w.shape[0], stop - start))
+        for j in range(start, stop):
+            q = np.clip(np.rint(w[:, j] / s[:, j]) + z[:, j], lo, hi)
+            ints[:, j] = q
+            err = (w[:, j] - (q - z[:, j]) * s[:, j]) / hinv[j, j]
+            w[:, j + 1:stop] -= np.outer(err, hinv[j, j + 1:stop])
+            errors[:, j - start] = err
+        w[:, stop:] -= errors @ hinv[start:stop, stop:]
+    out = np.empty_like(ints)
+    out[:, order] = ints
+    return out
+
+
+def _upper_cholesky_of_inverse(h: np.ndarray) -> np.ndarray:
+    """U with Uᵀ U = H⁻¹ (GPTQ's Hinv), more dampening until H is positive definite."""
+    damp = DAMP * float(np.mean(np.diag(h)))
+    for _ in range(8):
+        try:
+            inverse = np.linalg.inv(h)
+            return np.linalg.cholesky(inverse).T
+        except np.linalg.LinAlgError:
+            h = h + damp * np.eye(h.shape[0])
+            damp *= 10
+    raise np.linalg.LinAlgError("the Gram matrix stays singular after dampening")
+
+
+def solve(model: onnx.ModelProto, plan: Plan, grams: Mapping[str, Gram], names: Iterable[str]) -> dict[str, Weight]:
+    """The weights among `names` that GPTQ rounds (`targets` with a Gram matrix), rounded."""
+    found = targets(model, plan)
+    wanted = {n for n in names if n in found and found[n] in grams}
+    return {t.name: rounded(numpy_helper.to_array(t).astype(np.float32), plan.weights[t.name],
+                            grams[found[t.name]]) for t in model.graph.initializer if t.name in wanted}
+
+
+def notes(model: onnx.ModelProto, plan: Plan) -> list[str]:
+    """How many weights GPTQ rounds, and which integer weights it leaves to round to nearest."""
+    found = targets(model, plan)
+    rest = sorted(n for n, w in plan.weights.items() if n not in found and not w.scheme.dtype.is_float)
+    said = [f"gptq: {len(found)} weight(s) rounded by the Gram matrices of their layers' inputs"]
+    if rest:
+        said.append(f"gptq: {len(rest)} weight(s) rounded to nearest (not a MatMul or Gemm weight on one input): "
+                    + ", ".join(rest[:5]) + (", ..." if len(rest) > 5 else ""))
+    return said

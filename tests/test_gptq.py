@@ -1,0 +1,137 @@
+"""GPTQ (`weights.algorithm: gptq`): weights rounded by the Gram matrix of their layer's inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from decoders import TEXT, decoder, save, tokenizer_json
+from qcli.gptq import RATIOS, Gram, rounded
+from qcli.plan import WeightPlan
+from qcli.qweights import quantized_weight, weight_qparams
+from qcli.scheme import QuantScheme, dequantize, quantize
+
+INT4_BLOCKS = QuantScheme.of("int4", "per_block", True, block_size=32)
+
+
+def correlated_inputs(rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """Rows whose features are strongly correlated and of unequal energy, as hidden states are."""
+    rng = np.random.default_rng(seed)
+    mix = rng.normal(size=(k, k)) * np.linspace(0.1, 2.0, k)
+    return rng.normal(size=(rows, k)) @ mix
+
+
+def gram_of(x: np.ndarray) -> Gram:
+    return Gram(x.T @ x, x.shape[0])
+
+
+def output_error(x: np.ndarray, w: np.ndarray, weight, wp: WeightPlan) -> float:
+    q, scale, zero = weight
+    blocks = np.repeat(scale, 32, axis=0)[: w.shape[0]], np.repeat(zero, 32, axis=0)[: w.shape[0]]
+    return float(np.mean((x @ w - x @ dequantize(q, *blocks)) ** 2))
+
+
+def test_gptq_moves_the_layers_output_less_than_rounding_to_nearest() -> None:
+    rng = np.random.default_rng(1)
+    x = correlated_inputs(2048, 128)
+    w = rng.normal(size=(128, 64)).astype(np.float32)  # a MatMul's [K, N]
+    wp = WeightPlan("w", INT4_BLOCKS, 0)
+    rtn, gptq = quantized_weight(w, wp), rounded(w, wp, gram_of(x[:1024]))
+    assert gptq[0].dtype == rtn[0].dtype and gptq[0].shape == w.shape
+    assert gptq[1].shape == rtn[1].shape and np.all(gptq[1] <= rtn[1])  # RTN's scales, or clipped below them
+    assert np.any(gptq[1] < rtn[1])
+    held_out = x[1024:]  # rows the Gram matrix did not see
+    assert output_error(held_out, w, gptq, wp) < 0.6 * output_error(held_out, w, rtn, wp)
+    assert np.abs(gptq[0].astype(int)).max() <= 7  # symmetric int4: -7..7
+
+
+def test_gptq_on_uncorrelated_inputs_of_equal_energy_rounds_to_nearest() -> None:
+    """With a diagonal Gram matrix no row's error can be cancelled by another's: GPTQ rounds each
+    value to its nearest, on the scales `searched` chose, which are those of least plain error."""
+    w = np.random.default_rng(2).normal(size=(64, 16)).astype(np.float32)
+    wp = WeightPlan("w", INT4_BLOCKS, 0)
+    q, scale, zero = rounded(w, wp, Gram(np.eye(64) * 10.0, 10))
+    nearest = quantize(w, np.repeat(scale, 32, axis=0), np.repeat(zero, 32, axis=0), INT4_BLOCKS.dtype,
+                       symmetric=True)
+    assert np.array_equal(q, nearest)
+    errors = {}
+    for ratio in RATIOS:
+        s, z = weight_qparams(w * np.float32(ratio), wp)
+        s, z = np.repeat(s, 32, axis=0), np.repeat(z, 32, axis=0)
+        errors[ratio] = (w - dequantize(quantize(w, s, z, INT4_BLOCKS.dtype, symmetric=True), s, z)) ** 2
+    best = np.min([e.reshape(2, 32, 16).sum(1) for e in errors.values()], axis=0)
+    got = ((w - dequantize(q, np.repeat(scale, 32, axis=0), np.repeat(zero, 32, axis=0))) ** 2).reshape(2, 32, 16)
+    assert np.allclose(got.sum(1), best)
+
+
+def test_gptq_per_channel_int8_on_a_gemm_with_transposed_weights() -> None:
+    """Gemm transB=1 stores [N, K], quantized per output channel (axis 0): the reduction axis is 1."""
+    rng = np.random.default_rng(3)
+    x = correlated_inputs(1024, 96, seed=4)
+    w = rng.normal(size=(32, 96)).astype(np.float32)
+    wp = WeightPlan("w", QuantScheme.of("int8", "per_channel", True), 0)
+    rtn, gptq = quantized_weight(w, wp), rounded(w, wp, gram_of(x))
+
+    def error(weight) -> float:
+        return float(np.mean((x @ w.T - x @ dequantize(weight[0], weight[1], weight[2], axis=0).T) ** 2))
+
+    assert error(gptq) < 0.7 * error(rtn)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("gptq")
+    save(decoder(), root / "decoder.onnx")
+    text = root / "text"
+    text.mkdir()
+    tokenizer_json(text / "tokenizer.json", TEXT)
+    for i in range(40):
+        (text / f"{i:03d}.txt").write_text(" ".join(TEXT[(i + j) % len(TEXT)] for j in range(3)))
+    return root
+
+
+def test_gptq_from_a_text_folder_beats_rtn_on_the_decoders_perplexity(cli, tmp_path: Path, tiny: Path) -> None:
+    found = {}
+    for algorithm in ("rtn", "gptq"):
+        (tmp_path / f"{algorithm}.yaml").write_text(
+            "version: 1\nactivations: {dtype: float}\n"
+            f"weights: {{dtype: int4, symmetric: true, granularity: per_block, block_size: 32, algorithm: {algorithm}}}\n"
+            "verify: {max_latency_ratio: null}\n")
+        out = tmp_path / f"{algorithm}.onnx"
+        found[algorithm] = cli.json("quantize", tiny / "decoder.onnx", "-o", out, "--data", tiny / "text",
+                                    "--seq-len", "16", "--config", tmp_path / f"{algorithm}.yaml")
+        found[algorithm + " model"] = onnx.load(str(out))
+    assert "gptq: 13 weight(s) rounded by the Gram matrices of their layers' inputs" in found["gptq"]["notes"]
+    increase = {a: next(o for o in found[a]["verification"]["outputs"] if o["name"] == "logits")["perplexity_increase"]
+                for a in ("rtn", "gptq")}
+    assert abs(increase["gptq"]) < abs(increase["rtn"])
+    ints = {a: {t.name: numpy_helper.to_array(t) for t in found[a + " model"].graph.initializer
+                if t.name.endswith("_quantized")} for a in ("rtn", "gptq")}
+    assert ints["rtn"].keys() == ints["gptq"].keys() and len(ints["rtn"]) == 13
+    assert any(not np.array_equal(ints["rtn"][n], ints["gptq"][n]) for n in ints["rtn"])
+
+
+def test_gptq_with_a_calibration_file_is_refused(cli, tmp_path: Path, tiny: Path) -> None:
+    (tmp_path / "g.yaml").write_text("version: 1\nactivations: {dtype: float}\n"
+                                     "weights: {dtype: int4, granularity: per_block, algorithm: gptq}\n")
+    calib = tmp_path / "c.json"
+    assert cli("calibrate", tiny / "decoder.onnx", "--data", tiny / "text", "--seq-len", "16", "-o", calib,
+               "--config", tmp_path / "g.yaml").exit_code == 0
+    result = cli("quantize", tiny / "decoder.onnx", "--calib", calib, "-o", tmp_path / "q.onnx", "--config",
+                 tmp_path / "g.yaml")
+    assert result.exit_code == 2
+    assert ("error: weights.algorithm gptq needs --data DIR: it reads the Gram matrices of the layers' inputs on the "
+            "calibration samples, which a calibration file does not hold") in result.stderr
+
+
+def test_the_algorithm_is_one_per_model(cli, tmp_path: Path, tiny: Path) -> None:
+    (tmp_path / "o.yaml").write_text("version: 1\noverrides:\n  - match: {op_types: [MatMul]}\n"
+                                     "    weights: {dtype: int4, granularity: per_block, algorithm: gptq}\n")
+    result = cli("quantize", tiny / "decoder.onnx", "-o", tmp_path / "q.onnx", "--data", tiny / "text",
+                 "--config", tmp_path / "o.yaml")
+    assert result.exit_code == 2
+    assert "weights.algorithm is one per model: set it in the top-level weights section" in result.stderr
