@@ -166,7 +166,7 @@ def run_ort_rtn(model: Path, out: Path, block: int = 32) -> tuple[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="a folder with model.onnx and text/")
-    parser.add_argument("--presets", nargs="+", default=["weights-int4", "llm-int4", "llm-int8"],
+    parser.add_argument("--presets", nargs="+", default=["weights-int4", "llm-int4", "llm-int8", "llm-mixed"],
                         help="qcli presets or config files, each run as --config")
     parser.add_argument("--rounds", type=int, default=31, help="A/B rounds of the speed measure")
     add_markdown_option(parser, __file__)
