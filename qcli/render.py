@@ -363,12 +363,43 @@ _DETAILS = {
 
 
 def output_kinds(console: Console, outputs: list[dict]) -> None:
-    """Each output: the metric it is judged by, why, and its figures."""
+    """Each output: the metric it is judged by, why, and its figures; more than `GROUPED` outputs
+    in a row that are not gated for one reason (a decoder's 48 `present.*`) on one line, with
+    their lowest figures."""
+    for group in _runs(outputs):
+        if len(group) > GROUPED:
+            lowest = {key: min(o[key] for o in group if o.get(key) is not None) for key in ("cosine", "sqnr_db")
+                      if any(o.get(key) is not None for o in group)}
+            figures = ", ".join(f"lowest {key.replace('_db', ' dB').replace('sqnr', 'SQNR')} {v:.4f}"
+                                for key, v in lowest.items())
+            console.print(f"outputs {group[0]['name']!r} to {group[-1]['name']!r} ({len(group)}): ignore (not gated), "
+                          f"{group[0]['reason']}" + (f": {figures}" if figures else ""), markup=False)
+            continue
+        for o in group:
+            figures = ", ".join(f"{label} {o[key]}" if isinstance(o[key], int) else f"{label} {o[key]:.4f}"
+                                for key, label in _DETAILS.get(o["kind"], []) if o.get(key) is not None)
+            gated = " (not gated)" if o["kind"] == "ignore" else ""
+            console.print(f"output {o['name']!r}: {o['kind']}{gated}, {o['reason']}"
+                          + (f": {figures}" if figures else ""))
+
+
+GROUPED = 3  # outputs not gated for one reason, in a row, shown one by one; more: on one line
+
+
+def _runs(outputs: list[dict]) -> list[list[dict]]:
+    """`outputs` cut into runs: consecutive ignored outputs of one reason together, others alone.
+
+    >>> [len(r) for r in _runs([{"kind": "tokens", "reason": "a"}] + [{"kind": "ignore", "reason": "b"}] * 4)]
+    [1, 4]
+    """
+    runs: list[list[dict]] = []
     for o in outputs:
-        figures = ", ".join(f"{label} {o[key]}" if isinstance(o[key], int) else f"{label} {o[key]:.4f}"
-                            for key, label in _DETAILS.get(o["kind"], []) if o.get(key) is not None)
-        gated = " (not gated)" if o["kind"] == "ignore" else ""
-        console.print(f"output {o['name']!r}: {o['kind']}{gated}, {o['reason']}" + (f": {figures}" if figures else ""))
+        last = runs[-1][-1] if runs else None
+        if last is not None and o["kind"] == last["kind"] == "ignore" and last["reason"] == o["reason"]:
+            runs[-1].append(o)
+        else:
+            runs.append([o])
+    return runs
 
 
 def target_profile(console: Console, doc: dict) -> None:

@@ -169,3 +169,20 @@ def test_the_perplexity_ceiling_gates(cli, tmp_path: Path, tiny: Path) -> None:
                  "--config", tmp_path / "c.yaml")
     assert result.exit_code == 1, result.stderr
     assert "perplexity increase" in result.stdout + result.stderr
+
+
+def test_a_decoders_cache_outputs_show_on_one_line() -> None:
+    from rich.console import Console
+
+    from qcli.render import output_kinds as show
+
+    reason = "the key/value cache a decoder returns (the next step's logits show its error)"
+    outputs = [{"name": "logits", "kind": "tokens", "reason": "logits", "perplexity_increase": 0.001}] + [
+        {"name": f"present.{i}.{kv}", "kind": "ignore", "reason": reason, "cosine": 0.99 + i / 1000, "sqnr_db": 20.0 + i}
+        for i in range(24) for kv in ("key", "value")]
+    console = Console(record=True, width=400)
+    show(console, outputs)
+    lines = console.export_text().splitlines()
+    assert lines == ["output 'logits': tokens, logits: perplexity increase 0.0010",
+                     f"outputs 'present.0.key' to 'present.23.value' (48): ignore (not gated), {reason}: lowest cosine "
+                     "0.9900, lowest SQNR dB 20.0000"]

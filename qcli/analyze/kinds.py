@@ -413,8 +413,8 @@ def _decoder_output(model: onnx.ModelProto, name: str, value: np.ndarray) -> Out
     if "input_ids" not in inputs or not cached or not np.issubdtype(value.dtype, np.floating):
         return None
     if name.startswith("present"):
-        return OutputKind(Kind.IGNORE, "the key/value cache a decoder returns: reported, not gated (the next "
-                                       "step's logits show its error)")
+        return OutputKind(Kind.IGNORE, "the key/value cache a decoder returns (the next step's logits show its "
+                                       "error)")
     if value.ndim == 3 and value.shape[2] >= 2:
         shape = "[" + ", ".join(str(s) for s in value.shape) + "]"
         return OutputKind(Kind.TOKENS, f"{shape} logits over {value.shape[2]} tokens at each position of a decoder "
