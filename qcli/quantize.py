@@ -169,7 +169,7 @@ def quantize(
     source = correct_biases(work, plan, config, table, recovery, notes)
     memo = prepared.quantized if reused and source is prepared.model else None  # weights changed: no memo
     if config.weights.algorithm == "gptq":
-        memo = _gptq_rounded(source, plan, table, memo, notes)
+        memo = _gptq_rounded(source, plan, table, notes)
     lean = lean and not (plan.half and config.half)  # the 16-bit rewrite reads the float weights
     out = materialize(source, plan, index if source is work else GraphIndex.of(source), memo, lean)
     half = None
@@ -302,6 +302,18 @@ def measure_grams(model: onnx.ModelProto, config: Config, table: CalibrationTabl
                                progress)
 
 
+def round_gptq(config: Config, table: CalibrationTable, *, prepared: PrepareResult,
+               progress: Callable[[int], None] | None = None) -> int:
+    """Round now, by GPTQ on `table`'s Gram matrices, every weight `config`'s plan gives it
+    (`progress(1)` after each), for the builds with `table` to take; how many it rounds."""
+    plan = make_plan(prepared.model, config)
+    names = gptq.targets(prepared.model, plan)
+    if progress is None:
+        return len(names)
+    _gptq_rounded(prepared.model, plan, table, [], lambda: progress(1))
+    return len(names)
+
+
 def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: CalibrationTable, recovery: dict,
                    notes: list[str]) -> onnx.ModelProto:
     """`work`, or a copy with bias correction's shifts taken out of the biases of the nodes
@@ -321,17 +333,20 @@ def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: Cal
     return source
 
 
-def _gptq_rounded(source: onnx.ModelProto, plan: Plan, table: CalibrationTable, memo: WeightMemo | None,
-                  notes: list[str]) -> WeightMemo:
-    """`memo` (or a new one) holding the weights GPTQ rounds (qcli.gptq) under their plans, which
-    the build then takes instead of rounding to nearest; solved once per memo and plan."""
+def _gptq_rounded(source: onnx.ModelProto, plan: Plan, table: CalibrationTable, notes: list[str],
+                  done: Callable[[], None] | None = None) -> WeightMemo:
+    """`table`'s memo (`rounded`) holding the weights GPTQ rounds (qcli.gptq) on its Gram
+    matrices under their plans, which the build takes instead of rounding to nearest; each
+    solved once per table and plan (`done()` after each). A memo of the table's own: a fold's
+    table rounds on its own samples' matrices."""
     if table.grams is None:
         raise gptq.needs_data()
-    memo = memo or WeightMemo()
+    memo = table.rounded = table.rounded or WeightMemo()
     wanted = {name for name, wp in plan.weights.items() if ("qdq", wp) not in memo.weights}
-    solved = gptq.solve(source, plan, table.grams, wanted)
-    for name, weight in solved.items():
+    for name, weight in gptq.solve(source, plan, table.grams, wanted):
         memo.weights[("qdq", plan.weights[name])] = frozen(weight)
+        if done is not None:
+            done()
     notes.extend(gptq.notes(source, plan))
     return memo
 
