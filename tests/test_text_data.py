@@ -186,3 +186,20 @@ def test_a_decoders_cache_outputs_show_on_one_line() -> None:
     assert lines == ["output 'logits': tokens, logits: perplexity increase 0.0010",
                      f"outputs 'present.0.key' to 'present.23.value' (48): ignore (not gated), {reason}: lowest cosine "
                      "0.9900, lowest SQNR dB 20.0000"]
+
+
+def test_analyze_reports_perplexity_on_a_text_folder(cli, tmp_path: Path, tiny: Path) -> None:
+    data = corpus(tmp_path / "text", tiny)
+    out = tmp_path / "int4.onnx"
+    cli.json("quantize", tiny / "decoder.onnx", "-o", out, "--data", data, "--seq-len", "16", "--config", "llm-int4")
+    doc = cli.json("analyze", tiny / "decoder.onnx", out, "--data", data, "--seq-len", "16", "--runs", "0",
+                   "--max-accuracy-drop", "0.02")
+    logits = next(f for f in doc["fidelity"] if f["output"] == "logits")
+    assert logits["kind"] == "tokens" and logits["samples"] == doc["data"]["samples"]
+    assert logits["float_perplexity"] > 1 and logits["perplexity"] > 1 and 0 < logits["token_agreement"] <= 1
+    assert logits["perplexity_increase"] == pytest.approx(logits["perplexity"] / logits["float_perplexity"] - 1,
+                                                          abs=1e-5)
+    (gate,) = doc["gates"]
+    assert gate["metric"] == "perplexity increase (logits)" and gate["passed"]
+    shown = cli("analyze", tiny / "decoder.onnx", out, "--data", data, "--seq-len", "16", "--runs", "0")
+    assert "perplexity" in shown.stdout
