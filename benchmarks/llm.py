@@ -163,14 +163,86 @@ def run_ort_rtn(model: Path, out: Path, block: int = 32) -> tuple[str, float]:
     return "done", time.perf_counter() - began
 
 
+PEAK = "peak-rss-kb"
+LARGE = dict(vocab=32000, d=1024, heads=16, layers=24, mlp=4, positions=512)  # GPT-2 medium's shapes: 368M
+
+
+def measured(*args: str) -> tuple[float, float, int]:
+    """This script's `--child ARGS` in its own process: wall seconds, peak RSS (MB, the VmHWM it
+    reports at exit: a forked child's ru_maxrss starts from this process's), exit code."""
+    began = time.perf_counter()
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", *args], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    took = time.perf_counter() - began
+    peak = next((float(line.split()[1]) for line in reversed(done.stderr.splitlines()) if line.startswith(PEAK)),
+                float("nan"))
+    return took, peak / 1024, done.returncode
+
+
+def child(kind: str, model: str, out: str, calib: str) -> int:
+    """Child side: `generate` the large decoder at `out`, `qcli PRESET` or `ort` quantize `model`."""
+    import atexit
+    import runpy
+
+    def report_peak() -> None:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                print(PEAK, line.split()[1], file=sys.stderr, flush=True)
+
+    atexit.register(report_peak)
+    if kind == "generate":
+        sys.path.insert(0, str(ROOT / "tests"))
+        from decoders import decoder, save
+
+        save(decoder(**LARGE), Path(out), external=True)
+        return 0
+    if kind == "ort":
+        import onnx
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        quantizer = MatMulNBitsQuantizer(onnx.load(model), block_size=32, is_symmetric=True)
+        quantizer.process()
+        quantizer.model.save_model_to_file(out, use_external_data_format=True)
+        return 0
+    sys.argv = ["qcli", "quantize", model, "-o", out, "--data", calib, "--seq-len", str(SEQ_LEN), "--samples", "32",
+                "--config", kind, "--quiet"]
+    runpy.run_module("qcli.cli", run_name="__main__")
+    return 0
+
+
+def large(page, calib: Path, presets: list[str], work: Path) -> Sheet:
+    """The large decoder's quantization by each tool: wall time, peak RSS against the float file."""
+    model = work / "model.onnx"
+    page.print(f"generating the large decoder ({LARGE}) ...")
+    measured("generate", "", str(model), "")
+    weights = size(model)
+    table = Sheet(f"a 368M-parameter decoder ({LARGE['layers']} layers, d {LARGE['d']}, vocab {LARGE['vocab']}, "
+                  f"random weights, external data: {weights / 1e9:.2f} GB): 32 chunks of {SEQ_LEN} tokens",
+                  ["tool", ("wall", "right"), ("peak RSS", "right"), ("written", "right")])
+    runs = [(f"qcli {p}", p) for p in presets] + [("onnxruntime RTN int4 b32", "ort")]
+    for name, kind in runs:
+        out = work / f"{kind}.onnx"
+        page.print(f"{name} ...")
+        took, peak, code = measured(kind, str(model), str(out), str(calib))
+        written = f"{size(out) / 1e6:.0f} MB" if out.is_file() else "none"
+        table.add_row(name + ("" if code in (0, 1) else f" (exit {code})"), f"{took:.0f} s",
+                      f"{peak / 1e3:.2f} GB\n{peak * 1e6 / weights:.2f}x the file", written)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="a folder with model.onnx and text/")
     parser.add_argument("--presets", nargs="+", default=["weights-int4", "llm-int4", "llm-int8", "llm-mixed"],
                         help="qcli presets or config files, each run as --config")
     parser.add_argument("--rounds", type=int, default=31, help="A/B rounds of the speed measure")
+    parser.add_argument("--large", action="store_true", help="also the 368M-parameter decoder (random weights, "
+                        "generated here): wall time and peak memory of each tool, about 15 minutes")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     add_markdown_option(parser, __file__)
     args = parser.parse_args(argv)
+    if args.child:
+        return child(*args.child)
     model = args.model / "model.onnx"
     if not model.is_file():
         print(f"skipped: {model} not found (`make llm-models` builds it)")
@@ -212,7 +284,11 @@ def main(argv: list[str] | None = None) -> int:
                           f"{size(model) / size(p):.2f}x smaller", f"{ppl:.3f}\n{increase:+.2%}",
                           f"{agree:.2%}", f"{prefill:.0f}\n{prefill / f_prefill:.2f}x",
                           f"{decode:.0f}\n{decode / f_decode:.2f}x")
+        if args.large:
+            large_table = large(page, args.model / "text" / "calib", ["weights-int4", "llm-int4"], Path(tmp))
     page.table(table)
+    if args.large:
+        page.table(large_table)
     page.line(f"benchmark took {time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.1f}")
     page.write()
     return 0
