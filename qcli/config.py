@@ -342,6 +342,17 @@ class Config(Section):
                              "precision, auto_precision.candidates)")
         return self
 
+    @model_validator(mode="after")
+    def _gptq_alone(self) -> Config:
+        # GPTQ rounds the prepared graph's weights on its inputs' Gram matrices; these steps change
+        # both (a smoothed weight is scaled, its input divided): they would not match
+        steps = [name for name in ("smoothquant", "equalization", "bias_correction")
+                 if getattr(self.recovery, name) is not None]
+        if self.weights.algorithm == "gptq" and steps:
+            raise ValueError(f"weights.algorithm gptq does not combine with recovery step {steps[0]}: drop one of "
+                             "the two")
+        return self
+
     def _halves(self) -> set[str]:
         found: set[str] = {o.precision for o in self.overrides if o.precision in HALF_PRECISIONS}
         found |= set(HALF_PRECISIONS) & set(self.auto_precision.candidates) if self.auto_precision.enabled else set()

@@ -154,3 +154,13 @@ def test_llm_mixed_gives_int4_to_the_quietest_layers_within_the_perplexity_budge
     assert logits["perplexity_increase"] <= 0.0001
     stored = Counter(t.data_type for t in onnx.load(str(out)).graph.initializer if t.name.endswith("_quantized"))
     assert stored == {onnx.TensorProto.INT4: len(int4), onnx.TensorProto.INT8: 13 - len(int4)}
+
+
+def test_gptq_does_not_combine_with_recovery_steps_that_change_the_weights(tmp_path: Path) -> None:
+    from qcli.config import load_config
+    from qcli.errors import ConfigError
+
+    (tmp_path / "c.yaml").write_text("version: 1\nweights: {algorithm: gptq}\nrecovery: [smoothquant]\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / "c.yaml")
+    assert "weights.algorithm gptq does not combine with recovery step smoothquant: drop one of the two" in str(err.value)
