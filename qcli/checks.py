@@ -127,6 +127,9 @@ def verification_of(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | No
     notes: list[str] = []
     if all_float:
         notes.append(all_float)
+    if probe.left_out:
+        notes.append(f"{len(probe.left_out)} key/value cache outputs ({probe.left_out[0]}, ...) not compared: never "
+                     "gated, the next step's logits show their error (name one in verify.outputs to compare it)")
     notes += [f"output {o.name!r}: the float model detects nothing on the {o.samples} samples compared, so its "
               "boxes check is empty; give samples with objects in them (--eval-data DIR)"
               for o in f.outputs if o.boxes == 0]

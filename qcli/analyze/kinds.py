@@ -406,11 +406,22 @@ def _check_blank(name: str, classes: int, blank: int | None) -> None:
                           hint="give one of its classes, or drop verify.ctc_blank")
 
 
-def _decoder_output(model: onnx.ModelProto, name: str, value: np.ndarray) -> OutputKind | None:
-    """Rule 1a: a decoder's key/value cache or its logits, else None."""
+def _decoder(model: onnx.ModelProto) -> bool:
+    """Rule 1a's decoder: an input `input_ids`, and past key/value inputs or `present*` outputs."""
     inputs = {i.name for i in model.graph.input}
     cached = any("past" in i for i in inputs) or any(o.name.startswith("present") for o in model.graph.output)
-    if "input_ids" not in inputs or not cached or not np.issubdtype(value.dtype, np.floating):
+    return "input_ids" in inputs and cached
+
+
+def cache_outputs(model: onnx.ModelProto) -> list[str]:
+    """A decoder's key/value cache outputs (`present*`): never gated, so a verification's probe
+    need not hold them (a 24-layer decoder's, 25 MB a chunk of 128 tokens)."""
+    return [o.name for o in model.graph.output if o.name.startswith("present")] if _decoder(model) else []
+
+
+def _decoder_output(model: onnx.ModelProto, name: str, value: np.ndarray) -> OutputKind | None:
+    """Rule 1a: a decoder's key/value cache or its logits, else None."""
+    if not _decoder(model) or not np.issubdtype(value.dtype, np.floating):
         return None
     if name.startswith("present"):
         return OutputKind(Kind.IGNORE, "the key/value cache a decoder returns (the next step's logits show its "

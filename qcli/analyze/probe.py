@@ -40,7 +40,7 @@ import onnx
 
 from qcli.analyze.confidence import z_of
 from qcli.analyze.fidelity import Fidelity, output_fidelity
-from qcli.analyze.kinds import Kind, OutputKind, output_kinds
+from qcli.analyze.kinds import Kind, OutputKind, cache_outputs, output_kinds
 from qcli.analyze.latency import Ratio, measure, paired, timed_inputs
 from qcli.analyze.margins import MarginPool
 from qcli.analyze.metrics import FidelityAccumulator, TopKAccumulator, as_array
@@ -104,13 +104,16 @@ class Probe:
     def __post_init__(self) -> None:
         if not self.batches:
             raise DataError(f"no samples to verify on{' in ' + self.source if self.source else ''}")
-        self.names = [o.name for o in self.float_model.graph.output]
+        vf = self.verify or Verify()
+        # a decoder's key/value cache is neither gated nor kept (qcli.analyze.kinds.cache_outputs),
+        # unless verify.outputs names it
+        self.left_out = [n for n in cache_outputs(self.float_model) if n not in vf.outputs]
+        self.names = [o.name for o in self.float_model.graph.output if o.name not in self.left_out]
         session = self.session or make_session(self.float_model, self.threads)
         self.reference = [[as_array(v) for v in session.run(self.names, b.inputs)] for b in self.batches]
         self._float_session = session
         self._float_ms: float | None = None
         self._reference: Prediction | None = None  # the float model's predicted latency
-        vf = self.verify or Verify()
         if self.kinds is None:
             values = {name: [ref[k] for ref in self.reference] for k, name in enumerate(self.names)}
             self.kinds = output_kinds(self.float_model, values, vf.outputs, vf.ctc_blank, vf.sequence_trim,
