@@ -18,15 +18,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
-from onnx import helper, numpy_helper
+from google.protobuf.message import DecodeError, EncodeError
+from onnx import external_data_helper, helper, numpy_helper
 
 from qcli.errors import InternalError, ModelError
 from qcli.files import write_error
 
 # Protobuf cannot serialise a message over 2 GiB; above this much weight data we write the
 # tensors to an external data file instead (the same threshold onnx uses).
-_PROTOBUF_LIMIT = 2**31 - 1
+PROTOBUF_LIMIT = 2**31 - 1
 EXTERNAL_DATA_THRESHOLD = 1024  # bytes: tensors at least this big go to the external file
 
 
@@ -172,6 +172,16 @@ def clamp_ir_version(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def serialized_size(model: onnx.ModelProto) -> int:
+    """The model's serialized bytes; past protobuf's 2 GiB, where protobuf (upb) refuses to count
+    them (EncodeError "Failed to serialize proto"), at least `PROTOBUF_LIMIT`: the sum of its
+    tensors' bytes, a lower bound."""
+    try:
+        return model.ByteSize()
+    except EncodeError:
+        return max(PROTOBUF_LIMIT, sum(len(t.raw_data) for t in model.graph.initializer))
+
+
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, check: bool = False) -> Path:
     """Write `model` to `path` atomically; big models get their weights in `<name>.data`.
 
@@ -188,30 +198,41 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, check: bool =
     return path
 
 
+def _initializers(graph: onnx.GraphProto):
+    """The initializers of `graph` and of every subgraph (If, Loop, Scan bodies)."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                yield from _initializers(sub)
+
+
 def _write_model(model: onnx.ModelProto, path: Path, check: bool) -> None:
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
     data_name = path.name + ".data"
-    external = model.ByteSize() > _PROTOBUF_LIMIT - 64 * 2**20
+    external = serialized_size(model) > PROTOBUF_LIMIT - 64 * 2**20
     tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=parent))
     try:
         tmp_model = tmpdir / path.name
         if external:
             to_save = onnx.ModelProto()
             to_save.CopyFrom(model)
-            onnx.save_model(
-                to_save,
-                str(tmp_model),
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location=data_name,
-                size_threshold=EXTERNAL_DATA_THRESHOLD,
-            )
+            # onnx.save_model(save_as_external_data=True) refuses a location that exists relative to
+            # the working directory, not to the model: run beside the input model.onnx.data, writing
+            # model.onnx failed. The same conversion, with the data written into the temporary folder:
+            for tensor in _initializers(to_save.graph):
+                if not tensor.HasField("raw_data") and tensor.ByteSize() >= EXTERNAL_DATA_THRESHOLD:
+                    tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))  # typed fields
+                if tensor.HasField("raw_data") and len(tensor.raw_data) >= EXTERNAL_DATA_THRESHOLD:
+                    external_data_helper.set_external_data(tensor, data_name)
+            external_data_helper.write_external_data_tensors(to_save, str(tmpdir))
+            onnx.save_model(to_save, str(tmp_model))
         else:
             tmp_model.write_bytes(model.SerializeToString(deterministic=True))
         if check:
             check_model(tmp_model, shown_as=path)
-        if external:
+        if external and (tmp_model.parent / data_name).exists():
             os.replace(tmp_model.parent / data_name, parent / data_name)
         os.replace(tmp_model, path)
     finally:

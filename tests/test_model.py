@@ -276,3 +276,22 @@ def test_a_loan_keeps_no_reference_to_the_model_it_was_made_from() -> None:
     assert sys.getrefcount(model) == before
     with loan as light:
         assert light is not model and loan.model is None
+
+
+def test_a_model_past_the_protobuf_limit_is_written_with_external_data(tmp_path: Path, monkeypatch) -> None:
+    """Written beside a `.data` file of the same name in the working directory (the input's, when
+    qcli runs in the input model's folder): onnx's own external-data save refused that."""
+    import qcli.model
+
+    values = ", ".join(["0.5"] * 512)
+    model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 512] x) => (float[N, 512] y) <float[512] w = {{{values}}}> {{ y = Add(x, w) }}""")
+    monkeypatch.setattr(qcli.model, "PROTOBUF_LIMIT", 64 * 2**20 + 16)  # this tiny model counts as past it
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.onnx.data").write_bytes(b"the input's weights")
+    out = tmp_path / "out" / "m.onnx"
+    save_model(model, out, check=True)
+    assert (tmp_path / "out" / "m.onnx.data").stat().st_size == 512 * 4
+    assert (tmp_path / "m.onnx.data").read_bytes() == b"the input's weights"
+    back = load_model(out)
+    assert np.array_equal(onnx.numpy_helper.to_array(back.graph.initializer[0]), np.full(512, 0.5, np.float32))

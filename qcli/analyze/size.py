@@ -8,7 +8,7 @@ import onnx
 
 from qcli.analyze.report import DtypeBytes, ModelSize, Size, rounded
 from qcli.info import file_bytes, weight_census
-from qcli.model import external_data_files
+from qcli.model import external_data_files, serialized_size
 
 
 def model_size(path: Path, stored: onnx.ModelProto) -> ModelSize:
@@ -18,7 +18,7 @@ def model_size(path: Path, stored: onnx.ModelProto) -> ModelSize:
 
 def proto_size(model: onnx.ModelProto) -> ModelSize:
     """Size of an in-memory model as it would be written (one file, no external data)."""
-    return ModelSize(model.ByteSize(), [], *weight_bytes(model))
+    return ModelSize(serialized_size(model), [], *weight_bytes(model))
 
 
 def weight_bytes(model: onnx.ModelProto) -> tuple[int, dict[str, DtypeBytes]]:

@@ -28,8 +28,7 @@ from qcli.calibrate.collect import Collected, collect, observing_session
 from qcli.data import DataFolder
 from qcli.errors import CalibrationError, WorkerLost
 from qcli.executor import Executor, SerialExecutor
-
-_PROTOBUF_LIMIT = 2**31  # a model this large cannot be serialized in one message
+from qcli.model import PROTOBUF_LIMIT, serialized_size
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,7 @@ def _collect_tasks(
 ) -> list[Collected]:
     """Each part's statistics (a folder and the index of its first sample in the whole stream),
     one task per part on `executor`'s workers, in order."""
-    if model.ByteSize() >= _PROTOBUF_LIMIT:
+    if serialized_size(model) >= PROTOBUF_LIMIT:
         raise CalibrationError(
             "models of 2 GB or more calibrate in one process",
             hint="use --workers 1",
