@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from exported import PEAK  # noqa: E402  (benchmarks/exported.py: what a child reports its peak RSS as)
 from sheet import ROOT, THREADS, Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
 DEFAULT_MODEL = ROOT / ".llm-models" / "decoder"
@@ -163,7 +164,6 @@ def run_ort_rtn(model: Path, out: Path, block: int = 32) -> tuple[str, float]:
     return "done", time.perf_counter() - began
 
 
-PEAK = "peak-rss-kb"
 LARGE = dict(vocab=32000, d=1024, heads=16, layers=24, mlp=4, positions=512)  # GPT-2 medium's shapes: 368M
 
 
@@ -184,10 +184,7 @@ def child(kind: str, model: str, out: str, calib: str) -> int:
     import atexit
     import runpy
 
-    def report_peak() -> None:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                print(PEAK, line.split()[1], file=sys.stderr, flush=True)
+    from exported import report_peak
 
     atexit.register(report_peak)
     if kind == "generate":

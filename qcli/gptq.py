@@ -108,12 +108,11 @@ def measure(model: onnx.ModelProto, tensors: Iterable[str], folders: Iterable[Da
 def rounded(values: np.ndarray, wp: WeightPlan, gram: Gram) -> Weight:
     """`values` quantized under `wp` by GPTQ on `gram` (module docstring): integers, scale and
     zero point shaped as `quantized_weight` gives them, the scales `searched`."""
-    q, scale, zero = quantized_weight(values, wp)
     reduce_axis = _reduction_axis(values, wp)
-    w = np.moveaxis(values.astype(np.float64), reduce_axis, -1).reshape(-1, values.shape[reduce_axis])  # [N, K]
+    w = np.moveaxis(values, reduce_axis, -1).reshape(-1, values.shape[reduce_axis])  # [N, K]
     k = w.shape[1]
     if gram.matrix.shape != (k, k) or gram.rows == 0:
-        return q, scale, zero
+        return quantized_weight(values, wp)
     h = gram.matrix / gram.rows
     scale, zero = searched(values, wp, np.diag(h))
     s, z = (np.moveaxis(_per_value(p, wp, values.shape), reduce_axis, -1).reshape(w.shape).astype(np.float64)
@@ -121,7 +120,7 @@ def rounded(values: np.ndarray, wp: WeightPlan, gram: Gram) -> Weight:
     lo, hi = integer_range(wp.scheme.dtype, wp.scheme.symmetric)
     ints = _gptq(w, h, s, z, lo, hi)
     shaped = np.moveaxis(ints.reshape(np.moveaxis(values, reduce_axis, -1).shape), -1, reduce_axis)
-    return shaped.astype(q.dtype), scale, zero
+    return shaped.astype(wp.scheme.dtype.numpy_dtype), scale, zero
 
 
 def searched(values: np.ndarray, wp: WeightPlan, energy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

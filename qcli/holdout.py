@@ -34,7 +34,7 @@ from qcli.data import DataFolder, InputSpec, model_inputs
 from qcli.phases import ProgressFactory, no_progress
 from qcli.prepare import PrepareResult
 from qcli.prepare.shapes import activation_bytes
-from qcli.quantize import calibrate, measure_bias_shifts, measure_grams, round_gptq
+from qcli.quantize import calibrate, gptq_weights, measure_bias_shifts, measure_grams, round_gptq
 from qcli.target.deployment import Deployment
 
 MIN_SAMPLES = 16
@@ -174,7 +174,7 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
                       ) as advance:
             for t, part in zip([table, *table.folds], parts, strict=True):
                 measure_grams(model, config, t, part, prepared=prepared, progress=advance)
-        weights = round_gptq(config, table, prepared=prepared)
+        weights = gptq_weights(config, prepared)
         with progress("rounding weights (gptq)", weights * (1 + len(table.folds)), unit="weights") as advance:
             for t in [table, *table.folds]:
                 round_gptq(config, t, prepared=prepared, progress=advance)

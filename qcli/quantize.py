@@ -302,16 +302,16 @@ def measure_grams(model: onnx.ModelProto, config: Config, table: CalibrationTabl
                                progress)
 
 
+def gptq_weights(config: Config, prepared: PrepareResult) -> int:
+    """How many weights `round_gptq` rounds (for a progress bar's total)."""
+    return len(gptq.targets(prepared.model, make_plan(prepared.model, config)))
+
+
 def round_gptq(config: Config, table: CalibrationTable, *, prepared: PrepareResult,
-               progress: Callable[[int], None] | None = None) -> int:
+               progress: Callable[[int], None]) -> None:
     """Round now, by GPTQ on `table`'s Gram matrices, every weight `config`'s plan gives it
-    (`progress(1)` after each), for the builds with `table` to take; how many it rounds."""
-    plan = make_plan(prepared.model, config)
-    names = gptq.targets(prepared.model, plan)
-    if progress is None:
-        return len(names)
-    _gptq_rounded(prepared.model, plan, table, [], lambda: progress(1))
-    return len(names)
+    (`progress(1)` after each), for the builds with `table` to take."""
+    _gptq_rounded(prepared.model, make_plan(prepared.model, config), table, [], lambda: progress(1))
 
 
 def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: CalibrationTable, recovery: dict,

@@ -70,6 +70,19 @@ def tokenizer(path: Path):  # -> tokenizers.Tokenizer (an optional package: no a
                         hint="save it with the model's tokenizer: tokenizer.save('tokenizer.json')") from None
 
 
+def _stamp(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=256)
+def _encoded(path: Path, *stamps: int) -> tuple[int, ...]:
+    """A file's token ids, encoded once per version of it and of the tokenizer (`stamps`: their
+    modification times and sizes): a folder's files are read again to be counted (`len`), held
+    back and batched, and would be encoded each time."""
+    return tuple(tokenizer(path.parent / TOKENIZER).encode(documents(path)).ids)
+
+
 def chunks(ids: list[int], seq_len: int) -> list[list[int]]:
     """`ids` cut into runs of `seq_len` (the tail past the last whole run dropped), or one shorter
     run when there are fewer than `seq_len` but at least 2: the rows of one [N, L] batch.
@@ -87,8 +100,8 @@ def read_text_file(path: Path, rel: str, inputs: list[InputSpec], seq_len: int) 
     if seq_len < 2:
         raise DataError(f"the text chunk length must be at least 2 tokens, got {seq_len}",
                         hint="--seq-len N (data.seq_len) with N >= 2: a token is predicted from those before it")
-    ids = tokenizer(path.parent / TOKENIZER).encode(documents(path)).ids
-    rows = chunks(ids, seq_len)
+    ids = _encoded(path, *_stamp(path), *_stamp(path.parent / TOKENIZER))
+    rows = chunks(list(ids), seq_len)
     if not rows:
         raise DataError(f"{path}: too little text ({len(ids)} token) for a chunk",
                         hint="a chunk holds at least 2 tokens: remove the file or add text")
