@@ -7,9 +7,9 @@ from collections.abc import Mapping
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from qcli.errors import InternalError
+from qcli.lazy import tensor_array
 from qcli.plan import Plan
 from qcli.rules import rule_for
 
@@ -67,5 +67,5 @@ def clip_bounds(node: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto]) -> 
     bounds = list(rule.clip_range)
     for j, k in enumerate(rule.bounds):
         if k < len(node.input) and node.input[k]:
-            bounds[j] = float(numpy_helper.to_array(inits[node.input[k]]))
+            bounds[j] = float(tensor_array(inits[node.input[k]]))
     return bounds[0], bounds[1]

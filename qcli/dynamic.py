@@ -25,6 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qcli.graph import GraphIndex
+from qcli.lazy import tensor_array
 from qcli.plan import DynamicNode, Plan, WeightPlan
 from qcli.qweights import WeightMemo, quantized_weight, weight_of
 
@@ -69,7 +70,7 @@ def dynamic_edits(index: GraphIndex, plan: Plan, rewired: Mapping[Use, str],
 
 
 def _float_values(index: GraphIndex, name: str) -> Callable[[], np.ndarray]:
-    return lambda: numpy_helper.to_array(index.initializers[name]).astype(np.float32)
+    return lambda: tensor_array(index.initializers[name]).astype(np.float32)
 
 
 def _matmul(edits: DynamicEdits, index: GraphIndex, node: onnx.NodeProto, inputs: list[str], dn: DynamicNode) -> None:
@@ -111,7 +112,7 @@ def _bias(edits: DynamicEdits, index: GraphIndex, node: onnx.NodeProto, inputs: 
     if beta == 1.0:
         return c
     if c in index.initializers:
-        values = numpy_helper.to_array(index.initializers[c]).astype(np.float64) * beta
+        values = tensor_array(index.initializers[c]).astype(np.float64) * beta
         _add_init(edits, values.astype(np.float32), f"{name}_bias")
     else:
         _add_init(edits, np.float32(beta), f"{name}_beta")
@@ -123,7 +124,7 @@ def _lstm(edits: DynamicEdits, index: GraphIndex, node: onnx.NodeProto, inputs: 
     """com.microsoft DynamicQuantizeLSTM with int8 W and R ([D, I, 4H], [D, H, 4H])."""
     extra = []
     for plan in dn.weights:  # W, then R: [D, 4H, I] each, one scale per direction and row
-        values = numpy_helper.to_array(index.initializers[plan.name]).astype(np.float32)
+        values = tensor_array(index.initializers[plan.name]).astype(np.float32)
         d, rows, cols = values.shape
         flat = WeightPlan(plan.name, plan.scheme, 0 if plan.axis is not None else None)
         q, scale, zero = quantized_weight(values.reshape(d * rows, cols), flat)

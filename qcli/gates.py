@@ -27,6 +27,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from qcli.lazy import tensor_array
+
 GATE = "_gate"  # a rewritten HardSwish `t`'s gate is `t_gate`
 
 #: op type -> (a, b) defaults; HardSwish has none: a = 1/6, b = 1/2
@@ -80,7 +82,7 @@ def _rewrite(node: onnx.NodeProto, dq: onnx.NodeProto | None, readers: list[onnx
     q = readers[0]
     if q.op_type != "QuantizeLinear" or len(q.input) < 3 or q.input[1] not in inits or q.input[2] not in inits:
         return None
-    scale, zero = numpy_helper.to_array(inits[q.input[1]]), numpy_helper.to_array(inits[q.input[2]])
+    scale, zero = tensor_array(inits[q.input[1]]), tensor_array(inits[q.input[2]])
     if scale.size != 1 or zero.dtype not in (np.uint8, np.int8):
         return None
     a, b = _slope_offset(node)

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from qcli.calibrate.collect import session_with_outputs
 from qcli.data import DataFolder
 from qcli.errors import QcliError
 from qcli.graph import GraphIndex
+from qcli.lazy import tensor_array
 from qcli.plan import Plan, WeightPlan
 from qcli.qweights import Weight, quantized_weight, weight_qparams
 from qcli.scheme import PerBlock, integer_range
@@ -239,7 +239,7 @@ def solve(model: onnx.ModelProto, plan: Plan, grams: Mapping[str, Gram], names: 
     wanted = {n for n in names if n in found and found[n] in grams}
     for t in model.graph.initializer:
         if t.name in wanted:
-            values = numpy_helper.to_array(t).astype(np.float32)
+            values = tensor_array(t).astype(np.float32)
             yield t.name, rounded(values, plan.weights[t.name], grams[found[t.name]])
 
 

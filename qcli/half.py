@@ -40,6 +40,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qcli.calibrate.table import CalibrationTable
 from qcli.graph import GraphIndex, node_names, opset_version
+from qcli.lazy import tensor_array
 from qcli.rules import FLOAT32_IN_HALF, HALF_REDUCTIONS, rule_for
 
 
@@ -188,7 +189,7 @@ def _moving_float32(model: onnx.ModelProto, index: GraphIndex, asked: list[int],
 
 
 def _unrepresentable(init: onnx.TensorProto, half: HalfType) -> str:
-    values = np.abs(numpy_helper.to_array(init).astype(np.float32))
+    values = np.abs(tensor_array(init).astype(np.float32))
     finite = values[np.isfinite(values)]
     if finite.size and finite.max() > half.largest:
         return f"holds {finite.max():.4g}, beyond {half.name}'s {half.largest:.6g}"
@@ -240,7 +241,7 @@ def _reduce_axes(node: onnx.NodeProto, index: GraphIndex, rank: int) -> list[int
         init = index.initializers.get(node.input[1])
         if init is None:
             return None
-        axes = [int(v) for v in numpy_helper.to_array(init).ravel()]
+        axes = [int(v) for v in tensor_array(init).ravel()]
     if not axes:
         return [] if int_attr(node, "noop_with_empty_axes", 0) else list(range(rank))
     return axes
@@ -376,7 +377,7 @@ def _rewrite(model: onnx.ModelProto, index: GraphIndex, flips: Flips, half: Half
     for init in graph.initializer:
         if init.name in stored:
             init.CopyFrom(numpy_helper.from_array(
-                numpy_helper.to_array(init).astype(np.float32).astype(half.numpy_dtype), init.name))
+                tensor_array(init).astype(np.float32).astype(half.numpy_dtype), init.name))
     is_half = written | stored
     renamed = {name: f"{name}/{half.name}" for name in index.outputs & written}
     casts: dict[tuple[str, int], str] = {}  # (tensor, type) -> the Cast's output
@@ -428,7 +429,7 @@ def _retype(model: onnx.ModelProto, flips: Flips, half: HalfType) -> None:
                 a.i = half.onnx_type
             elif a.type == onnx.AttributeProto.TENSOR and a.t.data_type == _FLOAT:
                 a.t.CopyFrom(numpy_helper.from_array(
-                    numpy_helper.to_array(a.t).astype(half.numpy_dtype), a.t.name))
+                    tensor_array(a.t).astype(half.numpy_dtype), a.t.name))
 
 
 def _insert(graph: onnx.GraphProto, index: GraphIndex, casts: Mapping[str, list[onnx.NodeProto]]) -> None:

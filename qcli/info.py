@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from qcli.graph import iter_graphs
+from qcli.lazy import tensor_array
 from qcli.model import external_data_files, fingerprint, load_model, tensor_from_attribute
 
 INFO_FORMAT = "qcli-inspect/1"
@@ -107,7 +108,7 @@ def weight_census(model: onnx.ModelProto) -> dict:
                     tensors.append((tensor.data_type, element_count(tensor.dims)))
                     constants += 1
             elif node.op_type == "ConstantOfShape" and node.input and node.input[0] in known:
-                shape = onnx.numpy_helper.to_array(known[node.input[0]])
+                shape = tensor_array(known[node.input[0]])
                 value = tensor_from_attribute(node)
                 data_type = value.data_type if value is not None else onnx.TensorProto.FLOAT
                 tensors.append((data_type, int(np.prod(shape, dtype=np.int64))))

@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError, EncodeError
-from onnx import external_data_helper, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from qcli.errors import InternalError, ModelError
 from qcli.files import write_error
+from qcli.lazy import all_tensors, defer, deferred, deferred_bytes, inline, tensor_array, tensor_raw
 
 # Protobuf cannot serialise a message over 2 GiB; above this much weight data we write the
 # tensors to an external data file instead (the same threshold onnx uses).
@@ -31,7 +32,9 @@ EXTERNAL_DATA_THRESHOLD = 1024  # bytes: tensors at least this big go to the ext
 
 
 def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> onnx.ModelProto:
-    """Read an ONNX model, with its external data, or raise ModelError saying what is wrong."""
+    """Read an ONNX model or raise ModelError saying what is wrong. Its external data stays in
+    its files, each tensor read when needed (`qcli.lazy`); `load_external_data=False` leaves the
+    references as stored (for the files' names and sizes)."""
     path = Path(path)
     if not path.exists():
         raise ModelError(f"model file not found: {path}", hint="check the path")
@@ -54,22 +57,9 @@ def load_model(path: str | os.PathLike, *, load_external_data: bool = True) -> o
     # initializers, as qcli writes when it folds a model's only Constant).
     if model.ir_version <= 0 or not model.opset_import or not (model.graph.node or model.graph.output):
         raise not_onnx
-    if load_external_data and _uses_external_data(model):
-        try:
-            onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
-        except (OSError, ValueError, onnx.checker.ValidationError) as exc:
-            raise ModelError(
-                f"cannot read the external data of {path}: {exc}",
-                hint="keep the model's .data file(s) in the same folder as the .onnx file",
-            ) from exc
+    if load_external_data:
+        defer(model, path.parent, shown_as=path)
     return model
-
-
-def _uses_external_data(model: onnx.ModelProto) -> bool:
-    return any(
-        t.data_location == onnx.TensorProto.EXTERNAL
-        for t in onnx.external_data_helper._get_all_tensors(model)
-    )
 
 
 def external_data_files(model: onnx.ModelProto) -> list[str]:
@@ -138,7 +128,7 @@ def fingerprint(model: onnx.ModelProto) -> str:
         digest.update(part.SerializeToString(deterministic=True))
     for tensor in graph.initializer:
         digest.update(f"{tensor.name}|{tensor.data_type}|{list(tensor.dims)}".encode())
-        digest.update(np.ascontiguousarray(numpy_helper.to_array(tensor)).tobytes())
+        digest.update(np.ascontiguousarray(tensor_array(tensor)).tobytes())
     return "sha256:" + digest.hexdigest()
 
 
@@ -198,38 +188,18 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, check: bool =
     return path
 
 
-def _initializers(graph: onnx.GraphProto):
-    """The initializers of `graph` and of every subgraph (If, Loop, Scan bodies)."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
-                yield from _initializers(sub)
-
-
 def _write_model(model: onnx.ModelProto, path: Path, check: bool) -> None:
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
     data_name = path.name + ".data"
-    external = serialized_size(model) > PROTOBUF_LIMIT - 64 * 2**20
+    external = serialized_size(model) + deferred_bytes(model) > PROTOBUF_LIMIT - 64 * 2**20
     tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=parent))
     try:
         tmp_model = tmpdir / path.name
         if external:
-            to_save = onnx.ModelProto()
-            to_save.CopyFrom(model)
-            # onnx.save_model(save_as_external_data=True) refuses a location that exists relative to
-            # the working directory, not to the model: run beside the input model.onnx.data, writing
-            # model.onnx failed. The same conversion, with the data written into the temporary folder:
-            for tensor in _initializers(to_save.graph):
-                if not tensor.HasField("raw_data") and tensor.ByteSize() >= EXTERNAL_DATA_THRESHOLD:
-                    tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))  # typed fields
-                if tensor.HasField("raw_data") and len(tensor.raw_data) >= EXTERNAL_DATA_THRESHOLD:
-                    external_data_helper.set_external_data(tensor, data_name)
-            external_data_helper.write_external_data_tensors(to_save, str(tmpdir))
-            onnx.save_model(to_save, str(tmp_model))
+            _write_external(model, tmp_model, data_name)
         else:
-            tmp_model.write_bytes(model.SerializeToString(deterministic=True))
+            tmp_model.write_bytes(_inlined(model).SerializeToString(deterministic=True))
         if check:
             check_model(tmp_model, shown_as=path)
         if external and (tmp_model.parent / data_name).exists():
@@ -237,6 +207,78 @@ def _write_model(model: onnx.ModelProto, path: Path, check: bool) -> None:
         os.replace(tmp_model, path)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _inlined(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` whole: a copy with its deferred tensors read into it (`qcli.lazy`), else itself."""
+    if not deferred_bytes(model):
+        return model
+    whole = onnx.ModelProto()
+    whole.CopyFrom(model)
+    for tensor in all_tensors(whole):
+        inline(tensor)
+    return whole
+
+
+EXTERNAL_ALIGNMENT = 4096  # a page: onnxruntime maps a tensor at such an offset instead of copying it
+
+
+def _write_external(model: onnx.ModelProto, tmp_model: Path, data_name: str) -> None:
+    """`model` at `tmp_model` with its tensors from EXTERNAL_DATA_THRESHOLD bytes in `data_name`
+    beside it, written one at a time: the main graph's weights are never copied into a second
+    ModelProto (onnx's save_model with external data copies the whole model first; it also
+    refused a location that exists relative to the working directory)."""
+    shell = without_initializers(model)
+    offset = 0
+    with open(tmp_model.parent / data_name, "wb") as data:
+        def stored(tensor: onnx.TensorProto) -> onnx.TensorProto:
+            nonlocal offset
+            raw = _raw(tensor)
+            if raw is None:
+                whole = onnx.TensorProto()
+                whole.CopyFrom(tensor)
+                inline(whole)
+                return whole
+            data.write(bytes(-offset % EXTERNAL_ALIGNMENT))
+            offset += -offset % EXTERNAL_ALIGNMENT
+            data.write(raw)
+            ref = onnx.TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type,
+                                   data_location=onnx.TensorProto.EXTERNAL)
+            for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
+                ref.external_data.add(key=key, value=value)
+            offset += len(raw)
+            return ref
+
+        shell.graph.initializer.extend(stored(t) for t in model.graph.initializer)
+        for graph in _subgraphs(shell.graph):  # If/Loop/Scan bodies' weights, converted in place
+            for i, tensor in enumerate(graph.initializer):
+                graph.initializer[i].CopyFrom(stored(tensor))
+    for tensor in all_tensors(shell):  # Constant nodes' values
+        inline(tensor)
+    tmp_model.write_bytes(shell.SerializeToString(deterministic=True))
+
+
+def _raw(tensor: onnx.TensorProto) -> bytes | None:
+    """`tensor`'s bytes as an external file holds them when it has EXTERNAL_DATA_THRESHOLD or
+    more, else None."""
+    if deferred(tensor):
+        raw = tensor_raw(tensor)
+    elif tensor.HasField("raw_data"):
+        raw = tensor.raw_data
+    elif tensor.data_location != onnx.TensorProto.EXTERNAL and tensor.ByteSize() >= EXTERNAL_DATA_THRESHOLD:
+        raw = numpy_helper.from_array(tensor_array(tensor), tensor.name).raw_data  # typed fields
+    else:
+        return None
+    return raw if len(raw) >= EXTERNAL_DATA_THRESHOLD else None
+
+
+def _subgraphs(graph: onnx.GraphProto):
+    """The subgraphs of `graph`'s nodes (If, Loop, Scan bodies), nested ones included."""
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                yield sub
+                yield from _subgraphs(sub)
 
 
 def check_model(path: str | os.PathLike, *, shown_as: str | os.PathLike | None = None) -> None:

@@ -45,6 +45,7 @@ from qcli.dynamic import dynamic_edits
 from qcli.errors import InternalError
 from qcli.gates import integer_gates
 from qcli.graph import GraphIndex, names_used_inside
+from qcli.lazy import tensor_array
 from qcli.model import without_initializers
 from qcli.plan import BiasPlan, Group, Plan, WeightPlan
 from qcli.plan.context import float_readers
@@ -173,7 +174,7 @@ class _Source:
         return is_kind(self.index.graph.node[use[0]], "shape")
 
     def values(self, name: str) -> np.ndarray:
-        return numpy_helper.to_array(self.inits[name])
+        return tensor_array(self.inits[name])
 
     def weight(self, plan: WeightPlan) -> Weight:
         """The weight quantized under `plan` (remembered in `memo`)."""

@@ -38,7 +38,7 @@ from qcli.phases import phase
 from qcli.plan import DynamicNode, Plan, assign_ranges, make_plan
 from qcli.prepare import BLOCK_OPSET, TARGET_OPSET, PrepareResult, prepare
 from qcli.qdq import materialize
-from qcli.qweights import WeightMemo, frozen
+from qcli.qweights import WeightMemo
 from qcli.recovery import bias, check_table, graph_steps
 from qcli.recovery.equalize import equalize
 from qcli.recovery.smoothquant import channel_requests, find_targets, smooth
@@ -344,7 +344,7 @@ def _gptq_rounded(source: onnx.ModelProto, plan: Plan, table: CalibrationTable, 
     memo = table.rounded = table.rounded or WeightMemo()
     wanted = {name for name, wp in plan.weights.items() if ("qdq", wp) not in memo.weights}
     for name, weight in gptq.solve(source, plan, table.grams, wanted):
-        memo.weights[("qdq", plan.weights[name])] = frozen(weight)
+        memo.put(("qdq", plan.weights[name]), weight, plan.weights[name])
         if done is not None:
             done()
     notes.extend(gptq.notes(source, plan))

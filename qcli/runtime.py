@@ -27,6 +27,7 @@ from google.protobuf.message import EncodeError
 
 from qcli.errors import InternalError, ModelError
 from qcli.info import element_count, tensor_bytes
+from qcli.lazy import referenced, relative
 from qcli.model import clamp_ir_version, save_model, without_initializers
 from qcli.scheme import FLOAT8_TYPES
 from qcli.twin import emulated
@@ -279,24 +280,10 @@ def make_session(
     providers = ["CPUExecutionProvider"]
     if isinstance(model, onnx.ModelProto):
         model = emulated(model, rounding=not timing) or model  # float16/bfloat16 nodes: a float32 twin
-        model, aside = _weights_aside(model)  # noqa: F841 - held until the session has copied it
-        locations, buffers = _in_memory(model)  # held until the session has copied them
-        if locations:
-            options.add_external_initializers_from_files_in_memory(locations, buffers, [len(b) for b in buffers])
     try:
         if isinstance(model, (str, Path)):
             return ort.InferenceSession(str(model), options, providers=providers)
-        ir_version = model.ir_version
-        clamp_ir_version(model)  # onnx's helpers may write an IR newer than onnxruntime loads
-        try:
-            data = _serialized(model)
-            if data is not None:
-                return _without_bytes(ort.InferenceSession(data, options, providers=providers))
-            with tempfile.TemporaryDirectory(prefix="qcli-") as tmp:
-                path = save_model(model, Path(tmp) / "model.onnx")
-                return ort.InferenceSession(str(path), options, providers=providers)
-        finally:
-            model.ir_version = ir_version
+        return _session_of(model, options, providers)
     except ModelError:
         raise
     except Exception as exc:  # onnxruntime's Fail / InvalidGraph / NotImplemented
@@ -304,6 +291,34 @@ def make_session(
             f"onnxruntime cannot load the model: {str(exc).strip()}",
             hint="check that the model runs in onnxruntime on its own",
         ) from exc
+
+
+def _session_of(model: onnx.ModelProto, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+    """A session of the in-memory `model`: from its bytes, its weights left in the user's file
+    read by onnxruntime from there (qcli.lazy), or through a temporary file past what
+    onnxruntime takes in memory."""
+    model, aside = _weights_aside(model)  # noqa: F841 - held until the session has copied it
+    locations, buffers = _in_memory(model)  # held until the session has copied them
+    ir_version = model.ir_version
+    clamp_ir_version(model)  # onnx's helpers may write an IR newer than onnxruntime loads
+    try:
+        with relative(model) as folder:
+            data = _serialized(model)
+        if folder is not None and locations:  # onnxruntime then looks for every file among those in memory
+            files = sorted({Path(p).name for p in referenced(model)})
+            locations += files
+            buffers += [np.memmap(Path(folder) / name, np.uint8, mode="r") for name in files]
+        elif folder is not None:
+            options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
+        if locations:
+            options.add_external_initializers_from_files_in_memory(locations, buffers, [len(b) for b in buffers])
+        if data is not None:
+            return _without_bytes(ort.InferenceSession(data, options, providers=providers))
+        with tempfile.TemporaryDirectory(prefix="qcli-") as tmp:
+            path = save_model(model, Path(tmp) / "model.onnx")
+            return ort.InferenceSession(str(path), options, providers=providers)
+    finally:
+        model.ir_version = ir_version
 
 
 def _without_bytes(session: ort.InferenceSession) -> ort.InferenceSession:

@@ -12,6 +12,7 @@ from onnx import helper, numpy_helper
 
 from qcli.graph import opset_version
 from qcli.half import HALF_TYPES, int_attr, place, type_variables
+from qcli.lazy import tensor_array
 
 _FLOAT = onnx.TensorProto.FLOAT
 
@@ -44,7 +45,7 @@ def emulated(model: onnx.ModelProto, rounding: bool = True) -> onnx.ModelProto |
     for init in out.graph.initializer:
         if init.data_type in _HALF_ENUMS:
             kinds[init.name] = init.data_type
-            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
+            init.CopyFrom(numpy_helper.from_array(tensor_array(init).astype(np.float32), init.name))
     nodes: list[onnx.NodeProto] = []
     opset = opset_version(model)
     for node in out.graph.node:
@@ -75,7 +76,7 @@ def _twin_node(node: onnx.NodeProto, kinds: dict[str, int], opset: int) -> dict[
         for a in node.attribute:
             if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in _HALF_ENUMS:
                 kind = a.t.data_type
-                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
+                a.t.CopyFrom(numpy_helper.from_array(tensor_array(a.t).astype(np.float32), a.t.name))
                 return {node.output[0]: kind}
         return {}
     found = type_variables(node, opset)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ from onnx import helper, numpy_helper
 
 from conftest import IMAGE_MODEL, LIGHT_MODELS, parse_model, save
 from qcli.errors import InternalError, ModelError
+from qcli.lazy import deferred, tensor_array
 from qcli.model import (
     check_model,
     clamp_ir_version,
@@ -21,6 +23,7 @@ from qcli.model import (
     save_model,
     without_initializers,
 )
+from qcli.runtime import make_session
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -71,11 +74,46 @@ def test_external_data_is_read_and_missing_data_reported(tmp_path: Path) -> None
     path = tmp_path / "ext.onnx"
     onnx.save_model(model, str(path), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
     loaded = load_model(path)
-    assert numpy_helper.to_array(loaded.graph.initializer[0])[0, 0] == 0.5
+    assert deferred(loaded.graph.initializer[0])  # left in its file until read
+    assert tensor_array(loaded.graph.initializer[0])[0, 0] == 0.5
     assert external_data_files(load_model(path, load_external_data=False)) == ["ext.onnx.data"]
     assert fingerprint(loaded) == fingerprint(_model_with_weight(0.5))  # same weights, same hash
     (tmp_path / "ext.onnx.data").unlink()
-    with pytest.raises(ModelError, match=f"cannot read the external data of {path}"):
+    with pytest.raises(ModelError, match=f"cannot read the external data of {path}: ext.onnx.data: No such file"):
+        load_model(path)
+
+
+def test_deferred_weights_run_and_are_written_whole(tmp_path: Path) -> None:
+    """A model read with its weights left in its .data file runs in onnxruntime from there, and
+    is written as the same bytes as the same model held whole: nothing points into the input's
+    files."""
+    model = _model_with_weight(0.25)
+    path = tmp_path / "in" / "ext.onnx"
+    path.parent.mkdir()
+    onnx.save_model(model, str(path), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
+    loaded = load_model(path)
+    x = np.ones((2, 64), np.float32)
+    assert np.allclose(make_session(loaded).run(None, {"x": x})[0], 16.0)
+    assert loaded.graph.initializer[0].external_data[0].value == str(path.parent / "ext.onnx.data")  # as it was
+    save_model(loaded, tmp_path / "a.onnx")
+    save_model(_model_with_weight(0.25), tmp_path / "b.onnx")  # onnx's save made `model` external
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+
+
+@pytest.mark.parametrize(("location", "offset", "message"), [
+    ("../outside.data", 0, "tensor 'w' points outside the model's folder ('../outside.data')"),
+    ("ext.onnx.data", 8, "tensor 'w' lies past the end of ext.onnx.data (8 + 16384 > 16384 bytes)"),
+])
+def test_external_data_out_of_bounds_is_refused(tmp_path: Path, location: str, offset: int, message: str) -> None:
+    model = _model_with_weight(0.5)
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
+    (tmp_path.parent / "outside.data").write_bytes(b"\0" * 16384)
+    stored = onnx.load(str(path), load_external_data=False)
+    for entry in stored.graph.initializer[0].external_data:
+        entry.value = {"location": location, "offset": str(offset)}.get(entry.key, entry.value)
+    path.write_bytes(stored.SerializeToString())
+    with pytest.raises(ModelError, match=re.escape(f"cannot read the external data of {path}: {message}")):
         load_model(path)
 
 
@@ -294,4 +332,4 @@ def test_a_model_past_the_protobuf_limit_is_written_with_external_data(tmp_path:
     assert (tmp_path / "out" / "m.onnx.data").stat().st_size == 512 * 4
     assert (tmp_path / "m.onnx.data").read_bytes() == b"the input's weights"
     back = load_model(out)
-    assert np.array_equal(onnx.numpy_helper.to_array(back.graph.initializer[0]), np.full(512, 0.5, np.float32))
+    assert np.array_equal(tensor_array(back.graph.initializer[0]), np.full(512, 0.5, np.float32))

@@ -45,6 +45,7 @@ from qcli.analyze.latency import Ratio, measure, paired, timed_inputs
 from qcli.analyze.margins import MarginPool
 from qcli.analyze.metrics import FidelityAccumulator, TopKAccumulator, as_array
 from qcli.analyze.plugin import load_metric
+from qcli.analyze.size import weight_bytes
 from qcli.config import Verify
 from qcli.data import Batch, InputSpec
 from qcli.errors import DataError
@@ -57,6 +58,7 @@ PROFILE_RUNS = (5, 20)  # profiled runs per node-time profile: at least, at most
 PROFILE_MS = 100.0  # float run time the profiled runs take at most, above the least runs
 TIMING_ROUNDS = (12, 40)  # rounds of one latency timing: at least, at most
 TIMING_MS = 300.0  # float run time one timing's rounds take at most, above the least rounds
+HELD_SESSION_BYTES = 256 << 20  # float weights up to which a probe keeps the float session (`_float_session`)
 # The agreement each kind is gated on, by name (a check's name; cosine is gated apart).
 _POOLS: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked worker's copy has no threads
 
@@ -111,7 +113,7 @@ class Probe:
         self.names = [o.name for o in self.float_model.graph.output if o.name not in self.left_out]
         session = self.session or make_session(self.float_model, self.threads)
         self.reference = [[as_array(v) for v in session.run(self.names, b.inputs)] for b in self.batches]
-        self._float_session = session
+        self._held = session if weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES else None
         self._float_ms: float | None = None
         self._reference: Prediction | None = None  # the float model's predicted latency
         if self.kinds is None:
@@ -120,6 +122,13 @@ class Probe:
                                       vf.thresholds)
         self._metric = load_metric(vf.metric) if vf.metric else None
         self._z = z_of(vf.confidence)
+
+    @property
+    def _float_session(self) -> Any:
+        """The float model's session: the one the reference outputs came from, kept for timings
+        and `head` probes while its weights are under HELD_SESSION_BYTES; a bigger model's is made
+        again when asked for (a decoder's 1.5 GB of weights, held beside each candidate's)."""
+        return self._held or make_session(self.float_model, self.threads)
 
     @property
     def samples(self) -> int:
@@ -223,7 +232,7 @@ class Probe:
             taken += k
         folds = self.folds[:len(batches)] if self.folds is not None else None
         return Probe(self.float_model, batches, self.inputs, self.threads, f"{self.source} (first {taken})",
-                     session=self._float_session, verify=self.verify, kinds=self.kinds, folds=folds,
+                     session=self._held, verify=self.verify, kinds=self.kinds, folds=folds,
                      pools=self.pools or self._margin_pools(), deployment=self.deployment)
 
     def _margin_pools(self) -> dict[str, MarginPool]:
@@ -309,9 +318,9 @@ class Probe:
         if self._float_ms is None:
             import time
 
-            feeds = self.feeds()
+            feeds, session = self.feeds(), self._float_session
             for _ in range(3):
-                self._float_session.run(None, feeds)
+                session.run(None, feeds)
             fastest = float("inf")
             for round_ in range(3):
                 if round_:
@@ -319,7 +328,7 @@ class Probe:
                 begin = time.perf_counter_ns()
                 for _ in range(20):
                     start = time.perf_counter_ns()
-                    self._float_session.run(None, feeds)
+                    session.run(None, feeds)
                     took = time.perf_counter_ns() - start
                     fastest = min(fastest, took)
                 if time.perf_counter_ns() - begin >= 200_000_000:

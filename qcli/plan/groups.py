@@ -12,6 +12,7 @@ from qcli.calibrate.table import CalibrationTable
 from qcli.config import NO_QDQ
 from qcli.errors import CalibrationError
 from qcli.graph import GraphIndex
+from qcli.lazy import tensor_array
 from qcli.plan.context import Context
 from qcli.plan.result import Group, Plan
 from qcli.plan.tensors import Shared
@@ -123,7 +124,7 @@ def assign_ranges(plan: Plan, model: onnx.ModelProto, table: CalibrationTable, s
         if group.fixed_range is not None:
             lo, hi = group.fixed_range
         elif group.constant is not None:
-            values = onnx.numpy_helper.to_array(inits[group.constant])
+            values = tensor_array(inits[group.constant])
             lo, hi = float(values.min()), float(values.max())
         else:
             mine = replace(

@@ -24,8 +24,9 @@ from collections import Counter
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
+from qcli.lazy import tensor_array
 from qcli.prepare._graph import (
     NameAllocator,
     Options,
@@ -121,7 +122,7 @@ def _fold(
     graph: onnx.GraphProto,
 ) -> str | None:
     """Rewrite the producer's weight and bias; None when done, else why it was not."""
-    gamma, beta, mean, var = (numpy_helper.to_array(initializers[n]).astype(np.float64) for n in bn.input[1:5])
+    gamma, beta, mean, var = (tensor_array(initializers[n]).astype(np.float64) for n in bn.input[1:5])
     epsilon = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
     channels = gamma.size
     if not (gamma.shape == beta.shape == mean.shape == var.shape == (channels,)):
@@ -167,7 +168,7 @@ def per_channel(constant: onnx.TensorProto, channels: int, rank: int | None) -> 
     aligned = [1] * (rank - len(dims)) + dims
     if aligned[1] not in (1, channels) or any(d != 1 for axis, d in enumerate(aligned) if axis != 1):
         return None
-    values = numpy_helper.to_array(constant).astype(np.float64).reshape(-1)
+    values = tensor_array(constant).astype(np.float64).reshape(-1)
     return np.full(channels, values[0]) if size == 1 else values
 
 
@@ -194,7 +195,7 @@ def scale_and_shift(
     channels = scale.size
     attrs = {a.name: helper.get_attribute_value(a) for a in producer.attribute}
     if producer.op_type == "BatchNormalization":
-        gamma, beta = (numpy_helper.to_array(initializers[n]) for n in producer.input[1:3])
+        gamma, beta = (tensor_array(initializers[n]) for n in producer.input[1:3])
         new_gamma = gamma.astype(np.float64) * scale
         new_beta = beta.astype(np.float64) * scale + shift
         producer.input[1] = _store(new_gamma.astype(gamma.dtype), producer.input[1], uses, names, graph, initializers)
@@ -202,9 +203,9 @@ def scale_and_shift(
         return None
 
     weight_tensor = initializers[producer.input[1]]
-    weight = numpy_helper.to_array(weight_tensor).astype(np.float64)
+    weight = tensor_array(weight_tensor).astype(np.float64)
     has_bias = len(producer.input) > 2 and bool(producer.input[2])
-    bias = numpy_helper.to_array(initializers[producer.input[2]]).astype(np.float64) if has_bias else None
+    bias = tensor_array(initializers[producer.input[2]]).astype(np.float64) if has_bias else None
 
     if producer.op_type == "Conv":
         new_weight = weight * scale.reshape((-1,) + (1,) * (weight.ndim - 1))
@@ -229,7 +230,7 @@ def scale_and_shift(
     add_bias = bias is not None or bool(np.any(shift))
     new_bias = (bias if bias is not None else np.zeros(channels)) * scale + shift
 
-    dtype = numpy_helper.to_array(weight_tensor).dtype
+    dtype = tensor_array(weight_tensor).dtype
     producer.input[1] = _store(new_weight.astype(dtype), producer.input[1], uses, names, graph, initializers)
     if has_bias:
         producer.input[2] = _store(new_bias.astype(dtype), producer.input[2], uses, names, graph, initializers)

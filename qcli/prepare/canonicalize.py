@@ -54,6 +54,7 @@ import onnx
 from onnx import numpy_helper
 
 from qcli.graph import iter_graphs
+from qcli.lazy import tensor_array
 from qcli.prepare._graph import (
     DEFAULT_DOMAINS,
     NameAllocator,
@@ -170,7 +171,7 @@ def _scalar(name: str, initializers: dict[str, onnx.TensorProto]) -> float | Non
     tensor = initializers.get(name)
     if tensor is None or tensor.data_type not in FLOAT_TYPES:
         return None
-    array = numpy_helper.to_array(tensor)
+    array = tensor_array(tensor)
     return float(array.reshape(-1)[0]) if array.size == 1 else None
 
 
@@ -292,7 +293,7 @@ def _dropout_kept(node: onnx.NodeProto, uses: Counter[str], constants: dict[str,
         return "its mask output is used"
     if len(node.input) > 2 and node.input[2]:
         flag = constants.get(node.input[2])
-        if flag is None or np.any(numpy_helper.to_array(flag)):
+        if flag is None or np.any(tensor_array(flag)):
             return "its training_mode input is not a constant false"
     return None
 
@@ -455,7 +456,7 @@ def _reduce_axes(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]
     18); None when not known or empty (all axes, or none with noop_with_empty_axes)."""
     if len(node.input) > 1 and node.input[1]:
         constant = initializers.get(node.input[1])
-        axes = numpy_helper.to_array(constant).astype(int).tolist() if constant is not None else None
+        axes = tensor_array(constant).astype(int).tolist() if constant is not None else None
     else:
         axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
     return axes or None

@@ -27,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qcli.graph import iter_graphs, names_used_inside, node_subgraphs
+from qcli.lazy import tensor_array
 from qcli.model import tensor_from_attribute
 from qcli.prepare._graph import (
     Options,
@@ -97,8 +98,8 @@ def constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
 
 
 def _densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
-    values = numpy_helper.to_array(sparse.values)
-    indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+    values = tensor_array(sparse.values)
+    indices = tensor_array(sparse.indices).astype(np.int64)
     dims = tuple(sparse.dims)
     dense = np.zeros(int(np.prod(dims, dtype=np.int64)), dtype=values.dtype)
     flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), dims)

@@ -26,8 +26,9 @@ from collections import Counter
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
+from qcli.lazy import tensor_array
 from qcli.prepare._graph import is_default_domain, plural, set_tensor, use_counts
 from qcli.prepare.batchnorm import output_channels, per_channel
 
@@ -91,7 +92,7 @@ def _fold(conv: onnx.NodeProto, node: onnx.NodeProto, source: str, constant: onn
     fold (nothing changed then)."""
     if output_channels(conv, initializers) is None:  # not a weight of rank 3 or more
         return None
-    weight = numpy_helper.to_array(initializers[conv.input[1]]).astype(np.float64)
+    weight = tensor_array(initializers[conv.input[1]]).astype(np.float64)
     groups = next((a.i for a in conv.attribute if a.name == "group"), 1)
     # one value per input channel of the Conv's [N, C, ...] input, C = C/groups x groups
     per = per_channel(constant, weight.shape[1] * groups, weight.ndim)
@@ -134,6 +135,6 @@ def _padded(conv: onnx.NodeProto) -> bool:
 def _add_bias(conv: onnx.NodeProto, shift: np.ndarray, initializers: dict) -> bool:
     if len(conv.input) > 2 and conv.input[2]:
         bias = initializers[conv.input[2]]
-        set_tensor(bias, (numpy_helper.to_array(bias).astype(np.float64) + shift).astype(np.float32), bias.name)
+        set_tensor(bias, (tensor_array(bias).astype(np.float64) + shift).astype(np.float32), bias.name)
         return True
     return False

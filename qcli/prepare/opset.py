@@ -29,6 +29,7 @@ from onnx import helper, numpy_helper, version_converter
 
 from qcli.errors import ModelError
 from qcli.graph import iter_graphs
+from qcli.lazy import tensor_array
 from qcli.model import max_ir_version
 from qcli.prepare._graph import (
     BLOCK_OPSET,
@@ -258,4 +259,4 @@ def _constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
             tensor = next((a.t for a in node.attribute if a.name == "value"), None)
             if tensor is not None:
                 values[node.output[0]] = tensor
-    return {k: numpy_helper.to_array(v) for k, v in values.items() if tensor_nbytes(v) < 4096}
+    return {k: tensor_array(v) for k, v in values.items() if tensor_nbytes(v) < 4096}

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from qcli.graph import iter_graphs, node_subgraphs
+from qcli.lazy import tensor_array
 from qcli.prepare._graph import (
     NameAllocator,
     Options,
@@ -43,7 +44,7 @@ def inline_constant_if(model: onnx.ModelProto, options: Options = Options()) -> 
         if found is None:
             break
         index, node = found
-        taken = bool(np.asarray(numpy_helper.to_array(constants[node.input[0]])).reshape(-1)[0])
+        taken = bool(np.asarray(tensor_array(constants[node.input[0]])).reshape(-1)[0])
         branch = "then_branch" if taken else "else_branch"
         notes.append(f"inlined the {branch} of {label(node)} (its condition is constant {taken})")
         _inline(model, index, branch)

@@ -49,6 +49,7 @@ from onnx import helper, numpy_helper
 
 from qcli.data import DataFolder
 from qcli.errors import QcliError
+from qcli.lazy import tensor_array
 from qcli.plan import Plan
 from qcli.prepare._graph import NameAllocator, add_initializer, is_default_domain, tensor_names, use_counts
 from qcli.runtime import make_session
@@ -306,7 +307,7 @@ def corrected(prepared: onnx.ModelProto, found: list[Target], shifts: Shifts) ->
         if shift is None or shift.signature != t.signature:
             continue
         tensor = inits[t.bias]
-        bias = numpy_helper.to_array(tensor)
+        bias = tensor_array(tensor)
         new = (bias.astype(np.float64) - np.asarray(shift.values).reshape(bias.shape) * t.factor).astype(bias.dtype)
         tensor.CopyFrom(numpy_helper.from_array(new, t.bias))
         done[t.key] = shift

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
+from qcli.lazy import tensor_array
 from qcli.prepare._graph import is_default_domain, label, set_tensor, use_counts
 
 HOMOGENEOUS = ("Relu", "LeakyRelu", "PRelu")  # f(x / s) = f(x) / s for every s > 0
@@ -112,14 +112,14 @@ def equalize(model: onnx.ModelProto, iterations: int = 1) -> Equalized:
     if not pairs:
         return report
     inits = {t.name: t for t in graph.initializer}
-    values = {name: numpy_helper.to_array(inits[name]).astype(np.float64) for p in pairs
+    values = {name: tensor_array(inits[name]).astype(np.float64) for p in pairs
               for i in (p.first, p.second) for name in graph.node[i].input[1:3] if name}
     for _ in range(iterations):
         for p in pairs:
             _balance(graph.node[p.first], graph.node[p.second], values)
     for name, array in values.items():
         tensor = inits[name]
-        set_tensor(tensor, array.astype(numpy_helper.to_array(tensor).dtype), name)
+        set_tensor(tensor, array.astype(tensor_array(tensor).dtype), name)
     report.pairs = [f"{label(graph.node[p.first])} -> {label(graph.node[p.second])}" for p in pairs]
     return report
 

@@ -44,6 +44,7 @@ from qcli.config import Config
 from qcli.configparts import SmoothQuant
 from qcli.errors import CalibrationError
 from qcli.graph import GraphIndex
+from qcli.lazy import tensor_array
 from qcli.plan import Plan, make_plan
 from qcli.rules import SMOOTH_ACTIVATION_AXIS, SMOOTH_FOLDS, SMOOTHING_SUFFIX, block_axis
 from qcli.scheme import QuantScheme, choose_qparams, dequantize, quant_dtype, quantize
@@ -300,7 +301,7 @@ def factors(x_absmax: np.ndarray, w_absmax: np.ndarray, alpha: float) -> np.ndar
 
 def _matrix(reader: Reader, index: GraphIndex) -> np.ndarray:
     """The reader's weight as a [C_in, C_out] matrix (float64)."""
-    w = numpy_helper.to_array(index.initializers[reader.weight]).astype(np.float64)
+    w = tensor_array(index.initializers[reader.weight]).astype(np.float64)
     w = np.moveaxis(w, reader.axis, 0)
     return w.reshape(w.shape[0], -1)
 
@@ -425,7 +426,7 @@ def _range(stats: ChannelObserver, s: np.ndarray) -> tuple[float, float]:
 
 def _scale(init: onnx.TensorProto, factor: np.ndarray, axis: int) -> None:
     """Multiply an initializer by `factor` along `axis` (negative: from the end), in place."""
-    values = numpy_helper.to_array(init)
+    values = tensor_array(init)
     shape = [1] * values.ndim
     shape[axis] = -1
     scaled = (values.astype(np.float32) * factor.reshape(shape)).astype(values.dtype)
