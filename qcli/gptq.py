@@ -5,10 +5,12 @@ layer's inputs, so that the layer's outputs on the calibration data move least
 
 Decisions:
 - The Gram matrix X^T X of a quantized MatMul's (or Gemm's) input, over every row of it (each
-  token of each calibration sample), comes from one extra pass over the calibration samples
+  token of each calibration sample), comes from an extra pass over the calibration samples
   (`measure`) through the prepared float graph, in float64: one K x K matrix per input tensor
-  (q, k and v read one). It lives on the calibration table in memory only, as bias correction's
-  shifts do: with `--calib FILE` the run is refused (`needs_data`).
+  (q, k and v read one); one pass a group of PASS_BYTES of matrices, each group's moved to a
+  temporary folder once summed when there are several (`passes`). They live on the calibration
+  table for the run only, as bias correction's shifts do: with `--calib FILE` the run is
+  refused (`needs_data`).
 - The inputs are the float model's (the weights before them are not rounded yet): one pass,
   where the original GPTQ feeds each layer the quantized layers' outputs before it.
 - Rows in decreasing order of the Gram diagonal (GPTQ's act-order: the inputs that carry the
@@ -27,8 +29,10 @@ Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -45,14 +49,32 @@ from qcli.scheme import PerBlock, integer_range
 DAMP = 0.01  # of the Gram diagonal's mean, added to it
 RATIOS = tuple(1.0 - 0.025 * i for i in range(13))  # the clipped ranges `searched` tries: 1.0 .. 0.7
 BLOCK_ROWS = 128  # rows rounded between two updates of the rest (GPTQ's lazy batch)
+PASS_BYTES = 512 << 20  # Gram matrices one pass over the data sums at most (`passes`)
 
 
 @dataclass
 class Gram:
-    """Σ x xᵀ over the rows of one tensor (float64, K x K) and how many rows it summed."""
+    """Σ x xᵀ over the rows of one tensor (float64, K x K) and how many rows it summed; held in
+    memory, or in a file of a temporary folder (`stored`) read back when asked for."""
 
-    matrix: np.ndarray
+    held: np.ndarray | None
     rows: int = 0
+    stored: Path | None = None
+    folder: _Folder | None = field(default=None, repr=False)  # kept while a Gram refers to it
+
+    @property
+    def matrix(self) -> np.ndarray:
+        if self.held is not None:
+            return self.held
+        assert self.stored is not None
+        return np.load(self.stored)
+
+    def store(self, folder: _Folder, k: int) -> None:
+        """Move the matrix to a file of `folder`."""
+        assert self.held is not None
+        self.stored, self.folder = folder.path / f"{k}.npy", folder
+        np.save(self.stored, self.held, allow_pickle=False)
+        self.held = None
 
 
 def needs_data() -> QcliError:
@@ -85,24 +107,68 @@ def _transposed_a(node: onnx.NodeProto) -> bool:
     return any(a.name == "transA" and a.i for a in node.attribute)
 
 
-def measure(model: onnx.ModelProto, tensors: Iterable[str], folders: Iterable[DataFolder], batch_size: int,
+def passes(model: onnx.ModelProto, tensors: Iterable[str]) -> list[list[str]]:
+    """`tensors` in groups whose Gram matrices hold at most PASS_BYTES together (one a group
+    past it): one pass over the data each, so memory holds one group's, not all (a 368M-parameter
+    decoder's 97 matrices: 3.8 GB)."""
+    sizes = {n: _width(model, n) ** 2 * 8 for n in sorted(set(tensors))}
+    groups: list[list[str]] = []
+    held = 0
+    for name, size in sizes.items():
+        if not groups or held + size > PASS_BYTES:
+            groups.append([])
+            held = 0
+        groups[-1].append(name)
+        held += size
+    return groups
+
+
+def _width(model: onnx.ModelProto, name: str) -> int:
+    """K, the last axis of tensor `name` (from the weight it multiplies: MatMul's B rows, Gemm's)."""
+    for node in model.graph.node:
+        if node.op_type in ("MatMul", "Gemm") and node.input[0] == name:
+            weight = next((t for t in model.graph.initializer if t.name == node.input[1]), None)
+            if weight is not None:
+                trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+                return int(weight.dims[-1] if trans_b else weight.dims[0])
+    return 0
+
+
+def measure(model: onnx.ModelProto, tensors: Iterable[str], folders: Sequence[DataFolder], batch_size: int,
             progress: Callable[[int], None] | None = None) -> dict[str, Gram]:
-    """The Gram matrix of each of `tensors` (last axis: K) over one pass of `folders`."""
-    names = sorted(set(tensors))
-    if not names:
+    """The Gram matrix of each of `tensors` (last axis: K), one pass of `folders` a group of
+    them (`passes`); with several groups, each group's stored in a temporary folder once summed
+    (it goes with the last Gram that refers to it)."""
+    groups = passes(model, tensors)
+    if not groups:
         return {}
-    session = session_with_outputs(model, names)
+    session = session_with_outputs(model, sorted(set(tensors)))
     grams: dict[str, Gram] = {}
-    for batch in (b for folder in folders for b in folder.batches(batch_size)):
-        for name, value in zip(names, session.run(names, batch.inputs), strict=True):
-            x = np.asarray(value, np.float32)
-            x = x.reshape(-1, x.shape[-1])
-            gram = grams.setdefault(name, Gram(np.zeros((x.shape[1], x.shape[1]))))
-            gram.matrix += (x.T @ x).astype(np.float64)
-            gram.rows += x.shape[0]
-        if progress is not None:
-            progress(batch.size)
+    folder = _Folder() if len(groups) > 1 else None
+    for names in groups:
+        for batch in (b for f in folders for b in f.batches(batch_size)):
+            for name, value in zip(names, session.run(names, batch.inputs), strict=True):
+                x = np.asarray(value, np.float32)
+                x = x.reshape(-1, x.shape[-1])
+                gram = grams.setdefault(name, Gram(np.zeros((x.shape[1], x.shape[1]))))
+                assert gram.held is not None
+                gram.held += (x.T @ x).astype(np.float64)
+                gram.rows += x.shape[0]
+            if progress is not None:
+                progress(batch.size)
+        if folder is not None:
+            for name in names:
+                grams[name].store(folder, sorted(grams).index(name))
     return grams
+
+
+class _Folder:
+    """A temporary folder (TMPDIR) for stored Gram matrices, removed with the last Gram that
+    refers to it."""
+
+    def __init__(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="qcli-gram-")
+        self.path = Path(self._tmp.name)
 
 
 def rounded(values: np.ndarray, wp: WeightPlan, gram: Gram) -> Weight:

@@ -34,7 +34,7 @@ from qcli.data import DataFolder, InputSpec, model_inputs
 from qcli.phases import ProgressFactory, no_progress
 from qcli.prepare import PrepareResult
 from qcli.prepare.shapes import activation_bytes
-from qcli.quantize import calibrate, gptq_weights, measure_bias_shifts, measure_grams, round_gptq
+from qcli.quantize import calibrate, gptq_weights, gram_passes, measure_bias_shifts, measure_grams, round_gptq
 from qcli.target.deployment import Deployment
 
 MIN_SAMPLES = 16
@@ -170,8 +170,9 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
                           executor=executor, folds=folds)
     parts = [[folder], *(_other_folds(folder, fold) for fold in folds)]
     if config.weights.algorithm == "gptq":
-        with progress("measuring Gram matrices (gptq)", len(folder) * len(parts) - sum(f.samples for f in folds)
-                      ) as advance:
+        passes = gram_passes(config, prepared)
+        with progress("measuring Gram matrices (gptq)",
+                      (len(folder) * len(parts) - sum(f.samples for f in folds)) * passes) as advance:
             for t, part in zip([table, *table.folds], parts, strict=True):
                 measure_grams(model, config, t, part, prepared=prepared, progress=advance)
         weights = gptq_weights(config, prepared)

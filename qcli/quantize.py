@@ -302,6 +302,12 @@ def measure_grams(model: onnx.ModelProto, config: Config, table: CalibrationTabl
                                progress)
 
 
+def gram_passes(config: Config, prepared: PrepareResult) -> int:
+    """How many passes over the data `measure_grams` makes (qcli.gptq.passes)."""
+    work = prepared.model
+    return len(gptq.passes(work, gptq.targets(work, make_plan(work, config)).values()))
+
+
 def gptq_weights(config: Config, prepared: PrepareResult) -> int:
     """How many weights `round_gptq` rounds (for a progress bar's total)."""
     return len(gptq.targets(prepared.model, make_plan(prepared.model, config)))

@@ -164,3 +164,22 @@ def test_gptq_does_not_combine_with_recovery_steps_that_change_the_weights(tmp_p
     with pytest.raises(ConfigError) as err:
         load_config(tmp_path / "c.yaml")
     assert "weights.algorithm gptq does not combine with recovery step smoothquant: drop one of the two" in str(err.value)
+
+
+def test_gram_matrices_summed_in_several_passes_round_the_same_bytes(cli, tmp_path: Path, tiny: Path,
+                                                                     monkeypatch) -> None:
+    """Gram matrices past PASS_BYTES are summed a group a pass and kept in a temporary folder:
+    the model written is the one a single pass gives."""
+    import qcli.gptq
+
+    grouped, written = qcli.gptq.passes, {}
+    counted: list[int] = []
+    monkeypatch.setattr(qcli.gptq, "passes", lambda *a: counted.append(len(grouped(*a))) or grouped(*a))
+    for name, limit in (("one", 1 << 40), ("each", 1)):
+        monkeypatch.setattr(qcli.gptq, "PASS_BYTES", limit)
+        out = tmp_path / f"{name}.onnx"
+        doc = cli.json("quantize", tiny / "decoder.onnx", "-o", out, "--data", tiny / "text", "--seq-len", "16",
+                       "--config", "llm-int4")
+        written[name] = (out.read_bytes(), doc["verification"]["checks"])
+    assert written["one"] == written["each"]
+    assert counted[0] == 1 and counted[-1] == 9  # per layer: q/k/v's, o's, fc1's, fc2's input; lm_head's

@@ -205,3 +205,24 @@ def test_analyze_reports_perplexity_on_a_text_folder(cli, tmp_path: Path, tiny: 
     assert gate["metric"] == "perplexity increase (logits)" and gate["passed"]
     shown = cli("analyze", tiny / "decoder.onnx", out, "--data", data, "--seq-len", "16", "--runs", "0")
     assert "perplexity" in shown.stdout
+
+
+def test_a_big_decoders_memory_savings_change_no_byte(cli, tmp_path: Path, tiny: Path, monkeypatch) -> None:
+    """What a decoder past memory's comfort gets (weights left in its .data file, float outputs
+    in a temporary folder, the float session not kept) gives the same model and verdict as a
+    small one held whole: forced here on the tiny decoder, stored with external data."""
+    import qcli.analyze.probe as probe
+
+    data = corpus(tmp_path / "text", tiny)
+    (tmp_path / "ext").mkdir()
+    external = save(decoder(), tmp_path / "ext" / "decoder.onnx", external=True)
+    runs = {}
+    for name, limit in (("held", 1 << 40), ("spilled", 0)):
+        monkeypatch.setattr(probe, "REFERENCE_HELD_BYTES", limit)
+        monkeypatch.setattr(probe, "HELD_SESSION_BYTES", limit)
+        out = tmp_path / f"{name}.onnx"
+        doc = cli.json("quantize", external if name == "spilled" else tiny / "decoder.onnx", "-o", out, "--data",
+                       data, "--seq-len", "16", "--config", "weights-int4")
+        runs[name] = (out.read_bytes(), doc["verification"]["checks"], doc["verification"]["outputs"])
+    assert runs["held"] == runs["spilled"]
+    assert sorted(p.name for p in (tmp_path / "ext").iterdir()) == ["decoder.onnx", "decoder.onnx.data"]

@@ -29,11 +29,11 @@ import itertools
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import onnx
@@ -59,6 +59,7 @@ PROFILE_MS = 100.0  # float run time the profiled runs take at most, above the l
 TIMING_ROUNDS = (12, 40)  # rounds of one latency timing: at least, at most
 TIMING_MS = 300.0  # float run time one timing's rounds take at most, above the least rounds
 HELD_SESSION_BYTES = 256 << 20  # float weights up to which a probe keeps the float session (`_float_session`)
+REFERENCE_HELD_BYTES = 256 << 20  # float outputs a probe holds in memory, at most (`Spilled`)
 # The agreement each kind is gated on, by name (a check's name; cosine is gated apart).
 _POOLS: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked worker's copy has no threads
 
@@ -101,7 +102,9 @@ class Probe:
     # the target latency is judged for (qcli.target.deployment): predicted from its profile unless
     # it says measured; None: measured at batch 1 (`qcli analyze`'s timing)
     deployment: Any = None
-    reference: list[list[np.ndarray]] = field(init=False)
+    # given by `head`: the float outputs of `batches`, cut from the probe it heads (not run again)
+    outputs: Sequence[list[np.ndarray]] | None = field(default=None, repr=False)
+    reference: Sequence[list[np.ndarray]] = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.batches:
@@ -111,13 +114,17 @@ class Probe:
         # unless verify.outputs names it
         self.left_out = [n for n in cache_outputs(self.float_model) if n not in vf.outputs]
         self.names = [o.name for o in self.float_model.graph.output if o.name not in self.left_out]
-        session = self.session or make_session(self.float_model, self.threads)
-        self.reference = [[as_array(v) for v in session.run(self.names, b.inputs)] for b in self.batches]
-        self._held = session if weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES else None
+        small = weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES
+        if self.outputs is not None:
+            self.reference, self._held = self.outputs, self.session
+        else:
+            session = self.session or make_session(self.float_model, self.threads)
+            self.reference = _reference(session, self.names, self.batches)
+            self._held = session if small else None
         self._float_ms: float | None = None
         self._reference: Prediction | None = None  # the float model's predicted latency
         if self.kinds is None:
-            values = {name: [ref[k] for ref in self.reference] for k, name in enumerate(self.names)}
+            values = {name: _Column(self.reference, k) for k, name in enumerate(self.names)}
             self.kinds = output_kinds(self.float_model, values, vf.outputs, vf.ctc_blank, vf.sequence_trim,
                                       vf.thresholds)
         self._metric = load_metric(vf.metric) if vf.metric else None
@@ -216,24 +223,27 @@ class Probe:
         scalar) come one sample a batch and are fed as they are."""
         if self.samples <= n:
             return self
-        batches, taken = [], 0
-        for batch in self.batches:
+        batches, outputs, taken = [], [], 0
+        for j, batch in enumerate(self.batches):
             if taken >= n:
                 break
             k = min(n - taken, batch.size)
-            if k < batch.size:
+            if k == batch.size:
+                outputs.append(self.reference[j])
+            else:  # run again: an output's batch axis need not be its first ([T, N, C] sequences)
                 batch = Batch(
                     {name: a[:k] for name, a in batch.inputs.items()},
                     None if batch.label is None else batch.label[:k],
                     None if batch.outputs is None else {name: a[:k] for name, a in batch.outputs.items()},
                     batch.sources[:k],
                 )
+                outputs.append([as_array(v) for v in self._float_session.run(self.names, batch.inputs)])
             batches.append(batch)
             taken += k
         folds = self.folds[:len(batches)] if self.folds is not None else None
         return Probe(self.float_model, batches, self.inputs, self.threads, f"{self.source} (first {taken})",
                      session=self._held, verify=self.verify, kinds=self.kinds, folds=folds,
-                     pools=self.pools or self._margin_pools(), deployment=self.deployment)
+                     pools=self.pools or self._margin_pools(), deployment=self.deployment, outputs=outputs)
 
     def _margin_pools(self) -> dict[str, MarginPool]:
         """Per top-1 or sequence output, the float model's margins of every sample's decisions."""
@@ -349,6 +359,67 @@ class Probe:
         runs = max(PROFILE_RUNS[0], min(PROFILE_RUNS[1], int(PROFILE_MS / max(self.float_ms(), 1e-3))))
         with phase("profile"):
             return node_runs(models, self.feeds(), runs, self.threads)
+
+
+def _reference(session: Any, names: list[str], batches: list[Batch]) -> Sequence[list[np.ndarray]]:
+    """The float outputs of each batch: in memory, or `Spilled` when the first batch's times the
+    batches pass REFERENCE_HELD_BYTES (a decoder's logits: 16 MB a 128-token chunk)."""
+    first = [as_array(v) for v in session.run(names, batches[0].inputs)]
+    if sum(a.nbytes for a in first) * len(batches) <= REFERENCE_HELD_BYTES:
+        return [first, *([as_array(v) for v in session.run(names, b.inputs)] for b in batches[1:])]
+    spilled = Spilled()
+    spilled.append(first)
+    del first
+    for batch in batches[1:]:
+        spilled.append([as_array(v) for v in session.run(names, batch.inputs)])
+    return spilled
+
+
+class Spilled(Sequence[list[np.ndarray]]):
+    """Batches of arrays kept in a temporary folder (TMPDIR), one `.npy` file an array, each
+    batch read back when asked for: memory holds one batch, not all of them. The folder goes
+    with the object."""
+
+    def __init__(self) -> None:
+        self._folder = tempfile.TemporaryDirectory(prefix="qcli-reference-")
+        self._counts: list[int] = []
+
+    def append(self, arrays: list[np.ndarray]) -> None:
+        for i, array in enumerate(arrays):
+            np.save(Path(self._folder.name) / f"{len(self._counts)}-{i}.npy", array, allow_pickle=False)
+        self._counts.append(len(arrays))
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    @overload
+    def __getitem__(self, j: int) -> list[np.ndarray]: ...
+    @overload
+    def __getitem__(self, j: slice) -> list[list[np.ndarray]]: ...
+    def __getitem__(self, j: int | slice) -> list[np.ndarray] | list[list[np.ndarray]]:
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        j = range(len(self))[j]
+        return [np.load(Path(self._folder.name) / f"{j}-{i}.npy") for i in range(self._counts[j])]
+
+
+class _Column(Sequence[np.ndarray]):
+    """Output `k` of each batch of a reference, read when asked for."""
+
+    def __init__(self, reference: Sequence[list[np.ndarray]], k: int) -> None:
+        self._reference, self._k = reference, k
+
+    def __len__(self) -> int:
+        return len(self._reference)
+
+    @overload
+    def __getitem__(self, j: int) -> np.ndarray: ...
+    @overload
+    def __getitem__(self, j: slice) -> list[np.ndarray]: ...
+    def __getitem__(self, j: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        return self._reference[j][self._k]
 
 
 def _doomed(accs: list[FidelityAccumulator], total: int, floor: float) -> bool:
