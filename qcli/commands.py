@@ -143,7 +143,7 @@ def _quantize_run(flags: QuantizeFlags, progress: ProgressFactory) -> QuantizeRu
         save_model(result.model, flags.output, check=True)
     doc = {
         "output": str(flags.output),
-        "method": "run time (dynamic)" if result.plan.dynamic and not result.plan.calibrated_tensors
+        "method": "run time (dynamic)" if result.plan.at_run_time and not result.plan.calibrated_tensors
         else config.calibration.method,
         "bytes_before": file_bytes(flags.model),
         "bytes_after": file_bytes(flags.output),

@@ -98,6 +98,11 @@ class Weights(Section):
         "how integer weights are rounded: `rtn` each value to its nearest; `gptq` MatMul and Gemm weights one input "
         "row at a time, each rounding error spread onto the rows left by the Gram matrix of the layer's inputs on "
         "the calibration samples (needs `--data`; qcli/gptq.py)"))
+    embeddings: Literal["auto", "int8", "float"] = Field("auto", description=(
+        "constant tables only a Gather reads (a decoder's token and position embeddings, untied): `int8` stores "
+        "them int8 per column, the rows read dequantized after the Gather (only those rows: no Q/DQ on "
+        "activations, read speed unchanged); `float` keeps them; `auto` int8 in dynamic mode (as onnxruntime's "
+        "quantize_dynamic), float otherwise. A table also read by a projection (tied) stays as the plan makes it"))
     # larger than any weight's axis: one block per channel
     block_size: int = Field(32, ge=8, le=1 << 16, description=(
         "a power of two: the block of `per_block` (opset 21: a config asking for it prepares models below at 21). "
@@ -185,6 +190,8 @@ class Override(Section):
             raise ValueError("precision dynamic sets the activations (uint8 at run time): drop activations here")
         if self.weights is not None and self.weights.algorithm != "rtn":
             raise ValueError("weights.algorithm is one per model: set it in the top-level weights section")
+        if self.weights is not None and self.weights.embeddings != "auto":
+            raise ValueError("weights.embeddings is one per model: set it in the top-level weights section")
         made_dynamic = dynamic or (self.activations is not None and self.activations.mode == "dynamic")
         if self.weights is not None and made_dynamic:
             check_dynamic_weights(self.weights)
@@ -447,8 +454,9 @@ def config_document(config: Config) -> dict:
         pre = config.data.preprocess.model_dump(mode="json", exclude_none=True)
         doc["data"] = {"preprocess": pre}
     for weights in [doc["weights"], *(o["weights"] for o in doc["overrides"] if o.get("weights"))]:
-        if weights.get("algorithm") == "rtn":  # the default: models made before it existed keep their bytes
-            del weights["algorithm"]
+        for key, default in (("algorithm", "rtn"), ("embeddings", "auto")):
+            if weights.get(key) == default:  # the default: models made before it existed keep their bytes
+                del weights[key]
     return doc
 
 

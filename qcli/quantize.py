@@ -392,7 +392,7 @@ def summary(result: QuantizeResult) -> dict:
             precisions.setdefault(d.op_type, Counter())[labels.get(d.name, "int8")] += 1
     by_group = {t: g.scheme.dtype.name for g in plan.groups for t in g.tensors if t != g.constant}
     activations = Counter(by_group.values())
-    if plan.dynamic:
+    if plan.at_run_time:
         activations["uint8 dynamic"] = len(dynamic_activations(result.model))
     weights = [*plan.weights.values(), *{w.name: w for d in plan.dynamic.values() for w in d.weights}.values()]
     return {
@@ -474,6 +474,13 @@ def precision_labels(result: QuantizeResult) -> dict[str, str]:
     return {**found, **flows, **dynamic_precisions(plan)}
 
 
+def _table_rows(dq: onnx.NodeProto, producers: dict[str, onnx.NodeProto], types: dict[str, int]) -> bool:
+    """Whether `dq` dequantizes the rows a Gather read from an integer table (an embedding's
+    `gather` form: float values for the readers, as a float table's rows would be)."""
+    source = producers.get(dq.input[0])
+    return source is not None and source.op_type == "Gather" and source.input[0] in types
+
+
 def node_precisions(model: onnx.ModelProto) -> dict[str, str]:
     """Node name (an unnamed node's first output) -> the integer types it reads ("uint8 act,
     int8 weights"; "float act, int4 weights" for weight-only), from the DequantizeLinear nodes
@@ -491,7 +498,7 @@ def node_precisions(model: onnx.ModelProto) -> dict[str, str]:
             if folded is not None:  # a weight-only weight (qcli/weightonly.py)
                 weights.add(onnx.TensorProto.DataType.Name(types[folded]).lower())
                 continue
-            if dq is None or dq.op_type != "DequantizeLinear":
+            if dq is None or dq.op_type != "DequantizeLinear" or _table_rows(dq, producers, types):
                 continue
             # the zero point's type, else (a per-block weight's left out) the integers'
             typed = dq.input[2] if len(dq.input) > 2 and dq.input[2] in types else dq.input[0]

@@ -215,7 +215,7 @@ def _no_calibration(model: onnx.ModelProto, prepared: PrepareResult, config: Con
     if config.auto_precision.enabled and widen:
         raise QcliError(f"auto-precision's {widen[0]} candidates need calibration data",
                         hint="give --data DIR, or set auto_precision.candidates without them")
-    why = ("a dynamic model needs no calibration data" if plan.dynamic else
+    why = ("a dynamic model needs no calibration data" if plan.at_run_time else
            "this config calibrates nothing, so no --data was given")
     table = CalibrationTable(fingerprint(model), {}, 0, RangeSettings.of(config))
     return table, f"{why}; give --eval-data to verify"

@@ -263,3 +263,11 @@ def test_weights_int4_preset_on_the_transformer(cli, tmp_path: Path) -> None:
     q = onnx.load(str(out))
     assert not any(n.op_type == "QuantizeLinear" for n in q.graph.node)  # weight-only
     assert fused_op_counts(out, tmp_path)["MatMulNBits"] >= 8
+
+
+def test_defaults_added_later_stay_out_of_the_config_document(tmp_path: Path) -> None:
+    """A model made before weights.algorithm and weights.embeddings existed keeps its bytes."""
+    doc = config_document(load_config(write(tmp_path, "version: 1\n")))
+    assert "algorithm" not in doc["weights"] and "embeddings" not in doc["weights"]
+    doc = config_document(load_config(write(tmp_path, "version: 1\nweights: {embeddings: int8}\n")))
+    assert doc["weights"]["embeddings"] == "int8"

@@ -142,7 +142,7 @@ def test_the_algorithm_is_one_per_model(cli, tmp_path: Path, tiny: Path) -> None
 def test_llm_mixed_gives_int4_to_the_quietest_layers_within_the_perplexity_budget(cli, tmp_path: Path,
                                                                                  tiny: Path) -> None:
     """llm-mixed with a budget below what int4 everywhere costs on this decoder (+0.02%): some
-    layers keep int8, the rest take int4, and the perplexity stays within the budget."""
+    layers keep int8 (or go float), the rest take int4, and the perplexity stays within the budget."""
     config = (PRESETS / "llm-mixed.yaml").read_text().replace("max_accuracy_drop: 0.003", "max_accuracy_drop: 0.0001")
     (tmp_path / "mixed.yaml").write_text(config)
     out = tmp_path / "mixed.onnx"
@@ -152,8 +152,11 @@ def test_llm_mixed_gives_int4_to_the_quietest_layers_within_the_perplexity_budge
     assert doc["precision"]["goal_met"] and 0 < len(int4) < 13
     logits = next(o for o in doc["verification"]["outputs"] if o["name"] == "logits")
     assert logits["perplexity_increase"] <= 0.0001
-    stored = Counter(t.data_type for t in onnx.load(str(out)).graph.initializer if t.name.endswith("_quantized"))
-    assert stored == {onnx.TensorProto.INT4: len(int4), onnx.TensorProto.INT8: 13 - len(int4)}
+    floats = [n for n, p in doc["precision"]["promoted"].items() if p["precision"] == "float"]
+    stored = Counter((t.data_type, t.name.endswith("_gather_quantized")) for t in onnx.load(str(out)).graph.initializer
+                     if t.name.endswith("_quantized"))
+    assert stored == {(onnx.TensorProto.INT4, False): len(int4), (onnx.TensorProto.INT8, False): 13 - len(int4) - len(floats),
+                      (onnx.TensorProto.INT8, True): 2}  # and the two embedding tables (llm presets: int8)
 
 
 def test_gptq_does_not_combine_with_recovery_steps_that_change_the_weights(tmp_path: Path) -> None:
@@ -183,3 +186,54 @@ def test_gram_matrices_summed_in_several_passes_round_the_same_bytes(cli, tmp_pa
         written[name] = (out.read_bytes(), doc["verification"]["checks"])
     assert written["one"] == written["each"]
     assert counted[0] == 1 and counted[-1] == 9  # per layer: q/k/v's, o's, fc1's, fc2's input; lm_head's
+
+
+def test_embeddings_int8_store_the_tables_int8_and_dequantize_only_the_rows_read(cli, tmp_path: Path,
+                                                                                 tiny: Path) -> None:
+    """`weights.embeddings: int8` (the llm presets): the token and position tables int8 per
+    column, a Gather of the integers then a DequantizeLinear of the rows read; nothing else
+    changes, and the model gets smaller."""
+    runs = {}
+    for mode in ("float", "int8"):
+        (tmp_path / f"{mode}.yaml").write_text(
+            "version: 1\nactivations: {dtype: float}\n"
+            f"weights: {{dtype: int4, symmetric: true, granularity: per_block, block_size: 32, embeddings: {mode}}}\n"
+            "verify: {max_latency_ratio: null}\n")
+        out = tmp_path / f"{mode}.onnx"
+        doc = cli.json("quantize", tiny / "decoder.onnx", "-o", out, "--data", tiny / "text", "--seq-len", "16",
+                       "--config", tmp_path / f"{mode}.yaml")
+        runs[mode] = (doc, onnx.load(str(out)), out.stat().st_size)
+    doc, model, size = runs["int8"]
+    assert doc["precisions"] == {"Gather": {"int8 table": 2}, "MatMul": {"float act, int4 weights": 13}}
+    assert doc["activations"] == {} and doc["verification"]["passed"]
+    types = {t.name: t.data_type for t in model.graph.initializer}
+    gathers = [n for n in model.graph.node if n.op_type == "Gather" and types.get(n.input[0]) == onnx.TensorProto.INT8]
+    assert len(gathers) == 2
+    readers = {i: n for n in model.graph.node for i in n.input}
+    assert all(readers[g.output[0]].op_type == "DequantizeLinear" for g in gathers)
+    assert runs["float"][0]["precisions"] == {"MatMul": {"float act, int4 weights": 13}}
+    assert size < runs["float"][2] - 0.7 * (320 + 256) * 64 * 4  # two float tables, 3/4 of their bytes saved
+
+
+def test_embeddings_float_keeps_a_dynamic_models_tables_float(tmp_path: Path) -> None:
+    from qcli.config import Config
+    from qcli.plan import make_plan
+    from qcli.quantize import prepare_for
+
+    model = decoder()
+    plans = {}
+    for mode in ("auto", "float"):
+        config = Config.model_validate({"version": 1, "activations": {"mode": "dynamic"},
+                                        "weights": {"embeddings": mode}})
+        plan = make_plan(prepare_for(model, config).model, config)
+        plans[mode] = sorted(d.form for d in plan.dynamic.values())
+    assert plans["auto"].count("gather") == 2 and "gather" not in plans["float"]
+
+
+def test_embeddings_are_one_per_model(cli, tmp_path: Path, tiny: Path) -> None:
+    (tmp_path / "o.yaml").write_text("version: 1\noverrides:\n  - match: {op_types: [Gather]}\n"
+                                     "    weights: {embeddings: int8}\n")
+    result = cli("quantize", tiny / "decoder.onnx", "-o", tmp_path / "q.onnx", "--data", tiny / "text",
+                 "--config", tmp_path / "o.yaml")
+    assert result.exit_code == 2
+    assert "weights.embeddings is one per model: set it in the top-level weights section" in result.stderr

@@ -226,3 +226,41 @@ def test_a_big_decoders_memory_savings_change_no_byte(cli, tmp_path: Path, tiny:
         runs[name] = (out.read_bytes(), doc["verification"]["checks"], doc["verification"]["outputs"])
     assert runs["held"] == runs["spilled"]
     assert sorted(p.name for p in (tmp_path / "ext").iterdir()) == ["decoder.onnx", "decoder.onnx.data"]
+
+
+def test_a_decode_step_fed_the_prompts_cache_gives_the_whole_sequences_logits(tiny: Path) -> None:
+    """The decode step analyze times computes what it should: its logits are those of the prompt
+    and the new token run as one sequence, at the last position."""
+    from qcli.analyze.decode import cache_pairs, next_tokens, step_feeds
+    from qcli.data.text import feeds
+
+    model = onnx.load(str(tiny / "decoder.onnx"))
+    session = ort.InferenceSession(str(tiny / "decoder.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    pairs = cache_pairs([i.name for i in session.get_inputs()], names)
+    assert pairs == {f"past_key_values.{k}.{kv}": f"present.{k}.{kv}" for k in range(2) for kv in ("key", "value")}
+    ids = np.array([[5, 17, 42, 8, 99, 3], [7, 7, 1, 250, 12, 60]], np.int64)
+    inputs = model_inputs(model)
+    prompt = feeds(ids, inputs, tiny)
+    out = dict(zip(names, session.run(names, prompt), strict=True))
+    tokens = next_tokens(out["logits"])
+    step = session.run(["logits"], step_feeds(prompt, out, pairs, tokens))[0]
+    whole = session.run(["logits"], feeds(np.concatenate([ids, tokens[:, None]], axis=1), inputs, tiny))[0]
+    assert step.shape == (2, 1, whole.shape[2])
+    assert np.allclose(step[:, 0], whole[:, -1], atol=1e-4)
+
+
+def test_analyze_times_a_decoders_prompt_and_decode_step(cli, tmp_path: Path, tiny: Path) -> None:
+    data = corpus(tmp_path / "text", tiny)
+    out = tmp_path / "int4.onnx"
+    cli.json("quantize", tiny / "decoder.onnx", "-o", out, "--data", data, "--seq-len", "16", "--config", "weights-int4")
+    doc = cli.json("analyze", tiny / "decoder.onnx", out, "--data", data, "--seq-len", "16", "--runs", "3",
+                   "--warmup", "1", "--samples", "4")
+    assert doc["decode"]["prompt_tokens"] == 16 and doc["decode"]["step"]["runs"] == 3
+    assert len(doc["decode"]["step"]["float"]["runs_ms"]) == 3
+    shown = cli("analyze", tiny / "decoder.onnx", out, "--data", data, "--seq-len", "16", "--runs", "3",
+                "--warmup", "1", "--samples", "4")
+    assert "prompt tokens/s (16 tokens)" in shown.stdout and "decode tokens/s (a token after 16)" in shown.stdout
+    plain = cli.json("analyze", tiny / "decoder.onnx", out, "--data", data, "--seq-len", "16", "--runs", "0",
+                     "--samples", "4")
+    assert plain["decode"] is None  # nothing timed

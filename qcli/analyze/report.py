@@ -188,6 +188,15 @@ class Speed:
 
 
 @dataclass
+class Decode:
+    """A decoder's speed in tokens (qcli.analyze.decode): `step`, one decode step after the
+    timed prompt of `prompt_tokens` tokens a sample, timed as `Speed` times the prompt."""
+
+    prompt_tokens: int
+    step: Speed
+
+
+@dataclass
 class Predicted:
     """Latency predicted by a target profile (qcli.target): what `min_speedup` gates on unless
     `verify.latency: measured`."""
@@ -300,6 +309,7 @@ class Report:
     format: str = FORMAT
     sensitivity: Sensitivity | None = None  # `--sensitivity`
     predicted: Predicted | None = None  # the target profile's latency (None: `verify.latency: measured`)
+    decode: Decode | None = None  # a decoder's decode step after the timed prompt
 
     @property
     def passed(self) -> bool:

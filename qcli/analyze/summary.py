@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from qcli.analyze.report import Fidelity, LayerError, Report, Sensitivity
+from qcli.analyze.report import Decode, Fidelity, LayerError, Report, Sensitivity, Speed
 from qcli.render import human_bytes, num, size_change
 
 
@@ -116,12 +116,24 @@ def summary_rows(report: Report) -> list[tuple[str, ...]]:
                      ms(sp.quantized.median_ms), faster))
         rows.append(("latency p90", ms(sp.float.p90_ms), ms(sp.quantized.p90_ms), ""))
         rows.append(("throughput (samples/s)", rate(sp.float.throughput), rate(sp.quantized.throughput), ""))
+        if (dec := report.decode) is not None:
+            rows += decode_rows(sp, dec)
     sz = report.size
     rows.append(("file size", human_bytes(sz.float.file_bytes), human_bytes(sz.quantized.file_bytes),
                  size_change(sz.compression)))
     rows.append(("weights", human_bytes(sz.float.weight_bytes), human_bytes(sz.quantized.weight_bytes),
                  size_change(sz.float.weight_bytes / max(sz.quantized.weight_bytes, 1))))
     return rows
+
+
+def decode_rows(sp: Speed, dec: Decode) -> list[tuple[str, ...]]:
+    """A decoder's prompt and decode tokens per second, float and quantized (qcli.analyze.decode)."""
+    n, length, step = sp.batch, dec.prompt_tokens, dec.step
+    faster = f"{ratio(step.speedup)} faster" if step.speedup >= 1 else f"{ratio(1 / step.speedup)} slower"
+    return [(f"prompt tokens/s ({length} tokens)", rate(n * length * 1e3 / sp.float.median_ms),
+             rate(n * length * 1e3 / sp.quantized.median_ms), ""),
+            (f"decode tokens/s (a token after {length})", rate(n * 1e3 / step.float.median_ms),
+             rate(n * 1e3 / step.quantized.median_ms), faster)]
 
 
 FIDELITY_HEADER = ("output", "kind", "agreement [95%]", "cosine (mean [95%] / min)", "SQNR", "max abs error",

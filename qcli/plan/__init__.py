@@ -74,7 +74,7 @@ def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | Non
     weights, block_notes = blocks_beside_quantized_activations(ctx, weights, weighted.readers, activations)
     biases = {key: b for key, b in weighted.biases.items() if b.weight in weights and b.name not in constants}
     static = set(weights) | {c for c in constants if c} | {b.name for b in biases.values()}
-    dynamic = without_static_weights(embedding_tables(ctx, candidates.nodes, dynamic), static)
+    dynamic = without_static_weights(embedding_tables(ctx, candidates.nodes, dynamic, activations), static)
     flows = control_flow_weights(ctx, static | {w.name for d in dynamic.nodes.values() for w in d.weights})
     weights.update((name, w) for found in flows.values() for name, w in found.items())
     return Plan(

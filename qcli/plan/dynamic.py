@@ -50,6 +50,8 @@ def why_not_dynamic(ctx: Context, i: int, reads: Mapping[str, str]) -> str | Non
     rule, reason = dynamic_rule(node)
     if rule is None:
         return reason
+    if rule.form == "gather" and ctx.config.weights.embeddings == "float":
+        return "weights.embeddings: float keeps embedding tables float"
     weights = [node.input[k] if k < len(node.input) else "" for k in rule.weights]
     if not all(w in index.initializers for w in weights):
         return "its weight is not a constant"
@@ -104,16 +106,23 @@ def dynamic_weight(ctx: Context, i: int, name: str, section: Weights) -> WeightP
 EMBEDDING_MIN = 1024  # values in a Gather table worth an int8 copy (smaller ones stay float)
 
 
-def embedding_tables(ctx: Context, static: frozenset[int], planned: Dynamic) -> Dynamic:
+def embedding_tables(ctx: Context, static: frozenset[int], planned: Dynamic, activations: set[str]) -> Dynamic:
     """`planned` plus the float Gathers of large constant tables (embeddings) that the static
     plan leaves float: their tables int8 per column, the rows read dequantized after the Gather
     (the `gather` form: no activation is quantized, so it costs no Q/DQ pair), as onnxruntime's
-    quantize_dynamic stores them. A 30k-word table is most of a small encoder's file."""
+    quantize_dynamic stores them. A 30k-word table is most of a small encoder's file.
+    `weights.embeddings`: `auto` skips the Gathers the static plan takes (a weight-only config's:
+    they stay float), `int8` only those whose output it quantizes (in `activations`), `float` all."""
+    mode = ctx.config.weights.embeddings
+    if mode == "float":
+        return planned
     reads = ctx.float_reads
     readers = Counter(name for node in ctx.index.graph.node for name in node.input)
     found = dict(planned.nodes)
     for i, node in enumerate(ctx.index.graph.node):
-        if node.op_type != "Gather" or i in static or i in found or i in planned.reasons:
+        if node.op_type != "Gather" or i in found or i in planned.reasons:
+            continue
+        if i in static and (mode == "auto" or node.output[0] in activations):
             continue
         table = ctx.index.initializers.get(node.input[0])
         if table is None or len(table.dims) != 2 or table.dims[0] * table.dims[1] < EMBEDDING_MIN:

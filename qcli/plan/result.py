@@ -92,6 +92,12 @@ class Plan:
         return [t for g in self.groups for t in g.tensors if t != g.constant]
 
     @property
+    def at_run_time(self) -> bool:
+        """Whether any activation is quantized at run time (a dynamic node other than an int8
+        embedding table's Gather, which quantizes none)."""
+        return any(d.form != "gather" for d in self.dynamic.values())
+
+    @property
     def calibrated_tensors(self) -> list[str]:
         """Tensors whose range must come from calibration."""
         return [t for g in self.groups if g.constant is None and g.fixed_range is None for t in g.tensors]
