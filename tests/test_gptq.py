@@ -96,17 +96,22 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def int4_blocks(cli, tmp_path: Path, tiny: Path, name: str, extra: str) -> dict:
+    """`quantize --json` of the tiny decoder with weight-only int4 blocks of 32 and `extra`
+    weights keys, written to `name`.onnx."""
+    (tmp_path / f"{name}.yaml").write_text(
+        "version: 1\nactivations: {dtype: float}\n"
+        f"weights: {{dtype: int4, symmetric: true, granularity: per_block, block_size: 32, {extra}}}\n"
+        "verify: {max_latency_ratio: null}\n")
+    return cli.json("quantize", tiny / "decoder.onnx", "-o", tmp_path / f"{name}.onnx", "--data", tiny / "text",
+                    "--seq-len", "16", "--config", tmp_path / f"{name}.yaml")
+
+
 def test_gptq_from_a_text_folder_beats_rtn_on_the_decoders_perplexity(cli, tmp_path: Path, tiny: Path) -> None:
     found = {}
     for algorithm in ("rtn", "gptq"):
-        (tmp_path / f"{algorithm}.yaml").write_text(
-            "version: 1\nactivations: {dtype: float}\n"
-            f"weights: {{dtype: int4, symmetric: true, granularity: per_block, block_size: 32, algorithm: {algorithm}}}\n"
-            "verify: {max_latency_ratio: null}\n")
-        out = tmp_path / f"{algorithm}.onnx"
-        found[algorithm] = cli.json("quantize", tiny / "decoder.onnx", "-o", out, "--data", tiny / "text",
-                                    "--seq-len", "16", "--config", tmp_path / f"{algorithm}.yaml")
-        found[algorithm + " model"] = onnx.load(str(out))
+        found[algorithm] = int4_blocks(cli, tmp_path, tiny, algorithm, f"algorithm: {algorithm}")
+        found[algorithm + " model"] = onnx.load(str(tmp_path / f"{algorithm}.onnx"))
     assert "gptq: 13 weight(s) rounded by the Gram matrices of their layers' inputs" in found["gptq"]["notes"]
     increase = {a: next(o for o in found[a]["verification"]["outputs"] if o["name"] == "logits")["perplexity_increase"]
                 for a in ("rtn", "gptq")}
@@ -195,13 +200,8 @@ def test_embeddings_int8_store_the_tables_int8_and_dequantize_only_the_rows_read
     changes, and the model gets smaller."""
     runs = {}
     for mode in ("float", "int8"):
-        (tmp_path / f"{mode}.yaml").write_text(
-            "version: 1\nactivations: {dtype: float}\n"
-            f"weights: {{dtype: int4, symmetric: true, granularity: per_block, block_size: 32, embeddings: {mode}}}\n"
-            "verify: {max_latency_ratio: null}\n")
+        doc = int4_blocks(cli, tmp_path, tiny, mode, f"embeddings: {mode}")
         out = tmp_path / f"{mode}.onnx"
-        doc = cli.json("quantize", tiny / "decoder.onnx", "-o", out, "--data", tiny / "text", "--seq-len", "16",
-                       "--config", tmp_path / f"{mode}.yaml")
         runs[mode] = (doc, onnx.load(str(out)), out.stat().st_size)
     doc, model, size = runs["int8"]
     assert doc["precisions"] == {"Gather": {"int8 table": 2}, "MatMul": {"float act, int4 weights": 13}}
