@@ -27,7 +27,8 @@ from qcli.yamlfile import read_yaml
 
 Method = Literal["minmax", "percentile", "kl", "mse"]
 ActivationDtype = Literal["uint8", "int8", "uint16", "int16", "float8e4m3fn", "float8e5m2", "float"]  # float: w-only
-WeightDtype = Literal["int8", "uint8", "int16", "int4", "uint4", "float8e4m3fn", "float8e5m2"]  # int16: w-only
+WeightDtype = Literal["int8", "uint8", "int16", "int4", "uint4", "int2", "uint2", "float8e4m3fn",
+                      "float8e5m2"]  # int16: weight-only; int2/uint2: per block, MatMul only
 FLOAT8 = ("float8e4m3fn", "float8e5m2")  # FP8: symmetric only (zero point 0), opset 19
 GranularityName = Literal["per_tensor", "per_channel", "per_block"]  # the core types it: scheme.granularity_of
 Criterion = Literal["performance", "balanced", "accuracy", "custom"]
@@ -117,10 +118,13 @@ class Weights(Section):
         return v
 
     @model_validator(mode="after")
-    def _float8_is_symmetric(self) -> Weights:
+    def _dtype_and_granularity(self) -> Weights:
         if self.dtype in (*FLOAT8, "int16") and self.granularity == "per_block":
             raise ValueError(f"{self.dtype} weights are per channel or per tensor, not per block")
         check_float8(self.dtype, self.symmetric)
+        if self.dtype in ("int2", "uint2") and self.granularity != "per_block":
+            raise ValueError(f"{self.dtype} weights are per block (granularity: per_block): onnxruntime runs 2-bit "
+                             "weights only as MatMulNBits, which reads blocks")
         return self
 
 

@@ -436,13 +436,26 @@ def _tensor(values: np.ndarray, name: str, onnx_type: int) -> onnx.TensorProto:
     ('39f2', [[-7, 3], [2, -1]])
     """
     values = np.asarray(values)
-    if onnx_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
-        nibbles = (values.astype(np.int16).ravel() & 0x0F).astype(np.uint8)
-        if nibbles.size % 2:
-            nibbles = np.append(nibbles, np.uint8(0))
-        packed = nibbles[0::2] | (nibbles[1::2] << 4)
-        return helper.make_tensor(name, onnx_type, values.shape, packed.tobytes(), raw=True)
+    bits: dict[int, int] = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4, onnx.TensorProto.INT2: 2,
+                            onnx.TensorProto.UINT2: 2}
+    if onnx_type in bits:
+        return helper.make_tensor(name, onnx_type, values.shape, packed(values, bits[onnx_type]), raw=True)
     return numpy_helper.from_array(values, name)
+
+
+def packed(values: np.ndarray, bits: int) -> bytes:
+    """Integers of `bits` (4 or 2) packed into bytes, the first in the lowest bits (ONNX's order).
+
+    >>> packed(np.array([-2, 1, 0, -1, 1], np.int8), 2).hex()
+    'c601'
+    """
+    per = 8 // bits
+    low = (values.astype(np.int16).ravel() & ((1 << bits) - 1)).astype(np.uint8)
+    low = np.append(low, np.zeros(-low.size % per, np.uint8))
+    out = np.zeros(low.size // per, np.uint8)
+    for k in range(per):
+        out |= low[k::per] << (k * bits)
+    return out.tobytes()
 
 
 def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:

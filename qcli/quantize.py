@@ -42,7 +42,7 @@ from qcli.qweights import WeightMemo
 from qcli.recovery import bias, check_table, graph_steps
 from qcli.recovery.equalize import equalize
 from qcli.recovery.smoothquant import channel_requests, find_targets, smooth
-from qcli.scheme import FLOAT8_OPSET, PerBlock, PerChannel, QuantScheme
+from qcli.scheme import FLOAT8_OPSET, TWO_BIT_OPSET, PerBlock, PerChannel, QuantScheme
 from qcli.weightonly import folded_integers
 
 
@@ -258,6 +258,8 @@ def prepare_for(model: onnx.ModelProto, config: Config, *, force: bool = False) 
         opset = max(opset, BFLOAT16_OPSET)
     if _asks_float8(config):
         opset = max(opset, FLOAT8_OPSET)
+    if _asks_two_bits(config):
+        opset = max(opset, TWO_BIT_OPSET)
     prepared = prepare(model, force=force, opset=opset, skip=config.prepare.skip)
     return recover_graph(prepared, config)
 
@@ -366,6 +368,12 @@ def _asks_float8(config: Config) -> bool:
     """Whether the config quantizes anything to a float8 type (Q/DQ take them from opset 19)."""
     sections = [config.activations, config.weights, *(s for o in config.overrides for s in (o.activations, o.weights))]
     return any(s is not None and s.dtype in FLOAT8 for s in sections)
+
+
+def _asks_two_bits(config: Config) -> bool:
+    """Whether the config stores any weight in 2 bits (DequantizeLinear takes them from opset 25)."""
+    sections = [config.weights, *(o.weights for o in config.overrides)]
+    return any(w is not None and w.dtype in ("int2", "uint2") for w in sections)
 
 
 def _per_block(plan: Plan) -> bool:

@@ -60,6 +60,7 @@ class QuantDtype:
 
 
 FLOAT8_OPSET = 19  # QuantizeLinear/DequantizeLinear take float8 from opset 19
+TWO_BIT_OPSET = 25  # DequantizeLinear takes int2/uint2 from opset 25
 
 QUANT_DTYPES: dict[str, QuantDtype] = {
     d.name: d
@@ -70,6 +71,9 @@ QUANT_DTYPES: dict[str, QuantDtype] = {
         QuantDtype("int16", 16, True, np.dtype(np.int16), TensorProto.INT16),
         QuantDtype("uint4", 4, False, np.dtype(np.uint8), TensorProto.UINT4),
         QuantDtype("int4", 4, True, np.dtype(np.int8), TensorProto.INT4),
+        # 2-bit weights (TWO_BIT_OPSET): onnxruntime runs them only fused into MatMulNBits
+        QuantDtype("uint2", 2, False, np.dtype(np.uint8), TensorProto.UINT2),
+        QuantDtype("int2", 2, True, np.dtype(np.int8), TensorProto.INT2),
         # FP8 (opset 19+, FLOAT8_OPSET): scale = range / largest, zero point 0, values rounded to
         # the type's grid; for TensorRT on GPUs with FP8 (onnxruntime's CPU runs the Q/DQ pairs).
         QuantDtype("float8e4m3fn", 8, True, np.dtype(ml_dtypes.float8_e4m3fn), TensorProto.FLOAT8E4M3FN, 448),

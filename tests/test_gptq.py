@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from conftest import fused_op_counts, parse_model
 from decoders import TEXT, decoder, save, tokenizer_json
 from qcli.config import PRESETS
 from qcli.gptq import RATIOS, Gram, rounded
@@ -237,3 +239,64 @@ def test_embeddings_are_one_per_model(cli, tmp_path: Path, tiny: Path) -> None:
                  "--config", tmp_path / "o.yaml")
     assert result.exit_code == 2
     assert "weights.embeddings is one per model: set it in the top-level weights section" in result.stderr
+
+
+@pytest.mark.parametrize("dtype", ["uint2", "int2"])
+def test_2_bit_weights_run_as_matmulnbits(cli, tmp_path: Path, tiny: Path, dtype: str) -> None:
+    """2-bit blocks: the model goes to opset 25 (DequantizeLinear takes int2/uint2 there), its
+    weights packed four to a byte, and onnxruntime runs every MatMul as MatMulNBits with bits 2."""
+    symmetric = "true" if dtype == "int2" else "false"
+    (tmp_path / "two.yaml").write_text(
+        "version: 1\nactivations: {dtype: float}\n"
+        f"weights: {{dtype: {dtype}, symmetric: {symmetric}, granularity: per_block, block_size: 32, "
+        "algorithm: gptq}\nverify: {max_latency_ratio: null, max_perplexity_increase: 1.0}\n")
+    out = tmp_path / "two.onnx"
+    doc = cli.json("quantize", tiny / "decoder.onnx", "-o", out, "--data", tiny / "text", "--seq-len", "16",
+                   "--config", tmp_path / "two.yaml")
+    assert doc["precisions"]["MatMul"] == {f"float act, {dtype} weights": 13}
+    model = onnx.load(str(out))
+    assert model.opset_import[0].version == 25
+    two = onnx.TensorProto.UINT2 if dtype == "uint2" else onnx.TensorProto.INT2
+    ints = [t for t in model.graph.initializer if t.name.endswith("_quantized") and t.data_type == two]
+    assert len(ints) == 13 and all(len(t.raw_data) == -(-np.prod(t.dims) // 4) for t in ints)
+    assert fused_op_counts(out, tmp_path)["MatMulNBits"] == 13
+    # the fused kernel computes what DequantizeLinear + MatMul compute (onnxruntime #28551: zeros)
+    ids = np.array([[5, 17, 42, 8, 99, 3]], np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(6)[None]}
+    feeds.update({f"past_key_values.{k}.{kv}": np.zeros((1, 4, 0, 16), np.float32) for k in range(2)
+                  for kv in ("key", "value")})
+    runs = []
+    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        runs.append(ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0])
+    assert np.abs(runs[0] - runs[1]).max() < 0.02 * np.abs(runs[1]).max() and np.abs(runs[0]).max() > 0
+
+
+def test_2_bit_weights_a_matmulnbits_cannot_run_take_4_bits(tmp_path: Path) -> None:
+    from qcli.config import Config
+    from qcli.plan import make_plan
+    from qcli.quantize import prepare_for
+
+    w = ", ".join(["0.5", "-0.25"] * 32 * 16)
+    model = parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 64] x) => (float[N, 16] y) <float[64, 16] a = {{{w}}}, float[16, 64] b = {{{w}}}> {{
+            h = MatMul(x, a)
+            y = Gemm(x, b) <transB = 1>
+            z = Add(h, y)
+        }}""")
+    config = Config.model_validate({"version": 1, "activations": {"dtype": "float"},
+                                    "weights": {"dtype": "uint2", "symmetric": False, "granularity": "per_block"}})
+    plan = make_plan(prepare_for(model, config).model, config)
+    assert plan.weights["a"].scheme.dtype.name == "uint2" and plan.weights["b"].scheme.dtype.name == "uint4"
+    assert ("weight b: uint2 runs in onnxruntime only as MatMulNBits (a float MatMul's weight); Gemm 'y' reads it: "
+            "uint4 instead") in plan.notes
+
+
+def test_2_bit_weights_are_per_block(cli, tmp_path: Path, tiny: Path) -> None:
+    (tmp_path / "c.yaml").write_text("version: 1\nweights: {dtype: int2, granularity: per_channel}\n")
+    result = cli("quantize", tiny / "decoder.onnx", "-o", tmp_path / "q.onnx", "--data", tiny / "text",
+                 "--config", tmp_path / "c.yaml")
+    assert result.exit_code == 2
+    assert ("int2 weights are per block (granularity: per_block): onnxruntime runs 2-bit weights only as "
+            "MatMulNBits, which reads blocks") in result.stderr

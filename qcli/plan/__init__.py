@@ -51,7 +51,12 @@ from qcli.plan.match import Selection, pattern, select
 from qcli.plan.nodes import Candidates, feeding_excluded, screen, weights_read_in_float, without_anchor
 from qcli.plan.result import BiasPlan, DynamicNode, Group, NodeDecision, Plan, WeightPlan
 from qcli.plan.tensors import quantize_tensors, share_scales
-from qcli.plan.weights import blocks_beside_quantized_activations, overridden_weights, plan_weights
+from qcli.plan.weights import (
+    blocks_beside_quantized_activations,
+    overridden_weights,
+    plan_weights,
+    two_bits_on_matmuls,
+)
 
 
 def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | None = None) -> Plan:
@@ -72,6 +77,8 @@ def make_plan(model: onnx.ModelProto, config: Config, *, index: GraphIndex | Non
     weights = {name: w for name, w in overridden_weights(ctx, weighted).items() if name not in constants}
     activations = {t for g in groups for t in g.tensors if t != g.constant}
     weights, block_notes = blocks_beside_quantized_activations(ctx, weights, weighted.readers, activations)
+    weights, two_bit_notes = two_bits_on_matmuls(ctx, weights, weighted.readers, activations)
+    block_notes += two_bit_notes
     biases = {key: b for key, b in weighted.biases.items() if b.weight in weights and b.name not in constants}
     static = set(weights) | {c for c in constants if c} | {b.name for b in biases.values()}
     dynamic = without_static_weights(embedding_tables(ctx, candidates.nodes, dynamic, activations), static)

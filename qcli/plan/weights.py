@@ -154,3 +154,24 @@ def blocks_beside_quantized_activations(
             notes.append(f"weight {name}: {plan.scheme.dtype.name} per_block runs per_channel beside quantized "
                          f"activations (onnxruntime's int8 kernels take one scale per output channel)")
     return out, notes
+
+
+def two_bits_on_matmuls(
+    ctx: Context, weights: dict[str, WeightPlan], readers: dict[str, list[Reader]], quantized: set[str]
+) -> tuple[dict[str, WeightPlan], list[str]]:
+    """2-bit weights that onnxruntime cannot run as MatMulNBits (a reader other than a MatMul's
+    second input, or one whose activations are quantized) in 4 bits of the same sign instead,
+    with a note: a 2-bit DequantizeLinear feeding anything else has no kernel that reads it."""
+    out, notes = dict(weights), []
+    for name, plan in weights.items():
+        if plan.scheme.dtype.bits != 2:
+            continue
+        others = [ctx.node(i) for i, k in readers.get(name, [])
+                  if ctx.node(i).op_type != "MatMul" or k != 1 or quantized.intersection(ctx.node(i).input)]
+        if others:
+            four = quant_dtype("int4" if plan.scheme.dtype.signed else "uint4")
+            out[name] = replace(plan, scheme=replace(plan.scheme, dtype=four))
+            notes.append(f"weight {name}: {plan.scheme.dtype.name} runs in onnxruntime only as MatMulNBits (a float "
+                         f"MatMul's weight); {others[0].op_type} {others[0].name or others[0].output[0]!r} reads it: "
+                         f"{four.name} instead")
+    return out, notes
