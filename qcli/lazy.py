@@ -99,10 +99,12 @@ def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
     """`tensor`'s values (numpy's `to_array`, reading a deferred tensor from its file)."""
     if not deferred(tensor):
         return numpy_helper.to_array(tensor)
-    raw = tensor_raw(tensor)
-    if tensor.data_type in _PLAIN:  # straight from the bytes read: one copy
+    if tensor.data_type in _PLAIN:  # read into the array itself: no copy of the bytes
+        info = _info(tensor)
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).newbyteorder("<")
-        return np.frombuffer(bytearray(raw), dtype).reshape(tuple(tensor.dims))
+        count = int(info["length"]) // dtype.itemsize
+        return np.fromfile(info["location"], dtype, count, offset=int(info["offset"])).reshape(tuple(tensor.dims))
+    raw = tensor_raw(tensor)
     inline = onnx.TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type, raw_data=raw)
     return numpy_helper.to_array(inline)  # packed 4-bit, bfloat16, float8: onnx's own unpacking
 

@@ -128,7 +128,11 @@ def fingerprint(model: onnx.ModelProto) -> str:
         digest.update(part.SerializeToString(deterministic=True))
     for tensor in graph.initializer:
         digest.update(f"{tensor.name}|{tensor.data_type}|{list(tensor.dims)}".encode())
-        digest.update(np.ascontiguousarray(tensor_array(tensor)).tobytes())
+        values = np.ascontiguousarray(tensor_array(tensor))
+        if values.dtype == object:  # strings: their bytes, not the buffer's pointers
+            digest.update(repr(values.ravel().tolist()).encode())
+        else:
+            digest.update(values.reshape(-1).view(np.uint8).data)  # the bytes themselves: no copy
     return "sha256:" + digest.hexdigest()
 
 

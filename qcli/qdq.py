@@ -178,7 +178,7 @@ class _Source:
 
     def weight(self, plan: WeightPlan) -> Weight:
         """The weight quantized under `plan` (remembered in `memo`)."""
-        return weight_of(self.memo, ("qdq", plan), lambda: self.values(plan.name).astype(np.float32), plan)
+        return weight_of(self.memo, ("qdq", plan), lambda: self.values(plan.name).astype(np.float32, copy=False), plan)
 
 
 @dataclass

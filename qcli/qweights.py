@@ -88,10 +88,14 @@ def quantized_weight(values: np.ndarray, plan: WeightPlan) -> Weight:
     """
     scheme, axis = plan.scheme, plan.axis
     scale, zero = weight_qparams(values, plan)
-    if isinstance(scheme.granularity, PerBlock) and axis is not None:
+    if isinstance(scheme.granularity, PerBlock) and axis is not None and values.shape[axis] % scheme.granularity.size:
         block, size = scheme.granularity.size, values.shape[axis]
         q = quantize(values, _expand_blocks(scale, block, axis, size), _expand_blocks(zero, block, axis, size),
                      scheme.dtype, None, scheme.symmetric)
+    elif isinstance(scheme.granularity, PerBlock) and axis is not None:  # whole blocks: broadcast, not repeated
+        blocks = _blocked(values, axis, scheme.granularity.size)
+        q = quantize(blocks, np.expand_dims(scale, axis + 1), np.expand_dims(zero, axis + 1), scheme.dtype, None,
+                     scheme.symmetric).reshape(values.shape)
     else:
         q = quantize(values, scale, zero, scheme.dtype, axis, scheme.symmetric)
     return q, scale, zero
@@ -104,8 +108,12 @@ def weight_qparams(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np
     if axis is None:
         return choose_qparams(values.min(), values.max(), scheme.dtype, scheme.symmetric)
     if isinstance(scheme.granularity, PerBlock):
+        block = scheme.granularity.size
+        if values.shape[axis] % block == 0:  # whole blocks: a view, no padded copy
+            blocks = _blocked(values, axis, block)
+            return choose_qparams(blocks.min(axis=axis + 1), blocks.max(axis=axis + 1), scheme.dtype, scheme.symmetric)
         moved = np.moveaxis(values, axis, 0)
-        size, block = moved.shape[0], scheme.granularity.size
+        size = moved.shape[0]
         count = -(-size // block)
         padded = np.pad(moved, [(0, count * block - size)] + [(0, 0)] * (moved.ndim - 1))
         blocks = padded.reshape(count, block, *moved.shape[1:])
@@ -113,6 +121,12 @@ def weight_qparams(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np
         return np.moveaxis(scale, 0, axis), np.moveaxis(zero, 0, axis)
     other = tuple(a for a in range(values.ndim) if a != axis)
     return choose_qparams(values.min(axis=other), values.max(axis=other), scheme.dtype, scheme.symmetric)
+
+
+def _blocked(values: np.ndarray, axis: int, block: int) -> np.ndarray:
+    """`values` with `axis` split into (blocks, block): whole blocks only."""
+    shape = values.shape
+    return values.reshape(*shape[:axis], shape[axis] // block, block, *shape[axis + 1:])
 
 
 def _expand_blocks(param: np.ndarray, block: int, axis: int, size: int) -> np.ndarray:

@@ -117,6 +117,18 @@ def test_external_data_out_of_bounds_is_refused(tmp_path: Path, location: str, o
         load_model(path)
 
 
+def test_a_string_initializers_fingerprint_is_its_values() -> None:
+    """Strings hash by their values (their array's buffer holds pointers, different each load)."""
+    def model(values: list[bytes]) -> onnx.ModelProto:
+        graph = helper.make_graph([helper.make_node("Identity", ["s"], ["y"])], "g", [],
+                                  [helper.make_tensor_value_info("y", onnx.TensorProto.STRING, [2])],
+                                  [helper.make_tensor("s", onnx.TensorProto.STRING, [2], values)])
+        return helper.make_model(graph)
+
+    assert fingerprint(model([b"ab", b"c"])) == fingerprint(model([b"ab", b"c"]))
+    assert fingerprint(model([b"ab", b"c"])) != fingerprint(model([b"ab", b"d"]))
+
+
 def test_fingerprint_covers_weights_not_metadata() -> None:
     a, b = _model_with_weight(0.5), _model_with_weight(0.5)
     b.producer_name = "someone else"

@@ -49,6 +49,8 @@ from qcli.analyze.tokens import TokenAccumulator
 # SQNR is then reported as None ("exact") rather than as an infinite number JSON cannot hold.
 _SILENT_SIGNAL = 1e-30
 
+MARGIN_KINDS = (Kind.TOP1, Kind.SEQUENCE)  # the kinds whose decisions' margins are kept (qcli.analyze.margins)
+
 
 def sqnr_db(signal: float, noise: float) -> float | None:
     """10 log10(signal / noise); None when there is no noise at all (the tensors are equal).
@@ -199,7 +201,7 @@ class FidelityAccumulator:
                 self.kind = decide("", [reference], None, None)
             if self.kind.kind is Kind.SEQUENCE and self.floating:
                 self.sequence = SequenceAccumulator(self.kind.blank, self.kind.trim)
-            if self.kind.kind in (Kind.TOP1, Kind.SEQUENCE) and self.floating:
+            if self.kind.kind in MARGIN_KINDS and self.floating:
                 self.margins = MarginAccumulator(self.pool)
             if self.kind.kind is Kind.MASK and self.floating:
                 self.mask = MaskAccumulator(0.5 if self.kind.threshold is None else self.kind.threshold,

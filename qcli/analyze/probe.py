@@ -43,7 +43,7 @@ from qcli.analyze.fidelity import Fidelity, output_fidelity
 from qcli.analyze.kinds import Kind, OutputKind, cache_outputs, output_kinds
 from qcli.analyze.latency import Ratio, measure, paired, timed_inputs
 from qcli.analyze.margins import MarginPool
-from qcli.analyze.metrics import FidelityAccumulator, TopKAccumulator, as_array
+from qcli.analyze.metrics import MARGIN_KINDS, FidelityAccumulator, TopKAccumulator, as_array
 from qcli.analyze.plugin import load_metric
 from qcli.analyze.size import weight_bytes
 from qcli.config import Verify
@@ -250,6 +250,8 @@ class Probe:
         assert self.kinds is not None  # set in __post_init__
         pools = {}
         for k, name in enumerate(self.names):
+            if self.kinds[name].kind not in MARGIN_KINDS:  # no margins: not read again (a decoder's spilled logits)
+                continue
             acc = FidelityAccumulator(self.kinds[name])
             for batch, reference in zip(self.batches, self.reference, strict=True):
                 value = np.asarray(reference[k])
