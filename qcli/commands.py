@@ -19,6 +19,7 @@ from qcli.analyze import FORMATS, AnalyzeOptions, Report, analyze, evaluate, hea
 from qcli.analyze.gates import Gates
 from qcli.calibrate.table import METHODS, CalibrationTable, load_table, save_table, solved_methods
 from qcli.calibrate.trtcache import write_trt_cache
+from qcli.census import summary
 from qcli.checks import Check
 from qcli.config import PRESETS, config_yaml, load_config
 from qcli.data import DataFolder, model_inputs
@@ -29,7 +30,7 @@ from qcli.info import describe_data, describe_model, file_bytes
 from qcli.model import Owned, fingerprint, load_model, save_model
 from qcli.phases import ProgressFactory, no_progress, phase, recording
 from qcli.pipeline import PipelineResult, run_pipeline
-from qcli.quantize import calibrate, summary
+from qcli.quantize import calibrate
 from qcli.target.deployment import Deployment
 from qcli.verify import Outcome, quantize_checked
 

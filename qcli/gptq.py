@@ -69,10 +69,11 @@ class Gram:
         assert self.stored is not None
         return np.load(self.stored)
 
-    def store(self, folder: _Folder, k: int) -> None:
-        """Move the matrix to a file of `folder`."""
+    def store(self, folder: _Folder) -> None:
+        """Move the matrix to a new file of `folder`."""
         assert self.held is not None
-        self.stored, self.folder = folder.path / f"{k}.npy", folder
+        self.stored, self.folder = folder.path / f"{folder.files}.npy", folder
+        folder.files += 1
         np.save(self.stored, self.held, allow_pickle=False)
         self.held = None
 
@@ -111,7 +112,8 @@ def passes(model: onnx.ModelProto, tensors: Iterable[str]) -> list[list[str]]:
     """`tensors` in groups whose Gram matrices hold at most PASS_BYTES together (one a group
     past it): one pass over the data each, so memory holds one group's, not all (a 368M-parameter
     decoder's 97 matrices: 3.8 GB)."""
-    sizes = {n: _width(model, n) ** 2 * 8 for n in sorted(set(tensors))}
+    index = GraphIndex.of(model)
+    sizes = {n: _width(index, n) ** 2 * 8 for n in sorted(set(tensors))}
     groups: list[list[str]] = []
     held = 0
     for name, size in sizes.items():
@@ -123,14 +125,14 @@ def passes(model: onnx.ModelProto, tensors: Iterable[str]) -> list[list[str]]:
     return groups
 
 
-def _width(model: onnx.ModelProto, name: str) -> int:
+def _width(index: GraphIndex, name: str) -> int:
     """K, the last axis of tensor `name` (from the weight it multiplies: MatMul's B rows, Gemm's)."""
-    for node in model.graph.node:
-        if node.op_type in ("MatMul", "Gemm") and node.input[0] == name:
-            weight = next((t for t in model.graph.initializer if t.name == node.input[1]), None)
-            if weight is not None:
-                trans_b = any(a.name == "transB" and a.i for a in node.attribute)
-                return int(weight.dims[-1] if trans_b else weight.dims[0])
+    for i in index.consumers(name):
+        node = index.graph.node[i]
+        weight = index.initializers.get(node.input[1]) if len(node.input) > 1 else None
+        if node.op_type in ("MatMul", "Gemm") and node.input[0] == name and weight is not None:
+            trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+            return int(weight.dims[-1] if trans_b else weight.dims[0])
     return 0
 
 
@@ -158,7 +160,7 @@ def measure(model: onnx.ModelProto, tensors: Iterable[str], folders: Sequence[Da
                 progress(batch.size)
         if folder is not None:
             for name in names:
-                grams[name].store(folder, sorted(grams).index(name))
+                grams[name].store(folder)
     return grams
 
 
@@ -169,6 +171,7 @@ class _Folder:
     def __init__(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="qcli-gram-")
         self.path = Path(self._tmp.name)
+        self.files = 0
 
 
 def rounded(values: np.ndarray, wp: WeightPlan, gram: Gram) -> Weight:

@@ -67,7 +67,8 @@ def defer(model: onnx.ModelProto, folder: Path, shown_as: Path) -> None:
             except OSError as exc:
                 raise ModelError(f"cannot read the external data of {shown_as}: {location}: {exc.strerror}",
                                  hint="keep the model's .data file(s) in the same folder as the .onnx file") from exc
-        offset, length = int(info.get("offset", 0)), int(info.get("length", sizes[where] - int(info.get("offset", 0))))
+        offset = int(info.get("offset", 0))
+        length = int(info.get("length", sizes[where] - offset))
         if offset < 0 or length < 0 or offset + length > sizes[where]:
             raise ModelError(f"cannot read the external data of {shown_as}: tensor {tensor.name!r} lies past the "
                              f"end of {location} ({offset} + {length} > {sizes[where]} bytes)",

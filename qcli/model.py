@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 
 from qcli.errors import InternalError, ModelError
 from qcli.files import write_error
+from qcli.graph import iter_graphs
 from qcli.lazy import all_tensors, defer, deferred, deferred_bytes, inline, tensor_array, tensor_raw
 
 # Protobuf cannot serialise a message over 2 GiB; above this much weight data we write the
@@ -254,7 +255,7 @@ def _write_external(model: onnx.ModelProto, tmp_model: Path, data_name: str) -> 
             return ref
 
         shell.graph.initializer.extend(stored(t) for t in model.graph.initializer)
-        for graph in _subgraphs(shell.graph):  # If/Loop/Scan bodies' weights, converted in place
+        for _, graph in list(iter_graphs(shell.graph))[1:]:  # If/Loop/Scan bodies' weights, converted in place
             for i, tensor in enumerate(graph.initializer):
                 graph.initializer[i].CopyFrom(stored(tensor))
     for tensor in all_tensors(shell):  # Constant nodes' values
@@ -274,15 +275,6 @@ def _raw(tensor: onnx.TensorProto) -> bytes | None:
     else:
         return None
     return raw if len(raw) >= EXTERNAL_DATA_THRESHOLD else None
-
-
-def _subgraphs(graph: onnx.GraphProto):
-    """The subgraphs of `graph`'s nodes (If, Loop, Scan bodies), nested ones included."""
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
-                yield sub
-                yield from _subgraphs(sub)
 
 
 def check_model(path: str | os.PathLike, *, shown_as: str | os.PathLike | None = None) -> None:

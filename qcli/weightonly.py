@@ -7,7 +7,7 @@ which quantizes its input at run time. 16-bit weights (`weights.dtype: int16`, t
 step between int8 and float weights, qcli/precision/stored.py) halve a float weight's bytes
 with rounding about 256x finer than int8's. The values are DequantizeLinear's: (q - zero) * scale in
 float32. qcli/qdq.py writes the form (`folded_weight`) where `weight_only` holds;
-`folded_integers` finds it again in a written model (qcli.quantize.node_precisions).
+`folded_integers` finds it again in a written model (qcli.census.node_precisions).
 """
 
 from __future__ import annotations

@@ -137,13 +137,18 @@ def test_gptq_with_a_calibration_file_is_refused(cli, tmp_path: Path, tiny: Path
             "calibration samples, which a calibration file does not hold") in result.stderr
 
 
-def test_the_algorithm_is_one_per_model(cli, tmp_path: Path, tiny: Path) -> None:
-    (tmp_path / "o.yaml").write_text("version: 1\noverrides:\n  - match: {op_types: [MatMul]}\n"
-                                     "    weights: {dtype: int4, granularity: per_block, algorithm: gptq}\n")
+@pytest.mark.parametrize(("key", "op_type", "weights"), [
+    ("algorithm", "MatMul", "{dtype: int4, granularity: per_block, algorithm: gptq}"),
+    ("embeddings", "Gather", "{embeddings: int8}"),
+])
+def test_a_per_model_weights_key_in_an_override_is_refused(cli, tmp_path: Path, tiny: Path, key: str, op_type: str,
+                                                          weights: str) -> None:
+    (tmp_path / "o.yaml").write_text(f"version: 1\noverrides:\n  - match: {{op_types: [{op_type}]}}\n"
+                                     f"    weights: {weights}\n")
     result = cli("quantize", tiny / "decoder.onnx", "-o", tmp_path / "q.onnx", "--data", tiny / "text",
                  "--config", tmp_path / "o.yaml")
     assert result.exit_code == 2
-    assert "weights.algorithm is one per model: set it in the top-level weights section" in result.stderr
+    assert f"weights.{key} is one per model: set it in the top-level weights section" in result.stderr
 
 
 def test_llm_mixed_gives_int4_to_the_quietest_layers_within_the_perplexity_budget(cli, tmp_path: Path,
@@ -230,15 +235,6 @@ def test_embeddings_float_keeps_a_dynamic_models_tables_float(tmp_path: Path) ->
         plan = make_plan(prepare_for(model, config).model, config)
         plans[mode] = sorted(d.form for d in plan.dynamic.values())
     assert plans["auto"].count("gather") == 2 and "gather" not in plans["float"]
-
-
-def test_embeddings_are_one_per_model(cli, tmp_path: Path, tiny: Path) -> None:
-    (tmp_path / "o.yaml").write_text("version: 1\noverrides:\n  - match: {op_types: [Gather]}\n"
-                                     "    weights: {embeddings: int8}\n")
-    result = cli("quantize", tiny / "decoder.onnx", "-o", tmp_path / "q.onnx", "--data", tiny / "text",
-                 "--config", tmp_path / "o.yaml")
-    assert result.exit_code == 2
-    assert "weights.embeddings is one per model: set it in the top-level weights section" in result.stderr
 
 
 @pytest.mark.parametrize("dtype", ["uint2", "int2"])

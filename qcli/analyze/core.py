@@ -24,7 +24,7 @@ import onnx
 
 from qcli import __version__
 from qcli.analyze.confidence import z_of
-from qcli.analyze.decode import cache_pairs, next_tokens, step_feeds
+from qcli.analyze.decode import time_decode
 from qcli.analyze.gates import Gates, check_gates
 from qcli.analyze.kinds import Kind, OutputKind, check_outputs, output_kinds
 from qcli.analyze.latency import measure, timed_inputs
@@ -123,12 +123,9 @@ def analyze(
     notes = sessions.measures.notes()
     if opts.layers and not sessions.measures.pairs:
         notes.append(f"{qm.label} has no quantized activations (QuantizeLinear -> DequantizeLinear pairs)")
-    speed, latency_notes = _latency(sessions, first, inputs, opts)
-    decode = _decode(sessions, first, inputs, opts)
+    speed, decode, latency_notes = _latency(sessions, first, inputs, opts)
     predicted = _predicted(fm.proto, qm.proto, first, inputs, deployment) if predicts else None
-    report = _report(sessions, folder, labels, opts, gates, speed, notes + latency_notes, predicted)
-    report.decode = decode
-    return report
+    return _report(sessions, folder, labels, opts, gates, speed, notes + latency_notes, predicted, decode)
 
 
 def _predicted(float_model: onnx.ModelProto, quantized: onnx.ModelProto, first: Batch, inputs: list[InputSpec],
@@ -246,10 +243,11 @@ def _one_pass(
 
 def _latency(
     sessions: _Sessions, first: Batch, inputs: list[InputSpec], opts: AnalyzeOptions
-) -> tuple[Speed | None, list[str]]:
-    """Alternating timed runs of both models on the first `latency_batch` samples; notes."""
+) -> tuple[Speed | None, Decode | None, list[str]]:
+    """Alternating timed runs of both models on the first `latency_batch` samples, and of a
+    decoder's decode step after them (qcli.analyze.decode); notes."""
     if not opts.runs:
-        return None, []
+        return None, None, []
     feeds, batch = timed_inputs(first, inputs, opts.latency_batch)
     notes = []
     if batch != opts.latency_batch:
@@ -260,26 +258,9 @@ def _latency(
         lambda: sessions.plain_f.run(None, feeds), lambda: sessions.plain_q.run(None, feeds),
         runs=opts.runs, warmup=opts.warmup, batch=batch, threads=opts.threads,
     )
-    return speed, notes
-
-
-def _decode(sessions: _Sessions, first: Batch, inputs: list[InputSpec], opts: AnalyzeOptions) -> Decode | None:
-    """A decoder's decode step after the timed prompt, timed as the prompt is (qcli.analyze.decode);
-    None for other models, or without latency runs."""
-    f, q = sessions.plain_f, sessions.plain_q
-    outputs = [o.name for o in f.get_outputs()]
-    pairs = cache_pairs([i.name for i in f.get_inputs()], outputs)
-    if not opts.runs or pairs is None or "input_ids" not in first.inputs:
-        return None
-    prompt, batch = timed_inputs(first, inputs, opts.latency_batch)
-    f_out = dict(zip(outputs, f.run(outputs, prompt), strict=True))
-    q_out = dict(zip(outputs, q.run(outputs, prompt), strict=True))
-    tokens = next_tokens(f_out[outputs[0]])
-    f_step, q_step = step_feeds(prompt, f_out, pairs, tokens), step_feeds(prompt, q_out, pairs, tokens)
-    del f_out, q_out
-    step = measure(lambda: f.run(None, f_step), lambda: q.run(None, q_step),
-                   runs=opts.runs, warmup=opts.warmup, batch=batch, threads=opts.threads)
-    return Decode(prompt_tokens=int(prompt["input_ids"].shape[1]), step=step)
+    decode = time_decode(sessions.plain_f, sessions.plain_q, feeds, runs=opts.runs, warmup=opts.warmup,
+                         batch=batch, threads=opts.threads)
+    return speed, decode, notes
 
 
 def _runs_at(session: Any, feeds: dict[str, np.ndarray], which: str, batch: int, samples: int) -> None:
@@ -299,7 +280,7 @@ def _runs_at(session: Any, feeds: dict[str, np.ndarray], which: str, batch: int,
 
 def _report(
     sessions: _Sessions, folder: DataFolder, labels: str | Path | None, opts: AnalyzeOptions, gates: Gates,
-    speed: Speed | None, notes: list[str], predicted: Predicted | None = None,
+    speed: Speed | None, notes: list[str], predicted: Predicted | None = None, decode: Decode | None = None,
 ) -> Report:
     """The measures summed up, sizes compared and gates checked."""
     m, fm, qm = sessions.measures, sessions.fm, sessions.qm
@@ -332,6 +313,7 @@ def _report(
         notes=notes,
         qcli_version=__version__,
         predicted=predicted,
+        decode=decode,
     )
 
 

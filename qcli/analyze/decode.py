@@ -15,7 +15,12 @@ decide anything.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from qcli.analyze.latency import measure
+from qcli.analyze.report import Decode
 
 PREFIXES = ("past_key_values.", "past_key_value.", "past.")
 
@@ -62,3 +67,21 @@ def step_feeds(prompt: dict[str, np.ndarray], outputs: dict[str, np.ndarray], pa
 def next_tokens(logits: np.ndarray) -> np.ndarray:
     """The greedy next token after each sample's last position, [N] (logits [N, L, V])."""
     return np.asarray(logits)[:, -1, :].argmax(-1)
+
+
+def time_decode(float_session: Any, quantized_session: Any, prompt: dict[str, np.ndarray], *, runs: int,
+                warmup: int, batch: int, threads: int | None) -> Decode | None:
+    """The decode step after `prompt` (the timed feeds), timed as the prompt was: alternating
+    runs of both sessions; None when the model is not a decoder with a cache qcli can feed."""
+    outputs = [o.name for o in float_session.get_outputs()]
+    pairs = cache_pairs([i.name for i in float_session.get_inputs()], outputs)
+    if pairs is None or "input_ids" not in prompt:
+        return None
+    f_out = dict(zip(outputs, float_session.run(outputs, prompt), strict=True))
+    q_out = dict(zip(outputs, quantized_session.run(outputs, prompt), strict=True))
+    tokens = next_tokens(f_out[outputs[0]])
+    f_step, q_step = step_feeds(prompt, f_out, pairs, tokens), step_feeds(prompt, q_out, pairs, tokens)
+    del f_out, q_out
+    step = measure(lambda: float_session.run(None, f_step), lambda: quantized_session.run(None, q_step),
+                   runs=runs, warmup=warmup, batch=batch, threads=threads)
+    return Decode(prompt_tokens=int(prompt["input_ids"].shape[1]), step=step)

@@ -445,8 +445,6 @@ def output_kinds(model: onnx.ModelProto, values: Mapping[str, Sequence[np.ndarra
     graph = _Graph(model.graph)
     kinds = {}
     for name, batches in values.items():
-        if isinstance(batches, (list, tuple)):  # else a probe's spilled outputs, read when asked for
-            batches = [np.asarray(v) for v in batches]
         threshold = thresholds.get(name)
         if name in named:
             kinds[name] = forced(name, Kind(named[name]), batches, blank, threshold)

@@ -114,13 +114,12 @@ class Probe:
         # unless verify.outputs names it
         self.left_out = [n for n in cache_outputs(self.float_model) if n not in vf.outputs]
         self.names = [o.name for o in self.float_model.graph.output if o.name not in self.left_out]
-        small = weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES
         if self.outputs is not None:
             self.reference, self._held = self.outputs, self.session
         else:
             session = self.session or make_session(self.float_model, self.threads)
             self.reference = _reference(session, self.names, self.batches)
-            self._held = session if small else None
+            self._held = session if weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES else None
         self._float_ms: float | None = None
         self._reference: Prediction | None = None  # the float model's predicted latency
         if self.kinds is None:

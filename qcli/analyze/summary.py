@@ -37,6 +37,11 @@ def rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
+def faster(speedup: float) -> str:
+    """A speedup as people say it: "1.5x faster", "1.25x slower"."""
+    return f"{ratio(speedup)} faster" if speedup >= 1 else f"{ratio(1 / speedup)} slower"
+
+
 def name(path: str) -> str:
     return PurePath(path).name or path
 
@@ -105,15 +110,13 @@ def summary_rows(report: Report) -> list[tuple[str, ...]]:
         elif f.cosine is not None:
             rows.append((f"cosine to reference `{ref.output}`", f"{f.cosine:.5f}", f"{q.cosine:.5f}", ""))
     if (pr := report.predicted) is not None:
-        faster = f"{ratio(pr.speedup)} faster" if pr.speedup >= 1 else f"{ratio(1 / pr.speedup)} slower"
         rows.append((f"latency predicted (batch {pr.batch}, {pr.target.split(' (')[0].removeprefix('target ')})",
-                     ms(pr.float_ms), ms(pr.quantized_ms), faster))
+                     ms(pr.float_ms), ms(pr.quantized_ms), faster(pr.speedup)))
     sp = report.speed
     if sp is not None:
         threads = f", {sp.threads} thread{'s' if sp.threads > 1 else ''}" if sp.threads else ""
-        faster = f"{ratio(sp.speedup)} faster" if sp.speedup >= 1 else f"{ratio(1 / sp.speedup)} slower"
         rows.append((f"latency median (batch {sp.batch}{threads})", ms(sp.float.median_ms),
-                     ms(sp.quantized.median_ms), faster))
+                     ms(sp.quantized.median_ms), faster(sp.speedup)))
         rows.append(("latency p90", ms(sp.float.p90_ms), ms(sp.quantized.p90_ms), ""))
         rows.append(("throughput (samples/s)", rate(sp.float.throughput), rate(sp.quantized.throughput), ""))
         if (dec := report.decode) is not None:
@@ -129,11 +132,10 @@ def summary_rows(report: Report) -> list[tuple[str, ...]]:
 def decode_rows(sp: Speed, dec: Decode) -> list[tuple[str, ...]]:
     """A decoder's prompt and decode tokens per second, float and quantized (qcli.analyze.decode)."""
     n, length, step = sp.batch, dec.prompt_tokens, dec.step
-    faster = f"{ratio(step.speedup)} faster" if step.speedup >= 1 else f"{ratio(1 / step.speedup)} slower"
     return [(f"prompt tokens/s ({length} tokens)", rate(n * length * 1e3 / sp.float.median_ms),
              rate(n * length * 1e3 / sp.quantized.median_ms), ""),
             (f"decode tokens/s (a token after {length})", rate(n * 1e3 / step.float.median_ms),
-             rate(n * 1e3 / step.quantized.median_ms), faster)]
+             rate(n * 1e3 / step.quantized.median_ms), faster(step.speedup))]
 
 
 FIDELITY_HEADER = ("output", "kind", "agreement [95%]", "cosine (mean [95%] / min)", "SQNR", "max abs error",

@@ -31,6 +31,7 @@ from qcli.analyze.probe import Probe
 from qcli.analyze.report import Sensitivity, UnitSensitivity, rounded
 from qcli.calibrate.ranges import RangeSettings
 from qcli.calibrate.table import CalibrationTable
+from qcli.census import precision_labels
 from qcli.config import Config, parse_config
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import ConfigError, QcliError
@@ -43,7 +44,6 @@ from qcli.precision.units import Unit, find_units
 from qcli.prepare import PrepareResult
 from qcli.quantize import (
     QuantizeResult,
-    precision_labels,
     prepare_for,
     quantize,
 )
