@@ -236,7 +236,8 @@ def large(page, calib: Path, presets: list[str], work: Path) -> Sheet:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="a folder with model.onnx and text/")
-    parser.add_argument("--presets", nargs="+", default=["weights-int4", "llm-int4", "llm-int8", "llm-mixed"],
+    parser.add_argument("--presets", nargs="+",
+                        default=["weights-int4", "llm-int4", "llm-awq", "llm-int8", "llm-mixed"],
                         help="qcli presets or config files, each run as --config")
     parser.add_argument("--rounds", type=int, default=31, help="A/B rounds of the speed measure")
     parser.add_argument("--large", action="store_true", help="also the 368M-parameter decoder (random weights, "

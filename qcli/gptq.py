@@ -196,7 +196,9 @@ def searched(values: np.ndarray, wp: WeightPlan, energy: np.ndarray) -> tuple[np
     """Scale and zero point per block (or channel) from the range clipped by the ratio of `RATIOS`
     whose rounding error, weighted by each input's `energy` (the Gram diagonal: a weight on an
     input that is often large costs more), is least: the outliers of a 32-value block otherwise
-    set a step too coarse for the other 31. A clipped range's scale is the ratio times the full
+    set a step too coarse for the other 31. `energy` may instead be the Gram matrix's diagonal
+    blocks [groups, block, block] (qcli.awq): each block's error is then its output error on the
+    data, dᵀ H d, AWQ's clip objective. A clipped range's scale is the ratio times the full
     range's, its zero point the same (float32 throughout: a 32000 x 1024 head in 2 s)."""
     axis = _reduction_axis(values, wp)
     w = np.moveaxis(values.astype(np.float32), axis, -1).reshape(-1, values.shape[axis])  # [N, K]
@@ -212,14 +214,23 @@ def searched(values: np.ndarray, wp: WeightPlan, energy: np.ndarray) -> tuple[np
     for i, ratio in enumerate(RATIOS):
         step = s * np.float32(ratio)
         q = np.clip(np.rint(w / step) + z, lo, hi)
-        err = weight * np.square(w - (q - z) * step)
-        err = np.pad(err, [(0, 0), (0, groups * block - w.shape[1])]).reshape(w.shape[0], groups, block).sum(-1)
+        err = _block_errors(w - (q - z) * step, weight, groups, block)
         better = err < best
         best, pick = np.where(better, err, best), np.where(better, i, pick)
     ratios = np.asarray(RATIOS, np.float32)[pick]  # [N, groups]
     blocked = isinstance(wp.scheme.granularity, PerBlock)
     clipped = _layout(scale, axis, w.shape[0], groups, blocked).astype(np.float32) * ratios
     return _unlayout(clipped, scale, axis, blocked).astype(scale.dtype), zero
+
+
+def _block_errors(d: np.ndarray, weight: np.ndarray, groups: int, block: int) -> np.ndarray:
+    """Each block's error [N, groups] from the rounding errors `d` [N, K]: Σ weight·d² with the
+    Gram diagonal [K], dᵀ H d with its diagonal blocks [groups, block, block]."""
+    if weight.ndim == 1:
+        d = weight * np.square(d)
+        return np.pad(d, [(0, 0), (0, groups * block - d.shape[1])]).reshape(d.shape[0], groups, block).sum(-1)
+    d = np.pad(d, [(0, 0), (0, groups * block - d.shape[1])]).reshape(d.shape[0], groups, block).transpose(1, 0, 2)
+    return np.einsum("gnb,gnb->ng", np.matmul(d, weight), d)
 
 
 def _layout(param: np.ndarray, axis: int, n: int, groups: int, blocked: bool) -> np.ndarray:

@@ -169,12 +169,14 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
                           methods=methods or (config.calibration.method,), prepared=prepared,
                           executor=executor, folds=folds)
     parts = [[folder], *(_other_folds(folder, fold) for fold in folds)]
-    if config.weights.algorithm == "gptq":
+    algorithm = config.weights.algorithm
+    if algorithm in ("gptq", "awq"):
         passes = gram_passes(config, prepared)
-        with progress("measuring Gram matrices (gptq)",
+        with progress("measuring Gram matrices" + (" (gptq)" if algorithm == "gptq" else " and |x| (awq)"),
                       (len(folder) * len(parts) - sum(f.samples for f in folds)) * passes) as advance:
             for t, part in zip([table, *table.folds], parts, strict=True):
                 measure_grams(model, config, t, part, prepared=prepared, progress=advance)
+    if algorithm == "gptq":
         weights = gptq_weights(config, prepared)
         with progress("rounding weights (gptq)", weights * (1 + len(table.folds)), unit="weights") as advance:
             for t in [table, *table.folds]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import onnx
 
-from qcli import __version__, gptq
+from qcli import __version__, awq, gptq
 from qcli.calibrate.collect import Collected, collect
 from qcli.calibrate.pool import started
 from qcli.calibrate.ranges import RangeSettings
@@ -32,6 +32,7 @@ from qcli.errors import ConfigError
 from qcli.executor import Executor, SerialExecutor
 from qcli.graph import GraphIndex, opset_version
 from qcli.half import BFLOAT16_OPSET, HalfResult, to_half
+from qcli.lazy import tensor_array
 from qcli.model import fingerprint
 from qcli.phases import phase
 from qcli.plan import Plan, assign_ranges, make_plan
@@ -151,7 +152,7 @@ def quantize(
         check_table(config, table.graph_steps)
     reused = prepared is not None  # by several builds: its memo of quantized weights pays
     prepared = prepared or prepare_for(model, config, force=force)
-    work, table, smoothed = recover(prepared.model, config, table)
+    work, table, smoothed, scaled = recover(prepared.model, config, table)
     notes = list(prepared.notes)
     index = GraphIndex.of(work)
     plan = make_plan(work, config, index=index)
@@ -168,6 +169,8 @@ def quantize(
     memo = prepared.quantized if reused and source is prepared.model else None  # weights changed: no memo
     if config.weights.algorithm == "gptq":
         memo = _gptq_rounded(source, plan, table, notes)
+    elif scaled is not None:
+        memo = _awq_rounded(source, plan, table, scaled, notes)
     lean = lean and not (plan.half and config.half)  # the 16-bit rewrite reads the float weights
     out = materialize(source, plan, index if source is work else GraphIndex.of(source), memo, lean)
     half = None
@@ -199,13 +202,17 @@ def recovery_channels(work: onnx.ModelProto, config: Config, plan: Plan) -> dict
 
 
 def recover(work: onnx.ModelProto, config: Config, table: CalibrationTable
-            ) -> tuple[onnx.ModelProto, CalibrationTable, dict]:
-    """The recovery steps that change the prepared float graph before planning (SmoothQuant):
-    the graph to plan, the table with the changed tensors' ranges, and what each step did."""
+            ) -> tuple[onnx.ModelProto, CalibrationTable, dict, awq.Scaled | None]:
+    """The steps that change the prepared float graph before planning (SmoothQuant, AWQ): the
+    graph to plan, the table with the changed tensors' ranges, what each step did, and AWQ's
+    changes to the weights (None without it)."""
+    if config.weights.algorithm == "awq":
+        scaled = awq.scaled(work, make_plan(work, config), table.grams)
+        return scaled.model, table, {"awq": [layer.to_dict() for layer in scaled.layers]}, scaled
     if config.recovery.smoothquant is None:
-        return work, table, {}
+        return work, table, {}, None
     smoothed = smooth(work, config, table)
-    return smoothed.model, smoothed.table, {"smoothquant": [layer.to_dict() for layer in smoothed.layers]}
+    return smoothed.model, smoothed.table, {"smoothquant": [layer.to_dict() for layer in smoothed.layers]}, None
 
 
 def _compact_json(value: object) -> str:
@@ -298,6 +305,10 @@ def measure_grams(model: onnx.ModelProto, config: Config, table: CalibrationTabl
     `table` for every later `quantize` with it."""
     work = prepared.model
     plan = make_plan(work, config)
+    if config.weights.algorithm == "awq":
+        table.grams = awq.measure(work, awq.requests(awq.targets(work, plan), plan), folders,
+                                  config.calibration.batch_size, progress)
+        return
     table.grams = gptq.measure(work, gptq.targets(work, plan).values(), folders, config.calibration.batch_size,
                                progress)
 
@@ -305,6 +316,8 @@ def measure_grams(model: onnx.ModelProto, config: Config, table: CalibrationTabl
 def gram_passes(config: Config, prepared: PrepareResult) -> int:
     """How many passes over the data `measure_grams` makes (qcli.gptq.passes)."""
     work = prepared.model
+    if config.weights.algorithm == "awq":
+        return 1
     return len(gptq.passes(work, gptq.targets(work, make_plan(work, config)).values()))
 
 
@@ -354,6 +367,25 @@ def _gptq_rounded(source: onnx.ModelProto, plan: Plan, table: CalibrationTable, 
         if done is not None:
             done()
     notes.extend(gptq.notes(source, plan))
+    return memo
+
+
+def _awq_rounded(source: onnx.ModelProto, plan: Plan, table: CalibrationTable, scaled: awq.Scaled,
+                 notes: list[str]) -> WeightMemo:
+    """A memo for this build holding the weights AWQ changes, scaled and rounded (qcli.awq),
+    each kept in `table`'s memo (`rounded`) under its plan and change for the builds after."""
+    kept = table.rounded = table.rounded or WeightMemo()
+    memo = WeightMemo()
+    inits = GraphIndex.of(source).initializers
+    for name, change in scaled.changes.items():
+        wp = plan.weights.get(name)
+        if wp is None or wp.scheme.dtype.is_float:
+            continue
+        key = ("awq", wp, change.key())
+        if key not in kept.weights:
+            kept.put(key, awq.rounded(tensor_array(inits[name]), wp, change, table.grams or {}), wp)
+        memo.weights[("qdq", wp)] = kept.weights[key]
+    notes.extend(awq.notes(scaled.changes, plan, scaled.layers))
     return memo
 
 

@@ -76,9 +76,11 @@ class Nibbles:
         return frozen((q.astype(self.dtype, copy=False).reshape(self.shape), self.scale, self.zero))
 
 
-def quantized_weight(values: np.ndarray, plan: WeightPlan) -> Weight:
+def quantized_weight(values: np.ndarray, plan: WeightPlan,
+                     params: tuple[np.ndarray, np.ndarray] | None = None) -> Weight:
     """A float weight's integers, scale and zero point under `plan`: per tensor, per channel
-    along `plan.axis`, or per block of values along it.
+    along `plan.axis`, or per block of values along it; `params`: the scale and zero point to
+    round by, shaped as `weight_qparams` gives them (a clipped range: values past it saturate).
 
     >>> from qcli.scheme import QuantScheme
     >>> plan = WeightPlan("w", QuantScheme.of("int8", "per_channel", True), 1)
@@ -87,7 +89,7 @@ def quantized_weight(values: np.ndarray, plan: WeightPlan) -> Weight:
     ([[64, -127], [-127, 64]], [0.01575, 0.00394], [0, 0])
     """
     scheme, axis = plan.scheme, plan.axis
-    scale, zero = weight_qparams(values, plan)
+    scale, zero = params if params is not None else weight_qparams(values, plan)
     if isinstance(scheme.granularity, PerBlock) and axis is not None and values.shape[axis] % scheme.granularity.size:
         block, size = scheme.granularity.size, values.shape[axis]
         q = quantize(values, _expand_blocks(scale, block, axis, size), _expand_blocks(zero, block, axis, size),

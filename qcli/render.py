@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -234,6 +235,7 @@ def quantization(console: Console, doc: dict) -> None:
         table.add_row(row["op_type"], str(row["count"]), "float", row["reason"])
     console.print(table)
     smoothquant(console, doc.get("recovery", {}).get("smoothquant", []))
+    awq(console, doc.get("recovery", {}).get("awq", []))
     half = doc.get("half", {}).get("type", "float")
     console.print(
         f"activations: {_counts(doc['activations']) or half}; weights: {_counts(doc['weights']) or half}; "
@@ -270,20 +272,32 @@ SMOOTHED_ROWS = 12
 def smoothquant(console: Console, layers: list[dict]) -> None:
     """SmoothQuant's targets: the activation, its readers, alpha, where 1/s went, and the
     readers' output SQNR before/after on the calibration rows it measured."""
+    _scaled(console, "SmoothQuant", layers, "SQNR dB before -> after", lambda layer: (
+        "" if layer["sqnr_before"] is None else f"{layer['sqnr_before']:.1f} -> {layer['sqnr_after']:.1f}"))
+
+
+def awq(console: Console, layers: list[dict]) -> None:
+    """AWQ's targets: the activation, its readers, alpha, where 1/s went, and how much less the
+    readers' rounding error at their outputs is than round-to-nearest's."""
+    _scaled(console, "AWQ", layers, "error vs RTN", lambda layer: (
+        "" if layer["gain_db"] is None else f"-{layer['gain_db']:.2f} dB"))
+
+
+def _scaled(console: Console, title: str, layers: list[dict], last: str, cell: Callable[[dict], str]) -> None:
+    """A table of the activations a step scaled (SmoothQuant's, AWQ's), the first SMOOTHED_ROWS."""
     from rich import box
 
     if not layers:
         return
-    table = Table(box=box.SIMPLE_HEAD, title="SmoothQuant", title_justify="left", pad_edge=False)
-    for column in ("activation", "readers", "alpha", "1/s into", "SQNR dB before -> after"):
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False)
+    for column in ("activation", "readers", "alpha", "1/s into", last):
         table.add_column(column, overflow="fold")
     for layer in layers[:SMOOTHED_ROWS]:
-        sqnr = "" if layer["sqnr_before"] is None else f"{layer['sqnr_before']:.1f} -> {layer['sqnr_after']:.1f}"
         table.add_row(layer["tensor"], ", ".join(layer["readers"]),
-                      "off" if layer["alpha"] is None else f"{layer['alpha']:g}", layer["into"], sqnr)
+                      "off" if layer["alpha"] is None else f"{layer['alpha']:g}", layer["into"], cell(layer))
     console.print(table)
     if len(layers) > SMOOTHED_ROWS:
-        console.print(f"... {len(layers) - SMOOTHED_ROWS} more smoothed activations (all with --json)")
+        console.print(f"... {len(layers) - SMOOTHED_ROWS} more scaled activations (all with --json)")
 
 
 PROMOTED_ROWS = 12

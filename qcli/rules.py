@@ -161,14 +161,14 @@ SQUARE = OpRule(
 )
 
 
-#: SmoothQuant's explicit Mul by 1/s (qcli/recovery/smoothquant.py names its constant with this
-#: suffix): a per-channel vector whose small factors (the outlier channels') one per-tensor 8-bit
-#: scale would round away, so the Mul runs in float and the smoothed tensor after it is quantized
-#: for its readers.
+#: The explicit Mul by 1/s of SmoothQuant and AWQ (qcli/recovery/smoothquant.py names its
+#: constant with this suffix): a per-channel vector whose small factors (the outlier channels')
+#: one per-tensor 8-bit scale would round away, so the Mul runs in float (and the scaled tensor
+#: after it is quantized for its readers when they read quantized activations).
 SMOOTHING_SUFFIX = "_smoothquant_inv_s"
 SMOOTHING = OpRule(
     "compute", (0, 1), default_float=True,
-    reason="SmoothQuant's per-channel 1/s: 8 bits of one scale would lose the outlier channels' small factors",
+    reason="a per-channel 1/s (SmoothQuant, AWQ): 8 bits of one scale would lose the outlier channels' small factors",
 )
 
 #: SmoothQuant's readers: the axis of input 0 (the activation) that holds the input channels

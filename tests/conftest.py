@@ -79,6 +79,14 @@ class Cli:
         return json.loads(result.stdout)
 
 
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small decoder with random weights and a text folder (decoders.tiny_folder)."""
+    from decoders import tiny_folder
+
+    return tiny_folder(tmp_path_factory.mktemp("tiny"))
+
+
 @pytest.fixture
 def cli() -> Cli:
     return Cli()

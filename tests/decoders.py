@@ -138,3 +138,26 @@ TEXT = [
     "Return the number of items in a container. The argument may be a sequence or a collection.",
     "Create a new dictionary with keys from iterable and values set to value.",
 ]
+
+
+def tiny_folder(root: Path) -> Path:
+    """`root` with the default decoder (decoder.onnx) and a text folder (text/: 40 files of
+    TEXT's sentences and the tokenizer)."""
+    save(decoder(), root / "decoder.onnx")
+    text = root / "text"
+    text.mkdir()
+    tokenizer_json(text / "tokenizer.json", TEXT)
+    for i in range(40):
+        (text / f"{i:03d}.txt").write_text(" ".join(TEXT[(i + j) % len(TEXT)] for j in range(3)))
+    return root
+
+
+def int4_blocks(cli, tmp_path: Path, tiny: Path, name: str, extra: str) -> dict:
+    """`quantize --json` of `tiny_folder`'s decoder with weight-only int4 blocks of 32 and `extra`
+    weights keys, written to `name`.onnx."""
+    (tmp_path / f"{name}.yaml").write_text(
+        "version: 1\nactivations: {dtype: float}\n"
+        f"weights: {{dtype: int4, symmetric: true, granularity: per_block, block_size: 32, {extra}}}\n"
+        "verify: {max_latency_ratio: null}\n")
+    return cli.json("quantize", tiny / "decoder.onnx", "-o", tmp_path / f"{name}.onnx", "--data", tiny / "text",
+                    "--seq-len", "16", "--config", tmp_path / f"{name}.yaml")

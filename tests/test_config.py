@@ -116,7 +116,7 @@ def test_unknown_preset(cli) -> None:
 
 def test_presets_validate_and_show(cli) -> None:
     names = sorted(p.stem for p in PRESETS.glob("*.yaml"))
-    assert names == ["accuracy", "bfloat16", "default", "dynamic", "float16", "fp8", "llm-int4", "llm-int8",
+    assert names == ["accuracy", "bfloat16", "default", "dynamic", "float16", "fp8", "llm-awq", "llm-int4", "llm-int8",
                      "llm-mixed", "tensorrt", "weights-int4"]
     for name in names:
         assert cli("config", "validate", name).exit_code == 0

@@ -12,7 +12,7 @@ import pytest
 from onnx import numpy_helper
 
 from conftest import fused_op_counts, parse_model
-from decoders import TEXT, decoder, save, tokenizer_json
+from decoders import decoder, int4_blocks
 from qcli.config import PRESETS
 from qcli.gptq import RATIOS, Gram, rounded
 from qcli.plan import WeightPlan
@@ -86,29 +86,6 @@ def test_gptq_per_channel_int8_on_a_gemm_with_transposed_weights() -> None:
     assert error(gptq) < 0.7 * error(rtn)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("gptq")
-    save(decoder(), root / "decoder.onnx")
-    text = root / "text"
-    text.mkdir()
-    tokenizer_json(text / "tokenizer.json", TEXT)
-    for i in range(40):
-        (text / f"{i:03d}.txt").write_text(" ".join(TEXT[(i + j) % len(TEXT)] for j in range(3)))
-    return root
-
-
-def int4_blocks(cli, tmp_path: Path, tiny: Path, name: str, extra: str) -> dict:
-    """`quantize --json` of the tiny decoder with weight-only int4 blocks of 32 and `extra`
-    weights keys, written to `name`.onnx."""
-    (tmp_path / f"{name}.yaml").write_text(
-        "version: 1\nactivations: {dtype: float}\n"
-        f"weights: {{dtype: int4, symmetric: true, granularity: per_block, block_size: 32, {extra}}}\n"
-        "verify: {max_latency_ratio: null}\n")
-    return cli.json("quantize", tiny / "decoder.onnx", "-o", tmp_path / f"{name}.onnx", "--data", tiny / "text",
-                    "--seq-len", "16", "--config", tmp_path / f"{name}.yaml")
-
-
 def test_gptq_from_a_text_folder_beats_rtn_on_the_decoders_perplexity(cli, tmp_path: Path, tiny: Path) -> None:
     found = {}
     for algorithm in ("rtn", "gptq"):
@@ -124,16 +101,19 @@ def test_gptq_from_a_text_folder_beats_rtn_on_the_decoders_perplexity(cli, tmp_p
     assert any(not np.array_equal(ints["rtn"][n], ints["gptq"][n]) for n in ints["rtn"])
 
 
-def test_gptq_with_a_calibration_file_is_refused(cli, tmp_path: Path, tiny: Path) -> None:
+@pytest.mark.parametrize(("algorithm", "reads"), [("gptq", "the Gram matrices of the layers' inputs"),
+                                                   ("awq", "its layers' input statistics")])
+def test_gptq_and_awq_with_a_calibration_file_are_refused(cli, tmp_path: Path, tiny: Path, algorithm: str,
+                                                          reads: str) -> None:
     (tmp_path / "g.yaml").write_text("version: 1\nactivations: {dtype: float}\n"
-                                     "weights: {dtype: int4, granularity: per_block, algorithm: gptq}\n")
+                                     f"weights: {{dtype: int4, granularity: per_block, algorithm: {algorithm}}}\n")
     calib = tmp_path / "c.json"
     assert cli("calibrate", tiny / "decoder.onnx", "--data", tiny / "text", "--seq-len", "16", "-o", calib,
                "--config", tmp_path / "g.yaml").exit_code == 0
     result = cli("quantize", tiny / "decoder.onnx", "--calib", calib, "-o", tmp_path / "q.onnx", "--config",
                  tmp_path / "g.yaml")
     assert result.exit_code == 2
-    assert ("error: weights.algorithm gptq needs --data DIR: it reads the Gram matrices of the layers' inputs on the "
+    assert (f"error: weights.algorithm {algorithm} needs --data DIR: it reads {reads} on the "
             "calibration samples, which a calibration file does not hold") in result.stderr
 
 
@@ -171,14 +151,17 @@ def test_llm_mixed_gives_int4_to_the_quietest_layers_within_the_perplexity_budge
                       (onnx.TensorProto.INT8, True): 2}  # and the two embedding tables (llm presets: int8)
 
 
-def test_gptq_does_not_combine_with_recovery_steps_that_change_the_weights(tmp_path: Path) -> None:
+@pytest.mark.parametrize("algorithm", ["gptq", "awq"])
+def test_gptq_and_awq_do_not_combine_with_recovery_steps_that_change_the_weights(tmp_path: Path,
+                                                                                algorithm: str) -> None:
     from qcli.config import load_config
     from qcli.errors import ConfigError
 
-    (tmp_path / "c.yaml").write_text("version: 1\nweights: {algorithm: gptq}\nrecovery: [smoothquant]\n")
+    (tmp_path / "c.yaml").write_text(f"version: 1\nweights: {{algorithm: {algorithm}}}\nrecovery: [smoothquant]\n")
     with pytest.raises(ConfigError) as err:
         load_config(tmp_path / "c.yaml")
-    assert "weights.algorithm gptq does not combine with recovery step smoothquant: drop one of the two" in str(err.value)
+    assert (f"weights.algorithm {algorithm} does not combine with recovery step smoothquant: drop one of the two"
+            in str(err.value))
 
 
 def test_gram_matrices_summed_in_several_passes_round_the_same_bytes(cli, tmp_path: Path, tiny: Path,

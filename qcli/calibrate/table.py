@@ -48,8 +48,9 @@ class CalibrationTable:
     derived: dict[str, Range] = field(default_factory=dict)
     # bias correction's measured shifts (qcli.recovery.bias), in memory only: None = not measured
     bias_shifts: dict | None = None
-    # weights.algorithm gptq: input tensor -> its Gram matrix (qcli.gptq), in memory only: None = not measured;
-    # and the weights rounded on them (a qcli.qweights.WeightMemo: this table's, not shared with its folds')
+    # weights.algorithm gptq: input tensor -> its Gram matrix (qcli.gptq.Gram), awq: its qcli.awq.Moments, in
+    # memory only: None = not measured; and the weights rounded on them (a qcli.qweights.WeightMemo: this
+    # table's, not shared with its folds')
     grams: dict | None = None
     rounded: Any = None
     # the recovery steps that changed the float graph before it was observed (equalization):

@@ -32,6 +32,7 @@ Decisions (docs/guides/recovery.md, "SmoothQuant"):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -127,18 +128,25 @@ def find_targets(model: onnx.ModelProto, config: Config, plan: Plan | None = Non
     # a fixed range (a YAML `range:`, or one known without calibration) describes X, not X / s
     fixed = {t for g in plan.groups if g.fixed_range is not None for t in g.tensors}
     activations = set(plan.activations) - fixed
+    return targets_of(index, lambda i, node: _reader(i, node, sq.op_types, index, quantized, plan), activations)
+
+
+def targets_of(index: GraphIndex, reader_of: Callable[[int, onnx.NodeProto], Reader | None],
+               activations: Collection[str] | None = None) -> list[Target]:
+    """The targets whose readers `reader_of` accepts (all of one X on one channel axis, owning
+    their weights), X among `activations` (None: any); each with the fold its producer allows."""
     readers: dict[str, list[Reader]] = {}
     axes: dict[str, set[int]] = {}
     for i, node in enumerate(index.graph.node):
-        reader = _reader(i, node, sq, index, quantized, plan)
-        if reader is None or node.input[0] not in activations:
+        reader = reader_of(i, node)
+        if reader is None or (activations is not None and node.input[0] not in activations):
             continue
         readers.setdefault(node.input[0], []).append(reader)
         axes.setdefault(node.input[0], set()).add(SMOOTH_ACTIVATION_AXIS[node.op_type])
     sub_reads = _subgraph_reads(index.graph)
     targets = []
     for tensor, found in readers.items():
-        if len(axes[tensor]) != 1 or not _weights_own(found, index):
+        if len(axes[tensor]) != 1 or not _weights_own(found, index) or tensor in index.initializers:
             continue
         axis = axes[tensor].pop()
         fold = None
@@ -163,9 +171,9 @@ def channel_requests(targets: list[Target]) -> dict[str, int]:
     return out
 
 
-def _reader(i: int, node: onnx.NodeProto, sq: SmoothQuant, index: GraphIndex, quantized: set[int],
+def _reader(i: int, node: onnx.NodeProto, op_types: Collection[str], index: GraphIndex, quantized: set[int],
             plan: Plan) -> Reader | None:
-    if node.op_type not in sq.op_types or node.domain not in ("", "ai.onnx") or i not in quantized:
+    if node.op_type not in op_types or node.domain not in ("", "ai.onnx") or i not in quantized:
         return None
     if len(node.input) < 2 or node.input[1] not in index.initializers or node.input[1] not in plan.weights:
         return None
@@ -360,7 +368,7 @@ def smooth(model: onnx.ModelProto, config: Config, table: CalibrationTable) -> S
     for t, (s, alpha, before, after) in zip(targets, chosen, strict=True):
         into = "left unsmoothed (no alpha lowered the error)" if s is None else _apply(out, t, s, table, derived)
         layers.append(Layer(t.tensor, [r.name for r in t.readers], alpha, into, before, after))
-    _reorder(out)
+    reorder(out)
     return Smoothed(out, replace(table, derived={**table.derived, **derived}), layers)
 
 
@@ -396,25 +404,33 @@ def _apply(model: onnx.ModelProto, t: Target, s: np.ndarray, table: CalibrationT
     tensors' ranges in `derived`. Returns where the division went."""
     inits = {i.name: i for i in model.graph.initializer}
     for weight, axis in dict.fromkeys((r.weight, r.axis) for r in t.readers):
-        _scale(inits[weight], s, axis)
+        scale_initializer(inits[weight], s, axis)
+    into, changed = divide(model, t, s, lambda name, factor, axis: scale_initializer(inits[name], factor, axis))
+    for name in changed:  # an explicit Mul's output: X's channels divided
+        derived[name] = _range(table.channels[name if name in table.channels else t.tensor], s)
+    return into
+
+
+def divide(model: onnx.ModelProto, t: Target, s: np.ndarray, scale: Callable[[str, np.ndarray, int], None],
+           step: str = "smoothquant") -> tuple[str, list[str]]:
+    """X / s for t's readers: 1/s folded into X's producer's constants (each scaled by
+    `scale(initializer, factor, axis)`), or an explicit Mul before the readers. Returns where the
+    division went and the tensors whose values changed (the Mul's output, or X and the tensors
+    between it and the folded producer)."""
     inverse = (1.0 / s.astype(np.float64)).astype(np.float32)
     if t.fold is None:
-        smoothed = _explicit_mul(model, t, inverse)
-        derived[smoothed] = _range(table.channels[t.tensor], s)
-        return "explicit Mul"
+        return "explicit Mul", [_explicit_mul(model, t, inverse, step)]
     fold: Fold | None = t.fold
-    names = []
+    names, changed = [], [t.tensor]
     while fold is not None:
         node = model.graph.node[fold.node]
         for k, along in fold.scaled:
             if k < len(node.input) and node.input[k]:
-                _scale(inits[node.input[k]], inverse, -1 if along is None else along)
+                scale(node.input[k], inverse, -1 if along is None else along)
         names.append(f"{fold.op_type} {node.name or node.output[0]!r}")
-        for name in fold.through:
-            derived[name] = _range(table.channels[name], s)
+        changed += fold.through
         fold = fold.then
-    derived[t.tensor] = _range(table.channels[t.tensor], s)
-    return " + ".join(names)
+    return " + ".join(names), changed
 
 
 def _range(stats: ChannelObserver, s: np.ndarray) -> tuple[float, float]:
@@ -424,7 +440,7 @@ def _range(stats: ChannelObserver, s: np.ndarray) -> tuple[float, float]:
     return float(np.min(stats.min / s64)), float(np.max(stats.max / s64))
 
 
-def _scale(init: onnx.TensorProto, factor: np.ndarray, axis: int) -> None:
+def scale_initializer(init: onnx.TensorProto, factor: np.ndarray, axis: int) -> None:
     """Multiply an initializer by `factor` along `axis` (negative: from the end), in place."""
     values = tensor_array(init)
     shape = [1] * values.ndim
@@ -433,15 +449,15 @@ def _scale(init: onnx.TensorProto, factor: np.ndarray, axis: int) -> None:
     init.CopyFrom(numpy_helper.from_array(scaled, init.name))
 
 
-def _explicit_mul(model: onnx.ModelProto, t: Target, inverse: np.ndarray) -> str:
-    """X -> Mul(X, 1/s) -> the readers; returns the smoothed tensor's name."""
+def _explicit_mul(model: onnx.ModelProto, t: Target, inverse: np.ndarray, step: str) -> str:
+    """X -> Mul(X, 1/s) (named for `step`) -> the readers; returns the smoothed tensor's name."""
     graph = model.graph
     const, smoothed = f"{t.tensor}{SMOOTHING_SUFFIX}", f"{t.tensor}_smoothed"
     shape = [len(inverse)] + [1] * (t.rank - 2) if t.axis >= 0 else [len(inverse)]
     graph.initializer.append(numpy_helper.from_array(inverse.reshape(shape), const))
     for r in t.readers:
         graph.node[r.node].input[0] = smoothed
-    graph.node.append(onnx.helper.make_node("Mul", [t.tensor, const], [smoothed], name=f"{t.tensor}_smoothquant"))
+    graph.node.append(onnx.helper.make_node("Mul", [t.tensor, const], [smoothed], name=f"{t.tensor}_{step}"))
     info = next((v for v in [*graph.value_info, *graph.input] if v.name == t.tensor), None)
     if info is not None:
         copy = onnx.ValueInfoProto()
@@ -451,11 +467,10 @@ def _explicit_mul(model: onnx.ModelProto, t: Target, inverse: np.ndarray) -> str
     return smoothed
 
 
-def _reorder(model: onnx.ModelProto) -> None:
+def reorder(model: onnx.ModelProto) -> None:
     """Put the appended Mul nodes right before their first reader (graph order stays topological)."""
     graph = model.graph
-    muls = [n for n in graph.node if n.op_type == "Mul" and len(n.input) == 2 and n.input[1].endswith(SMOOTHING_SUFFIX)
-            and n.name.endswith("_smoothquant")]
+    muls = [n for n in graph.node if n.op_type == "Mul" and len(n.input) == 2 and n.input[1].endswith(SMOOTHING_SUFFIX)]
     if not muls:
         return
     pending = {n.output[0]: n for n in muls}
