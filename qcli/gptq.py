@@ -6,9 +6,13 @@ layer's inputs, so that the layer's outputs on the calibration data move least
 Decisions:
 - The Gram matrix X^T X of a quantized MatMul's (or Gemm's) input, over every row of it (each
   token of each calibration sample), comes from an extra pass over the calibration samples
-  (`measure`) through the prepared float graph, in float64: one K x K matrix per input tensor
-  (q, k and v read one); one pass a group of PASS_BYTES of matrices, each group's moved to a
-  temporary folder once summed when there are several (`passes`). They live on the calibration
+  (`measure`) through the prepared float graph, summed in float32 (GPTQ's own precision): one
+  K x K matrix per input tensor (q, k and v read one); one pass a group of PASS_BYTES of
+  matrices, each pass a session of the part of the graph that computes its group's tensors
+  (`qcli.graph.computing`: onnxruntime runs every node whatever a run fetches, and holds every
+  graph output: a 368M-parameter decoder's 97 inputs were 0.7 GB a batch of 8 x 128 tokens, its
+  logits 131 MB), each group's moved to a temporary folder once summed when there are several
+  (`passes`). They live on the calibration
   table for the run only, as bias correction's shifts do: with `--calib FILE` the run is
   refused (`needs_data`).
 - The inputs are the float model's (the weights before them are not rounded yet): one pass,
@@ -37,24 +41,24 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from qcli.calibrate.collect import session_with_outputs
 from qcli.data import DataFolder
 from qcli.errors import QcliError
-from qcli.graph import GraphIndex
+from qcli.graph import GraphIndex, computing
 from qcli.lazy import tensor_array
 from qcli.plan import Plan, WeightPlan
 from qcli.qweights import Weight, quantized_weight, weight_qparams
+from qcli.runtime import make_session
 from qcli.scheme import PerBlock, integer_range
 
 DAMP = 0.01  # of the Gram diagonal's mean, added to it
 RATIOS = tuple(1.0 - 0.025 * i for i in range(13))  # the clipped ranges `searched` tries: 1.0 .. 0.7
 BLOCK_ROWS = 128  # rows rounded between two updates of the rest (GPTQ's lazy batch)
-PASS_BYTES = 512 << 20  # Gram matrices one pass over the data sums at most (`passes`)
+PASS_BYTES = 256 << 20  # Gram matrices one pass over the data sums at most (`passes`)
 
 
 @dataclass
 class Gram:
-    """Σ x xᵀ over the rows of one tensor (float64, K x K) and how many rows it summed; held in
+    """Σ x xᵀ over the rows of one tensor (float32, K x K) and how many rows it summed; held in
     memory, or in a file of a temporary folder (`stored`) read back when asked for."""
 
     held: np.ndarray | None
@@ -113,7 +117,7 @@ def passes(model: onnx.ModelProto, tensors: Iterable[str]) -> list[list[str]]:
     past it): one pass over the data each, so memory holds one group's, not all (a 368M-parameter
     decoder's 97 matrices: 3.8 GB)."""
     index = GraphIndex.of(model)
-    sizes = {n: _width(index, n) ** 2 * 8 for n in sorted(set(tensors))}
+    sizes = {n: _width(index, n) ** 2 * 4 for n in sorted(set(tensors))}
     groups: list[list[str]] = []
     held = 0
     for name, size in sizes.items():
@@ -144,20 +148,23 @@ def measure(model: onnx.ModelProto, tensors: Iterable[str], folders: Sequence[Da
     groups = passes(model, tensors)
     if not groups:
         return {}
-    session = session_with_outputs(model, sorted(set(tensors)))
     grams: dict[str, Gram] = {}
     folder = _Folder() if len(groups) > 1 else None
     for names in groups:
+        session = make_session(computing(model, names), pass_only=True)
+        wanted = {i.name for i in session.get_inputs()}
         for batch in (b for f in folders for b in f.batches(batch_size)):
-            for name, value in zip(names, session.run(names, batch.inputs), strict=True):
+            feeds = {k: v for k, v in batch.inputs.items() if k in wanted}
+            for name, value in zip(names, session.run(names, feeds), strict=True):
                 x = np.asarray(value, np.float32)
                 x = x.reshape(-1, x.shape[-1])
-                gram = grams.setdefault(name, Gram(np.zeros((x.shape[1], x.shape[1]))))
+                gram = grams.setdefault(name, Gram(np.zeros((x.shape[1], x.shape[1]), np.float32)))
                 assert gram.held is not None
-                gram.held += (x.T @ x).astype(np.float64)
+                gram.held += x.T @ x
                 gram.rows += x.shape[0]
             if progress is not None:
                 progress(batch.size)
+        del session  # before the next pass's: two sessions would hold the weights twice
         if folder is not None:
             for name in names:
                 grams[name].store(folder)
@@ -180,9 +187,10 @@ def rounded(values: np.ndarray, wp: WeightPlan, gram: Gram) -> Weight:
     reduce_axis = _reduction_axis(values, wp)
     w = np.moveaxis(values, reduce_axis, -1).reshape(-1, values.shape[reduce_axis])  # [N, K]
     k = w.shape[1]
-    if gram.matrix.shape != (k, k) or gram.rows == 0:
+    matrix = gram.matrix
+    if matrix.shape != (k, k) or gram.rows == 0:
         return quantized_weight(values, wp)
-    h = gram.matrix / gram.rows
+    h = matrix.astype(np.float64) / gram.rows
     scale, zero = searched(values, wp, np.diag(h))
     s, z = (np.moveaxis(_per_value(p, wp, values.shape), reduce_axis, -1).reshape(w.shape).astype(np.float64)
             for p in (scale, zero))

@@ -146,3 +146,42 @@ def names_used_inside(node: onnx.NodeProto) -> list[str]:
             found.update(dict.fromkeys(o.name for o in graph.output))
     found.pop("", None)
     return list(found)
+
+
+def computing(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """A model of the part of `model` that computes `names`, its only outputs: the nodes they
+    depend on, in order, and the inputs and initializers those read (a deferred tensor copied
+    is its reference: qcli.lazy). onnxruntime runs every node of a graph whatever a run fetches:
+    a pass that wants a decoder's first layers' inputs ran all its layers and its head."""
+    graph = model.graph
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    needed: set[int] = set()
+    read: set[str] = set()
+    stack = list(names)
+    while stack:
+        name = stack.pop()
+        if name in read:
+            continue
+        read.add(name)
+        i = producer.get(name)
+        if i is not None and i not in needed:
+            needed.add(i)
+            stack += [n for n in graph.node[i].input if n] + names_used_inside(graph.node[i])
+    out = onnx.ModelProto()
+    _shell(model, out)
+    part = out.graph
+    part.node.extend(node for i, node in enumerate(graph.node) if i in needed)
+    part.initializer.extend(t for t in graph.initializer if t.name in read)
+    part.sparse_initializer.extend(t for t in graph.sparse_initializer if t.values.name in read)
+    part.input.extend(v for v in graph.input if v.name in read)
+    part.value_info.extend(v for v in graph.value_info if v.name in read)
+    part.output.extend(onnx.ValueInfoProto(name=n) for n in names)
+    return out
+
+
+def _shell(model: onnx.ModelProto, out: onnx.ModelProto) -> None:
+    """`model`'s header (IR, opsets, functions, metadata) into `out`, with an empty graph."""
+    out.ir_version = model.ir_version
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    out.graph.name = model.graph.name

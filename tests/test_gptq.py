@@ -279,3 +279,25 @@ def test_2_bit_weights_are_per_block(cli, tmp_path: Path, tiny: Path) -> None:
     assert result.exit_code == 2
     assert ("int2 weights are per block (granularity: per_block): onnxruntime runs 2-bit weights only as "
             "MatMulNBits, which reads blocks") in result.stderr
+
+
+def test_the_part_of_a_graph_computing_some_tensors_holds_only_what_they_need() -> None:
+    """Each Gram pass runs the part of the graph its tensors need (qcli.graph.computing):
+    a first layer's input needs neither the later layers nor the head, and comes out the same."""
+    from qcli.calibrate.collect import session_with_outputs
+    from qcli.graph import computing
+
+    model = decoder()
+    part = computing(model, ["layers.0/ln1"])
+    assert 0 < len(part.graph.node) < len(model.graph.node) // 4
+    assert [o.name for o in part.graph.output] == ["layers.0/ln1"]
+    assert [i.name for i in part.graph.input] == ["input_ids", "position_ids"]  # no mask, no cache
+    assert [t.name for t in part.graph.initializer] == ["wte", "wpe", "layers.0.ln1.weight", "layers.0.ln1.bias"]
+    ids = np.arange(12, dtype=np.int64).reshape(2, 6) % 300
+    positions = np.tile(np.arange(6, dtype=np.int64), (2, 1))
+    got = ort.InferenceSession(part.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": ids, "position_ids": positions})[0]
+    whole = session_with_outputs(model, ["layers.0/ln1"])
+    feeds = {"input_ids": ids, "position_ids": positions, "attention_mask": np.ones((2, 6), np.int64)}
+    feeds |= {i.name: np.zeros((2, 4, 0, 16), np.float32) for i in whole.get_inputs() if i.name.startswith("past")}
+    assert np.allclose(got, whole.run(["layers.0/ln1"], feeds)[0], rtol=1e-5, atol=1e-5)

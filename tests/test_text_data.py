@@ -264,3 +264,21 @@ def test_analyze_times_a_decoders_prompt_and_decode_step(cli, tmp_path: Path, ti
     plain = cli.json("analyze", tiny / "decoder.onnx", out, "--data", data, "--seq-len", "16", "--runs", "0",
                      "--samples", "4")
     assert plain["decode"] is None  # nothing timed
+
+
+def test_analyze_predicts_a_decoders_decode_step_and_gates_on_it(cli, tmp_path: Path, tiny: Path) -> None:
+    """The target profile prices a decode step after the prompt (the same figure every run:
+    shapes, not a clock), and `--min-decode-speedup` gates on it."""
+    data = corpus(tmp_path / "text", tiny)
+    out = tmp_path / "int4.onnx"
+    cli.json("quantize", tiny / "decoder.onnx", "-o", out, "--data", data, "--seq-len", "16", "--config", "weights-int4")
+    args = ("analyze", tiny / "decoder.onnx", out, "--data", data, "--seq-len", "16", "--runs", "0", "--samples", "4")
+    first, again = cli.json(*args), cli.json(*args)
+    p = first["predicted"]
+    assert p["decode_speedup"] == again["predicted"]["decode_speedup"] > 0
+    assert abs(p["decode_speedup"] - p["decode_float_ms"] / p["decode_quantized_ms"]) < 1e-3
+    assert p["decode_float_ms"] < p["float_ms"]  # one token, where the prompt is 16
+    failed = cli(*args, "--min-decode-speedup", "1000")
+    assert failed.exit_code == 1
+    assert (f"predicted decode speedup {p['decode_speedup']:.2f}x < 1000.00x (short by "
+            f"{1000 - p['decode_speedup']:.2f}x)") in failed.stdout + failed.stderr

@@ -18,9 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import onnx
 
 from qcli.analyze.latency import measure
 from qcli.analyze.report import Decode
+from qcli.runtime import make_session
 
 PREFIXES = ("past_key_values.", "past_key_value.", "past.")
 
@@ -62,6 +64,20 @@ def step_feeds(prompt: dict[str, np.ndarray], outputs: dict[str, np.ndarray], pa
         elif name in pairs:
             feeds[name] = np.ascontiguousarray(outputs[pairs[name]])
     return feeds
+
+
+def decode_step(model: onnx.ModelProto, prompt: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """The feeds of a decode step after `prompt` for pricing it (qcli.target): the cache the
+    prompt leaves, zeros of its shape (a prediction reads shapes, not values); None when `model`
+    is not a decoder with a cache qcli can feed."""
+    outputs = [o.name for o in model.graph.output]
+    pairs = cache_pairs([i.name for i in model.graph.input], outputs)
+    if pairs is None or "input_ids" not in prompt:
+        return None
+    session = make_session(model, pass_only=True)
+    wanted = sorted(set(pairs.values()))
+    caches = {name: np.zeros_like(value) for name, value in zip(wanted, session.run(wanted, prompt), strict=True)}
+    return step_feeds(prompt, caches, pairs, np.zeros(len(prompt["input_ids"]), np.int64))
 
 
 def next_tokens(logits: np.ndarray) -> np.ndarray:

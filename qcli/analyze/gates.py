@@ -6,6 +6,7 @@
   (cosine outputs), its relative error squared (regression outputs: the share of the float
   output's variance the error leaves, 1 - R²); `ignore` outputs are not gated;
 - `min_speedup`: float median latency / quantized median latency;
+- `min_decode_speedup`: a decoder's decode step after the prompt, the same ratio (tokens/s);
 - `min_compression`: float file bytes / quantized file bytes.
 Each result says by how much it passed or missed, e.g. "speedup 0.92x < 1.10x (short by 0.18x)".
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from qcli.analyze.fidelity import AGREEMENT
 from qcli.analyze.kinds import Kind
-from qcli.analyze.report import Accuracy, Fidelity, GateResult, Predicted, Size, Speed, rounded
+from qcli.analyze.report import Accuracy, Decode, Fidelity, GateResult, Predicted, Size, Speed, rounded
 from qcli.errors import ConfigError
 
 
@@ -25,6 +26,7 @@ class Gates:
     max_accuracy_drop: float | None = None
     min_speedup: float | None = None
     min_compression: float | None = None
+    min_decode_speedup: float | None = None
 
     def __post_init__(self) -> None:
         drop = self.max_accuracy_drop
@@ -33,14 +35,15 @@ class Gates:
                 f"max_accuracy_drop must be a fraction between 0 and 1, got {drop}",
                 hint="0.01 allows one point of top-1 accuracy",
             )
-        for name in ("min_speedup", "min_compression"):
+        for name in ("min_speedup", "min_compression", "min_decode_speedup"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be a positive ratio, got {value}")
 
     @property
     def any(self) -> bool:
-        return any(v is not None for v in (self.max_accuracy_drop, self.min_speedup, self.min_compression))
+        return any(v is not None for v in (self.max_accuracy_drop, self.min_speedup, self.min_compression,
+                                           self.min_decode_speedup))
 
 
 def accuracy_measure(accuracy: Accuracy | None, fidelity: list[Fidelity]) -> tuple[str, float | None, bool]:
@@ -78,9 +81,9 @@ def _losses(f: Fidelity) -> list[tuple[str, float, bool]]:
 
 def check_gates(
     gates: Gates, accuracy: Accuracy | None, fidelity: list[Fidelity], speed: Speed | None, size: Size,
-    predicted: Predicted | None = None,
+    predicted: Predicted | None = None, decode: Decode | None = None,
 ) -> list[GateResult]:
-    """Each gate set, checked; the speedup is the target profile's prediction when there is one
+    """Each gate set, checked; a speedup is the target profile's prediction when there is one
     (the same on any machine), else the timing's."""
     results = []
     if gates.max_accuracy_drop is not None:
@@ -92,6 +95,10 @@ def check_gates(
                                  gates.min_speedup))
     if gates.min_compression is not None:
         results.append(_at_least("min_compression", "compression", size.compression, gates.min_compression))
+    if gates.min_decode_speedup is not None:
+        value = predicted.decode_speedup if predicted else decode.step.speedup if decode else None
+        results.append(_at_least("min_decode_speedup", "predicted decode speedup" if predicted else "decode speedup",
+                                 value, gates.min_decode_speedup))
     return results
 
 

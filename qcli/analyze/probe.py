@@ -58,7 +58,9 @@ PROFILE_RUNS = (5, 20)  # profiled runs per node-time profile: at least, at most
 PROFILE_MS = 100.0  # float run time the profiled runs take at most, above the least runs
 TIMING_ROUNDS = (12, 40)  # rounds of one latency timing: at least, at most
 TIMING_MS = 300.0  # float run time one timing's rounds take at most, above the least rounds
-HELD_SESSION_BYTES = 256 << 20  # float weights up to which a probe keeps the float session (`_float_session`)
+# float weights up to which a probe keeps the float session (`_float_session`): past it, that
+# session (runtime.UNPACKED_BYTES) leaves them unpacked, slower to time
+HELD_SESSION_BYTES = 256 << 20
 REFERENCE_HELD_BYTES = 256 << 20  # float outputs a probe holds in memory, at most (`Spilled`)
 # The agreement each kind is gated on, by name (a check's name; cosine is gated apart).
 _POOLS: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked worker's copy has no threads
@@ -117,7 +119,7 @@ class Probe:
         if self.outputs is not None:
             self.reference, self._held = self.outputs, self.session
         else:
-            session = self.session or make_session(self.float_model, self.threads)
+            session = self.session or make_session(self.float_model, self.threads, pass_only=True)
             self.reference = _reference(session, self.names, self.batches)
             self._held = session if weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES else None
         self._float_ms: float | None = None
@@ -198,7 +200,7 @@ class Probe:
         for fold, members in itertools.groupby(range(len(self.batches)), key=lambda j: folds[j]):
             group = list(members)
             model = candidate(fold) if callable(candidate) else candidate
-            session = make_session(model, 1 if parallel > 1 and len(group) > 1 else self.threads)
+            session = make_session(model, 1 if parallel > 1 and len(group) > 1 else self.threads, pass_only=True)
             for w in range(0, len(group), parallel):
                 window = group[w: w + parallel]
                 runs = [_pool().submit(session.run, self.names, self.batches[j].inputs) for j in window[1:]]

@@ -206,6 +206,10 @@ class Predicted:
     float_ms: builtins.float
     quantized_ms: builtins.float
     speedup: builtins.float  # float / quantized
+    # a decoder's decode step after the prompt (qcli.analyze.decode), by the same profile
+    decode_float_ms: builtins.float | None = None
+    decode_quantized_ms: builtins.float | None = None
+    decode_speedup: builtins.float | None = None
 
 
 @dataclass

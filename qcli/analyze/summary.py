@@ -112,6 +112,9 @@ def summary_rows(report: Report) -> list[tuple[str, ...]]:
     if (pr := report.predicted) is not None:
         rows.append((f"latency predicted (batch {pr.batch}, {pr.target.split(' (')[0].removeprefix('target ')})",
                      ms(pr.float_ms), ms(pr.quantized_ms), faster(pr.speedup)))
+        if pr.decode_speedup is not None and pr.decode_float_ms is not None and pr.decode_quantized_ms is not None:
+            rows.append(("decode step predicted", ms(pr.decode_float_ms), ms(pr.decode_quantized_ms),
+                         faster(pr.decode_speedup)))
     sp = report.speed
     if sp is not None:
         threads = f", {sp.threads} thread{'s' if sp.threads > 1 else ''}" if sp.threads else ""

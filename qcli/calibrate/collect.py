@@ -47,7 +47,7 @@ def session_with_outputs(model: onnx.ModelProto, names: list[str], threads: int 
     kept = len(model.graph.output)
     model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(names) if n not in existing)
     try:
-        return make_session(model, threads=threads)
+        return make_session(model, threads=threads, pass_only=True)
     finally:
         del model.graph.output[kept:]
 
