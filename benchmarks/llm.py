@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{agree:.2%}", f"{prefill:.0f}\n{prefill / f_prefill:.2f}x",
                           f"{decode:.0f}\n{decode / f_decode:.2f}x")
         if args.large:
-            large_table = large(page, args.model / "text" / "calib", ["weights-int4", "llm-int4"], Path(tmp))
+            large_table = large(page, args.model / "text" / "calib", ["weights-int4", "llm-int4", "llm-awq"], Path(tmp))
     page.table(table)
     if args.large:
         page.table(large_table)
