@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from qcli.calibrate.collect import session_with_outputs
+from qcli.calibrate.collect import rows_of
 from qcli.data import DataFolder
 from qcli.errors import QcliError
 from qcli.gptq import _block_errors, _per_value, searched
@@ -183,14 +183,9 @@ def measure(model: onnx.ModelProto, blocks: Mapping[str, int], folders: Sequence
     names = sorted(blocks)
     if not names:
         return {}
-    session = session_with_outputs(model, names)
     found: dict[str, Moments] = {}
-    for batch in (b for f in folders for b in f.batches(batch_size)):
-        for name, value in zip(names, session.run(names, batch.inputs), strict=True):
-            x = np.asarray(value, np.float32)
-            _add(found, name, x.reshape(-1, x.shape[-1]), blocks[name])
-        if progress is not None:
-            progress(batch.size)
+    for name, x in rows_of(model, names, folders, batch_size, progress):
+        _add(found, name, x, blocks[name])
     return found
 
 

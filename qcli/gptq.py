@@ -9,10 +9,9 @@ Decisions:
   (`measure`) through the prepared float graph, summed in float32 (GPTQ's own precision): one
   K x K matrix per input tensor (q, k and v read one); one pass a group of PASS_BYTES of
   matrices, each pass a session of the part of the graph that computes its group's tensors
-  (`qcli.graph.computing`: onnxruntime runs every node whatever a run fetches, and holds every
-  graph output: a 368M-parameter decoder's 97 inputs were 0.7 GB a batch of 8 x 128 tokens, its
-  logits 131 MB), each group's moved to a temporary folder once summed when there are several
-  (`passes`). They live on the calibration
+  (`qcli.calibrate.collect.rows_of`: a 368M-parameter decoder's 97 inputs were 0.7 GB a batch of
+  8 x 128 tokens as outputs of one session), each group's moved to a temporary folder once
+  summed when there are several (`passes`). They live on the calibration
   table for the run only, as bias correction's shifts do: with `--calib FILE` the run is
   refused (`needs_data`).
 - The inputs are the float model's (the weights before them are not rounded yet): one pass,
@@ -41,13 +40,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from qcli.calibrate.collect import rows_of
 from qcli.data import DataFolder
 from qcli.errors import QcliError
-from qcli.graph import GraphIndex, computing
+from qcli.graph import GraphIndex
 from qcli.lazy import tensor_array
 from qcli.plan import Plan, WeightPlan
 from qcli.qweights import Weight, quantized_weight, weight_qparams
-from qcli.runtime import make_session
 from qcli.scheme import PerBlock, integer_range
 
 DAMP = 0.01  # of the Gram diagonal's mean, added to it
@@ -150,21 +149,12 @@ def measure(model: onnx.ModelProto, tensors: Iterable[str], folders: Sequence[Da
         return {}
     grams: dict[str, Gram] = {}
     folder = _Folder() if len(groups) > 1 else None
-    for names in groups:
-        session = make_session(computing(model, names), pass_only=True)
-        wanted = {i.name for i in session.get_inputs()}
-        for batch in (b for f in folders for b in f.batches(batch_size)):
-            feeds = {k: v for k, v in batch.inputs.items() if k in wanted}
-            for name, value in zip(names, session.run(names, feeds), strict=True):
-                x = np.asarray(value, np.float32)
-                x = x.reshape(-1, x.shape[-1])
-                gram = grams.setdefault(name, Gram(np.zeros((x.shape[1], x.shape[1]), np.float32)))
-                assert gram.held is not None
-                gram.held += x.T @ x
-                gram.rows += x.shape[0]
-            if progress is not None:
-                progress(batch.size)
-        del session  # before the next pass's: two sessions would hold the weights twice
+    for names in groups:  # each pass's session ends with it: two would hold the weights twice
+        for name, x in rows_of(model, names, folders, batch_size, progress):
+            gram = grams.setdefault(name, Gram(np.zeros((x.shape[1], x.shape[1]), np.float32)))
+            assert gram.held is not None
+            gram.held += x.T @ x
+            gram.rows += x.shape[0]
         if folder is not None:
             for name in names:
                 grams[name].store(folder)

@@ -24,7 +24,7 @@ import onnx
 
 from qcli import __version__
 from qcli.analyze.confidence import z_of
-from qcli.analyze.decode import decode_step, time_decode
+from qcli.analyze.decode import priced_step, time_decode
 from qcli.analyze.gates import Gates, check_gates
 from qcli.analyze.kinds import Kind, OutputKind, check_outputs, output_kinds
 from qcli.analyze.latency import measure, timed_inputs
@@ -133,13 +133,8 @@ def _predicted(float_model: onnx.ModelProto, quantized: onnx.ModelProto, first: 
     """Both models' latency on the first samples at the deployment's batch, by its profile."""
     feeds, batch = timed_inputs(first, inputs, deployment.batch)
     f, q = deployment.predict(float_model, feeds), deployment.predict(quantized, feeds)
-    predicted = Predicted(deployment.describe(), batch, round(f.ms, 4), round(q.ms, 4), round(f.us / q.us, 4))
-    step = decode_step(float_model, feeds)
-    if step is not None:
-        f, q = deployment.predict(float_model, step), deployment.predict(quantized, step)
-        predicted.decode_float_ms, predicted.decode_quantized_ms = round(f.ms, 4), round(q.ms, 4)
-        predicted.decode_speedup = round(f.us / q.us, 4)
-    return predicted
+    step = priced_step(deployment, float_model, quantized, feeds) or (None, None, None)
+    return Predicted(deployment.describe(), batch, round(f.ms, 4), round(q.ms, 4), round(f.us / q.us, 4), *step)
 
 
 def evaluate(

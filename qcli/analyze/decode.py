@@ -80,6 +80,17 @@ def decode_step(model: onnx.ModelProto, prompt: dict[str, np.ndarray]) -> dict[s
     return step_feeds(prompt, caches, pairs, np.zeros(len(prompt["input_ids"]), np.int64))
 
 
+def priced_step(deployment: Any, float_model: onnx.ModelProto, quantized: onnx.ModelProto,
+                prompt: dict[str, np.ndarray]) -> tuple[float, float, float] | None:
+    """A decode step after `prompt` priced by the deployment's profile: (float ms, quantized ms,
+    speedup), or None for a model that is not a decoder with a cache."""
+    step = decode_step(float_model, prompt)
+    if step is None:
+        return None
+    f, q = deployment.predict(float_model, step), deployment.predict(quantized, step)
+    return round(f.ms, 4), round(q.ms, 4), round(f.us / q.us, 4)
+
+
 def next_tokens(logits: np.ndarray) -> np.ndarray:
     """The greedy next token after each sample's last position, [N] (logits [N, L, V])."""
     return np.asarray(logits)[:, -1, :].argmax(-1)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -33,7 +33,7 @@ from qcli.calibrate.observers import TensorObserver
 from qcli.calibrate.sampling import SAMPLE_VALUES
 from qcli.data import Batch, DataFolder
 from qcli.errors import DataError
-from qcli.graph import GraphIndex
+from qcli.graph import GraphIndex, computing
 from qcli.rules import rearranges
 from qcli.runtime import make_session
 
@@ -50,6 +50,23 @@ def session_with_outputs(model: onnx.ModelProto, names: list[str], threads: int 
         return make_session(model, threads=threads, pass_only=True)
     finally:
         del model.graph.output[kept:]
+
+
+def rows_of(model: onnx.ModelProto, names: list[str], folders: Sequence[DataFolder], batch_size: int,
+            progress: Callable[[int], None] | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, its values as rows [-1, last axis] float32) of each of `names` for every batch of
+    `folders`, in order: one pass of a session of the part of the graph that computes them
+    (`qcli.graph.computing`: onnxruntime runs every node whatever a run fetches, and holds every
+    graph output; a decoder's logits were 131 MB a batch), big weights unpacked (`pass_only`)."""
+    session = make_session(computing(model, names), pass_only=True)
+    wanted = {i.name for i in session.get_inputs()}
+    for batch in (b for f in folders for b in f.batches(batch_size)):
+        feeds = {k: v for k, v in batch.inputs.items() if k in wanted}
+        for name, value in zip(names, session.run(names, feeds), strict=True):
+            x = np.asarray(value, np.float32)
+            yield name, x.reshape(-1, x.shape[-1])
+        if progress is not None:
+            progress(batch.size)
 
 
 def observing_session(model: onnx.ModelProto, tensors: list[str], channels: dict[str, int] | None = None,
