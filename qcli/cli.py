@@ -322,6 +322,10 @@ def analyze(
     min_decode_speedup: Annotated[
         float | None, typer.Option("--min-decode-speedup", help="Gate: a decoder's decode tokens/s, quantized / float.")
     ] = None,
+    min_memory_reduction: Annotated[
+        float | None, typer.Option("--min-memory-reduction",
+                                   help="Gate: the weights onnxruntime holds to run each model, float / quantized.")
+    ] = None,
     samples: Annotated[int | None, typer.Option("--samples", help="Use the first N samples (default all).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Samples per batch for accuracy.")] = 32,
     runs: Annotated[int, typer.Option("--runs", help="Timed runs per model (0: no latency).")] = 50,
@@ -363,7 +367,7 @@ def analyze(
             samples=samples, batch_size=batch_size, runs=runs, warmup=warmup, threads=threads,
             latency_batch=latency_batch, worst=worst,
         )
-        gates = Gates(max_accuracy_drop, min_speedup, min_compression, min_decode_speedup)
+        gates = Gates(max_accuracy_drop, min_speedup, min_compression, min_decode_speedup, min_memory_reduction)
         result = commands.analyze_command(
             model, quantized, data, options, labels=labels, gates=gates, config=config, report=report,
             seq_len=seq_len, progress=_progress(quiet or json_out),

@@ -371,3 +371,40 @@ def test_a_verified_run_predicts_the_float_model_once(cli, tmp_path: Path, monke
     assert callers.count("quantize_checked") == 1  # the user's model, while preparing
     assert "predicted_ratio" in callers  # the verdict ran on predictions
     assert "_reference_prediction" not in callers
+
+
+def test_few_row_products_are_priced_by_their_weights_streamed_from_memory() -> None:
+    """A decode step's products (one row, weights read once) carry their constant bytes as
+    `streamed`; a product of many rows does not. A fit on calls whose weights come from memory
+    at few rows and from cache at many prices both."""
+    from qcli.target.kernels import STREAM_ROWS
+    from qcli.target.measure import fitted
+
+    def matmul(rows: int, k: int, n: int) -> Kernel:
+        return kernel("m", "MatMul", [Operand("float", (1, rows, k)), Operand("float", (k, n), True)],
+                      [Operand("float", (1, rows, n))], {})
+
+    one, many = matmul(1, 1024, 4096), matmul(STREAM_ROWS + 1, 1024, 4096)
+    assert one.streamed == one.weights == 1024 * 4096 * 4 and many.streamed == 0
+    nbits = kernel("q", "MatMulNBits", [Operand("float", (1, 1, 1024)), Operand("uint8", (4096, 32, 16), True),
+                                        Operand("float", (4096, 32), True)], [Operand("float", (1, 1, 4096))],
+                   {"K": 1024, "N": 4096})
+    assert nbits.gemm == (1, 1024, 4096, 1, 1) and nbits.streamed == 4096 * 32 * (16 + 4)
+    calls = [matmul(rows, k, n) for rows in (1, 4, 16, 64, 256) for k, n in ((256, 256), (1024, 1024), (512, 2048))]
+    times = [3 + 1e-5 * c.work + 1e-5 * c.weights + 1e-4 * c.streamed for c in calls]
+    cost = fitted("matmul.f32", calls, times)
+    assert [round(cost.us(c), 2) for c in calls] == [round(t, 2) for t in times]
+
+
+def test_the_suite_streams_few_row_products_from_memory(monkeypatch) -> None:
+    """Each chain of few-row products holds STREAM_BYTES of weights (more than a CPU's last
+    cache; 4 MB here), the int4 and int8 ones fused into MatMulNBits."""
+    from qcli.target import bench
+
+    monkeypatch.setattr(bench, "STREAM_BYTES", 4 << 20)
+    monkeypatch.setattr(bench, "STREAMS", [(1, 256, 1024)])
+    for what, model, feeds in bench._streams(np.random.default_rng(0)):
+        stored = sum(len(t.raw_data) for t in model.graph.initializer if not t.name.endswith("_s"))
+        assert stored >= bench.STREAM_BYTES, what
+        ops = {k.op for k in executed(model, feeds)}
+        assert ops == ({"MatMul"} if "float" in what else {"MatMulNBits"}), what

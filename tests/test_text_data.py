@@ -282,3 +282,14 @@ def test_analyze_predicts_a_decoders_decode_step_and_gates_on_it(cli, tmp_path: 
     assert failed.exit_code == 1
     assert (f"predicted decode speedup {p['decode_speedup']:.2f}x < 1000.00x (short by "
             f"{1000 - p['decode_speedup']:.2f}x)") in failed.stdout + failed.stderr
+    memory, pasts = first["memory"], [i for i in onnx.load(str(tiny / "decoder.onnx")).graph.input
+                                      if i.name.startswith("past")]
+    assert memory == again["memory"] and memory["cache_tokens"] == 16
+    assert memory["cache_bytes"] == len(pasts) * 16 * 64 * 4  # [1, heads, 16, 64 / heads] float each
+    assert memory["quantized_weight_bytes"] < memory["float_weight_bytes"] / 2
+    assert abs(memory["reduction"] * memory["quantized_weight_bytes"] / memory["float_weight_bytes"] - 1) < 1e-3
+    failed = cli(*args, "--min-memory-reduction", "1000")
+    assert failed.exit_code == 1
+    assert f"memory reduction {memory['reduction']:.2f}x < 1000.00x" in failed.stdout + failed.stderr
+    shown = cli(*args).stdout
+    assert "weights held by onnxruntime" in shown and "key/value cache after 16 tokens" in shown

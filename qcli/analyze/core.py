@@ -36,6 +36,7 @@ from qcli.analyze.report import (
     DataInfo,
     Decode,
     Layers,
+    Memory,
     ModelInfo,
     ModelSize,
     Predicted,
@@ -43,6 +44,7 @@ from qcli.analyze.report import (
     Report,
     Settings,
     Speed,
+    rounded,
 )
 from qcli.analyze.size import compare_sizes, model_size, proto_size
 from qcli.calibrate.collect import RUN_OUTPUT_BYTES, RunSize, parts, prefetch, session_with_outputs
@@ -124,17 +126,23 @@ def analyze(
     if opts.layers and not sessions.measures.pairs:
         notes.append(f"{qm.label} has no quantized activations (QuantizeLinear -> DequantizeLinear pairs)")
     speed, decode, latency_notes = _latency(sessions, first, inputs, opts)
-    predicted = _predicted(fm.proto, qm.proto, first, inputs, deployment) if predicts else None
-    return _report(sessions, folder, labels, opts, gates, speed, notes + latency_notes, predicted, decode)
+    predicted, memory = _predicted(fm.proto, qm.proto, first, inputs, deployment) if predicts else (None, None)
+    return _report(sessions, folder, labels, opts, gates, speed, notes + latency_notes, predicted, decode, memory)
 
 
 def _predicted(float_model: onnx.ModelProto, quantized: onnx.ModelProto, first: Batch, inputs: list[InputSpec],
-               deployment: Any) -> Predicted:
-    """Both models' latency on the first samples at the deployment's batch, by its profile."""
+               deployment: Any) -> tuple[Predicted, Memory]:
+    """Both models' latency on the first samples at the deployment's batch, by its profile, and
+    what onnxruntime holds to run them."""
     feeds, batch = timed_inputs(first, inputs, deployment.batch)
     f, q = deployment.predict(float_model, feeds), deployment.predict(quantized, feeds)
-    step = priced_step(deployment, float_model, quantized, feeds) or (None, None, None)
-    return Predicted(deployment.describe(), batch, round(f.ms, 4), round(q.ms, 4), round(f.us / q.us, 4), *step)
+    step = priced_step(deployment, float_model, quantized, feeds)
+    predicted = Predicted(deployment.describe(), batch, round(f.ms, 4), round(q.ms, 4), round(f.us / q.us, 4),
+                          *(step[:3] if step else ()))
+    tokens = int(feeds["input_ids"].shape[1]) if step and "input_ids" in feeds else None
+    memory = Memory(f.weight_bytes, q.weight_bytes, rounded(f.weight_bytes / max(q.weight_bytes, 1), 4),
+                    step[3] if step else None, tokens)
+    return predicted, memory
 
 
 def evaluate(
@@ -282,6 +290,7 @@ def _runs_at(session: Any, feeds: dict[str, np.ndarray], which: str, batch: int,
 def _report(
     sessions: _Sessions, folder: DataFolder, labels: str | Path | None, opts: AnalyzeOptions, gates: Gates,
     speed: Speed | None, notes: list[str], predicted: Predicted | None = None, decode: Decode | None = None,
+    memory: Memory | None = None,
 ) -> Report:
     """The measures summed up, sizes compared and gates checked."""
     m, fm, qm = sessions.measures, sessions.fm, sessions.qm
@@ -310,11 +319,12 @@ def _report(
         layers=layers,
         speed=speed,
         size=size,
-        gates=check_gates(gates, accuracy, fidelity, speed, size, predicted, decode),
+        gates=check_gates(gates, accuracy, fidelity, speed, size, predicted, decode, memory),
         notes=notes,
         qcli_version=__version__,
         predicted=predicted,
         decode=decode,
+        memory=memory,
     )
 
 

@@ -81,14 +81,16 @@ def decode_step(model: onnx.ModelProto, prompt: dict[str, np.ndarray]) -> dict[s
 
 
 def priced_step(deployment: Any, float_model: onnx.ModelProto, quantized: onnx.ModelProto,
-                prompt: dict[str, np.ndarray]) -> tuple[float, float, float] | None:
+                prompt: dict[str, np.ndarray]) -> tuple[float, float, float, int] | None:
     """A decode step after `prompt` priced by the deployment's profile: (float ms, quantized ms,
-    speedup), or None for a model that is not a decoder with a cache."""
+    speedup, bytes of the cache the prompt leaves), or None for a model that is not a decoder
+    with a cache."""
     step = decode_step(float_model, prompt)
     if step is None:
         return None
     f, q = deployment.predict(float_model, step), deployment.predict(quantized, step)
-    return round(f.ms, 4), round(q.ms, 4), round(f.us / q.us, 4)
+    cache = sum(v.nbytes for name, v in step.items() if name.startswith(PREFIXES))
+    return round(f.ms, 4), round(q.ms, 4), round(f.us / q.us, 4), int(cache)
 
 
 def next_tokens(logits: np.ndarray) -> np.ndarray:

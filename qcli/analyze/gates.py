@@ -7,7 +7,9 @@
   output's variance the error leaves, 1 - R²); `ignore` outputs are not gated;
 - `min_speedup`: float median latency / quantized median latency;
 - `min_decode_speedup`: a decoder's decode step after the prompt, the same ratio (tokens/s);
-- `min_compression`: float file bytes / quantized file bytes.
+- `min_compression`: float file bytes / quantized file bytes;
+- `min_memory_reduction`: the weights onnxruntime holds to run the float model / the quantized
+  one's (a weight stored int8 that onnxruntime folds to float at load shrinks the file, not this).
 Each result says by how much it passed or missed, e.g. "speedup 0.92x < 1.10x (short by 0.18x)".
 """
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 from qcli.analyze.fidelity import AGREEMENT
 from qcli.analyze.kinds import Kind
-from qcli.analyze.report import Accuracy, Decode, Fidelity, GateResult, Predicted, Size, Speed, rounded
+from qcli.analyze.report import Accuracy, Decode, Fidelity, GateResult, Memory, Predicted, Size, Speed, rounded
 from qcli.errors import ConfigError
 
 
@@ -27,6 +29,7 @@ class Gates:
     min_speedup: float | None = None
     min_compression: float | None = None
     min_decode_speedup: float | None = None
+    min_memory_reduction: float | None = None
 
     def __post_init__(self) -> None:
         drop = self.max_accuracy_drop
@@ -35,7 +38,7 @@ class Gates:
                 f"max_accuracy_drop must be a fraction between 0 and 1, got {drop}",
                 hint="0.01 allows one point of top-1 accuracy",
             )
-        for name in ("min_speedup", "min_compression", "min_decode_speedup"):
+        for name in ("min_speedup", "min_compression", "min_decode_speedup", "min_memory_reduction"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be a positive ratio, got {value}")
@@ -43,7 +46,7 @@ class Gates:
     @property
     def any(self) -> bool:
         return any(v is not None for v in (self.max_accuracy_drop, self.min_speedup, self.min_compression,
-                                           self.min_decode_speedup))
+                                           self.min_decode_speedup, self.min_memory_reduction))
 
 
 def accuracy_measure(accuracy: Accuracy | None, fidelity: list[Fidelity]) -> tuple[str, float | None, bool]:
@@ -81,7 +84,7 @@ def _losses(f: Fidelity) -> list[tuple[str, float, bool]]:
 
 def check_gates(
     gates: Gates, accuracy: Accuracy | None, fidelity: list[Fidelity], speed: Speed | None, size: Size,
-    predicted: Predicted | None = None, decode: Decode | None = None,
+    predicted: Predicted | None = None, decode: Decode | None = None, memory: Memory | None = None,
 ) -> list[GateResult]:
     """Each gate set, checked; a speedup is the target profile's prediction when there is one
     (the same on any machine), else the timing's."""
@@ -99,6 +102,9 @@ def check_gates(
         value = predicted.decode_speedup if predicted else decode.step.speedup if decode else None
         results.append(_at_least("min_decode_speedup", "predicted decode speedup" if predicted else "decode speedup",
                                  value, gates.min_decode_speedup))
+    if gates.min_memory_reduction is not None:
+        results.append(_at_least("min_memory_reduction", "memory reduction",
+                                 memory.reduction if memory else None, gates.min_memory_reduction))
     return results
 
 

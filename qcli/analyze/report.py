@@ -213,6 +213,20 @@ class Predicted:
 
 
 @dataclass
+class Memory:
+    """What onnxruntime holds to run each model (qcli.target.executed): the constants of the
+    graph it runs after its optimizations (MatMulNBits keeps 4-bit blocks; a DequantizeLinear
+    it folds at load holds float), and a decoder's key/value cache after the prompt of
+    `cache_tokens` tokens at the served batch (the same for both: qcli leaves it float)."""
+
+    float_weight_bytes: int
+    quantized_weight_bytes: int
+    reduction: builtins.float  # float / quantized weights held
+    cache_bytes: int | None = None
+    cache_tokens: int | None = None
+
+
+@dataclass
 class DtypeBytes:
     count: int
     bytes: int
@@ -314,6 +328,7 @@ class Report:
     sensitivity: Sensitivity | None = None  # `--sensitivity`
     predicted: Predicted | None = None  # the target profile's latency (None: `verify.latency: measured`)
     decode: Decode | None = None  # a decoder's decode step after the timed prompt
+    memory: Memory | None = None  # weights held by onnxruntime (with the prediction), a decoder's cache
 
     @property
     def passed(self) -> bool:

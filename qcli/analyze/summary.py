@@ -129,6 +129,12 @@ def summary_rows(report: Report) -> list[tuple[str, ...]]:
                  size_change(sz.compression)))
     rows.append(("weights", human_bytes(sz.float.weight_bytes), human_bytes(sz.quantized.weight_bytes),
                  size_change(sz.float.weight_bytes / max(sz.quantized.weight_bytes, 1))))
+    if (mem := report.memory) is not None:
+        rows.append(("weights held by onnxruntime", human_bytes(mem.float_weight_bytes),
+                     human_bytes(mem.quantized_weight_bytes), size_change(mem.reduction)))
+        if mem.cache_bytes is not None:
+            cache = human_bytes(mem.cache_bytes)
+            rows.append((f"key/value cache after {mem.cache_tokens} tokens", cache, cache, ""))
     return rows
 
 

@@ -47,6 +47,10 @@ MATMULS = [(1, 64, 64), (1, 256, 256), (1, 768, 768), (1, 1024, 4096), (8, 512, 
            (64, 256, 1024), (128, 768, 768), (128, 768, 3072), (32, 128, 32), (4, 32, 16), (32768, 4, 4),
            (4096, 16, 16), (1024, 64, 64), (2048, 32, 128), (256, 256, 64), (64, 64, 64), (512, 128, 512),
            (8192, 8, 32), (16, 96, 96), (50, 512, 256), (256, 512, 1), (64, 128, 8), (1, 512, 2)]
+# products of few rows on weights too many to stay in cache, as a decoder's decode step runs them:
+# (rows, K, N), a chain of distinct weights [K, N], [N, K], ... of STREAM_BYTES in all
+STREAMS = [(1, 1024, 1024), (1, 1024, 4096), (1, 4096, 1024), (4, 2048, 2048), (8, 1024, 1024), (1, 512, 2048)]
+STREAM_BYTES = 256 << 20
 RNNS = [(16, 32, 32), (50, 64, 64), (100, 128, 128), (30, 256, 256), (200, 64, 128), (10, 512, 256),
         (75, 256, 128), (120, 32, 64)]  # (steps, input, hidden)
 ELEMENTS = [64, 1024, 16_384, 262_144, 2_097_152]
@@ -123,6 +127,7 @@ def suite(rng: np.random.Generator) -> Iterator[tuple[str, onnx.ModelProto, dict
                    _wrapped(wn + [mm], wi, ("x", [m, kk]), ("y", [m, n]), quantized, float_out), _feeds(rng, [m, kk]))
         yield from _blocks(rng, quantized)
     yield from _gemms(rng)
+    yield from _streams(rng)
     yield from _dynamic(rng)
     yield from _rnns(rng)
     yield from _elementwise(rng)
@@ -324,6 +329,40 @@ def _gemms(rng: np.random.Generator):
             yield (f"MatMul {m}x{kk}x{n} int4",
                    _model(nodes, [_t("x", F, [m, kk])], [_t("y", F, [m, n])], [w4, scales]),
                    _feeds(rng, [m, kk]))
+
+
+def _streams(rng: np.random.Generator):
+    """Chains of MatMuls on few rows (STREAMS) whose weights are read from memory each run, not
+    cache: float, and int4 and int8 blocks of 32 (MatMulNBits), each STREAM_BYTES of weights."""
+    for (m, kk, n), bits in itertools.product(STREAMS, (None, 4, 8)):
+        layers = 2 * max(1, STREAM_BYTES * 8 // (2 * (bits or 32) * kk * n))
+        nodes, inits, prev = [], [], "x"
+        for i in range(layers):
+            rows, cols = (kk, n) if i % 2 == 0 else (n, kk)
+            out = "y" if i == layers - 1 else f"t{i}"
+            if bits is None:
+                w = rng.standard_normal((rows, cols)).astype(np.float32) * 0.03
+                inits.append(numpy_helper.from_array(w, f"w{i}"))
+            else:
+                inits += _blocks_of(rng, f"w{i}", rows, cols, bits)
+                nodes.append(helper.make_node("DequantizeLinear", [f"w{i}_q", f"w{i}_s"], [f"w{i}"], axis=0,
+                                              block_size=32, name=f"w{i}_DQ"))
+            nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [out], name=f"matmul{i}"))
+            prev = out
+        yield (f"MatMul chain {m}x{kk}x{n} {'float' if bits is None else f'int{bits}'} x{layers}",
+               _model(nodes, [_t("x", F, [m, kk])], [_t("y", F, [m, kk])], inits), _feeds(rng, [m, kk]))
+
+
+def _blocks_of(rng: np.random.Generator, name: str, rows: int, cols: int, bits: int) -> list[onnx.TensorProto]:
+    """A weight [rows, cols] of `bits`-bit integers (`name`_q) and its scales per block of 32
+    rows (`name`_s)."""
+    scales = numpy_helper.from_array(np.full((rows // 32, cols), 0.01, np.float32), f"{name}_s")
+    if bits == 8:
+        return [numpy_helper.from_array(rng.integers(-127, 128, (rows, cols)).astype(np.int8), f"{name}_q"), scales]
+    nibbles = rng.integers(0, 16, rows * cols).astype(np.uint8)
+    q = onnx.TensorProto(name=f"{name}_q", data_type=TensorProto.INT4, dims=[rows, cols],
+                         raw_data=(nibbles[0::2] | nibbles[1::2] << 4).astype(np.uint8).tobytes())
+    return [q, scales]
 
 
 RECURRENT = ("LSTM", "GRU", "RNN", "DynamicQuantizeLSTM")  # their batch axis is the second

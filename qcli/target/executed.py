@@ -5,33 +5,52 @@ MatMulNBits, ...) and profiles one run on the given feeds: the profile names eac
 with its op and the shapes it saw (a Loop body's nodes once per iteration), and the written
 graph gives the dims of the weights (the profile shows prepacked weights' shapes, not theirs).
 Nothing here reads a clock: the profile's durations are ignored, so the same model and feeds
-give the same kernels on an idle or a busy machine.
+give the same kernels on an idle or a busy machine. The written graph's constants are also the
+weights onnxruntime holds in memory (`Executed.weight_bytes`): MatMulNBits keeps its packed
+4-bit blocks, a DequantizeLinear of a constant it folds holds the float result.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from qcli.info import weight_census
 from qcli.runtime import make_session
 from qcli.target.kernels import Kernel, Operand, kernel
 
 
+@dataclass(frozen=True)
+class Executed:
+    """The kernel calls of one run, in the order onnxruntime made them, and the bytes of the
+    constants of the graph it runs (the weights it holds, before any prepacking)."""
+
+    kernels: list[Kernel]
+    weight_bytes: int
+
+
 def executed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int | None = None) -> list[Kernel]:
     """The kernel calls of one run of `model` on `feeds`, in the order onnxruntime made them."""
+    return run(model, feeds, threads).kernels
+
+
+def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int | None = None) -> Executed:
+    """One run of `model` on `feeds`: its kernel calls and the weights onnxruntime holds."""
     with tempfile.TemporaryDirectory(prefix="qcli-target-") as tmp:
         optimized = Path(tmp) / "optimized.onnx"
         session = make_session(model, threads, profile=Path(tmp) / "profile", timing=True, optimized=optimized)
         session.run(None, feeds)
         events = json.loads(Path(session.end_profiling()).read_text())
-        graph = onnx.load(str(optimized), load_external_data=False).graph
-    nodes, constants = _nodes(graph, {})
-    return [_kernel(e, nodes, constants) for e in events
-            if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
+        written = onnx.load(str(optimized), load_external_data=False)
+    nodes, constants = _nodes(written.graph, {})
+    return Executed([_kernel(e, nodes, constants) for e in events
+                     if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")],
+                    weight_census(written)["bytes"])
 
 
 def _nodes(graph: onnx.GraphProto, constants: dict[str, tuple[int, ...]]) -> tuple[dict, dict]:

@@ -31,7 +31,7 @@ OPS: dict[str, tuple[str, bool]] = {
 }
 # the weight inputs of a compute family's ops, by op (default: input 1)
 WEIGHT_INPUT = {"QLinearConv": 3, "QLinearMatMul": 3, "QGemm": 3}
-FEATURES = ("call", "mac", "moved", "weights", "fused", "rows")  # what a profile's terms are per unit of
+FEATURES = ("call", "mac", "moved", "weights", "fused", "rows", "streamed")  # what a profile's terms are per unit of
 # where a class a profile lacks is priced (a measured profile has them all; a rules one may not)
 FALLBACK = {"dwconv.f32": "conv.f32", "dwconv.i8": "conv.i8", "nconv.f32": "conv.f32", "nconv.i8": "conv.i8",
             "conv.i8": "conv.f32", "matmul.i8": "matmul.f32",
@@ -40,6 +40,10 @@ FALLBACK = {"dwconv.f32": "conv.f32", "dwconv.i8": "conv.i8", "nconv.f32": "conv
 CLASSES = ("conv.f32", "conv.i8", "dwconv.f32", "dwconv.i8", "nconv.f32", "nconv.i8", "matmul.f32", "matmul.i8",
            "nbits.i4", "rnn.f32", "rnn.i8", "qdq", "memory", "qmemory", "control")
 
+# a matrix product of at most this many rows reads each weight byte once or a few times: its
+# cost is the weights' stream from memory (a decode step's MatMulNBits, a classifier's last
+# Gemm at batch 1), which a micro-model timed on the same small weight, in cache, does not show
+STREAM_ROWS = 8
 # a convolution with fewer output channels per group is `nconv`: onnxruntime's int8 kernels
 # pad them to 16 and walk every tap per output position, at a third of the MAC rate or less
 NARROW = 16
@@ -72,9 +76,11 @@ class Kernel:
     (multiply-accumulates; 0 for a memory-bound op), activation bytes `moved` (read and
     written), constant bytes `weights`, `fused` activation elements, and `rows`: a
     convolution's output positions, a recurrence's steps, a memory op's rows (elements / the
-    last axis: a Softmax or LayerNormalization pays per row). A compute kernel's `gemm` is the
-    matrix product it runs, (M, K, N, taps, groups): a convolution's output positions, input
-    and output channels per group, kernel taps and groups; a matrix product's rows, K, N."""
+    last axis: a Softmax or LayerNormalization pays per row), and `streamed`: the constant bytes
+    of a matrix product of at most STREAM_ROWS rows (read from memory, not cache). A compute
+    kernel's `gemm` is the matrix product it runs, (M, K, N, taps, groups): a convolution's
+    output positions, input and output channels per group, kernel taps and groups; a matrix
+    product's rows, K, N."""
 
     node: str
     op: str
@@ -85,6 +91,7 @@ class Kernel:
     fused: float = 0
     rows: float = 0
     gemm: tuple[int, int, int, int, int] | None = None
+    streamed: float = 0
 
     def features(self, pack: tuple[int, int] | None = None) -> tuple[float, ...]:
         """The values of FEATURES; with `pack` (input, output channels), `mac` counts the
@@ -94,7 +101,7 @@ class Kernel:
         16384
         """
         work = self.work if pack is None or self.gemm is None else packed(self.gemm, pack)
-        return (1.0, work, self.moved, self.weights, self.fused, self.rows)
+        return (1.0, work, self.moved, self.weights, self.fused, self.rows, self.streamed)
 
 
 def packed(gemm: tuple[int, int, int, int, int], pack: tuple[int, int]) -> int:
@@ -116,12 +123,15 @@ def kernel(node: str, op: str, inputs: list[Operand], outputs: list[Operand], at
 
     >>> x, w = Operand("float", (1, 8, 10, 10)), Operand("float", (16, 8, 3, 3), True)
     >>> kernel("c", "Conv", [x, w], [Operand("float", (1, 16, 10, 10))], {}, activation=True)  # doctest: +ELLIPSIS
-    Kernel(node='c', op='Conv', cls='conv.f32', work=115200, moved=9600, ..., rows=100, gemm=(100, 8, 16, 9, 1))
+    Kernel(node='c', op='Conv', cls='conv.f32', work=115200, moved=9600, ..., gemm=(100, 8, 16, 9, 1), streamed=0)
     >>> a, b = Operand("uint8", (1, 4, 32)), Operand("int8", (32, 64), True)
     >>> kernel("m", "MatMulInteger", [a, b], [Operand("int32", (1, 4, 64))], {}).work
     8192
     >>> kernel("r", "Relu", [Operand("float", (1, 100))], [Operand("float", (1, 100))], {})
-    Kernel(node='r', op='Relu', cls='memory', work=0, moved=800, weights=0, fused=0, rows=1, gemm=None)
+    Kernel(node='r', op='Relu', cls='memory', work=0, moved=800, weights=0, fused=0, rows=1, gemm=None, streamed=0)
+    >>> kernel("q", "MatMulNBits", [Operand("float", (1, 1, 64)), Operand("uint8", (32, 2, 16), True)],
+    ...        [Operand("float", (1, 1, 32))], {"K": 64, "N": 32}).streamed
+    1024
     """
     family, int8 = OPS.get(op, ("qmemory" if op.startswith("QLinear") else "memory", False))
     moved = sum(i.bytes for i in inputs if not i.constant) + sum(o.bytes for o in outputs)
@@ -137,7 +147,8 @@ def kernel(node: str, op: str, inputs: list[Operand], outputs: list[Operand], at
         rows = inputs[0].shape[0] if inputs and inputs[0].shape else 0
     else:  # a convolution's output positions; a product's rows (each requantized or scaled)
         rows = positions or (gemm[0] if gemm is not None else 0)
-    return Kernel(node, op, cls, work, moved, weights, out if activation else 0, rows, gemm)
+    streamed = weights if family in ("matmul", "gemm", "nbits") and gemm is not None and gemm[0] <= STREAM_ROWS else 0
+    return Kernel(node, op, cls, work, moved, weights, out if activation else 0, rows, gemm, streamed)
 
 
 def _rows(op: str, inputs: list[Operand], outputs: list[Operand], attrs: dict[str, int]) -> int:
@@ -183,6 +194,8 @@ def _gemm(family: str, out: int, rows: int, weight: Shape, attrs: dict[str, int]
     group = attrs.get("group", 1)
     if family == "conv" and len(weight) > 2 and weight[0] and group and weight[0] % group == 0:
         return rows, weight[1], weight[0] // group, math.prod(weight[2:]), group
+    if family == "nbits" and attrs.get("N") and out % attrs["N"] == 0:
+        return out // attrs["N"], attrs.get("K", 0), attrs["N"], 1, 1
     if family in ("matmul", "gemm") and out and weight:
         n = weight[0] if family == "gemm" and attrs.get("transB", 0) and len(weight) > 1 else weight[-1]
         if n and out % n == 0:

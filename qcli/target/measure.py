@@ -156,8 +156,8 @@ def _features(key: str) -> tuple[str, ...]:
     per-row cost, a Softmax's, must not price every op it has no entry for), weights never
     (its constants are scales and zero points); a memory op's own entry by its rows too.
 
-    >>> _features("memory"), _features("memory:Softmax"), _features("conv.i8")[-2:]
-    (('call', 'moved'), ('call', 'moved', 'rows'), ('fused', 'rows'))
+    >>> _features("memory"), _features("memory:Softmax"), _features("conv.i8")[-3:]
+    (('call', 'moved'), ('call', 'moved', 'rows'), ('fused', 'rows', 'streamed'))
     """
     family = key.partition(".")[0].partition(":")[0]
     if family == "rnn":  # its weights are its MACs; its steps its rows

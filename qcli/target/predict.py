@@ -9,17 +9,19 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from qcli.target.executed import executed
+from qcli.target.executed import run
 from qcli.target.kernels import Kernel
 from qcli.target.profile import Profile
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """Predicted µs of one run, and each node's share (its kernel calls summed)."""
+    """Predicted µs of one run, each node's share (its kernel calls summed), and the bytes of
+    the weights onnxruntime holds to run it (not priced: reported beside)."""
 
     us: float
     nodes: dict[str, float]
+    weight_bytes: int = 0
 
     @property
     def ms(self) -> float:
@@ -35,7 +37,7 @@ def priced(kernels: list[Kernel], profile: Profile) -> Prediction:
     >>> ks = [Kernel("a", "Relu", "memory", moved=100), Kernel("b", "Conv", "conv.f32", work=1000),
     ...       Kernel("a", "Relu", "memory", moved=100)]
     >>> priced(ks, p)
-    Prediction(us=18.0, nodes={'a': 4.0, 'b': 4.0})
+    Prediction(us=18.0, nodes={'a': 4.0, 'b': 4.0}, weight_bytes=0)
     """
     nodes: dict[str, float] = {}
     for k in kernels:
@@ -46,4 +48,6 @@ def priced(kernels: list[Kernel], profile: Profile) -> Prediction:
 def predict(model: onnx.ModelProto, feeds: dict[str, np.ndarray], profile: Profile,
             threads: int | None = None) -> Prediction:
     """`model`'s predicted latency on `feeds` (one run) under `profile`."""
-    return priced(executed(model, feeds, threads if threads is not None else profile.threads), profile)
+    ran = run(model, feeds, threads if threads is not None else profile.threads)
+    prediction = priced(ran.kernels, profile)
+    return Prediction(prediction.us, prediction.nodes, ran.weight_bytes)

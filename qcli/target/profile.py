@@ -28,7 +28,7 @@ from qcli.errors import ConfigError
 from qcli.target.kernels import FALLBACK, FEATURES, Kernel
 from qcli.textfile import read_text
 
-Feature = Literal["call", "mac", "moved", "weights", "fused", "rows"]  # FEATURES
+Feature = Literal["call", "mac", "moved", "weights", "fused", "rows", "streamed"]  # FEATURES
 
 FORMAT = "qcli-target/1"
 SHIPPED = Path(__file__).parent / "profiles"
