@@ -306,8 +306,7 @@ def measure_grams(model: onnx.ModelProto, config: Config, table: CalibrationTabl
     work = prepared.model
     plan = make_plan(work, config)
     if config.weights.algorithm == "awq":
-        table.grams = awq.measure(work, awq.requests(awq.targets(work, plan), plan), folders,
-                                  config.calibration.batch_size, progress)
+        table.grams = awq.measure(work, awq.requests(awq.targets(work, plan), plan), folders, progress)
         return
     table.grams = gptq.measure(work, gptq.targets(work, plan).values(), folders, config.calibration.batch_size,
                                progress)
