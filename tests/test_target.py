@@ -408,3 +408,29 @@ def test_the_suite_streams_few_row_products_from_memory(monkeypatch) -> None:
         assert stored >= bench.STREAM_BYTES, what
         ops = {k.op for k in executed(model, feeds)}
         assert ops == ({"MatMul"} if "float" in what else {"MatMulNBits"}), what
+
+
+def test_the_weights_held_are_those_of_the_graph_onnxruntime_runs() -> None:
+    """A float16 weight cast to float is folded at load: onnxruntime holds twice its bytes; an
+    int8 weight's DequantizeLinear + MatMul runs as MatMulNBits on the int8 blocks."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qcli.target.executed import run
+
+    wh = numpy_helper.from_array(np.full((64, 32), 0.5, np.float16), "wh")
+    cast = helper.make_model(helper.make_graph(
+        [helper.make_node("Cast", ["wh"], ["w"], to=TensorProto.FLOAT), helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], [wh]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    held = run(cast, {"x": np.ones((1, 64), np.float32)})
+    assert [k.op for k in held.kernels] == ["MatMul"] and held.weight_bytes == 64 * 32 * 4
+    dq = parse_model("""
+    <ir_version: 10, opset_import: ["" : 21]>
+    net (float[1, 64] x) => (float[1, 32] y) <int8[64, 32] wq = {WEIGHTS}, float[32] ws = {SCALES}> {
+        w = DequantizeLinear <axis = 1> (wq, ws)
+        y = MatMul (x, w)
+    }
+    """.replace("{WEIGHTS}", "{" + ", ".join(["3"] * 64 * 32) + "}").replace("{SCALES}", "{" + ", ".join(["0.1"] * 32) + "}"))
+    held = run(dq, {"x": np.ones((1, 64), np.float32)})
+    assert [k.op for k in held.kernels] == ["MatMulNBits"] and 64 * 32 <= held.weight_bytes < 64 * 32 * 2

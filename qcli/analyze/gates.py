@@ -9,7 +9,7 @@
 - `min_decode_speedup`: a decoder's decode step after the prompt, the same ratio (tokens/s);
 - `min_compression`: float file bytes / quantized file bytes;
 - `min_memory_reduction`: the weights onnxruntime holds to run the float model / the quantized
-  one's (a weight stored int8 that onnxruntime folds to float at load shrinks the file, not this).
+  one's (a float16 weight cast to float, which onnxruntime folds at load, halves the file, not this).
 Each result says by how much it passed or missed, e.g. "speedup 0.92x < 1.10x (short by 0.18x)".
 """
 

@@ -215,8 +215,8 @@ class Predicted:
 @dataclass
 class Memory:
     """What onnxruntime holds to run each model (qcli.target.executed): the constants of the
-    graph it runs after its optimizations (MatMulNBits keeps 4-bit blocks; a DequantizeLinear
-    it folds at load holds float), and a decoder's key/value cache after the prompt of
+    graph it runs after its optimizations (MatMulNBits keeps 4-bit blocks; a float16 weight
+    cast to float is folded at load into float), and a decoder's key/value cache after the prompt of
     `cache_tokens` tokens at the served batch (the same for both: qcli leaves it float)."""
 
     float_weight_bytes: int

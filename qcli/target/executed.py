@@ -7,7 +7,7 @@ graph gives the dims of the weights (the profile shows prepacked weights' shapes
 Nothing here reads a clock: the profile's durations are ignored, so the same model and feeds
 give the same kernels on an idle or a busy machine. The written graph's constants are also the
 weights onnxruntime holds in memory (`Executed.weight_bytes`): MatMulNBits keeps its packed
-4-bit blocks, a DequantizeLinear of a constant it folds holds the float result.
+4-bit blocks, a Cast of a float16 weight to float it folds holds the float result.
 """
 
 from __future__ import annotations
