@@ -150,7 +150,8 @@ def verification_of(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | No
             f"latency floor not applied: the float model runs in {probe.float_ms():.3f} ms "
             f"(< verify.min_float_ms {vf.min_float_ms:g}), where per-node overhead decides the ratio"
         )
-    target = probe.deployment.describe() + " against your model file as given" if probe.deployment else None
+    step = ", a decode step after the prompt" if probe.decodes else ""
+    target = probe.deployment.describe() + step + " against your model file as given" if probe.deployment else None
     # the float model's latency is reported where a floor reads it; with none set (`null`) it is not
     # predicted for the report alone: on a 368M-parameter decoder that took 23 s and 3.5 GB
     float_ms = probe.float_ms() if vf.max_latency_ratio is not None else None

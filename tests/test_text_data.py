@@ -293,3 +293,21 @@ def test_analyze_predicts_a_decoders_decode_step_and_gates_on_it(cli, tmp_path: 
     assert f"memory reduction {memory['reduction']:.2f}x < 1000.00x" in failed.stdout + failed.stderr
     shown = cli(*args).stdout
     assert "weights held by onnxruntime" in shown and "key/value cache after 16 tokens" in shown
+
+
+def test_a_decoders_latency_floor_judges_its_decode_step(cli, tmp_path: Path, tiny: Path) -> None:
+    """A decoder is served a token at a time: verification's latency floor prices the decode
+    step after the prompt (the same figure `analyze` predicts for it), and says so."""
+    data = corpus(tmp_path / "text", tiny)
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\nactivations: {dtype: float}\n"
+                      "weights: {dtype: int4, symmetric: true, granularity: per_block, block_size: 32}\n"
+                      "verify: {max_latency_ratio: 10.0}\n")
+    out = tmp_path / "int4.onnx"
+    doc = cli.json("quantize", tiny / "decoder.onnx", "-o", out, "--data", data, "--seq-len", "16", "--config", config)
+    verdict = doc["verification"]
+    assert verdict["target"].endswith("batch 1, latency predicted, a decode step after the prompt "
+                                      "against your model file as given")
+    shown = cli.json("analyze", tiny / "decoder.onnx", out, "--data", data, "--seq-len", "16", "--runs", "0",
+                     "--samples", "4")
+    assert verdict["latency_ratio"] == pytest.approx(1 / shown["predicted"]["decode_speedup"], rel=1e-3)

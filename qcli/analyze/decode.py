@@ -80,6 +80,12 @@ def decode_step(model: onnx.ModelProto, prompt: dict[str, np.ndarray]) -> dict[s
     return step_feeds(prompt, caches, pairs, np.zeros(len(prompt["input_ids"]), np.int64))
 
 
+def served_feeds(model: onnx.ModelProto, prompt: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What verification's latency floor judges `model` on: a decoder with a cache is served a
+    token at a time, so its decode step after `prompt` (`decode_step`); any other model, `prompt`."""
+    return decode_step(model, prompt) or prompt
+
+
 def priced_step(deployment: Any, float_model: onnx.ModelProto, quantized: onnx.ModelProto,
                 prompt: dict[str, np.ndarray]) -> tuple[float, float, float, int] | None:
     """A decode step after `prompt` priced by the deployment's profile: (float ms, quantized ms,

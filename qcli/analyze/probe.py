@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 
 from qcli.analyze.confidence import z_of
+from qcli.analyze.decode import decode_step
 from qcli.analyze.fidelity import Fidelity, output_fidelity
 from qcli.analyze.kinds import Kind, OutputKind, cache_outputs, output_kinds
 from qcli.analyze.latency import Ratio, measure, paired, timed_inputs
@@ -124,6 +125,8 @@ class Probe:
             self._held = session if weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES else None
         self._float_ms: float | None = None
         self._reference: Prediction | None = None  # the float model's predicted latency
+        self._feeds: dict[str, np.ndarray] | None = None  # what latency is judged on (`feeds`)
+        self._decodes = False  # those are a decoder's decode step
         if self.kinds is None:
             values = {name: _Column(self.reference, k) for k, name in enumerate(self.names)}
             self.kinds = output_kinds(self.float_model, values, vf.outputs, vf.ctc_blank, vf.sequence_trim,
@@ -263,9 +266,18 @@ class Probe:
 
     def feeds(self) -> dict[str, np.ndarray]:
         """The first samples at the deployment's batch (1 by default; as they come when the
-        inputs do not batch): what latency is predicted or timed on."""
-        feeds, _ = timed_inputs(self.batches[0], self.inputs, self.deployment.batch if self.deployment else 1)
-        return feeds
+        inputs do not batch), or a decoder's decode step after them (`served_feeds`): what
+        latency is predicted or timed on. Made once."""
+        if self._feeds is None:
+            feeds, _ = timed_inputs(self.batches[0], self.inputs, self.deployment.batch if self.deployment else 1)
+            step = decode_step(self.float_model, feeds)
+            self._feeds, self._decodes = step or feeds, step is not None
+        return self._feeds
+
+    @property
+    def decodes(self) -> bool:
+        """Whether latency was judged on a decoder's decode step (`feeds`, once asked for)."""
+        return self._decodes
 
     @property
     def predicts(self) -> bool:
