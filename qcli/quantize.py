@@ -181,11 +181,12 @@ def quantize(
         notes += half.notes()
     _keep_own_value_info(out, model)
     calibration = {"method": settings.method, "samples": table.samples, "fingerprint": table.fingerprint}
-    for key, value in (
-        ("qcli.version", __version__),
-        ("qcli.config", _compact_json(_recipe(config))),
-        ("qcli.calibration", _compact_json(calibration)),
-    ):
+    own = {"qcli.version": __version__, "qcli.config": _compact_json(_recipe(config)),
+           "qcli.calibration": _compact_json(calibration)}
+    # a model qcli wrote before (computing in float: nothing refused it) carries these keys already
+    kept = [(p.key, p.value) for p in out.metadata_props if p.key not in own]
+    del out.metadata_props[:]
+    for key, value in [*kept, *own.items()]:
         entry = out.metadata_props.add()
         entry.key, entry.value = key, value
     notes += plan.notes

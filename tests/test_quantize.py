@@ -96,6 +96,23 @@ def test_already_quantized_model_refused(cli, residual, residual_data, tmp_path)
     assert "already quantized" in result.stderr
 
 
+def test_a_model_qcli_wrote_in_float_is_quantized_again_with_its_metadata_replaced(cli, residual, residual_data,
+                                                                                   tmp_path) -> None:
+    """Nothing quantized in the first run's model (weights only, folded): a second run with
+    another config writes qcli's keys once, with the second run's values (the checker refuses
+    duplicate keys: this was exit 3)."""
+    first = tmp_path / "c.yaml"
+    first.write_text("version: 1\nactivations: {dtype: float}\nverify: {max_latency_ratio: null}\n")
+    q, qq = tmp_path / "q.onnx", tmp_path / "qq.onnx"
+    assert cli("quantize", residual, "-o", q, "--data", residual_data, "--config", first, "-q").exit_code == 0
+    assert not any(n.op_type == "QuantizeLinear" for n in onnx.load(str(q)).graph.node)
+    assert cli("quantize", q, "-o", qq, "--data", residual_data, "-q").exit_code == 0
+    keys = [p.key for p in onnx.load(str(qq)).metadata_props]
+    assert sorted(keys) == sorted(set(keys)) and "qcli.config" in keys
+    config = json.loads(next(p.value for p in onnx.load(str(qq)).metadata_props if p.key == "qcli.config"))
+    assert config["activations"]["dtype"] != "float"
+
+
 def test_sample_cnn(cli, tmp_path) -> None:
     cnn = SAMPLE_MODELS / "cnn"
     out = tmp_path / "cnn.onnx"
