@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from qcli.analyze.decode import served_feeds
 from qcli.analyze.latency import timed_inputs
 from qcli.analyze.probe import Probe
 from qcli.calibrate.shards import Fold, plan_folds
@@ -145,14 +144,14 @@ def probe_batch(model: onnx.ModelProto, folder: DataFolder) -> int:
 
 def deployment_feeds(model: onnx.ModelProto, plan: DataPlan, inputs: list[InputSpec],
                      config: Config) -> dict[str, np.ndarray]:
-    """The probe's first batch at `target.batch` (`timed_inputs`), or a decoder's decode step
-    after it (`served_feeds`): what it predicts latency on."""
+    """The probe's first batch at `target.batch` (`timed_inputs`): the prompt of what it
+    predicts latency on (qcli.analyze.predicted.served)."""
     assert plan.verify_path is not None  # checked by the caller
     start, count = plan.compared[0]
     folder = DataFolder(plan.verify_path, inputs, reading=config.data.reading, samples=count or None,
                         start=start)
     feeds, _ = timed_inputs(next(iter(folder.batches(probe_batch(model, folder)))), inputs, config.target.batch)
-    return served_feeds(model, feeds)
+    return feeds
 
 
 def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: DataPlan,

@@ -36,6 +36,7 @@ import onnx
 from qcli.analyze.fidelity import Fidelity
 from qcli.analyze.kinds import check_outputs
 from qcli.analyze.plugin import load_metric
+from qcli.analyze.predicted import served
 from qcli.analyze.probe import Probe
 from qcli.analyze.size import weight_bytes
 from qcli.calibrate.ranges import RangeSettings
@@ -135,12 +136,13 @@ def quantize_checked(
     with phase("prepare"):
         prepared = prepare_for(model, config, force=force)
         kept: list[str] = []
-        predicted = None  # the float model's prediction and its feeds, for the probe to take over
+        predicted = None  # the float model's prediction, its feeds and their prompt, for the probe to take over
         if table is None and plan.verify_path is not None and _floor_predicted(config):
-            deployment, feeds = Deployment.of(config), deployment_feeds(model, plan, inputs, config)
+            deployment, prompt = Deployment.of(config), deployment_feeds(model, plan, inputs, config)
             with phase("predict"):
-                predicted = (feeds, deployment.predict(model, feeds))
-            prepared, config, kept = kept_passes(model, config, prepared, feeds, deployment, predicted[1], force=force)
+                feeds = served(model, prompt)
+                predicted = (prompt, feeds, deployment.predict(model, feeds))
+            prepared, config, kept = kept_passes(model, config, prepared, feeds, deployment, predicted[2], force=force)
     if data is None and table is None:  # a config that calibrates nothing (dynamic, weight-only)
         table, why = _no_calibration(model, prepared, config, strict)
         plan = replace(plan, description=why) if plan.verify_path is None else plan

@@ -24,13 +24,14 @@ import onnx
 
 from qcli import __version__
 from qcli.analyze.confidence import z_of
-from qcli.analyze.decode import priced_step, time_decode
+from qcli.analyze.decode import time_decode
 from qcli.analyze.gates import Gates, check_gates
 from qcli.analyze.kinds import Kind, OutputKind, check_outputs, output_kinds
 from qcli.analyze.latency import measure, timed_inputs
 from qcli.analyze.layers import QuantizedTensor, quantized_tensors
 from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, TopKAccumulator, as_array
 from qcli.analyze.options import AnalyzeOptions
+from qcli.analyze.predicted import predicted as predicted_by
 from qcli.analyze.records import accuracy_record, fidelity_record, layer_record
 from qcli.analyze.report import (
     DataInfo,
@@ -44,7 +45,6 @@ from qcli.analyze.report import (
     Report,
     Settings,
     Speed,
-    rounded,
 )
 from qcli.analyze.size import compare_sizes, model_size, proto_size
 from qcli.calibrate.collect import RUN_OUTPUT_BYTES, RunSize, parts, prefetch, session_with_outputs
@@ -126,23 +126,8 @@ def analyze(
     if opts.layers and not sessions.measures.pairs:
         notes.append(f"{qm.label} has no quantized activations (QuantizeLinear -> DequantizeLinear pairs)")
     speed, decode, latency_notes = _latency(sessions, first, inputs, opts)
-    predicted, memory = _predicted(fm.proto, qm.proto, first, inputs, deployment) if predicts else (None, None)
+    predicted, memory = predicted_by(fm.proto, qm.proto, first, inputs, deployment) if predicts else (None, None)
     return _report(sessions, folder, labels, opts, gates, speed, notes + latency_notes, predicted, decode, memory)
-
-
-def _predicted(float_model: onnx.ModelProto, quantized: onnx.ModelProto, first: Batch, inputs: list[InputSpec],
-               deployment: Any) -> tuple[Predicted, Memory]:
-    """Both models' latency on the first samples at the deployment's batch, by its profile, and
-    what onnxruntime holds to run them."""
-    feeds, batch = timed_inputs(first, inputs, deployment.batch)
-    f, q = deployment.predict(float_model, feeds), deployment.predict(quantized, feeds)
-    step = priced_step(deployment, float_model, quantized, feeds)
-    predicted = Predicted(deployment.describe(), batch, round(f.ms, 4), round(q.ms, 4), round(f.us / q.us, 4),
-                          *(step[:3] if step else ()))
-    tokens = int(feeds["input_ids"].shape[1]) if step and "input_ids" in feeds else None
-    memory = Memory(f.weight_bytes, q.weight_bytes, rounded(f.weight_bytes / max(q.weight_bytes, 1), 4),
-                    step[3] if step else None, tokens)
-    return predicted, memory
 
 
 def evaluate(

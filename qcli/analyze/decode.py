@@ -80,25 +80,6 @@ def decode_step(model: onnx.ModelProto, prompt: dict[str, np.ndarray]) -> dict[s
     return step_feeds(prompt, caches, pairs, np.zeros(len(prompt["input_ids"]), np.int64))
 
 
-def served_feeds(model: onnx.ModelProto, prompt: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """What verification's latency floor judges `model` on: a decoder with a cache is served a
-    token at a time, so its decode step after `prompt` (`decode_step`); any other model, `prompt`."""
-    return decode_step(model, prompt) or prompt
-
-
-def priced_step(deployment: Any, float_model: onnx.ModelProto, quantized: onnx.ModelProto,
-                prompt: dict[str, np.ndarray]) -> tuple[float, float, float, int] | None:
-    """A decode step after `prompt` priced by the deployment's profile: (float ms, quantized ms,
-    speedup, bytes of the cache the prompt leaves), or None for a model that is not a decoder
-    with a cache."""
-    step = decode_step(float_model, prompt)
-    if step is None:
-        return None
-    f, q = deployment.predict(float_model, step), deployment.predict(quantized, step)
-    cache = sum(v.nbytes for name, v in step.items() if name.startswith(PREFIXES))
-    return round(f.ms, 4), round(q.ms, 4), round(f.us / q.us, 4), int(cache)
-
-
 def next_tokens(logits: np.ndarray) -> np.ndarray:
     """The greedy next token after each sample's last position, [N] (logits [N, L, V])."""
     return np.asarray(logits)[:, -1, :].argmax(-1)

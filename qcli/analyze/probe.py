@@ -39,13 +39,13 @@ import numpy as np
 import onnx
 
 from qcli.analyze.confidence import z_of
-from qcli.analyze.decode import decode_step
 from qcli.analyze.fidelity import Fidelity, output_fidelity
 from qcli.analyze.kinds import Kind, OutputKind, cache_outputs, output_kinds
 from qcli.analyze.latency import Ratio, measure, paired, timed_inputs
 from qcli.analyze.margins import MarginPool
 from qcli.analyze.metrics import MARGIN_KINDS, FidelityAccumulator, TopKAccumulator, as_array
 from qcli.analyze.plugin import load_metric
+from qcli.analyze.predicted import served
 from qcli.analyze.size import weight_bytes
 from qcli.config import Verify
 from qcli.data import Batch, InputSpec
@@ -264,14 +264,19 @@ class Probe:
                 pools[name] = MarginPool(acc.margins.margins, acc.samples)
         return pools
 
-    def feeds(self) -> dict[str, np.ndarray]:
+    def _prompt(self) -> dict[str, np.ndarray]:
         """The first samples at the deployment's batch (1 by default; as they come when the
-        inputs do not batch), or a decoder's decode step after them (`served_feeds`): what
-        latency is predicted or timed on. Made once."""
+        inputs do not batch)."""
+        feeds, _ = timed_inputs(self.batches[0], self.inputs, self.deployment.batch if self.deployment else 1)
+        return feeds
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        """What latency is predicted or timed on: the first samples (`_prompt`), or a decoder's
+        decode step after them (qcli.analyze.predicted.served). Made once."""
         if self._feeds is None:
-            feeds, _ = timed_inputs(self.batches[0], self.inputs, self.deployment.batch if self.deployment else 1)
-            step = decode_step(self.float_model, feeds)
-            self._feeds, self._decodes = step or feeds, step is not None
+            prompt = self._prompt()
+            self._feeds = served(self.float_model, prompt)
+            self._decodes = self._feeds is not prompt
         return self._feeds
 
     @property
@@ -291,12 +296,14 @@ class Probe:
             ratio = self.deployment.predict(candidate, self.feeds()).us / self._reference_prediction().us
         return Ratio([round(ratio, 6)])
 
-    def take_prediction(self, feeds: dict[str, np.ndarray], prediction: Prediction) -> None:
-        """The float model's prediction made on `feeds` already (qcli.verify, while preparing):
-        kept when they are this probe's own (`feeds`), so it is not made again."""
-        own = self.feeds()
-        if own.keys() == feeds.keys() and all(np.array_equal(own[k], feeds[k]) for k in own):
-            self._reference = prediction
+    def take_prediction(self, prompt: dict[str, np.ndarray], feeds: dict[str, np.ndarray],
+                        prediction: Prediction) -> None:
+        """The float model's prediction made already (qcli.verify, while preparing) on `feeds`,
+        served after `prompt`: kept with them when `prompt` is this probe's own (`_prompt`), so
+        neither the decode step nor the prediction is made again."""
+        own = self._prompt()
+        if own.keys() == prompt.keys() and all(np.array_equal(own[k], prompt[k]) for k in own):
+            self._feeds, self._decodes, self._reference = feeds, feeds is not prompt, prediction
 
     def _reference_prediction(self) -> Prediction:
         """The float model's prediction, made once (its model and feeds never change)."""

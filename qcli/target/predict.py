@@ -4,7 +4,7 @@ same figure. Decisions read these; a measured latency is only ever reported besi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -49,5 +49,4 @@ def predict(model: onnx.ModelProto, feeds: dict[str, np.ndarray], profile: Profi
             threads: int | None = None) -> Prediction:
     """`model`'s predicted latency on `feeds` (one run) under `profile`."""
     ran = run(model, feeds, threads if threads is not None else profile.threads)
-    prediction = priced(ran.kernels, profile)
-    return Prediction(prediction.us, prediction.nodes, ran.weight_bytes)
+    return replace(priced(ran.kernels, profile), weight_bytes=ran.weight_bytes)
