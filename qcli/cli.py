@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import traceback
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -18,11 +17,26 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from qcli import __version__, render
 from qcli.clihelp import ClickStyleTyper
-from qcli.errors import QcliError
+from qcli.cliparts import (
+    BatchOpt,
+    ConfigOpt,
+    DebugOpt,
+    DropOpt,
+    ExecutorOpt,
+    JsonOpt,
+    MethodOpt,
+    PercentileOpt,
+    QuietOpt,
+    RayAddressOpt,
+    SamplesOpt,
+    SeqLenOpt,
+    StrictOpt,
+    WorkersOpt,
+    guard,
+)
 
 if TYPE_CHECKING:
     from qcli.commands import QuantizeRun
@@ -35,24 +49,6 @@ app = ClickStyleTyper(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-BAD_INPUT, INTERNAL_ERROR = 2, 3
-
-# Options shared by every command, declared once.
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout, nothing else.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
-DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")]
-ConfigOpt = Annotated[
-    str | None,
-    typer.Option("--config", help="YAML config file, or a preset: default, dynamic, tensorrt, accuracy, weights-int4, "
-                 "llm-int4, llm-int8, llm-mixed, llm-awq."),
-]
-DropOpt = Annotated[
-    float | None,
-    typer.Option("--max-accuracy-drop", help="Gate: largest allowed top-1 drop as a fraction (0.01 = 1 point)."),
-]
-StrictOpt = Annotated[bool, typer.Option("--strict", help="A config rule that matches nothing is an error.")]
-
 
 def _version(value: bool) -> None:
     if value:
@@ -67,38 +63,6 @@ def main(
     ] = False,
 ) -> None:
     """qcli: calibrate, quantize and analyze ONNX models."""
-
-
-def _guard(debug: bool, work: Callable[[], Any]) -> Any:
-    """Run `work`; map its errors to a message and an exit code (`--debug` adds the traceback)."""
-    try:
-        return work()
-    except (Exception, KeyboardInterrupt) as exc:
-        if debug:
-            sys.stderr.write(traceback.format_exc())
-        raise typer.Exit(_report(exc, debug)) from None
-
-
-def _report(exc: BaseException, debug: bool) -> int:
-    """Say on stderr what went wrong; the exit code: the error's own, 130 on Ctrl-C, else 3 (a bug)."""
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    if isinstance(exc, KeyboardInterrupt):
-        err.print("interrupted")
-        return 130
-    if isinstance(exc, MemoryError):  # a size the user chose (batch, samples) or a model beyond this machine
-        err.print("[bold red]error:[/bold red] out of memory", markup=True)
-        err.print("hint: lower --batch-size, --latency-batch or --samples, or run on a machine with more "
-                  "memory", markup=False)
-        return BAD_INPUT
-    if isinstance(exc, QcliError):
-        err.print(f"[bold red]error:[/bold red] {escape(exc.message)}", markup=True)
-        if exc.hint:
-            err.print(f"hint: {exc.hint}", markup=False)
-        return exc.exit_code
-    err.print(f"[bold red]internal error:[/bold red] {escape(f'{type(exc).__name__}: {exc}')}", markup=True)
-    report = "report the traceback above" if debug else "rerun with --debug and report the traceback"
-    err.print(f"hint: this is a bug in qcli; {report}", markup=False)
-    return INTERNAL_ERROR
 
 
 def _console(quiet: bool) -> Console:
@@ -135,34 +99,7 @@ def inspect(
         if "data" in info:
             render.data_info(console, info["data"])
 
-    _guard(debug, work)
-
-
-MethodOpt = Annotated[
-    str | None,
-    typer.Option("--method", help="Range method: minmax, percentile, kl or mse (config: calibration.method)."),
-]
-PercentileOpt = Annotated[
-    float | None, typer.Option("--percentile", help="Percentile for --method percentile (default 99.999).")
-]
-SamplesOpt = Annotated[int | None, typer.Option("--samples", help="Use the first N samples (default 256).")]
-BatchOpt = Annotated[int | None, typer.Option("--batch-size", help="Samples per inference batch (default 8).")]
-SeqLenOpt = Annotated[int | None, typer.Option(
-    "--seq-len", help="A text data folder's chunk length in tokens (default 128; config: data.seq_len).")]
-ExecutorOpt = Annotated[
-    str,
-    typer.Option("--executor", help="Where calibration and precision-search trials run: local (processes on "
-                 "this machine) or ray (a Ray cluster)."),
-]
-WorkersOpt = Annotated[
-    int | None,
-    typer.Option("--workers", help="Calibration shards (and search trials) run at once (local default 1; ray "
-                 "default: the cluster's CPUs)."),
-]
-RayAddressOpt = Annotated[
-    str | None,
-    typer.Option("--ray-address", help="Ray cluster to use (host:port or 'auto'; default: start a local one)."),
-]
+    guard(debug, work)
 
 
 def _progress(quiet: bool) -> Callable[..., Any]:
@@ -210,7 +147,7 @@ def calibrate(
         else:
             render.calibration(_console(quiet), doc)
 
-    _guard(debug, work)
+    guard(debug, work)
 
 
 @app.command()
@@ -292,7 +229,7 @@ def quantize(
         if (error := run.gate_error()) is not None:
             raise error
 
-    _guard(debug, work)
+    guard(debug, work)
 
 
 def _show_quantization(console: Console, run: QuantizeRun) -> None:
@@ -383,7 +320,7 @@ def analyze(
         if (error := result.gate_error()) is not None:
             raise error
 
-    _guard(debug, work)
+    guard(debug, work)
 
 
 @app.command("run")
@@ -421,7 +358,7 @@ def run_pipeline(
         if (error := run.gate_error()) is not None:
             raise error
 
-    _guard(debug, work)
+    guard(debug, work)
 
 
 config_app = ClickStyleTyper(help="Show, check and create YAML configs.", no_args_is_help=True)
@@ -443,7 +380,7 @@ def config_show(
         elif not quiet:
             sys.stdout.write(config_yaml(cfg))
 
-    _guard(debug, work)
+    guard(debug, work)
 
 
 @config_app.command("validate")
@@ -462,7 +399,7 @@ def config_validate(
         else:
             _console(quiet).print(f"{resolve_config(file)}: valid", markup=False)
 
-    _guard(debug, work)
+    guard(debug, work)
 
 
 @config_app.command("init")
@@ -484,7 +421,7 @@ def config_init(
         else:
             _console(quiet).print(f"wrote {output}", markup=False)
 
-    _guard(debug, work)
+    guard(debug, work)
 
 
 target_app = ClickStyleTyper(help="Measure and show target profiles (what latency decisions rest on).",
@@ -516,7 +453,7 @@ def target_measure(
                                   f"{doc['models']} micro-models in {doc['seconds']:.0f} s; use it with "
                                   f"`target: {doc['path']}`", markup=False)
 
-    _guard(debug, work)
+    guard(debug, work)
 
 
 @target_app.command("show")
@@ -536,7 +473,7 @@ def target_show(
         else:
             render.target_profile(_console(quiet), doc)
 
-    _guard(debug, work)
+    guard(debug, work)
 
 
 def run() -> None:

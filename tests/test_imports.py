@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("qcli.prepare", "qcli.calibrate", "qcli.plan", "qcli.qdq", "qcli.analyze", "qcli.precision",
           "qcli.verify", "qcli.commands", "qcli.cli")
 #: The only modules that import typer (the command line).
-TYPER = {"qcli.cli", "qcli.clihelp"}
+TYPER = {"qcli.cli", "qcli.clihelp", "qcli.cliparts"}
 
 
 def modules(package: str) -> dict[str, Path]:
