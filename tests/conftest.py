@@ -147,6 +147,15 @@ def residual(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def unfloored(tmp_path: Path) -> Path:
+    """A config with no latency floor, for tests of quantization's mechanics on models too small
+    for int8 to pay off on every target (whether it does is the profile's call, tested apart)."""
+    config = tmp_path / "unfloored.yaml"
+    config.write_text("version: 1\nverify: {max_latency_ratio: null}\n")
+    return config
+
+
+@pytest.fixture
 def residual_data(tmp_path: Path) -> Path:
     folder = tmp_path / "data"
     folder.mkdir()

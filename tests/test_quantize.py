@@ -18,9 +18,9 @@ def _outputs(path: Path, x: np.ndarray) -> np.ndarray:
     return make_session(path).run(None, {"x": x})[0]
 
 
-def test_residual_block_is_quantized_fused_and_close(cli, residual, residual_data, tmp_path) -> None:
+def test_residual_block_is_quantized_fused_and_close(cli, residual, residual_data, unfloored, tmp_path) -> None:
     out = tmp_path / "q.onnx"
-    doc = cli.json("quantize", residual, "-o", out, "--data", residual_data)
+    doc = cli.json("quantize", residual, "-o", out, "--data", residual_data, "--config", unfloored)
     assert doc["quantized"] == {"Conv": 2, "Add": 1, "Gemm": 1, "GlobalAveragePool": 1, "Flatten": 1}
     assert doc["folded"] == {"Relu": 2}
     assert doc["float"] == []
@@ -48,19 +48,19 @@ def test_residual_block_is_quantized_fused_and_close(cli, residual, residual_dat
 
 
 def test_output_is_deterministic_and_reproducible_from_the_calibration_file(
-    cli, residual, residual_data, tmp_path
+    cli, residual, residual_data, unfloored, tmp_path
 ) -> None:
     a, b, c = tmp_path / "a.onnx", tmp_path / "b.onnx", tmp_path / "c.onnx"
-    calib = tmp_path / "r.calib.json"
-    assert cli("quantize", residual, "-o", a, "--data", residual_data, "-q").exit_code == 0
-    assert cli("quantize", residual, "-o", b, "--data", residual_data, "-q").exit_code == 0
+    calib, config = tmp_path / "r.calib.json", ("--config", unfloored)
+    assert cli("quantize", residual, "-o", a, "--data", residual_data, *config, "-q").exit_code == 0
+    assert cli("quantize", residual, "-o", b, "--data", residual_data, *config, "-q").exit_code == 0
     assert a.read_bytes() == b.read_bytes()
     assert cli("calibrate", residual, "--data", residual_data, "-o", calib, "-q").exit_code == 0
-    assert cli("quantize", residual, "-o", c, "--calib", calib, "-q").exit_code == 0
+    assert cli("quantize", residual, "-o", c, "--calib", calib, *config, "-q").exit_code == 0
     assert c.read_bytes() == a.read_bytes()
     # switching the method from the stored histograms needs no data and changes the ranges
     d = tmp_path / "d.onnx"
-    assert cli("quantize", residual, "-o", d, "--calib", calib, "--method", "minmax", "-q").exit_code == 0
+    assert cli("quantize", residual, "-o", d, "--calib", calib, "--method", "minmax", *config, "-q").exit_code == 0
     assert d.read_bytes() != a.read_bytes()
 
 
@@ -88,9 +88,9 @@ def test_stale_calibration_file(cli, residual, residual_data, tmp_path) -> None:
     assert not (tmp_path / "q.onnx").exists()
 
 
-def test_already_quantized_model_refused(cli, residual, residual_data, tmp_path) -> None:
+def test_already_quantized_model_refused(cli, residual, residual_data, unfloored, tmp_path) -> None:
     q = tmp_path / "q.onnx"
-    cli("quantize", residual, "-o", q, "--data", residual_data, "-q")
+    assert cli("quantize", residual, "-o", q, "--data", residual_data, "--config", unfloored, "-q").exit_code == 0
     result = cli("quantize", q, "-o", tmp_path / "qq.onnx", "--data", residual_data)
     assert result.exit_code == 2
     assert "already quantized" in result.stderr
