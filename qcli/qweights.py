@@ -15,7 +15,7 @@ import onnx
 
 from qcli.plan import WeightPlan
 from qcli.runtime import SharedStore
-from qcli.scheme import PerBlock, choose_qparams, quantize
+from qcli.scheme import PerBlock, QuantScheme, choose_qparams, full_range, quantize
 
 Weight = tuple[np.ndarray, np.ndarray, np.ndarray]  # integers, scale, zero point
 _Arrays = TypeVar("_Arrays", bound=tuple)
@@ -108,21 +108,43 @@ def weight_qparams(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np
     values along `axis` (then shaped like the weight with that axis shortened)."""
     scheme, axis = plan.scheme, plan.axis
     if axis is None:
-        return choose_qparams(values.min(), values.max(), scheme.dtype, scheme.symmetric)
+        return _qparams(values, None, scheme)
     if isinstance(scheme.granularity, PerBlock):
         block = scheme.granularity.size
         if values.shape[axis] % block == 0:  # whole blocks: a view, no padded copy
-            blocks = _blocked(values, axis, block)
-            return choose_qparams(blocks.min(axis=axis + 1), blocks.max(axis=axis + 1), scheme.dtype, scheme.symmetric)
+            return _qparams(_blocked(values, axis, block), axis + 1, scheme)
         moved = np.moveaxis(values, axis, 0)
         size = moved.shape[0]
         count = -(-size // block)
         padded = np.pad(moved, [(0, count * block - size)] + [(0, 0)] * (moved.ndim - 1))
-        blocks = padded.reshape(count, block, *moved.shape[1:])
-        scale, zero = choose_qparams(blocks.min(axis=1), blocks.max(axis=1), scheme.dtype, scheme.symmetric)
+        scale, zero = _qparams(padded.reshape(count, block, *moved.shape[1:]), 1, scheme)
         return np.moveaxis(scale, 0, axis), np.moveaxis(zero, 0, axis)
-    other = tuple(a for a in range(values.ndim) if a != axis)
-    return choose_qparams(values.min(axis=other), values.max(axis=other), scheme.dtype, scheme.symmetric)
+    return _qparams(values, tuple(a for a in range(values.ndim) if a != axis), scheme)
+
+
+def _qparams(values: np.ndarray, reduce: int | tuple[int, ...] | None,
+             scheme: QuantScheme) -> tuple[np.ndarray, np.ndarray]:
+    """`choose_qparams` for each group of `values` over the axes `reduce`. A full-range scheme
+    (qcli.scheme.full_range: int4 -8..7) clips a value as large as the group's largest but of
+    the other sign by a step: each group then takes, of that scale and the symmetric one (int4:
+    the largest magnitude at 7), the one of least squared rounding error.
+
+    >>> from qcli.plan import WeightPlan
+    >>> w = np.array([[0.7, -0.7, 0.3, 0.1], [0.8, -0.1, 0.2, 0.4]], np.float32)  # two blocks
+    >>> s, _ = _qparams(w, 1, QuantScheme.of("int4", "per_block", True, 4))
+    >>> [round(float(v), 4) for v in s]  # 0.7 / 7: exact; 0.8 / -8: the finer step
+    [0.1, -0.1]
+    """
+    lo, hi = values.min(axis=reduce), values.max(axis=reduce)
+    scale, zero = choose_qparams(lo, hi, scheme.dtype, scheme.symmetric)
+    if not full_range(scheme.dtype, scheme.symmetric):
+        return scale, zero
+    narrow = np.maximum(-lo, hi).astype(np.float32) / np.float32(scheme.dtype.qmax)
+    narrow = np.where(narrow > 0, narrow, 1.0).astype(np.float32)
+    keep = (lambda a: np.expand_dims(a, reduce)) if reduce is not None else (lambda a: a)
+    errors = [np.square(values - quantize(values, keep(s), 0, scheme.dtype, None, True) * keep(s)).sum(axis=reduce)
+              for s in (scale, narrow)]
+    return np.where(errors[1] < errors[0], narrow, scale).astype(np.float32), zero
 
 
 def _blocked(values: np.ndarray, axis: int, block: int) -> np.ndarray:

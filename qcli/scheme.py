@@ -164,12 +164,25 @@ class QuantScheme:
 
 
 def integer_range(qdtype: QuantDtype, symmetric: bool) -> tuple[int, int]:
-    """The integers a scheme uses. Symmetric signed schemes drop the most negative value
-    (int8: -127..127) so that +r and -r are both exact: the convention of onnxruntime and
-    TensorRT, which the range solvers assume too."""
-    if symmetric and qdtype.signed:
+    """The integers a scheme uses. Symmetric signed schemes of 8 bits or more drop the most
+    negative value (int8: -127..127) so that +r and -r are both exact: the convention of
+    onnxruntime and TensorRT, which the range solvers assume too. Those of 4 bits or fewer
+    (weights only) use every integer (int4: -8..7) with a scale of either sign (`full_range`).
+
+    >>> integer_range(quant_dtype("int8"), True), integer_range(quant_dtype("int4"), True)
+    ((-127, 127), (-8, 7))
+    """
+    if symmetric and qdtype.signed and not full_range(qdtype, symmetric):
         return -qdtype.qmax, qdtype.qmax
     return qdtype.qmin, qdtype.qmax
+
+
+def full_range(qdtype: QuantDtype, symmetric: bool) -> bool:
+    """A symmetric signed type of 4 bits or fewer: its scale maps the value of largest magnitude,
+    of either sign, to the most negative integer (the scale is negative when that value is
+    positive), so a block has 16 levels rather than 15: onnxruntime's MatMulNBits quantizer
+    does the same (a weight's groups may keep -7..7's step instead: qcli.qweights._qparams)."""
+    return symmetric and qdtype.signed and qdtype.bits <= 4
 
 
 _TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
@@ -180,11 +193,11 @@ def choose_qparams(lo, hi, qdtype: QuantDtype, symmetric: bool) -> tuple[np.ndar
 
     The range is first widened to contain 0 (so that 0.0, i.e. padding and ReLU's floor, is
     exact). Symmetric: zero point 0 (signed) or the middle value (unsigned: 128 for uint8) and
-    scale = max|r| / (integers on the positive side). Asymmetric: scale = (hi - lo) / (qmax - qmin)
-    and zero point = round(qmin - lo / scale). A zero-width range gets scale 1 so that
-    dequantization still gives exact zeros; so does a range too narrow for a normal float32
-    scale (a user's range of denormals: onnxruntime's kernels fail on such scales). Works
-    elementwise on arrays (per-channel).
+    scale = max|r| / (integers on the positive side); 4 bits or fewer, signed: `full_range`.
+    Asymmetric: scale = (hi - lo) / (qmax - qmin) and zero point = round(qmin - lo / scale). A
+    zero-width range gets scale 1 so that dequantization still gives exact zeros; so does a
+    range too narrow for a normal float32 scale (a user's range of denormals: onnxruntime's
+    kernels fail on such scales). Works elementwise on arrays (per-channel).
 
     >>> s, z = choose_qparams(-1.0, 3.0, quant_dtype("uint8"), symmetric=False)
     >>> float(s), int(z)  # 4 / 255 per step, 0.0 -> 64
@@ -192,11 +205,17 @@ def choose_qparams(lo, hi, qdtype: QuantDtype, symmetric: bool) -> tuple[np.ndar
     >>> s, z = choose_qparams(-0.5, 2.54, quant_dtype("int8"), symmetric=True)
     >>> float(s), int(z)  # 2.54 / 127
     (0.019999999552965164, 0)
+    >>> s, z = choose_qparams(-0.5, 2.4, quant_dtype("int4"), symmetric=True)
+    >>> float(s), int(z)  # 2.4 -> -8: -0.3 per step
+    (-0.30000001192092896, 0)
     """
     lo = np.minimum(np.asarray(lo, dtype=np.float64), 0.0)
     hi = np.maximum(np.asarray(hi, dtype=np.float64), 0.0)
     qmin, qmax = integer_range(qdtype, symmetric)
-    if symmetric:
+    if full_range(qdtype, symmetric):
+        scale = np.where(hi >= -lo, hi, lo) / qmin  # the largest magnitude -> qmin exactly
+        zero = np.zeros_like(scale)
+    elif symmetric:
         amax = np.maximum(-lo, hi)
         if qdtype.signed:
             scale = amax / qmax
@@ -210,7 +229,7 @@ def choose_qparams(lo, hi, qdtype: QuantDtype, symmetric: bool) -> tuple[np.ndar
         with np.errstate(divide="ignore", invalid="ignore"):
             zero = np.where(scale >= _TINY, np.round(qmin - lo / np.where(scale >= _TINY, scale, 1)), qmin)
         zero = np.clip(zero, qmin, qmax)
-    scale = np.where(scale >= _TINY, scale, 1.0).astype(np.float32)
+    scale = np.where(np.abs(scale) >= _TINY, scale, 1.0).astype(np.float32)
     return scale, zero.astype(qdtype.numpy_dtype)
 
 

@@ -97,7 +97,7 @@ def test_already_quantized_model_refused(cli, residual, residual_data, unfloored
 
 
 def test_a_model_qcli_wrote_in_float_is_quantized_again_with_its_metadata_replaced(cli, residual, residual_data,
-                                                                                   tmp_path) -> None:
+                                                                                   unfloored, tmp_path) -> None:
     """Nothing quantized in the first run's model (weights only, folded): a second run with
     another config writes qcli's keys once, with the second run's values (the checker refuses
     duplicate keys: this was exit 3)."""
@@ -106,7 +106,7 @@ def test_a_model_qcli_wrote_in_float_is_quantized_again_with_its_metadata_replac
     q, qq = tmp_path / "q.onnx", tmp_path / "qq.onnx"
     assert cli("quantize", residual, "-o", q, "--data", residual_data, "--config", first, "-q").exit_code == 0
     assert not any(n.op_type == "QuantizeLinear" for n in onnx.load(str(q)).graph.node)
-    assert cli("quantize", q, "-o", qq, "--data", residual_data, "-q").exit_code == 0
+    assert cli("quantize", q, "-o", qq, "--data", residual_data, "--config", unfloored, "-q").exit_code == 0
     keys = [p.key for p in onnx.load(str(qq)).metadata_props]
     assert sorted(keys) == sorted(set(keys)) and "qcli.config" in keys
     config = json.loads(next(p.value for p in onnx.load(str(qq)).metadata_props if p.key == "qcli.config"))

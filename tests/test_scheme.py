@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from qcli.errors import ConfigError
-from qcli.scheme import Granularity, PerBlock, PerChannel, PerTensor, QuantScheme, granularity_of, quant_dtype
+from qcli.scheme import (
+    Granularity,
+    PerBlock,
+    PerChannel,
+    PerTensor,
+    QuantScheme,
+    choose_qparams,
+    dequantize,
+    granularity_of,
+    quant_dtype,
+    quantize,
+)
 
 
 def test_granularity_of_each_config_spelling() -> None:
@@ -50,3 +62,19 @@ def test_granularity_matches_by_type() -> None:
     assert [describe(granularity_of(n, 16)) for n in ("per_tensor", "per_channel", "per_block")] == [
         "per tensor", "per channel", "blocks of 16"
     ]
+
+
+def test_symmetric_int4_uses_all_sixteen_levels_with_the_largest_value_exact() -> None:
+    """The value of largest magnitude maps to -8 whatever its sign (a negative scale when it is
+    positive); the rest round on a step 7/8 of -7..7's, so the error falls."""
+    int4 = quant_dtype("int4")
+    block = np.array([[0.3, -0.1, 2.4, 0.9], [-1.6, 0.5, 1.0, -0.2]], np.float32)
+    scale, zero = choose_qparams(block.min(axis=1), block.max(axis=1), int4, symmetric=True)
+    assert scale.tolist() == pytest.approx([-0.3, 0.2]) and zero.tolist() == [0, 0]
+    q = quantize(block, scale, zero, int4, axis=0, symmetric=True)
+    assert q[0, 2] == -8 and q[1, 0] == -8 and q.min() >= -8 and q.max() <= 7
+    back = dequantize(q, scale, zero, axis=0)
+    assert back[0, 2] == pytest.approx(2.4) and back[1, 0] == pytest.approx(-1.6)
+    w = np.random.default_rng(0).standard_normal((256, 32)).astype(np.float32)
+    step = np.abs(choose_qparams(w.min(axis=1), w.max(axis=1), int4, symmetric=True)[0])
+    assert step == pytest.approx(np.abs(w).max(axis=1) / 8)  # -7..7's would be max / 7
