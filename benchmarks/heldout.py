@@ -8,6 +8,7 @@ the model (benchmarks/usermetrics.py) with its floor.
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py                    # every model (~25 min, 2 cores)
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --models magika ocr-rec
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --recovery bias_correction   # qcli with recovery steps
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --confidence 0.9   # verify.confidence
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --markdown   # the table also in benchmarks/results/heldout.md
 
 Models and their users' metric, float's outputs against the quantized model's on the held-out
@@ -233,13 +234,15 @@ class Row(NamedTuple):
     judgement: um.Judgement | None
 
 
-def row(name: str, work: Path, folds: int | None, method: str | None, recovery: list[str] | None = None) -> Row:
+def row(name: str, work: Path, folds: int | None, method: str | None, recovery: list[str] | None = None,
+        confidence: float | None = None) -> Row:
     model = MODELS[name].path
     folders = MODELS[name].write(work / "inputs")
     counts = ", ".join(f"{split} {len(list(folder.glob('*.np[yz]')))}" for split, folder in folders.items())
     out = work / f"{name}.onnx"
     config = None
-    verify = {**VERIFY.get(name, {}), **({"folds": folds} if folds is not None else {})}
+    verify = {**VERIFY.get(name, {}), **({"folds": folds} if folds is not None else {}),
+              **({"confidence": confidence} if confidence is not None else {})}
     if verify or method is not None or recovery is not None:
         config = work / "config.yaml"
         config.write_text("version: 1\n" + (f"verify: {json.dumps(verify)}\n" if verify else "")
@@ -276,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--folds", type=int, default=None, help="verify.folds for qcli (default: qcli's)")
+    parser.add_argument("--confidence", type=float, default=None,
+                        help="verify.confidence for qcli (default: qcli's): how sure a pass must be")
     parser.add_argument("--method", choices=["minmax", "percentile", "kl", "mse"], default=None,
                         help="calibration.method for qcli (default: qcli's)")
     parser.add_argument("--recovery", nargs="*", default=None,
@@ -297,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"(`make real-models`; Debian: apt-get install espeak-ng)[/yellow]")
                 continue
             began = time.perf_counter()
-            rows[name] = row(name, Path(tmp) / name, args.folds, args.method, args.recovery)
+            rows[name] = row(name, Path(tmp) / name, args.folds, args.method, args.recovery, args.confidence)
             table.add_row(*rows[name].cells, end_section=True)
             page.print(f"{name}: {time.perf_counter() - began:.0f} s")
     page.table(table)
