@@ -390,3 +390,41 @@ def test_a_weight_only_branches_read_is_stored_weight_only_and_the_if_is_a_unit(
         got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feed)[0]
         want = ort.InferenceSession(reference.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
         np.testing.assert_array_equal(got, want[0])
+
+
+def test_int4_blocks_with_negative_scales_run_fused_as_dequantizelinear_computes_them(cli, tmp_path: Path) -> None:
+    """Symmetric int4 puts each block's largest magnitude at -8, so a block whose largest value is
+    positive has a negative scale (qcli.scheme.full_range): MatMulNBits, which onnxruntime fuses
+    from DequantizeLinear + MatMul, must compute what DequantizeLinear does with them."""
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, 0.3, (64, 16)).astype(np.float32)
+    model = helper_model(w, tmp_path / "mm.onnx")
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\nverify: {enabled: false}\nactivations: {dtype: float}\n"
+                      "weights: {dtype: int4, symmetric: true, granularity: per_block, block_size: 32}\n")
+    out = tmp_path / "q.onnx"
+    data = normal_folder(tmp_path / "calib", 4, x=(64,))
+    assert cli("quantize", model, "-o", out, "--data", data, "--config", config).exit_code == 0
+    inits = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    scales = inits["w_scale"]
+    assert (scales < 0).any() and (scales > 0).any()
+    deq = inits["w_quantized"].astype(np.float32) * np.repeat(scales, 32, axis=0)  # [64, 16]
+    assert (np.abs(deq - w) <= np.repeat(np.abs(scales), 32, axis=0) + 1e-6).all()  # within its block's step
+    assert fused_op_counts(out, tmp_path)["MatMulNBits"] == 1
+    x = rng.normal(size=(3, 64)).astype(np.float32)
+    unfused = ort.SessionOptions()
+    unfused.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    plain = ort.InferenceSession(str(out), unfused, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    fused = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(fused, plain, rtol=0, atol=0.02 * np.abs(plain).max())  # int8 activations inside
+    np.testing.assert_allclose(plain, x @ deq, rtol=1e-5, atol=1e-5)
+
+
+def helper_model(w: np.ndarray, path: Path) -> Path:
+    """y = x @ w, x [N, K]."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], "mm",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", w.shape[0]])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", w.shape[1]])],
+        [numpy_helper.from_array(w, "w")])
+    return save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)]), path)
