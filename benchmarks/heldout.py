@@ -5,11 +5,14 @@ exit code and verdict, next to the held-out fidelity of the model it wrote, per 
 qcli's own kinds, floors and verdict rule (qcli.analyze.verdict), and by the users' metric of
 the model (benchmarks/usermetrics.py) with its floor.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/heldout.py                    # every model (~25 min, 2 cores)
+    PYTHONPATH=. .venv/bin/python benchmarks/heldout.py                    # every model (~17-25 min, 2 cores, 12 GB)
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --models magika ocr-rec
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --recovery bias_correction   # qcli with recovery steps
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --confidence 0.9   # verify.confidence
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --markdown   # the table also in benchmarks/results/heldout.md
+
+This process itself peaks at ~12 GB (the held-out samples' outputs of the larger models, held
+to score them): two runs at once on a 24 GB machine had one killed for memory.
 
 Models and their users' metric, float's outputs against the quantized model's on the held-out
 samples (which neither calibration nor verification read):
