@@ -11,8 +11,8 @@ the model (benchmarks/usermetrics.py) with its floor.
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --confidence 0.9   # verify.confidence
     PYTHONPATH=. .venv/bin/python benchmarks/heldout.py --markdown   # the table also in benchmarks/results/heldout.md
 
-This process itself peaks at ~12 GB (the held-out samples' outputs of the larger models, held
-to score them): two runs at once on a 24 GB machine had one killed for memory.
+This process itself peaked at 12.2 GB in a run at ede62f2 (sampled every 5 s; where, not traced
+yet): two runs at once on a 24 GB machine had one killed for memory.
 
 Models and their users' metric, float's outputs against the quantized model's on the held-out
 samples (which neither calibration nor verification read):
