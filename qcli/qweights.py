@@ -139,8 +139,7 @@ def _qparams(values: np.ndarray, reduce: int | tuple[int, ...] | None,
     scale, zero = choose_qparams(lo, hi, scheme.dtype, scheme.symmetric)
     if not full_range(scheme.dtype, scheme.symmetric):
         return scale, zero
-    narrow = np.maximum(-lo, hi).astype(np.float32) / np.float32(scheme.dtype.qmax)
-    narrow = np.where(narrow > 0, narrow, 1.0).astype(np.float32)
+    narrow, _ = choose_qparams(lo, hi, scheme.dtype, scheme.symmetric, full=False)
     keep = (lambda a: np.expand_dims(a, reduce)) if reduce is not None else (lambda a: a)
     errors = [np.square(values - quantize(values, keep(s), 0, scheme.dtype, None, True) * keep(s)).sum(axis=reduce)
               for s in (scale, narrow)]

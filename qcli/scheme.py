@@ -188,12 +188,13 @@ def full_range(qdtype: QuantDtype, symmetric: bool) -> bool:
 _TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 
 
-def choose_qparams(lo, hi, qdtype: QuantDtype, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+def choose_qparams(lo, hi, qdtype: QuantDtype, symmetric: bool, full: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Scale (float32) and zero point (qdtype's numpy type) mapping [lo, hi] onto the integers.
 
     The range is first widened to contain 0 (so that 0.0, i.e. padding and ReLU's floor, is
     exact). Symmetric: zero point 0 (signed) or the middle value (unsigned: 128 for uint8) and
-    scale = max|r| / (integers on the positive side); 4 bits or fewer, signed: `full_range`.
+    scale = max|r| / (integers on the positive side); 4 bits or fewer, signed: `full_range`
+    (`full=False`: the positive side's step instead, int4's largest magnitude at 7).
     Asymmetric: scale = (hi - lo) / (qmax - qmin) and zero point = round(qmin - lo / scale). A
     zero-width range gets scale 1 so that dequantization still gives exact zeros; so does a
     range too narrow for a normal float32 scale (a user's range of denormals: onnxruntime's
@@ -212,7 +213,7 @@ def choose_qparams(lo, hi, qdtype: QuantDtype, symmetric: bool) -> tuple[np.ndar
     lo = np.minimum(np.asarray(lo, dtype=np.float64), 0.0)
     hi = np.maximum(np.asarray(hi, dtype=np.float64), 0.0)
     qmin, qmax = integer_range(qdtype, symmetric)
-    if full_range(qdtype, symmetric):
+    if full and full_range(qdtype, symmetric):
         scale = np.where(hi >= -lo, hi, lo) / qmin  # the largest magnitude -> qmin exactly
         zero = np.zeros_like(scale)
     elif symmetric:

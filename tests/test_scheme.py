@@ -78,3 +78,16 @@ def test_symmetric_int4_uses_all_sixteen_levels_with_the_largest_value_exact() -
     w = np.random.default_rng(0).standard_normal((256, 32)).astype(np.float32)
     step = np.abs(choose_qparams(w.min(axis=1), w.max(axis=1), int4, symmetric=True)[0])
     assert step == pytest.approx(np.abs(w).max(axis=1) / 8)  # -7..7's would be max / 7
+
+
+def test_int4_blocks_of_denormals_get_a_scale_of_one_from_either_candidate() -> None:
+    """A block too narrow for a normal float32 scale gets scale 1 (onnxruntime's kernels fail on
+    denormal scales), whichever of the full-range and -7..7 scales the block keeps."""
+    from qcli.plan import WeightPlan
+    from qcli.qweights import weight_qparams
+
+    w = np.full((32, 2), 1e-39, np.float32)
+    w[:, 1] = np.linspace(-1, 1, 32)
+    scale, zero = weight_qparams(w, WeightPlan("w", QuantScheme.of("int4", "per_block", True, 32), 0))
+    # -1 and 1 both in the block: -8..7 would clip one of them, so it keeps -7..7's step
+    assert scale[0, 0] == 1.0 and scale[0, 1] == pytest.approx(1 / 7) and zero.tolist() == [[0, 0]]
