@@ -69,15 +69,20 @@ def compare(original: Path, model: Path, calib: Path, profiles: list[str]) -> tu
     from qcli.analyze.latency import measure, paired, timed_inputs
     from qcli.data import DataFolder, model_inputs
     from qcli.runtime import make_session
-    from qcli.target import predict, resolve
+    from qcli.target import resolve
+    from qcli.target.executed import run
+    from qcli.target.predict import priced
 
     float_model, candidate = onnx.load(original), onnx.load(model)
     specs = model_inputs(float_model)
     feeds, _ = timed_inputs(next(DataFolder(calib, specs).batches(1)), specs, 1)
-    predicted = []
+    predicted, kernels = [], {}  # what onnxruntime runs, read once per thread count (qcli.target.predict)
     for spec in profiles:
         profile, _ = resolve(spec)
-        predicted.append(predict(candidate, feeds, profile).us / predict(float_model, feeds, profile).us)
+        if profile.threads not in kernels:
+            kernels[profile.threads] = [run(m, feeds, profile.threads).kernels for m in (float_model, candidate)]
+        f, q = kernels[profile.threads]
+        predicted.append(priced(q, profile).us / priced(f, profile).us)
     measured = []
     for _ in range(PAIRS):
         a, b = make_session(float_model, timing=True), make_session(candidate, timing=True)
