@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 
 from qcli.errors import InternalError
+from qcli.graph import names_used_inside
 from qcli.lazy import tensor_array
 from qcli.plan import Plan
 from qcli.rules import rule_for
@@ -24,7 +25,10 @@ def drop_redundant_clips(
     when the zero point is the type's minimum (negative x saturate to it, as 0 does). This is
     what onnxruntime does with them when it fuses the group; dropping them here also leaves the
     file one node (and one tensor) smaller. Kept: a Relu/Clip whose input or output something
-    else reads (a graph output, an excluded node that reads the float value, another reader).
+    else reads (a graph output, an excluded node or data movement left float that reads the
+    float value, a control-flow body reading it by name, another reader): Silero VAD's If
+    bodies read its encoder's last Relu, unclipped when it was dropped (output noise 14.5 x the
+    signal, against 0.012 kept).
     `graph` is the rewired one (its readers are counted as they are now), `producer` the float
     graph's.
     """
@@ -34,12 +38,15 @@ def drop_redundant_clips(
     for node in graph.node:
         for name in node.input:
             reads[name] = reads.get(name, 0) + 1
-    excluded_reads = {name for i in plan.keep_float for name in graph.node[i].input}
+    # what still reads a quantized tensor by its float name once the readers are rewired: excluded
+    # nodes, data movement left float, and control-flow bodies (by outer-scope name): they read
+    # the Relu/Clip's own output, which dropping it would leave unclipped
+    float_reads = set(reads) | {name for node in graph.node for name in names_used_inside(node)}
     dropped: set[int] = set()
     for group in plan.groups:
         for t in group.tensors:
             i = producer[t][0] if t in producer else None
-            if i not in folded or t in graph_outputs or t in excluded_reads:
+            if i not in folded or t in graph_outputs or t in float_reads:
                 continue
             node = graph.node[i]
             source = node.input[0]

@@ -9,12 +9,13 @@ Empty names (an omitted optional input or output) are not tensors and are not in
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import onnx
 
-from qcli.errors import ModelError
+from qcli.errors import InternalError, ModelError
 
 
 @dataclass(frozen=True)
@@ -185,3 +186,30 @@ def _shell(model: onnx.ModelProto, out: onnx.ModelProto) -> None:
     out.opset_import.extend(model.opset_import)
     out.functions.extend(model.functions)
     out.graph.name = model.graph.name
+
+
+def toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
+    """Stable topological order: among ready nodes, the earliest in `nodes` goes first."""
+    produced = {o for n in nodes for o in n.output}
+    needs: list[set[str]] = []
+    waiting: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        inputs = {n for n in node.input if n} | set(names_used_inside(node))
+        missing = {n for n in inputs if n in produced and n not in available}
+        needs.append(missing)
+        for n in missing:
+            waiting.setdefault(n, []).append(i)
+    ready = [i for i, m in enumerate(needs) if not m]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for out in nodes[i].output:
+            for j in waiting.pop(out, []):
+                needs[j].discard(out)
+                if not needs[j]:
+                    heapq.heappush(ready, j)
+    if len(order) != len(nodes):
+        raise InternalError("the graph has a cycle")
+    return order

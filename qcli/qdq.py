@@ -31,7 +31,6 @@ first), so the output is deterministic.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -44,7 +43,7 @@ from qcli.clips import drop_redundant_clips
 from qcli.dynamic import dynamic_edits
 from qcli.errors import InternalError
 from qcli.gates import integer_gates
-from qcli.graph import GraphIndex, names_used_inside
+from qcli.graph import GraphIndex, names_used_inside, toposort
 from qcli.lazy import tensor_array
 from qcli.model import without_initializers
 from qcli.plan import BiasPlan, Group, Plan, WeightPlan
@@ -96,7 +95,7 @@ def materialize(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = N
         shared = memo.shared = memo.shared or SharedStore()
     _drop_unread_initializers(graph, source.inits, old_nodes, edits, shared=shared)
     _import_contrib_domain(out, edits.nodes)
-    nodes = _toposort([*old_nodes, *edits.nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
+    nodes = toposort([*old_nodes, *edits.nodes], {i.name for i in graph.input} | {t.name for t in graph.initializer})
     del graph.node[:]
     graph.node.extend(nodes)
     integer_gates(graph, {t for g in plan.groups if g.scheme.symmetric for t in g.tensors})
@@ -456,30 +455,3 @@ def packed(values: np.ndarray, bits: int) -> bytes:
     for k in range(per):
         out |= low[k::per] << (k * bits)
     return out.tobytes()
-
-
-def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
-    """Stable topological order: among ready nodes, the earliest in `nodes` goes first."""
-    produced = {o for n in nodes for o in n.output}
-    needs: list[set[str]] = []
-    waiting: dict[str, list[int]] = {}
-    for i, node in enumerate(nodes):
-        inputs = {n for n in node.input if n} | set(names_used_inside(node))
-        missing = {n for n in inputs if n in produced and n not in available}
-        needs.append(missing)
-        for n in missing:
-            waiting.setdefault(n, []).append(i)
-    ready = [i for i, m in enumerate(needs) if not m]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(nodes[i])
-        for out in nodes[i].output:
-            for j in waiting.pop(out, []):
-                needs[j].discard(out)
-                if not needs[j]:
-                    heapq.heappush(ready, j)
-    if len(order) != len(nodes):
-        raise InternalError("the quantized graph has a cycle")
-    return order
