@@ -155,15 +155,8 @@ def quantize(
     work, table, smoothed, scaled = recover(prepared.model, config, table)
     notes = list(prepared.notes)
     index = GraphIndex.of(work)
-    plan = make_plan(work, config, index=index)
-    check_unmatched(plan, strict)
-    if _per_block(plan) and opset_version(work) < BLOCK_OPSET:
-        raise ValueError(f"per-block weights need the model prepared at opset {BLOCK_OPSET}: "
-                         "pass prepare_for(model, config)")
+    plan = plan_for(work, config, table, index=index, strict=strict, restrict=restrict)
     settings = RangeSettings.of(config)
-    assign_ranges(plan, work, table, settings)
-    if restrict is not None:
-        plan = restrict(plan, work)
     recovery = {**prepared.recovery, **smoothed}
     source = correct_biases(work, plan, config, table, recovery, notes)
     memo = prepared.quantized if reused and source is prepared.model else None  # weights changed: no memo
@@ -192,6 +185,19 @@ def quantize(
     notes += plan.notes
     notes += [f"warning: config rule {text}" for text in plan.unmatched]
     return QuantizeResult(out, plan, notes, recovery, work, half)
+
+
+def plan_for(work: onnx.ModelProto, config: Config, table: CalibrationTable, *, index: GraphIndex | None = None,
+             strict: bool = False, restrict: Callable[[Plan, onnx.ModelProto], Plan] | None = None) -> Plan:
+    """The plan of `work` (the graph the build edits) under `config`, its ranges from `table`:
+    what `quantize` materializes, and what the simulation is fed (qcli.simulation)."""
+    plan = make_plan(work, config, index=index)
+    check_unmatched(plan, strict)
+    if _per_block(plan) and opset_version(work) < BLOCK_OPSET:
+        raise ValueError(f"per-block weights need the model prepared at opset {BLOCK_OPSET}: "
+                         "pass prepare_for(model, config)")
+    assign_ranges(plan, work, table, RangeSettings.of(config))
+    return restrict(plan, work) if restrict is not None else plan
 
 
 def recovery_channels(work: onnx.ModelProto, config: Config, plan: Plan) -> dict[str, int]:

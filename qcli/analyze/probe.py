@@ -53,6 +53,7 @@ from qcli.errors import DataError
 from qcli.executor import cores
 from qcli.phases import phase
 from qcli.runtime import make_session
+from qcli.simulation import Simulated
 from qcli.target.predict import Prediction
 
 PROFILE_RUNS = (5, 20)  # profiled runs per node-time profile: at least, at most
@@ -150,12 +151,13 @@ class Probe:
         """The folds this probe's batches come from ([0] when it is not folded)."""
         return sorted(set(self.folds)) if self.folds is not None else [0]
 
-    def measure(self, candidate: onnx.ModelProto | Callable[[int], onnx.ModelProto],
+    def measure(self, candidate: onnx.ModelProto | Callable[[int], onnx.ModelProto] | Simulated,
                 stop_below: float | None = None) -> Fidelity:
         """`candidate` compared with the float model on every batch; folded (`folds`): a
         function giving the candidate of each fold, each run on its own fold's batches (the
         folds one after another: one fold's model and session in memory at a time), into one
-        set of figures. `stop_below`: an agreement floor; the batches stop once a top-1 or
+        set of figures; or `Simulated`: run on the simulation, fed each fold's inputs
+        (qcli.simulation). `stop_below`: an agreement floor; the batches stop once a top-1 or
         sequence output has changed so many samples that its agreement over all of them must
         end below it (a miss by the verdict rule, qcli.analyze.verdict), and the figures are
         those of the samples compared so far."""
@@ -190,7 +192,7 @@ class Probe:
             custom=custom.result() if custom is not None else None,
         )
 
-    def _outputs(self, candidate: onnx.ModelProto | Callable[[int], onnx.ModelProto],
+    def _outputs(self, candidate: onnx.ModelProto | Callable[[int], onnx.ModelProto] | Simulated,
                  ) -> Iterator[tuple[int, list[np.ndarray]]]:
         """(batch index, the candidate's outputs) for every batch, in order: the batches of one
         fold on that fold's session (one session in memory at a time; one model, as a
@@ -198,16 +200,22 @@ class Probe:
         (the first on this thread, the others on a pool's), each on one core: sessions of one
         thread give the same bits as one of several threads, and per-batch threads use 2 cores
         better than onnxruntime's intra-op threads on small batches (`parallel_runs`)."""
-        folds = self.folds if self.folds is not None and callable(candidate) else [0] * len(self.batches)
+        per_fold = callable(candidate) or isinstance(candidate, Simulated)
+        folds = self.folds if self.folds is not None and per_fold else [0] * len(self.batches)
         parallel = parallel_runs(self.threads)
         for fold, members in itertools.groupby(range(len(self.batches)), key=lambda j: folds[j]):
             group = list(members)
-            model = candidate(fold) if callable(candidate) else candidate
-            session = make_session(model, 1 if parallel > 1 and len(group) > 1 else self.threads, pass_only=True)
+            if isinstance(candidate, Simulated):  # one session for every trial: switches and scales fed
+                session, extra = candidate.session, candidate.feeds(fold)
+            else:
+                model = candidate(fold) if callable(candidate) else candidate
+                session = make_session(model, 1 if parallel > 1 and len(group) > 1 else self.threads, pass_only=True)
+                extra = {}
             for w in range(0, len(group), parallel):
                 window = group[w: w + parallel]
-                runs = [_pool().submit(session.run, self.names, self.batches[j].inputs) for j in window[1:]]
-                raws = [session.run(self.names, self.batches[window[0]].inputs), *(r.result() for r in runs)]
+                feeds = [{**self.batches[j].inputs, **extra} for j in window]
+                runs = [_pool().submit(session.run, self.names, f) for f in feeds[1:]]
+                raws = [session.run(self.names, feeds[0]), *(r.result() for r in runs)]
                 for j, raw in zip(window, raws, strict=True):
                     yield j, [as_array(v) for v in raw]
             session = None  # freed before the next fold's is made

@@ -36,9 +36,11 @@ from qcli.config import Config
 from qcli.dynamic import NODE_SUFFIXES, QUANTIZER_SUFFIX
 from qcli.errors import CalibrationError, InternalError, ModelError
 from qcli.phases import phase
+from qcli.precision.simulated import Simulator
 from qcli.precision.units import PROMOTIONS, Choices, Costs, Unit, alone, find_units, promoted_config
 from qcli.prepare import PrepareResult
 from qcli.runtime import inlined
+from qcli.simulation import Simulated
 
 if TYPE_CHECKING:
     from qcli.quantize import QuantizeResult
@@ -91,6 +93,7 @@ class Trials:
     quick_probe: Probe | None = None  # a few of the probe's samples, for ranking
     executor: Any = None  # qcli.executor: independent trials run on its workers
     force: bool = False  # prepare's --force, for workers that prepare the model again
+    simulate: bool = False  # quick trials on the simulation where it emulates them (qcli.precision.simulated: off)
     # The caches: not init fields, so `dataclasses.replace` (another config's trials) starts empty
     _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict, init=False)
     _latency: dict[frozenset, tuple[Ratio, int]] = field(default_factory=dict, init=False)  # ratio, timings
@@ -100,6 +103,7 @@ class Trials:
     _same: dict[tuple[bytes, bool], tuple] = field(default_factory=dict, init=False)  # (digest, quick) -> key
     _digests: dict[tuple, bytes | None] = field(default_factory=dict, init=False)  # fidelity key -> model digest
     _stopped: set[tuple] = field(default_factory=set, init=False)  # fidelity keys measured in part (`fidelity`)
+    _simulator: Simulator | bool = field(default=False, init=False)  # False: not asked yet; True: none
 
     def __post_init__(self) -> None:
         self.started = time.monotonic()
@@ -179,14 +183,21 @@ class Trials:
         if key not in self._fidelity:
             try:
                 probe = self.quick_probe if quick and self.quick_probe is not None else self.probe
-                models, built, digest = self.measured(choices, probe)
-                kept = {d.name for d in built().plan.nodes if d.quantized and not d.reason}
-                demoted = sum(1 for u in self.units if u.node not in kept)
+                simulator = self.simulator() if quick else None
+                simulated = simulator.candidate(choices.unit if isinstance(choices, Alone) else choices, probe) \
+                    if simulator is not None else None
+                candidate: Simulated | onnx.ModelProto | Callable[[int], onnx.ModelProto]
+                if simulated is not None:
+                    candidate, demoted, digest = simulated
+                else:
+                    candidate, built, digest = self.measured(choices, probe)
+                    kept = {d.name for d in built().plan.nodes if d.quantized and not d.reason}
+                    demoted = sum(1 for u in self.units if u.node not in kept)
                 if (digest, quick) in self._same:  # no trial: the model was measured (module docstring)
                     self._record(key, None, demoted, digest)
                     return self._fidelity[key]
-                with built_by_qcli(), phase("measure"):
-                    f = probe.measure(models, stop_below)
+                with built_by_qcli(), phase("simulate" if simulated is not None else "measure"):
+                    f = probe.measure(candidate, stop_below)
                 stopped = any(o.samples < probe.samples for o in f.outputs)
                 self._record(key, f, demoted, None if stopped else digest)
                 if stopped:
@@ -196,6 +207,15 @@ class Trials:
             if self.progress is not None:
                 self.progress(1)
         return self._fidelity[key]
+
+    def simulator(self) -> Simulator | None:
+        """The search's simulation, built on the all-int8 candidate when first asked for; None
+        when it is off or would not compute what the builds write."""
+        if self._simulator is False:
+            built = Simulator.of(self.prepared, self.config, self.table, self.units, self.build({}),
+                                 self.probe.threads) if self.simulate else None
+            self._simulator = built or True
+        return self._simulator if isinstance(self._simulator, Simulator) else None
 
     def _record(self, key: tuple, f: Fidelity | None, demoted: int | None, digest: bytes | None) -> None:
         """A candidate's measurement (`demoted`: the units it leaves unquantized; `digest`: its
