@@ -1,9 +1,11 @@
 """Weights only control flow reads, stored weight-only (docs/guides/quantization.md).
 
-Under float activations (weight-only quantization), a main-graph initializer that an If, Loop
-or Scan body reads from the outer scope at a weight input of a node with a weight rule (the LSTM
-in Silero VAD's If branches: `rules.weight_only_rule`), directly or through data movement
-(`MOVES`), is stored as 8- or 16-bit integers too:
+A main-graph initializer that an If, Loop or Scan body reads from the outer scope at a weight
+input of a node with a weight rule (the LSTM in Silero VAD's If branches:
+`rules.weight_only_rule`), directly or through data movement (`MOVES`), is stored as 8- or
+16-bit integers too, under static int8 as under weight-only (the body computes in float
+either way; until 2026-12 only weight-only configs stored them, so a static model kept them
+float and came out 1.16x smaller, not 1.79x: Silero VAD):
 its folded value (Cast, Mul, folded at load) takes the weight's own name (qcli/qdq.py), so the
 body computes in float from it as before. The control-flow node owns those weights: an override
 selecting it sets their scheme (`precision: float` keeps them float), and auto-precision weighs
@@ -29,8 +31,6 @@ from qcli.scheme import PerChannel, PerTensor, QuantScheme
 
 def control_flow_weights(ctx: Context, planned: Collection[str]) -> dict[int, dict[str, WeightPlan]]:
     """Control-flow node -> the weights only its bodies read (not in `planned`), with their plans."""
-    if ctx.config.activations.dtype != "float":
-        return {}
     out: dict[int, dict[str, WeightPlan]] = {}
     seen = set(planned)
     for i, node in enumerate(ctx.index.graph.node):
