@@ -79,7 +79,7 @@ class Simulation:
         for w, wp in weights.items():
             b.weight(w, wp, ("qdq", wp), b.index.read_at.get(w, ()))
         for i, wp in tables.items():
-            b.weight(f"{wp.name}.gather{i}", wp, ("dynamic", wp), [(i, 0)], source=wp.name)
+            b.weight(_table_name(wp, i), wp, ("dynamic", wp), [(i, 0)], source=wp.name)
         biases = {f"bias {key}": bp for key, bp in plan.biases.items() if bp.weight in weights}
         for key, bp in biases.items():
             b.bias(key, bp, weights[bp.weight])
@@ -115,8 +115,12 @@ class Simulation:
             return None
         on = np.zeros(len(self.switches), bool)
         for (name, i, _), k in self.switches.items():
-            on[k] = i in nodes and (name in plan.weights or (name in biases and i in biases[name].nodes)) or (
-                name.endswith(f".gather{i}") and i in tables)
+            if i in tables and name == _table_name(tables[i], i):  # the Gather's int8 table
+                on[k] = True
+            elif name in biases:
+                on[k] = i in nodes and i in biases[name].nodes
+            else:
+                on[k] = i in nodes and name in plan.weights
         return {SWITCHES: on, SCALES: rows[:, 0].copy(), LOW: rows[:, 1].copy(), HIGH: rows[:, 2].copy()}
 
     def _reads_quantized(self, t: str, i: int, g: Group, plan: Plan, nodes: set[int]) -> bool:
@@ -259,6 +263,11 @@ def _weights(index: GraphIndex, plan: Plan) -> dict[str, WeightPlan]:
 def _tables(plan: Plan) -> dict[int, WeightPlan]:
     """The int8 embedding tables of the plan's `gather` nodes (qcli/dynamic.py)."""
     return {i: d.weights[0] for i, d in plan.dynamic.items() if d.form == "gather"}
+
+
+def _table_name(wp: WeightPlan, i: int) -> str:
+    """The name the int8 table of Gather node `i` is switched under (its weight's is its own)."""
+    return f"{wp.name}.gather{i}"
 
 
 def _bias_quant(b: str, y: str, input_scale: str) -> list[onnx.NodeProto]:

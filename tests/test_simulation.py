@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from conftest import normal_folder, parse_model, save, write_npz
-from qcli.config import load_config, parse_config
+from qcli.config import load_config
 from qcli.data import DataFolder, model_inputs
 from qcli.errors import CalibrationError
 from qcli.plan import make_plan
@@ -48,10 +48,9 @@ def _unfused(model: onnx.ModelProto) -> ort.InferenceSession:
 
 
 class _Setup:
-    def __init__(self, path: Path, data: Path, config_text: str | None = None) -> None:
+    def __init__(self, path: Path, data: Path) -> None:
         self.model = onnx.load(str(path))
-        self.config = parse_config(__import__("yaml").safe_load(config_text), "test") if config_text \
-            else load_config(None)
+        self.config = load_config(None)
         self.prepared = prepare_for(self.model, self.config)
         folder = DataFolder(data, model_inputs(self.model), reading=self.config.data.reading)
         self.table = calibrate(self.model, folder, self.config, prepared=self.prepared, methods=("mse",))
