@@ -438,16 +438,30 @@ def target_measure(
     name: Annotated[str | None, typer.Option("--name", help="The profile's name (default: this CPU's ISA).")] = None,
     batch: Annotated[int, typer.Option("--batch", help="The batch the model is served at: the micro-models run at "
                                        "it (pair it with `target: {batch: B}`).", min=1)] = 1,
+    model: Annotated[Path | None, typer.Option("--model", help="Calibrate --from's profile on this model instead: "
+                                               "it and its all-int8 model timed here (needs --data).")] = None,
+    data: Annotated[Path | None, typer.Option("--data", help="With --model: a data folder (calibrates the int8 "
+                                              "model; its first sample is timed).")] = None,
+    config: Annotated[str | None, typer.Option("--config", help="With --model: the config the int8 model is "
+                                               "written with (and its target.batch, target.threads).")] = None,
+    base: Annotated[str, typer.Option("--from", help="With --model: the profile to calibrate (auto, a shipped "
+                                      "name or a file).")] = "auto",
     json_out: JsonOpt = False, quiet: QuietOpt = False, debug: DebugOpt = False,
 ) -> None:
     """Measure this machine's kernel costs into a target profile (run it on the deployment CPU)."""
 
     def work() -> None:
-        from qcli.commands import measure_target
+        from qcli.commands import calibrate_target, measure_target
 
-        doc = measure_target(output, threads, name, batch, progress=_progress(quiet or json_out))
+        if model is not None:
+            doc = calibrate_target(model, data, output, base, config, name, progress=_progress(quiet or json_out))
+        else:
+            doc = measure_target(output, threads, name, batch, progress=_progress(quiet or json_out))
         if json_out:
             _print_json(doc)
+        elif model is not None:
+            _console(quiet).print(f"wrote {doc['path']}: {doc['said']}; use it with `target: {doc['path']}`",
+                                  markup=False)
         else:
             _console(quiet).print(f"wrote {doc['path']}: {doc['name']}, {doc['entries']} kernel entries from "
                                   f"{doc['models']} micro-models in {doc['seconds']:.0f} s; use it with "

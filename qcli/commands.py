@@ -350,3 +350,42 @@ def measure_target(output: Path | None, threads: int | None, name: str | None, b
     write_text_atomic(check_writable(path, "the target profile"), dump(profile))
     return {"path": str(path), "name": profile.name, "entries": len(profile.kernels), "models": models,
             "seconds": round(time.perf_counter() - start, 1), "threads": profile.threads, "batch": profile.batch}
+
+
+def calibrate_target(model: Path, data: Path | None, output: Path | None, base: str = "auto",
+                     config: str | None = None, name: str | None = None, *,
+                     progress: ProgressFactory = no_progress) -> dict:
+    """`qcli target measure --model`: `base` calibrated on `model` and the model `config`
+    writes from it with verification off, both timed here on `data`'s first sample at the
+    config's `target.batch` (qcli.target.calibrated), written atomically to `output` (default
+    ./MODEL.target.json); what was written."""
+    from qcli.analyze.latency import timed_inputs
+    from qcli.target.calibrated import PAIRS, calibrate
+    from qcli.target.measure import dump
+    from qcli.target.profile import resolve
+
+    start = time.perf_counter()
+    if data is None:
+        raise QcliError("--model needs --data DIR: the int8 model is calibrated on it and its first sample timed")
+    output = check_writable(output or Path(f"{model.stem}.target.json"), "the target profile")
+    profile, _ = resolve(base)
+    given = load_model(model)
+    cfg = load_config(config).merged(verify={"enabled": False}, auto_precision={"enabled": False},
+                                     calibration={"samples": 16})  # ranges do not change which kernels run
+    with progress("quantizing (all int8)", 1) as advance:
+        int8 = quantize_checked(Owned(load_model(model)), cfg, data=data).result.model
+        advance(1)
+    specs = model_inputs(given)
+    first = next(iter(DataFolder(data, specs, reading=cfg.data.reading).batches(1)))
+    feeds, batch = timed_inputs(first, specs, cfg.target.batch)
+    with progress("timing the file and its all-int8 model", PAIRS, unit="session pairs") as advance:
+        found = calibrate(profile, given, int8, feeds, name or f"{profile.name}+{model.stem}", model.name, advance,
+                          cfg.target.threads, batch)
+    write_text_atomic(output, dump(found))
+    assert found.calibration is not None
+    c = found.calibration
+    said = (f"{found.name}, float kernels x{c.factors['float']:g}, int8 kernels x{c.factors['int8']:g} ({c.model} "
+            f"timed {c.measured_ms['float']:g} ms, all int8 {c.measured_ms['int8']:g} ms)")
+    said += f"; {c.note}" if c.note else ""
+    return {"path": str(output), "name": found.name, **c.model_dump(), "said": said,
+            "seconds": round(time.perf_counter() - start, 1)}

@@ -127,22 +127,23 @@ def quantize_checked(
         raise bias_needs_data()
     ap, vf = config.auto_precision, config.verify
     check_outputs(model, vf.outputs)
-    if vf.enabled or ap.enabled:
-        Deployment.of(config)  # a target profile that cannot be had: refused before the work
+    kept: list[str] = []  # notes on the target and the preparation
+    if vf.enabled or ap.enabled:  # a target profile that cannot be had: refused before the work
+        kept += [said] if (said := Deployment.of(config).elsewhere(model)) else []
     if vf.metric and (vf.enabled or ap.enabled):
         load_metric(vf.metric)  # an import error before the work, not after calibration
     inputs = model_inputs(model)
     plan = plan_samples(data, eval_data, config, inputs)
     with phase("prepare"):
         prepared = prepare_for(model, config, force=force)
-        kept: list[str] = []
         predicted = None  # the float model's prediction, its feeds and their prompt, for the probe to take over
         if table is None and plan.verify_path is not None and _floor_predicted(config):
             deployment, prompt = Deployment.of(config), deployment_feeds(model, plan, inputs, config)
             with phase("predict"):
                 feeds = served(model, prompt)
                 predicted = (prompt, feeds, deployment.predict(model, feeds))
-            prepared, config, kept = kept_passes(model, config, prepared, feeds, deployment, predicted[2], force=force)
+            prepared, config, left = kept_passes(model, config, prepared, feeds, deployment, predicted[2], force=force)
+            kept += left
     if data is None and table is None:  # a config that calibrates nothing (dynamic, weight-only)
         table, why = _no_calibration(model, prepared, config, strict)
         plan = replace(plan, description=why) if plan.verify_path is None else plan

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 
 from qcli.config import Config
+from qcli.model import fingerprint
 from qcli.target.predict import Prediction, predict
 from qcli.target.profile import Profile, resolve
 
@@ -40,5 +41,15 @@ class Deployment:
         how = "predicted" if not self.measured else "measured on this machine"
         other = (f" (its kernels measured at batch {self.profile.batch})"
                  if self.profile.kind == "measured" and self.profile.batch != self.batch and not self.measured else "")
-        return f"target {self.profile.name} ({self.chosen}), batch {self.batch}{other}, latency {how}"
+        c = self.profile.calibration
+        fitted = f", calibrated on {c.model} at batch {c.batch}" if c is not None and not self.measured else ""
+        return f"target {self.profile.name} ({self.chosen}{fitted}), batch {self.batch}{other}, latency {how}"
+
+    def elsewhere(self, model: onnx.ModelProto) -> str | None:
+        """What to say when the profile was calibrated on another model than `model`."""
+        c = self.profile.calibration
+        if c is None or self.measured or c.sha256 == fingerprint(model):
+            return None
+        return (f"target {self.profile.name} was calibrated on another model ({c.model}): its factors fit that "
+                "model's graphs; `qcli target measure --model` calibrates one on this model")
 

@@ -39,6 +39,9 @@ FALLBACK = {"dwconv.f32": "conv.f32", "dwconv.i8": "conv.i8", "nconv.f32": "conv
             "qmemory": "memory", "control": "memory"}
 CLASSES = ("conv.f32", "conv.i8", "dwconv.f32", "dwconv.i8", "nconv.f32", "nconv.i8", "matmul.f32", "matmul.i8",
            "nbits.i4", "rnn.f32", "rnn.i8", "qdq", "memory", "qmemory", "control")
+# the classes only a quantized graph runs: a profile calibrated on a model (qcli.target.calibrated)
+# scales these by its `int8` factor and every other class by its `float` one
+INTEGER = ("conv.i8", "dwconv.i8", "nconv.i8", "matmul.i8", "nbits.i4", "rnn.i8", "qdq", "qmemory")
 
 # a matrix product of at most this many rows reads each weight byte once or a few times: its
 # cost is the weights' stream from memory (a decode step's MatMulNBits, a classifier's last

@@ -19,7 +19,8 @@ dropped): unstable; taking a Relu's profiler cost (3-4.6 us a call against 0.25 
 unprofiled) off every call before or after the fit (10 of 23 within 10% against 14; 18-23 of
 28 against 21-24), or refitting each entry's fixed cost to the micro-models' walls (13-20 of
 28, moving with each re-measure). This module reads the clock: its output is a measurement;
-what decides reads the file it writes.
+what decides reads the file it writes. What does close the gap is timing the user's own
+graphs, once, on the target: qcli.target.calibrated (`qcli target measure --model`).
 """
 
 from __future__ import annotations

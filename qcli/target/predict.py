@@ -42,7 +42,7 @@ def priced(kernels: list[Kernel], profile: Profile) -> Prediction:
     nodes: dict[str, float] = {}
     for k in kernels:
         nodes[k.node] = nodes.get(k.node, 0.0) + profile.price(k)
-    return Prediction(round(profile.run_us + sum(nodes.values()), 6), {n: round(us, 6) for n, us in nodes.items()})
+    return Prediction(round(profile.run_cost + sum(nodes.values()), 6), {n: round(us, 6) for n, us in nodes.items()})
 
 
 def predict(model: onnx.ModelProto, feeds: dict[str, np.ndarray], profile: Profile,

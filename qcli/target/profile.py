@@ -5,7 +5,10 @@ class, qcli.target.kernels, then the class's FALLBACK) from the call's features:
 `terms`, µs per unit of each feature (a fixed cost per call, per multiply-accumulate, per
 activation byte moved, per weight byte, per fused-activation element, per row or output position), or `like` another
 entry times `factor`. A run costs `run_us` plus, per call, `node_us` and its price. Measured
-profiles fit the terms to micro-benchmarks (qcli.target.measure); rules ones state them.
+profiles fit the terms to micro-benchmarks (qcli.target.measure); rules ones state them. A
+profile `calibration` (qcli.target.calibrated) multiplies the classes only a quantized graph runs
+(kernels.INTEGER) by one factor and every other call, and `run_us`, by another: fitted once to
+one model's float and all-int8 runs timed on the target.
 The same profile, graph and feeds give the same prediction anywhere: that is what decisions
 read (qcli.target.predict), never a clock.
 
@@ -25,7 +28,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qcli.errors import ConfigError
-from qcli.target.kernels import FALLBACK, FEATURES, Kernel
+from qcli.target.kernels import FALLBACK, FEATURES, INTEGER, Kernel
 from qcli.textfile import read_text
 
 Feature = Literal["call", "mac", "moved", "weights", "fused", "rows", "streamed"]  # FEATURES
@@ -59,6 +62,22 @@ class Cost(BaseModel):
         return self
 
 
+class Calibration(BaseModel):
+    """A profile fitted to one model on the target (qcli.target.calibrated): the factors on the
+    float and the integer classes, and what they rest on (the timed and the base profile's
+    predicted ms of the model as given and of its all-int8 model)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str  # the file's name
+    sha256: str  # qcli.model.fingerprint of the model as given
+    factors: dict[Literal["float", "int8"], Annotated[float, Field(gt=0)]]
+    base: str  # the profile it scales
+    batch: int = Field(1, ge=1)  # the batch both runs were timed at
+    measured_ms: dict[Literal["float", "int8"], Annotated[float, Field(ge=0)]]
+    predicted_ms: dict[Literal["float", "int8"], Annotated[float, Field(ge=0)]]  # by `base`, before
+    note: str = ""  # a factor held to its bounds, in words
+
+
 class Profile(BaseModel):
     """A target profile (module docstring)."""
 
@@ -75,6 +94,7 @@ class Profile(BaseModel):
     run_us: float = Field(0.0, ge=0)  # per session.run
     node_us: float = Field(0.0, ge=0)  # per kernel call, beyond its own price
     kernels: dict[str, Cost]
+    calibration: Calibration | None = None
 
     @field_validator("kernels")
     @classmethod
@@ -97,7 +117,17 @@ class Profile(BaseModel):
         key = f"{k.cls}:{k.op}" if f"{k.cls}:{k.op}" in self.kernels else k.cls
         while key not in self.kernels:
             key = FALLBACK.get(key, "memory")
-        return self.node_us + self._us(key, k)
+        return self.factor(k.cls) * (self.node_us + self._us(key, k))
+
+    def factor(self, cls: str) -> float:
+        """The calibration's factor on kernel class `cls` (1 uncalibrated)."""
+        c = self.calibration
+        return 1.0 if c is None else c.factors.get("int8" if cls in INTEGER else "float", 1.0)
+
+    @property
+    def run_cost(self) -> float:
+        """µs of a session.run's own cost (`run_us`, calibrated as a float call)."""
+        return self.run_us * self.factor("memory")
 
     def _us(self, key: str, k: Kernel) -> float:
         cost = self.kernels[key]
