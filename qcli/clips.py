@@ -26,9 +26,10 @@ def drop_redundant_clips(
     what onnxruntime does with them when it fuses the group; dropping them here also leaves the
     file one node (and one tensor) smaller. Kept: a Relu/Clip whose input or output something
     else reads (a graph output, an excluded node or data movement left float that reads the
-    float value, a control-flow body reading it by name, another reader): Silero VAD's If
-    bodies read its encoder's last Relu, unclipped when it was dropped (output noise 14.5 x the
-    signal, against 0.012 kept).
+    float value, an excluded control-flow node's body reading it by name, another reader): a
+    body that read a dropped Relu's name got it unclipped (Silero VAD's If bodies: output noise
+    14.5 x the signal). The bodies of control flow that is not excluded read the quantized
+    value's DequantizeLinear instead (qcli/qdq.py), so such a Relu still folds.
     `graph` is the rewired one (its readers are counted as they are now), `producer` the float
     graph's.
     """

@@ -43,7 +43,7 @@ from qcli.clips import drop_redundant_clips
 from qcli.dynamic import dynamic_edits
 from qcli.errors import InternalError
 from qcli.gates import integer_gates
-from qcli.graph import GraphIndex, names_used_inside, toposort
+from qcli.graph import GraphIndex, iter_graphs, names_used_inside, node_subgraphs, toposort
 from qcli.lazy import tensor_array
 from qcli.model import without_initializers
 from qcli.plan import BiasPlan, Group, Plan, WeightPlan
@@ -142,6 +142,15 @@ class _Source:
         return self.index.initializers
 
     @cached_property
+    def read_inside(self) -> Mapping[str, list[int]]:
+        """The nodes whose control-flow bodies read a name from the outer scope, by name."""
+        found: dict[str, list[int]] = {}
+        for i, node in enumerate(self.index.graph.node):
+            for name in names_used_inside(node):
+                found.setdefault(name, []).append(i)
+        return found
+
+    @cached_property
     def float_reads(self) -> Mapping[str, str]:
         """What control flow and the graph outputs read (plan.context.float_readers): asked by
         weight-only weights only, so a static build does not walk the graph for it."""
@@ -189,12 +198,15 @@ class _Edits:
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     inputs: dict[Use, str] = field(default_factory=dict)
     outputs: dict[Use, str] = field(default_factory=dict)
+    inside: dict[int, dict[str, str]] = field(default_factory=dict)  # node index -> its bodies' renames
 
     def add(self, other: _Edits) -> None:
         self.inits += other.inits
         self.nodes += other.nodes
         self.inputs.update(other.inputs)
         self.outputs.update(other.outputs)
+        for i, renames in other.inside.items():
+            self.inside.setdefault(i, {}).update(renames)
 
     @classmethod
     def joined(cls, *parts: _Edits) -> _Edits:
@@ -313,6 +325,13 @@ def _activation_member(source: _Source, group: Group, t: str) -> _Edits:
             if not source.moves_float(use):
                 integer = source.reads_shape_only(use) and not group.scheme.dtype.is_float
                 edits.inputs[use] = f"{t}_quantized" if integer else target
+        # control-flow bodies read it by name from the outer scope: they read the pair's output
+        # too, so the float name has no reader left and its Relu can fold into the fused kernel
+        # (Silero VAD's If bodies read its encoder's last Relu: that Conv ran float, its int8
+        # weight dequantized each run, until they did)
+        for i in source.read_inside.get(t, ()):
+            if i not in source.keep_float:
+                edits.inside.setdefault(i, {})[t] = target
     edits.nodes += [
         helper.make_node("QuantizeLinear", [read, scale, zero], [f"{t}_quantized"], name=f"{t}_Q", domain=domain),
         _dequantize_node(f"{t}_quantized", scale, zero, target, domain=domain),
@@ -396,6 +415,13 @@ def _rewire(graph: onnx.GraphProto, edits: _Edits) -> None:
         graph.node[i].input[k] = name
     for (i, k), name in edits.outputs.items():
         graph.node[i].output[k] = name
+    for i, renames in edits.inside.items():
+        for sub in node_subgraphs(graph.node[i]):
+            for _, inner in iter_graphs(sub):
+                for node in inner.node:
+                    node.input[:] = [renames.get(name, name) for name in node.input]
+                for output in inner.output:  # a body that returns the outer value as it is
+                    output.name = renames.get(output.name, output.name)
 
 
 def _drop_unread_initializers(

@@ -39,15 +39,18 @@ def test_internal_error_is_not_a_user_error() -> None:
     assert not issubclass(InternalError, QcliError)
 
 
-def test_a_relu_a_control_flow_body_reads_is_kept(cli, tmp_path) -> None:
-    """A Relu folded into its Conv is dropped when its QuantizeLinear clips as much, but not when
-    an If body reads its output by name: the body would read the Conv's unclipped output (Silero
-    VAD's encoder: int8 output noise 14.5 x the signal, 0.012 with the Relu kept)."""
+def test_a_control_flow_body_reads_the_quantized_value_so_its_relu_folds(cli, tmp_path) -> None:
+    """An If body that reads a quantized activation by outer-scope name reads its
+    DequantizeLinear, as every other reader does: so the Relu before the QuantizeLinear folds
+    into onnxruntime's QLinearConv (kept, that Conv ran float with its int8 weight dequantized
+    each run: Silero VAD's encoder), and the body still reads the clipped value (read under the
+    float name after the Relu was dropped, it got the Conv's unclipped output: Silero's int8
+    output noise 14.5 x the signal)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, numpy_helper
 
-    from conftest import save, write_npz
+    from conftest import fused_op_counts, save, write_npz
     from qcli.runtime import make_session
 
     rng = np.random.default_rng(3)
@@ -73,7 +76,12 @@ def test_a_relu_a_control_flow_body_reads_is_kept(cli, tmp_path) -> None:
     for i in range(8):
         write_npz(data / f"{i}.npz", x=np.random.default_rng(i).normal(size=(2, 4, 8, 8)).astype(np.float32), c=np.array(True))
     cli.json("quantize", path, "-o", out, "--data", data, "--no-verify")
-    assert "Relu" in [n.op_type for n in onnx.load(str(out)).graph.node]
+    written = onnx.load(str(out)).graph
+    assert "Relu" not in [n.op_type for n in written.node]
+    branch = next(n for n in written.node if n.op_type == "If").attribute[0].g
+    assert [list(n.input) for n in branch.node] == [["r_dequantized"]]
+    fused = fused_op_counts(out, tmp_path)
+    assert fused["QLinearConv"] == 2 and fused["Conv"] == fused["FusedConv"] == 0, fused
     x = rng.normal(size=(2, 4, 8, 8)).astype(np.float32)
     z = make_session(out).run(["z"], {"x": x, "c": np.array(True)})[0]
     want = make_session(path).run(["z"], {"x": x, "c": np.array(True)})[0]
