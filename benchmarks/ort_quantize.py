@@ -82,11 +82,11 @@ def ort_preprocess(model_path: Path, out: Path) -> tuple[Path, list[str]]:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     notes: list[str] = []
-    model_path = _at_least_opset(model_path, out.with_suffix(".opset13.onnx"), notes)
+    model_path, out = _at_least_opset(model_path, out.with_suffix(".opset13.onnx"), notes).resolve(), out.resolve()
     for label, options in (("quant_pre_process", {}), ("quant_pre_process(skip_symbolic_shape=True)",
                                                         {"skip_symbolic_shape": True})):
         try:
-            with quiet():
+            with quiet(), contextlib.chdir(out.parent):  # sym_shape_infer_temp.onnx is written to the cwd
                 quant_pre_process(str(model_path), str(out), **options)
             return out, notes
         except Exception as exc:
@@ -118,7 +118,8 @@ def run_quantize_static(source: Path, reader_factory: Callable, out: Path, metho
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     start = time.perf_counter()
-    with quiet():
+    source, out = source.resolve(), out.resolve()
+    with quiet(), contextlib.chdir(out.parent):  # its temporary files go beside the output, not the caller's cwd
         quantize_static(
             str(source), str(out), reader_factory(),
             quant_format=QuantFormat.QDQ,

@@ -41,6 +41,12 @@ ODD_CONVS = [
     (64, 2, (40, 40), (3, 3), (1, 1)), (32, 4, (80, 80), (1, 1), (1, 1)), (16, 8, (56, 56), (3, 3), (2, 2)),
     (8, 8, (20, 400), (3, 9), (1, 1)), (1, 4, (1, 16000), (1, 64), (1, 4)), (24, 12, (28, 28), (5, 5), (1, 1)),
     (128, 1, (20, 20), (3, 3), (1, 1)), (2, 8, (128, 128), (3, 3), (2, 2)),
+    # 2-D with input channels NCHWc does not block (plain Conv kernels, as narrow ones run), and
+    # 1-D (a VAD's or speech model's Conv1d, which NCHWc never takes): (cin, cout, (l,), (k,), (s,))
+    (33, 2, (32, 32), (3, 3), (1, 1)), (65, 1, (16, 16), (1, 1), (1, 1)), (128, 1, (1,), (1,), (1,)),
+    (128, 1, (128,), (1,), (1,)), (64, 1, (256,), (3,), (1,)), (32, 2, (1000,), (5,), (1,)),
+    (257, 4, (64,), (1,), (1,)), (16, 8, (4000,), (9,), (2,)), (129, 128, (4,), (3,), (1,)),
+    (64, 64, (500,), (3,), (1,)),
 ]
 ACTIVATIONS = (None, "HardSwish", "Relu")  # a float Conv's, fused into it by onnxruntime
 MATMULS = [(1, 64, 64), (1, 256, 256), (1, 768, 768), (1, 1024, 4096), (8, 512, 512), (16, 768, 768),
@@ -133,12 +139,12 @@ def suite(rng: np.random.Generator) -> Iterator[tuple[str, onnx.ModelProto, dict
     yield from _elementwise(rng)
 
 
-def _conv(rng: np.random.Generator, cin: int, cout: int, size: tuple[int, int], k: tuple[int, int],
-          stride: tuple[int, int], group: int, act: str | None, quantized: bool):
-    """(what, model, feeds) of one Conv (and its activation), padded by half its kernel."""
+def _conv(rng: np.random.Generator, cin: int, cout: int, size: tuple[int, ...], k: tuple[int, ...],
+          stride: tuple[int, ...], group: int, act: str | None, quantized: bool):
+    """(what, model, feeds) of one Conv, 2-D or 1-D (and its activation), padded by half its kernel."""
     w = rng.standard_normal((cout, cin // group, *k)).astype(np.float32) * 0.1
     wn, wi = _weight("w", w, quantized)
-    pads = [k[0] // 2, k[1] // 2] * 2
+    pads = [kk // 2 for kk in k] * 2
     x = [1, cin, *size]
     y = [1, cout, *((n + 2 * (kk // 2) - kk) // s + 1 for n, kk, s in zip(size, k, stride, strict=True))]
     nodes = wn + [helper.make_node("Conv", ["x", "w"], ["c" if act else "y"], pads=pads, group=group,

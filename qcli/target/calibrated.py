@@ -47,8 +47,8 @@ def factors(float_us: float, other_us: float, integer_us: float, measured_us: fl
 
     >>> factors(100.0, 30.0, 40.0, 200.0, 0.5)  # float calls 2x; (0.5*200 - 2*30) / 40 = 1
     ({'float': 2.0, 'int8': 1.0}, '')
-    >>> factors(100.0, 80.0, 40.0, 100.0, 0.5)[1]
-    'int8 factor -0.75 held at 0.2: the all-int8 model's float calls alone are priced over its measured time'
+    >>> print(factors(100.0, 80.0, 40.0, 100.0, 0.5)[1])
+    int8 factor -0.75 held at 0.2: the all-int8 model's float calls alone are priced over its measured time
     """
     low, high = BOUNDS
     f = measured_us / float_us
