@@ -423,6 +423,12 @@ def target_profile(console: Console, doc: dict) -> None:
         if doc.get(key):
             console.print(escape(doc[key]))
     threads = doc.get("threads") or "onnxruntime's default"
+    if c := doc.get("calibration"):
+        console.print(escape(f"calibrated on {c['model']} at batch {c['batch']} from {c['base']}: float kernels "
+                             f"x{c['factors']['float']:g}, int8 kernels x{c['factors']['int8']:g} (timed "
+                             f"{c['measured_ms']['float']:g} ms and {c['measured_ms']['int8']:g} ms all int8; "
+                             f"{c['base']} predicted {c['predicted_ms']['float']:g} and {c['predicted_ms']['int8']:g})"
+                             + (f"; {c['note']}" if c.get("note") else "")))
     console.print(f"batch {doc.get('batch', 1)} · threads {threads} · per run {doc['run_us']:g} us · per kernel call "
                   f"{doc['node_us']:g} us"
                   + (f" · onnxruntime {doc['onnxruntime']}" if doc.get("onnxruntime") else "")

@@ -77,6 +77,8 @@ def test_target_measure_model_writes_a_calibrated_profile_that_quantize_reads(cl
     if not c.note:  # no factor held at its bound: the file's prediction is its timing
         first = dict(np.load(next(iter(sorted(data.iterdir())))))
         assert predict(onnx.load(model), first, profile).ms == pytest.approx(c.measured_ms["float"], rel=1e-3)
+    shown = cli("target", "show", out)
+    assert shown.exit_code == 0 and f"calibrated on {model.name} at batch 1 from generic: float kernels x" in shown.stdout
     config = tmp_path / "c.yaml"
     config.write_text(f"target: {out}\n")
     q = cli.json("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--config", config)
