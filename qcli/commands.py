@@ -373,7 +373,7 @@ def calibrate_target(model: Path, data: Path | None, output: Path | None, base: 
     cfg = load_config(config).merged(verify={"enabled": False}, auto_precision={"enabled": False},
                                      calibration={"samples": 16})  # ranges do not change which kernels run
     with progress("quantizing (all int8)", 1) as advance:
-        int8 = quantize_checked(Owned(load_model(model)), cfg, data=data).result.model
+        int8 = quantize_checked(given, cfg, data=data).result.model  # not handed over: `given` is timed too
         advance(1)
     specs = model_inputs(given)
     first = next(iter(DataFolder(data, specs, reading=cfg.data.reading).batches(1)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import onnx
 
@@ -69,6 +70,16 @@ class GraphIndex:
             inputs=tuple(v.name for v in graph.input),
             outputs=frozenset(v.name for v in graph.output),
         )
+
+    @cached_property
+    def read_inside(self) -> Mapping[str, tuple[int, ...]]:
+        """Tensor -> the nodes whose control-flow bodies read it from the outer scope (at any
+        depth), in graph order; indexed once, on first use."""
+        found: dict[str, list[int]] = {}
+        for i, node in enumerate(self.graph.node):
+            for name in names_used_inside(node):
+                found.setdefault(name, []).append(i)
+        return {name: tuple(nodes) for name, nodes in found.items()}
 
     def producer(self, name: str) -> int | None:
         """Index of the node writing `name`; None for graph inputs, initializers and unknown names."""

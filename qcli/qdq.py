@@ -142,15 +142,6 @@ class _Source:
         return self.index.initializers
 
     @cached_property
-    def read_inside(self) -> Mapping[str, list[int]]:
-        """The nodes whose control-flow bodies read a name from the outer scope, by name."""
-        found: dict[str, list[int]] = {}
-        for i, node in enumerate(self.index.graph.node):
-            for name in names_used_inside(node):
-                found.setdefault(name, []).append(i)
-        return found
-
-    @cached_property
     def float_reads(self) -> Mapping[str, str]:
         """What control flow and the graph outputs read (plan.context.float_readers): asked by
         weight-only weights only, so a static build does not walk the graph for it."""
@@ -329,7 +320,7 @@ def _activation_member(source: _Source, group: Group, t: str) -> _Edits:
         # too, so the float name has no reader left and its Relu can fold into the fused kernel
         # (Silero VAD's If bodies read its encoder's last Relu: that Conv ran float, its int8
         # weight dequantized each run, until they did)
-        for i in source.read_inside.get(t, ()):
+        for i in source.index.read_inside.get(t, ()):
             if i not in source.keep_float:
                 edits.inside.setdefault(i, {})[t] = target
     edits.nodes += [
