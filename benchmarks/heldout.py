@@ -170,9 +170,10 @@ def lacking(needs: str | None) -> list[str]:
     return [needs]
 
 
-def missing(name: str) -> list[str]:
-    """What model `name` needs and this machine lacks: its file (`make real-models`), its writer's program."""
-    model = MODELS[name]
+def missing(name: str, models: dict[str, Model] = MODELS) -> list[str]:
+    """What model `name` (of `models`) needs and this machine lacks: its file (`make
+    real-models`), its writer's program."""
+    model = models[name]
     return ([str(model.path)] if not model.path.is_file() else []) + lacking(model.needs)
 
 
