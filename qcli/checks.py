@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import onnx
+
 from qcli.analyze.confidence import DEFAULT, Shows
 from qcli.analyze.fidelity import AGREEMENT, Fidelity
 from qcli.analyze.latency import Ratio
@@ -157,6 +159,16 @@ def verification_of(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | No
     float_ms = probe.float_ms() if vf.max_latency_ratio is not None else None
     return Verification(plan.description, probe.samples, f, ratio, float_ms, checks, notes, target,
                         confidence=vf.confidence)
+
+
+def memory_check(probe: Probe, model: onnx.ModelProto, floor: float) -> Check:
+    """The weights onnxruntime holds to run the user's model / `model`'s (`Probe.held_bytes`:
+    the graphs it runs, as `qcli analyze` reads them), against `floor`."""
+    held, written = probe.held_bytes(model)
+    value = round(held / max(written, 1), 4)
+    return Check("memory reduction", value, floor, True, value >= floor,
+                 how=f"weights onnxruntime holds to run them: {held / 1e6:.2f} MB for your model file, "
+                     f"{written / 1e6:.2f} MB for the model written")
 
 
 def fidelity_checks(f: Fidelity, min_agreement: float, min_cosine: float, confidence: float = DEFAULT,

@@ -224,7 +224,7 @@ def outcome_error(outcome: Outcome, output: Path) -> GateFailed | None:
 def _what_to_try(outcome: Outcome, missed: list[Check]) -> str:
     names = {c.name for c in missed}
     tips = []
-    if names - {"latency ratio"}:  # an accuracy figure (of any output kind, or verify.metric's)
+    if names - {"latency ratio", "memory reduction"}:  # an accuracy figure (any output kind's, verify.metric's)
         tips.append("exclude or promote the sensitive layers in a --config (see the layer table of qcli analyze)")
         if not outcome.config.verify.rescue:
             tips.append("drop --no-rescue to let qcli search")
@@ -232,6 +232,9 @@ def _what_to_try(outcome: Outcome, missed: list[Check]) -> str:
             tips.append("give the rescue more room (verify.max_trials)")
     if "latency ratio" in names:
         tips.append("raise --max-latency-ratio, or keep the model float if int8 does not pay off here")
+    if "memory reduction" in names:
+        tips.append("store more weights in fewer bits (int4 blocks: weights.dtype, a preset such as weights-int4), "
+                    "or lower verify.min_memory_reduction")
     tips.append("--no-verify skips the check")
     return "; ".join(tips)
 

@@ -238,6 +238,10 @@ class Verify(Section):
         "outputs; 0.02: 2% higher)"))
     max_latency_ratio: float | None = Field(1.0, gt=0, description=(
         "ceiling on quantized / your model file's latency, at `target.batch` (`--max-latency-ratio`; `null`: none)"))
+    min_memory_reduction: float | None = Field(None, gt=0, description=(
+        "floor on the weights onnxruntime holds to run your model file / the written model's (the graph it runs "
+        "after its fusions, as `qcli analyze --min-memory-reduction` reads it; `null`: none); a miss exits 1, "
+        "the rescue promotes nothing for it"))
     min_float_ms: float = Field(0.1, ge=0, description="the latency floor applies when the float model takes "
                                 "at least this long per run")
     samples: int = Field(64, ge=1, description="samples compared (held back from calibration, or of `--eval-data`)")

@@ -46,6 +46,7 @@ from qcli.checks import (
     Verification,
     fast_by_construction,
     latency_ok,
+    memory_check,
     tolerant,
     verification_of,
 )
@@ -189,6 +190,8 @@ def _verified(outcome: Outcome, model: onnx.ModelProto, prepared: PrepareResult,
         base, ratio, floors = _measure_and_rescue(outcome, trials)
     if vf.enabled:
         outcome.verification = verification_of(plan, probe, base, ratio, floors, config, _all_float(result, outcome))
+        if vf.min_memory_reduction is not None:  # a gate only: promotions would hold more, not less
+            outcome.verification.checks.append(memory_check(probe, outcome.result.model, vf.min_memory_reduction))
         if probe.predicts and ratio is not None:  # the clock's figure beside the prediction's, never deciding
             with phase("verify"), phase("time"):
                 outcome.verification.measured = probe.timed_ratio(outcome.result.model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -281,6 +282,30 @@ def test_an_impossible_latency_floor_exits_1_with_the_best_model(cli, tmp_path: 
     assert "misses its floor 0.05 by" in result.stderr
     assert out.exists()
     assert "hint: raise --max-latency-ratio" in result.stderr
+
+
+def test_a_memory_floor_reads_the_weights_onnxruntime_holds(cli, tmp_path: Path) -> None:
+    """`verify.min_memory_reduction`: the weights of the graph onnxruntime runs, the user's file's
+    over the written model's (int8 weights folded at load are float again: a weight-only model
+    holds as much as the file), checked after the rescue, exit 1 with what to try."""
+    cnn = SAMPLE_MODELS / "cnn"
+    config = tmp_path / "c.yaml"
+    for floor, code in ((2.0, 0), (100.0, 1)):
+        config.write_text(f"version: 1\nverify: {{min_memory_reduction: {floor}, max_latency_ratio: null}}\n")
+        result = cli("quantize", cnn / "model.onnx", "-o", tmp_path / "q.onnx", "--data", cnn / "calib", "--samples",
+                     "64", "--config", config, "--json")
+        assert result.exit_code == code, result.stderr
+        check = next(c for c in json.loads(result.stdout)["verification"]["checks"] if c["name"] == "memory reduction")
+        held = {n: float(v) for v, n in re.findall(r"([\d.]+) MB for (your model file|the model written)", check["how"])}
+        assert check["value"] == pytest.approx(held["your model file"] / held["the model written"], rel=0.01)
+        assert 3.0 < check["value"] < 4.1 and check["passed"] == (code == 0)  # int8 weights held as int8
+    assert result.stderr.startswith("error: verification failed: memory reduction 3.")
+    assert "misses its floor 100 by" in result.stderr
+    assert "hint: store more weights in fewer bits" in result.stderr
+    assert "exclude or promote" not in result.stderr
+    config.write_text("version: 1\nverify: {min_memory_reduction: 0}\n")
+    refused = cli("quantize", cnn / "model.onnx", "-o", tmp_path / "r.onnx", "--data", cnn / "calib", "--config", config)
+    assert refused.exit_code == 2 and "min_memory_reduction" in refused.stderr
 
 
 def test_calibration_file_without_eval_data_skips_verification(cli, sensitive, tmp_path: Path) -> None:

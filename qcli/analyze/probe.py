@@ -126,6 +126,7 @@ class Probe:
             self._held = session if weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES else None
         self._float_ms: float | None = None
         self._reference: Prediction | None = None  # the float model's predicted latency
+        self._last: tuple[onnx.ModelProto, Prediction] | None = None  # a candidate's (`_prediction`)
         self._feeds: dict[str, np.ndarray] | None = None  # what latency is judged on (`feeds`)
         self._decodes = False  # those are a decoder's decode step
         if self.kinds is None:
@@ -300,9 +301,21 @@ class Probe:
     def predicted_ratio(self, candidate: onnx.ModelProto) -> Ratio:
         """The profile's latency of `candidate` / the float model's: an exact Ratio (its
         interval is the point)."""
-        with phase("predict"):
-            ratio = self.deployment.predict(candidate, self.feeds()).us / self._reference_prediction().us
+        ratio = self._prediction(candidate).us / self._reference_prediction().us
         return Ratio([round(ratio, 6)])
+
+    def held_bytes(self, candidate: onnx.ModelProto) -> tuple[int, int]:
+        """The weights onnxruntime holds to run the float model and `candidate` (the graphs it
+        runs, qcli.target.executed): what a memory floor reads."""
+        return self._reference_prediction().weight_bytes, self._prediction(candidate).weight_bytes
+
+    def _prediction(self, candidate: onnx.ModelProto) -> Prediction:
+        """`candidate`'s prediction on `feeds`; the last one kept (a model's ratio and memory are
+        asked for one after the other)."""
+        if self._last is None or self._last[0] is not candidate:
+            with phase("predict"):
+                self._last = (candidate, self.deployment.predict(candidate, self.feeds()))
+        return self._last[1]
 
     def take_prediction(self, prompt: dict[str, np.ndarray], feeds: dict[str, np.ndarray],
                         prediction: Prediction) -> None:
