@@ -236,6 +236,12 @@ class Verify(Section):
     max_perplexity_increase: float = Field(0.02, gt=0, description=(
         "the ceiling of a language model's perplexity on the compared text, quantized / float - 1 (`tokens` "
         "outputs; 0.02: 2% higher)"))
+    min_token_agreement: float | None = Field(None, ge=0, le=1, description=(
+        "a language model's floor on next-token agreement: the share of the compared text's positions whose "
+        "next-token argmax (greedy decoding's choice) is float's (`tokens` outputs; `null`: reported only)"))
+    max_token_kl: float | None = Field(None, gt=0, description=(
+        "a language model's ceiling on the mean KL divergence of its next-token distribution from float's, in "
+        "nats (`tokens` outputs; `null`: reported only)"))
     max_latency_ratio: float | None = Field(1.0, gt=0, description=(
         "ceiling on quantized / your model file's latency, at `target.batch` (`--max-latency-ratio`; `null`: none)"))
     min_memory_reduction: float | None = Field(None, gt=0, description=(

@@ -241,8 +241,7 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
     if ap.enabled:
         wanted = goal_of(config)
         ceiling = min((r for r in (wanted.max_latency_ratio, floors.max_latency_ratio) if r is not None), default=None)
-        goal = Goal(wanted.criterion, wanted.max_drop, floors.min_top1_agreement, floors.min_cosine, ceiling,
-                    floors.max_relative_error, floors.max_perplexity_increase)
+        goal = replace(floors, criterion=wanted.criterion, max_drop=wanted.max_drop, max_latency_ratio=ceiling)
     exact = trials.probe.predicts
     goal = tolerant(goal, exact)
     trials.ceiling = goal.max_latency_ratio
@@ -415,7 +414,7 @@ def _floors(config: Config, probe: Probe) -> Goal:
     if ceiling is not None and probe.float_ms() < vf.min_float_ms:
         ceiling = None
     return Goal("performance", None, vf.min_top1_agreement, vf.min_cosine, ceiling, vf.max_relative_error,
-                vf.max_perplexity_increase)
+                vf.max_perplexity_increase, vf.min_token_agreement, vf.max_token_kl)
 
 
 def _explain(outcome: Outcome, why_of: dict[str, tuple[Why, str]], half: set[str]) -> None:

@@ -173,6 +173,39 @@ def test_the_perplexity_ceiling_gates(cli, tmp_path: Path, tiny: Path) -> None:
     assert "perplexity increase" in result.stdout + result.stderr
 
 
+def test_next_token_agreement_and_kl_gate_when_asked(cli, tmp_path: Path, tiny: Path) -> None:
+    """`verify.min_token_agreement` and `verify.max_token_kl` gate the figures `tokens` outputs
+    report (no interval: the value decides; unset, reported and not checked), and a miss is
+    rescued like any floor's: layers promoted until it holds."""
+    data = corpus(tmp_path / "text", tiny)
+    base = ("version: 1\nactivations: {dtype: float}\nweights: {dtype: int4, symmetric: true, granularity: per_block, "
+            "block_size: 32}\n")
+    (tmp_path / "c.yaml").write_text(base + "verify: {max_latency_ratio: null, rescue: false}\n")
+    doc = cli.json("quantize", tiny / "decoder.onnx", "-o", tmp_path / "q.onnx", "--data", data, "--seq-len", "16",
+                   "--config", tmp_path / "c.yaml")
+    logits = next(o for o in doc["verification"]["outputs"] if o["name"] == "logits")
+    agreement, kl = logits["token_agreement"], logits["kl"]
+    assert 0 < agreement < 1 and kl > 0
+    assert not {"next-token agreement", "next-token KL"} & {c["name"] for c in doc["verification"]["checks"]}
+    for floors, code in ((f"min_token_agreement: {agreement - 1e-5:.6f}, max_token_kl: {kl * 1.01:.6g}", 0),
+                         (f"min_token_agreement: {min(1.0, agreement + 0.01):.6f}", 1), (f"max_token_kl: {kl / 2:.6g}", 1)):
+        (tmp_path / "c.yaml").write_text(base + f"verify: {{max_latency_ratio: null, rescue: false, {floors}}}\n")
+        result = cli("quantize", tiny / "decoder.onnx", "-o", tmp_path / "q.onnx", "--data", data, "--seq-len", "16",
+                     "--config", tmp_path / "c.yaml", "--json")
+        assert result.exit_code == code, (floors, result.stderr)
+        checks = {c["name"]: c for c in json.loads(result.stdout)["verification"]["checks"]}
+        gated = [checks[n] for n in ("next-token agreement", "next-token KL") if n in checks]
+        assert gated and all(c["interval"] is None and c["output"] == "logits" for c in gated)
+        assert all(c["passed"] for c in gated) == (code == 0)
+    assert result.stderr.startswith("error: verification failed: next-token KL ")
+    floor = min(1.0, agreement + 0.05)  # the rescue's goal holds it: layers promoted until it is met
+    (tmp_path / "c.yaml").write_text(base + f"verify: {{max_latency_ratio: null, min_token_agreement: {floor:.4f}}}\n")
+    doc = cli.json("quantize", tiny / "decoder.onnx", "-o", tmp_path / "q.onnx", "--data", data, "--seq-len", "16",
+                   "--config", tmp_path / "c.yaml")
+    assert doc["precision"]["promoted"]
+    assert next(o for o in doc["verification"]["outputs"] if o["name"] == "logits")["token_agreement"] >= floor
+
+
 def test_a_decoders_cache_outputs_show_on_one_line() -> None:
     from rich.console import Console
 

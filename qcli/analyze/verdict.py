@@ -100,9 +100,10 @@ def error_verdict(o: OutputFidelity, value: float, ceiling: float, metric: str =
 
 
 def verdicts(f: Fidelity, min_agreement: float | None, min_cosine: float | None,
-             max_error: float | None = None, max_perplexity: float | None = None) -> list[Verdict]:
+             max_error: float | None = None, max_perplexity: float | None = None,
+             min_tokens: float | None = None, max_kl: float | None = None) -> list[Verdict]:
     """One verdict per gated figure of every output (agreements, cosines, relative errors, then
-    perplexity increases)."""
+    a language model's perplexity increases, next-token agreements and KL divergences)."""
     out = []
     if min_agreement is not None:
         out += [agreement_verdict(o, AGREEMENT[o.kind], a, min_agreement, min_cosine)
@@ -114,10 +115,25 @@ def verdicts(f: Fidelity, min_agreement: float | None, min_cosine: float | None,
     if max_perplexity is not None:
         out += [error_verdict(o, p, max_perplexity, "perplexity increase", o.perplexity_interval)
                 for o in f.outputs if (p := o.gated_perplexity) is not None]
+    tokens = [o for o in f.outputs if o.kind is Kind.TOKENS]
+    if min_tokens is not None:
+        out += [_point(o, "next-token agreement", a, min_tokens, True)
+                for o in tokens if (a := o.token_agreement) is not None]
+    if max_kl is not None:
+        out += [_point(o, "next-token KL", k, max_kl, False) for o in tokens if (k := o.kl) is not None]
     return out
 
 
+def _point(o: OutputFidelity, metric: str, value: float, bound: float, at_least: bool) -> Verdict:
+    """A figure over every position of the compared text (a next-token agreement, a mean KL): the
+    positions of a chunk are not independent samples, so no interval: the value decides."""
+    passed = value >= bound if at_least else value <= bound
+    how = "over every next token compared (positions of a chunk are not independent: no interval)"
+    return Verdict(metric, o.name, value, bound, None, o.samples, passed, how)
+
+
 def meets(f: Fidelity, min_agreement: float | None, min_cosine: float | None, max_error: float | None = None,
-          max_perplexity: float | None = None) -> bool:
+          max_perplexity: float | None = None, min_tokens: float | None = None, max_kl: float | None = None) -> bool:
     """Whether every gated figure of `f` meets its floor by the rule (the plug-in's score aside)."""
-    return all(v.passed for v in verdicts(f, min_agreement, min_cosine, max_error, max_perplexity))
+    return all(v.passed for v in verdicts(f, min_agreement, min_cosine, max_error, max_perplexity, min_tokens,
+                                          max_kl))

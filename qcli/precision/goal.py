@@ -29,6 +29,8 @@ class Goal:
     max_latency_ratio: float | None = None  # quantized / float latency at most this
     max_relative_error: float | None = None  # regression outputs' ceiling (verification)
     max_perplexity_increase: float | None = None  # language models' logits: their ceiling (verification)
+    min_token_agreement: float | None = None  # language models: next-token agreement's floor (verification)
+    max_token_kl: float | None = None  # language models: the next-token KL's ceiling (verification)
 
     def accurate(self, f: Fidelity | None, scale: float = 1.0) -> bool:
         """Whether `f` meets the floors (each gated figure by qcli.analyze.verdict's rule, which
@@ -38,7 +40,7 @@ class Goal:
         if self.max_drop is not None and f.drop > self.max_drop * scale + 1e-12:
             return False
         if not meets(f, self.min_top1_agreement, self.min_cosine, self.max_relative_error,
-                     self.max_perplexity_increase):
+                     self.max_perplexity_increase, self.min_token_agreement, self.max_token_kl):
             return False
         return f.custom is None or f.custom.passed
 
