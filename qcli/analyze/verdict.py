@@ -17,7 +17,9 @@ where the same model could land on samples it never saw. The rule:
   background fills, does not);
 - a regression's relative error, a ceiling: met when its whole interval is at or below it,
   else missed (the continuous figure again); so is a language model's perplexity increase
-  (its interval from the chunks' differences of mean log-likelihood: qcli.analyze.tokens).
+  (its interval from the chunks' differences of mean log-likelihood: qcli.analyze.tokens);
+- its next-token agreement and KL, when a floor is set: the value decides (the positions of a
+  chunk are not independent samples, so no interval is claimed).
 More samples narrow the intervals (`verify.samples`, `--eval-data`); verification does not
 fetch more on its own (every candidate would have to be measured on them again).
 """

@@ -3,9 +3,10 @@
 An accuracy budget (the drop of the fidelity metric at most `max_drop`, or a share of it), the
 verification floors (each output judged by its kind: `Fidelity.top1_agreement` is the lowest
 agreement of the outputs gated on one, `Fidelity.cosine` the lowest gated cosine, a regression's
-relative error under its ceiling) and the
-`verify.metric` plug-in's own floor, and a ceiling on the latency ratio to the float model. A Goal only
-judges measurements; it never measures.
+relative error under its ceiling, a language model's perplexity increase, next-token agreement and
+KL) and the `verify.metric` plug-in's own floor, and a ceiling on the latency ratio to the float
+model. A memory floor is not a goal: promotions only hold more weights (qcli.checks.memory_check).
+A Goal only judges measurements; it never measures.
 """
 
 from __future__ import annotations
