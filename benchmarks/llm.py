@@ -180,7 +180,8 @@ def measured(*args: str) -> tuple[float, float, int]:
 
 
 def child(kind: str, model: str, out: str, calib: str) -> int:
-    """Child side: `generate` the large decoder at `out`, `qcli PRESET` or `ort` quantize `model`."""
+    """Child side: `generate` the large decoder at `out` (with `model` layers), `qcli PRESET` or `ort`
+    quantize `model`."""
     import atexit
     import runpy
 
@@ -191,7 +192,7 @@ def child(kind: str, model: str, out: str, calib: str) -> int:
         sys.path.insert(0, str(ROOT / "tests"))
         from decoders import decoder, save
 
-        save(decoder(**LARGE), Path(out), external=True)
+        save(decoder(**{**LARGE, "layers": int(model)}), Path(out), external=True)  # model: the layers
         return 0
     if kind == "ort":
         import onnx
@@ -211,10 +212,14 @@ def large(page, calib: Path, presets: list[str], work: Path) -> Sheet:
     """The large decoder's quantization by each tool: wall time, peak RSS against the float file."""
     model = work / "model.onnx"
     page.print(f"generating the large decoder ({LARGE}) ...")
-    measured("generate", "", str(model), "")
+    measured("generate", str(LARGE["layers"]), str(model), "")
     weights = size(model)
-    table = Sheet(f"a 368M-parameter decoder ({LARGE['layers']} layers, d {LARGE['d']}, vocab {LARGE['vocab']}, "
-                  f"random weights, external data: {weights / 1e9:.2f} GB): 32 chunks of {SEQ_LEN} tokens",
+    import onnx
+
+    params = sum(int(np.prod(i.dims)) for i in onnx.load(str(model), load_external_data=False).graph.initializer)
+    table = Sheet(f"a {params / 1e6:.0f}M-parameter decoder ({LARGE['layers']} layers, d {LARGE['d']}, "
+                  f"vocab {LARGE['vocab']}, random weights, external data: {weights / 1e9:.2f} GB): 32 chunks of "
+                  f"{SEQ_LEN} tokens",
                   ["tool", ("wall", "right"), ("peak RSS", "right"), ("written", "right")])
     unverified = work / "weights-int4-unverified.yaml"  # what onnxruntime's quantizer does: no verification
     preset = (ROOT / "configs" / "weights-int4.yaml").read_text()
@@ -242,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=31, help="A/B rounds of the speed measure")
     parser.add_argument("--large", action="store_true", help="also the 368M-parameter decoder (random weights, "
                         "generated here): wall time and peak memory of each tool, about 15 minutes")
+    parser.add_argument("--large-layers", type=int, default=LARGE["layers"], help="the large decoder's layers (40: "
+                        "570M parameters, 2.28 GB of external data, past protobuf's 2 GB)")
+    parser.add_argument("--large-presets", nargs="+", default=["weights-int4", "llm-int4", "llm-awq"],
+                        help="the qcli presets run on the large decoder, verified")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     add_markdown_option(parser, __file__)
     args = parser.parse_args(argv)
@@ -289,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{agree:.2%}", f"{prefill:.0f}\n{prefill / f_prefill:.2f}x",
                           f"{decode:.0f}\n{decode / f_decode:.2f}x")
         if args.large:
-            large_table = large(page, args.model / "text" / "calib", ["weights-int4", "llm-int4", "llm-awq"], Path(tmp))
+            LARGE["layers"] = args.large_layers
+            large_table = large(page, args.model / "text" / "calib", args.large_presets, Path(tmp))
     page.table(table)
     if args.large:
         page.table(large_table)
