@@ -208,16 +208,17 @@ def child(kind: str, model: str, out: str, calib: str) -> int:
     return 0
 
 
-def large(page, calib: Path, presets: list[str], work: Path) -> Sheet:
-    """The large decoder's quantization by each tool: wall time, peak RSS against the float file."""
+def large(page, calib: Path, presets: list[str], work: Path, layers: int) -> Sheet:
+    """The large decoder (LARGE's shapes with `layers` layers) quantized by each tool: wall time,
+    peak RSS against the float file."""
     model = work / "model.onnx"
-    page.print(f"generating the large decoder ({LARGE}) ...")
-    measured("generate", str(LARGE["layers"]), str(model), "")
+    page.print(f"generating the large decoder ({ {**LARGE, 'layers': layers} }) ...")
+    measured("generate", str(layers), str(model), "")
     weights = size(model)
     import onnx
 
     params = sum(int(np.prod(i.dims)) for i in onnx.load(str(model), load_external_data=False).graph.initializer)
-    table = Sheet(f"a {params / 1e6:.0f}M-parameter decoder ({LARGE['layers']} layers, d {LARGE['d']}, "
+    table = Sheet(f"a {params / 1e6:.0f}M-parameter decoder ({layers} layers, d {LARGE['d']}, "
                   f"vocab {LARGE['vocab']}, random weights, external data: {weights / 1e9:.2f} GB): 32 chunks of "
                   f"{SEQ_LEN} tokens",
                   ["tool", ("wall", "right"), ("peak RSS", "right"), ("written", "right")])
@@ -298,8 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{agree:.2%}", f"{prefill:.0f}\n{prefill / f_prefill:.2f}x",
                           f"{decode:.0f}\n{decode / f_decode:.2f}x")
         if args.large:
-            LARGE["layers"] = args.large_layers
-            large_table = large(page, args.model / "text" / "calib", args.large_presets, Path(tmp))
+            large_table = large(page, args.model / "text" / "calib", args.large_presets, Path(tmp), args.large_layers)
     page.table(table)
     if args.large:
         page.table(large_table)

@@ -369,7 +369,7 @@ def test_a_verified_run_predicts_the_float_model_once(cli, tmp_path: Path, monke
     monkeypatch.setattr(deployment, "predict", counted)
     assert cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "-q").exit_code == 0
     assert callers.count("quantize_checked") == 1  # the user's model, while preparing
-    assert "_prediction" in callers  # the verdict ran on predictions (`Probe.predicted_ratio`)
+    assert "predicted_ratio" in callers  # the verdict ran on predictions
     assert "_reference_prediction" not in callers
 
 

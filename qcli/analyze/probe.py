@@ -47,6 +47,7 @@ from qcli.analyze.metrics import MARGIN_KINDS, FidelityAccumulator, TopKAccumula
 from qcli.analyze.plugin import load_metric
 from qcli.analyze.predicted import served
 from qcli.analyze.size import weight_bytes
+from qcli.analyze.spilled import Spilled
 from qcli.config import Verify
 from qcli.data import Batch, InputSpec
 from qcli.errors import DataError
@@ -126,7 +127,6 @@ class Probe:
             self._held = session if weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES else None
         self._float_ms: float | None = None
         self._reference: Prediction | None = None  # the float model's predicted latency
-        self._last: tuple[onnx.ModelProto, Prediction] | None = None  # a candidate's (`_prediction`)
         self._feeds: dict[str, np.ndarray] | None = None  # what latency is judged on (`feeds`)
         self._decodes = False  # those are a decoder's decode step
         if self.kinds is None:
@@ -301,21 +301,16 @@ class Probe:
     def predicted_ratio(self, candidate: onnx.ModelProto) -> Ratio:
         """The profile's latency of `candidate` / the float model's: an exact Ratio (its
         interval is the point)."""
-        ratio = self._prediction(candidate).us / self._reference_prediction().us
+        with phase("predict"):
+            ratio = self.deployment.predict(candidate, self.feeds()).us / self._reference_prediction().us
         return Ratio([round(ratio, 6)])
 
     def held_bytes(self, candidate: onnx.ModelProto) -> tuple[int, int]:
         """The weights onnxruntime holds to run the float model and `candidate` (the graphs it
         runs, qcli.target.executed): what a memory floor reads."""
-        return self._reference_prediction().weight_bytes, self._prediction(candidate).weight_bytes
-
-    def _prediction(self, candidate: onnx.ModelProto) -> Prediction:
-        """`candidate`'s prediction on `feeds`; the last one kept (a model's ratio and memory are
-        asked for one after the other)."""
-        if self._last is None or self._last[0] is not candidate:
-            with phase("predict"):
-                self._last = (candidate, self.deployment.predict(candidate, self.feeds()))
-        return self._last[1]
+        with phase("predict"):
+            written = self.deployment.predict(candidate, self.feeds())
+        return self._reference_prediction().weight_bytes, written.weight_bytes
 
     def take_prediction(self, prompt: dict[str, np.ndarray], feeds: dict[str, np.ndarray],
                         prediction: Prediction) -> None:
@@ -416,34 +411,6 @@ def _reference(session: Any, names: list[str], batches: list[Batch]) -> Sequence
     for batch in batches[1:]:
         spilled.append([as_array(v) for v in session.run(names, batch.inputs)])
     return spilled
-
-
-class Spilled(Sequence[list[np.ndarray]]):
-    """Batches of arrays kept in a temporary folder (TMPDIR), one `.npy` file an array, each
-    batch read back when asked for: memory holds one batch, not all of them. The folder goes
-    with the object."""
-
-    def __init__(self) -> None:
-        self._folder = tempfile.TemporaryDirectory(prefix="qcli-reference-")
-        self._counts: list[int] = []
-
-    def append(self, arrays: list[np.ndarray]) -> None:
-        for i, array in enumerate(arrays):
-            np.save(Path(self._folder.name) / f"{len(self._counts)}-{i}.npy", array, allow_pickle=False)
-        self._counts.append(len(arrays))
-
-    def __len__(self) -> int:
-        return len(self._counts)
-
-    @overload
-    def __getitem__(self, j: int) -> list[np.ndarray]: ...
-    @overload
-    def __getitem__(self, j: slice) -> list[list[np.ndarray]]: ...
-    def __getitem__(self, j: int | slice) -> list[np.ndarray] | list[list[np.ndarray]]:
-        if isinstance(j, slice):
-            return [self[i] for i in range(*j.indices(len(self)))]
-        j = range(len(self))[j]
-        return [np.load(Path(self._folder.name) / f"{j}-{i}.npy") for i in range(self._counts[j])]
 
 
 class _Column(Sequence[np.ndarray]):
