@@ -466,9 +466,11 @@ def packed(values: np.ndarray, bits: int) -> bytes:
     'c601'
     """
     per = 8 // bits
-    low = (values.astype(np.int16).ravel() & ((1 << bits) - 1)).astype(np.uint8)
-    low = np.append(low, np.zeros(-low.size % per, np.uint8))
-    out = np.zeros(low.size // per, np.uint8)
-    for k in range(per):
-        out |= low[k::per] << (k * bits)
+    low = np.ascontiguousarray(values).astype(np.int8, copy=False).ravel().view(np.uint8)  # two's complement
+    if low.size % per:
+        low = np.append(low, np.zeros(-low.size % per, np.uint8))
+    mask = np.uint8((1 << bits) - 1)
+    out = low[0::per] & mask
+    for k in range(1, per):
+        out |= (low[k::per] & mask) << np.uint8(k * bits)
     return out.tobytes()

@@ -62,10 +62,11 @@ class Nibbles:
     @classmethod
     def of(cls, weight: Weight) -> Nibbles:
         q, scale, zero = weight
-        nibbles = (q.astype(np.int16).ravel() & 0x0F).astype(np.uint8)
+        nibbles = np.ascontiguousarray(q).astype(np.int8, copy=False).ravel().view(np.uint8)  # two's complement
         if nibbles.size % 2:
             nibbles = np.append(nibbles, np.uint8(0))
-        return cls(nibbles[0::2] | (nibbles[1::2] << 4), q.shape, q.dtype, *frozen((scale, zero)))
+        return cls((nibbles[0::2] & np.uint8(0x0F)) | (nibbles[1::2] << np.uint8(4)), q.shape, q.dtype,
+                   *frozen((scale, zero)))
 
     def weight(self) -> Weight:
         nibbles = np.empty(self.packed.size * 2, np.uint8)
@@ -89,6 +90,10 @@ def quantized_weight(values: np.ndarray, plan: WeightPlan,
     ([[64, -127], [-127, 64]], [0.01575, 0.00394], [0, 0])
     """
     scheme, axis = plan.scheme, plan.axis
+    grouped = _grouped(values, plan) if params is None and full_range(scheme.dtype, scheme.symmetric) else None
+    if grouped is not None:  # the integers of the scale chosen, kept: not rounded a third time
+        q, scale, zero = _rounded(*grouped, scheme)
+        return q.reshape(values.shape), scale, zero
     scale, zero = params if params is not None else weight_qparams(values, plan)
     if isinstance(scheme.granularity, PerBlock) and axis is not None and values.shape[axis] % scheme.granularity.size:
         block, size = scheme.granularity.size, values.shape[axis]
@@ -107,19 +112,33 @@ def weight_qparams(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np
     """Scale and zero point of a weight: one, one per channel along `axis`, or one per block of
     values along `axis` (then shaped like the weight with that axis shortened)."""
     scheme, axis = plan.scheme, plan.axis
-    if axis is None:
-        return _qparams(values, None, scheme)
-    if isinstance(scheme.granularity, PerBlock):
+    grouped = _grouped(values, plan)
+    if grouped is not None:
+        return _qparams(*grouped, scheme)
+    if axis is not None and isinstance(scheme.granularity, PerBlock):  # a last, shorter block: padded
         block = scheme.granularity.size
-        if values.shape[axis] % block == 0:  # whole blocks: a view, no padded copy
-            return _qparams(_blocked(values, axis, block), axis + 1, scheme)
         moved = np.moveaxis(values, axis, 0)
         size = moved.shape[0]
         count = -(-size // block)
         padded = np.pad(moved, [(0, count * block - size)] + [(0, 0)] * (moved.ndim - 1))
         scale, zero = _qparams(padded.reshape(count, block, *moved.shape[1:]), 1, scheme)
         return np.moveaxis(scale, 0, axis), np.moveaxis(zero, 0, axis)
-    return _qparams(values, tuple(a for a in range(values.ndim) if a != axis), scheme)
+    raise AssertionError("unreachable: _grouped covers every other plan")
+
+
+_Grouping = tuple[np.ndarray, int | tuple[int, ...] | None]
+
+
+def _grouped(values: np.ndarray, plan: WeightPlan) -> _Grouping | None:
+    """`values` viewed so that each group of one scale is a reduction over the returned axes
+    (None: the whole tensor); None for blocks that do not divide their axis (padded instead)."""
+    scheme, axis = plan.scheme, plan.axis
+    if axis is None:
+        return values, None
+    if not isinstance(scheme.granularity, PerBlock):
+        return values, tuple(a for a in range(values.ndim) if a != axis)
+    block = scheme.granularity.size
+    return (_blocked(values, axis, block), axis + 1) if values.shape[axis] % block == 0 else None
 
 
 def _qparams(values: np.ndarray, reduce: int | tuple[int, ...] | None,
@@ -135,15 +154,50 @@ def _qparams(values: np.ndarray, reduce: int | tuple[int, ...] | None,
     >>> [round(float(v), 4) for v in s]  # 0.7 / 7: exact; 0.8 / -8: the finer step
     [0.1, -0.1]
     """
+    if full_range(scheme.dtype, scheme.symmetric):
+        return _rounded(values, reduce, scheme)[1:]
+    return choose_qparams(values.min(axis=reduce), values.max(axis=reduce), scheme.dtype, scheme.symmetric)
+
+
+_PIECE = 1 << 16  # values rounded at once: the two candidates' temporaries stay in a core's cache
+
+
+def _rounded(values: np.ndarray, reduce: int | tuple[int, ...] | None, scheme: QuantScheme) -> Weight:
+    """A full-range scheme's integers, scale and zero point (`_qparams`), the integers those of
+    the scale each group chose (kept, not rounded a third time); in pieces along axis 0 when no
+    group spans it, so that the temporaries of a large weight stay in cache."""
+    axes = () if reduce is None else (reduce,) if isinstance(reduce, int) else reduce
+    if reduce is None or 0 in axes or values.ndim == 0 or values.size <= _PIECE:
+        return _rounded_piece(values, reduce, scheme)
+    rows = max(1, _PIECE * values.shape[0] // values.size)
+    pieces = [_rounded_piece(values[i:i + rows], reduce, scheme) for i in range(0, values.shape[0], rows)]
+    q, scale, zero = (np.concatenate(parts) for parts in zip(*pieces, strict=True))
+    return q, scale, zero
+
+
+def _rounded_piece(values: np.ndarray, reduce: int | tuple[int, ...] | None, scheme: QuantScheme) -> Weight:
+    """`_rounded` on one piece, in float32 and in place: each candidate's error is measured in
+    its own steps (squared, then times the step squared), its integers clipped only at the top
+    (the full range's largest magnitude lands on the most negative integer exactly; the narrow
+    one's on the largest, of either sign)."""
     lo, hi = values.min(axis=reduce), values.max(axis=reduce)
-    scale, zero = choose_qparams(lo, hi, scheme.dtype, scheme.symmetric)
-    if not full_range(scheme.dtype, scheme.symmetric):
-        return scale, zero
-    narrow, _ = choose_qparams(lo, hi, scheme.dtype, scheme.symmetric, full=False)
+    dtype = scheme.dtype
     keep = (lambda a: np.expand_dims(a, reduce)) if reduce is not None else (lambda a: a)
-    errors = [np.square(values - quantize(values, keep(s), 0, scheme.dtype, None, True) * keep(s)).sum(axis=reduce)
-              for s in (scale, narrow)]
-    return np.where(errors[1] < errors[0], narrow, scale).astype(np.float32), zero
+    rounded, errors = [], []
+    for full in (True, False):
+        scale = choose_qparams(lo, hi, dtype, True, full=full)[0]
+        steps = np.asarray(values / keep(scale), np.float32)
+        q = np.rint(steps)
+        if full:
+            np.minimum(q, dtype.qmax, out=q)
+        steps -= q
+        np.square(steps, out=steps)
+        errors.append(steps.sum(axis=reduce) * np.square(scale))
+        rounded.append((q, scale))
+    narrower = errors[1] < errors[0]
+    (q_full, s_full), (q_narrow, s_narrow) = rounded
+    q = np.where(keep(narrower), q_narrow, q_full).astype(dtype.numpy_dtype)
+    return q, np.where(narrower, s_narrow, s_full).astype(np.float32), np.zeros(narrower.shape, dtype.numpy_dtype)
 
 
 def _blocked(values: np.ndarray, axis: int, block: int) -> np.ndarray:
