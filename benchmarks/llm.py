@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="a folder with model.onnx and text/")
     parser.add_argument("--presets", nargs="+",
-                        default=["weights-int4", "llm-int4", "llm-awq", "llm-int8", "llm-mixed"],
+                        default=["weights-int4", "llm-int4", "llm-awq", "llm-hqq", "llm-int8", "llm-mixed"],
                         help="qcli presets or config files, each run as --config")
     parser.add_argument("--rounds", type=int, default=31, help="A/B rounds of the speed measure")
     parser.add_argument("--large", action="store_true", help="also the 368M-parameter decoder (random weights, "

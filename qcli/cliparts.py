@@ -23,7 +23,7 @@ DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of erro
 ConfigOpt = Annotated[
     str | None,
     typer.Option("--config", help="YAML config file, or a preset: default, dynamic, tensorrt, accuracy, weights-int4, "
-                 "llm-int4, llm-int8, llm-mixed, llm-awq."),
+                 "llm-int4, llm-int8, llm-mixed, llm-awq, llm-hqq."),
 ]
 DropOpt = Annotated[
     float | None,

@@ -95,12 +95,14 @@ class Weights(Section):
     granularity: GranularityName = Field("per_channel", description=(
         "one scale per tensor, per output channel (Conv out-channels, Gemm's N axis, a MatMul matrix's columns), "
         "or per block of `block_size` along the reduction axis"))
-    algorithm: Literal["rtn", "gptq", "awq"] = Field("rtn", description=(
+    algorithm: Literal["rtn", "gptq", "awq", "hqq"] = Field("rtn", description=(
         "how integer weights are rounded: `rtn` each value to its nearest; `gptq` MatMul and Gemm weights one input "
         "row at a time, each rounding error spread onto the rows left by the Gram matrix of the layer's inputs on "
         "the calibration samples (needs `--data`; qcli/gptq.py); `awq` per-block MatMul and Gemm weights of float "
         "inputs scaled up on the input channels that are large on the calibration samples (the input divided), "
-        "then each block's range clipped, both by the error at the layer's output (needs `--data`; qcli/awq.py)"))
+        "then each block's range clipped, both by the error at the layer's output (needs `--data`; qcli/awq.py); `hqq` "
+        "each group's scale solved by HQQ's half-quadratic method for the least l_p (p 0.7) error on the weight "
+        "itself, zero points kept integer (no data; qcli/hqq.py)"))
     embeddings: Literal["auto", "int8", "float"] = Field("auto", description=(
         "constant tables only a Gather reads (a decoder's token and position embeddings, untied): `int8` stores "
         "them int8 per column, the rows read dequantized after the Gather (only those rows: no Q/DQ on "
@@ -371,7 +373,7 @@ class Config(Section):
         # change both (a smoothed weight is scaled, its input divided): they would not match
         steps = [name for name in ("smoothquant", "equalization", "bias_correction")
                  if getattr(self.recovery, name) is not None]
-        if self.weights.algorithm != "rtn" and steps:
+        if self.weights.algorithm != "rtn" and steps:  # HQQ: its weights are solved once, on the prepared graph
             raise ValueError(f"weights.algorithm {self.weights.algorithm} does not combine with recovery step "
                              f"{steps[0]}: drop one of the two")
         return self

@@ -34,7 +34,16 @@ from qcli.data import DataFolder, InputSpec, model_inputs
 from qcli.phases import ProgressFactory, no_progress
 from qcli.prepare import PrepareResult
 from qcli.prepare.shapes import activation_bytes
-from qcli.quantize import calibrate, gptq_weights, gram_passes, measure_bias_shifts, measure_grams, round_gptq
+from qcli.quantize import (
+    calibrate,
+    gptq_weights,
+    gram_passes,
+    hqq_weights,
+    measure_bias_shifts,
+    measure_grams,
+    round_gptq,
+    round_hqq,
+)
 from qcli.target.deployment import Deployment
 
 MIN_SAMPLES = 16
@@ -182,6 +191,9 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
         with progress("rounding weights (gptq)", weights * (1 + len(table.folds)), unit="weights") as advance:
             for t in [table, *table.folds]:
                 round_gptq(config, t, prepared=prepared, progress=advance)
+    if algorithm == "hqq":
+        with progress("rounding weights (hqq)", hqq_weights(config, prepared), unit="weights") as advance:
+            round_hqq(config, prepared=prepared, progress=advance)
     if config.recovery.bias_correction is not None:
         with progress("measuring bias shifts", len(folder) * len(parts) - sum(f.samples for f in folds)) as advance:
             for t, part in zip([table, *table.folds], parts, strict=True):

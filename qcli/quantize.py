@@ -20,7 +20,7 @@ from typing import Any
 
 import onnx
 
-from qcli import __version__, awq, gptq
+from qcli import __version__, awq, gptq, hqq
 from qcli.calibrate.collect import Collected, collect
 from qcli.calibrate.pool import started
 from qcli.calibrate.ranges import RangeSettings
@@ -162,6 +162,8 @@ def quantize(
     memo = prepared.quantized if reused and source is prepared.model else None  # weights changed: no memo
     if config.weights.algorithm == "gptq":
         memo = _gptq_rounded(source, plan, table, notes)
+    elif config.weights.algorithm == "hqq":
+        memo = _hqq_rounded(source, plan, prepared.quantized if source is prepared.model else WeightMemo(), notes)
     elif scaled is not None:
         memo = _awq_rounded(source, plan, table, scaled, notes)
     lean = lean and not (plan.half and config.half)  # the 16-bit rewrite reads the float weights
@@ -373,6 +375,36 @@ def _gptq_rounded(source: onnx.ModelProto, plan: Plan, table: CalibrationTable, 
         if done is not None:
             done()
     notes.extend(gptq.notes(source, plan))
+    return memo
+
+
+def hqq_weights(config: Config, prepared: PrepareResult) -> int:
+    """How many weights `round_hqq` rounds (for a progress bar's total)."""
+    return len(hqq.targets(make_plan(prepared.model, config)))
+
+
+def round_hqq(config: Config, *, prepared: PrepareResult, progress: Callable[[int], None]) -> None:
+    """Round now, by HQQ, every weight `config`'s plan gives it (`progress(1)` after each), into
+    the prepared model's memo that the builds take them from."""
+    _hqq_rounded(prepared.model, make_plan(prepared.model, config), prepared.quantized, [], lambda: progress(1))
+
+
+def _hqq_rounded(source: onnx.ModelProto, plan: Plan, kept: WeightMemo, notes: list[str],
+                 done: Callable[[], None] | None = None) -> WeightMemo:
+    """A memo for this build holding the weights HQQ rounds (qcli.hqq), each solved once and
+    kept in `kept` (the prepared model's memo: HQQ reads no data, so every fold and build shares
+    it) under its plan (`done()` after each)."""
+    memo = WeightMemo()
+    found = hqq.targets(plan)
+    wanted = {name for name, wp in found.items() if ("hqq", wp) not in kept.weights}
+    for name, weight in hqq.solve(source, plan, wanted):
+        kept.put(("hqq", plan.weights[name]), weight, plan.weights[name])
+        if done is not None:
+            done()
+    for wp in found.values():
+        if ("hqq", wp) in kept.weights:
+            memo.weights[("qdq", wp)] = kept.weights[("hqq", wp)]
+    notes.extend(hqq.notes(plan, {wp.name for wp in found.values() if ("hqq", wp) in kept.weights}))
     return memo
 
 

@@ -90,9 +90,9 @@ def quantized_weight(values: np.ndarray, plan: WeightPlan,
     ([[64, -127], [-127, 64]], [0.01575, 0.00394], [0, 0])
     """
     scheme, axis = plan.scheme, plan.axis
-    grouped = _grouped(values, plan) if params is None and full_range(scheme.dtype, scheme.symmetric) else None
-    if grouped is not None:  # the integers of the scale chosen, kept: not rounded a third time
-        q, scale, zero = _rounded(*grouped, scheme)
+    view = grouped(values, plan) if params is None and full_range(scheme.dtype, scheme.symmetric) else None
+    if view is not None:  # the integers of the scale chosen, kept: not rounded a third time
+        q, scale, zero = _rounded(*view, scheme)
         return q.reshape(values.shape), scale, zero
     scale, zero = params if params is not None else weight_qparams(values, plan)
     if isinstance(scheme.granularity, PerBlock) and axis is not None and values.shape[axis] % scheme.granularity.size:
@@ -112,9 +112,9 @@ def weight_qparams(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np
     """Scale and zero point of a weight: one, one per channel along `axis`, or one per block of
     values along `axis` (then shaped like the weight with that axis shortened)."""
     scheme, axis = plan.scheme, plan.axis
-    grouped = _grouped(values, plan)
-    if grouped is not None:
-        return _qparams(*grouped, scheme)
+    view = grouped(values, plan)
+    if view is not None:
+        return _qparams(*view, scheme)
     if axis is not None and isinstance(scheme.granularity, PerBlock):  # a last, shorter block: padded
         block = scheme.granularity.size
         moved = np.moveaxis(values, axis, 0)
@@ -123,13 +123,13 @@ def weight_qparams(values: np.ndarray, plan: WeightPlan) -> tuple[np.ndarray, np
         padded = np.pad(moved, [(0, count * block - size)] + [(0, 0)] * (moved.ndim - 1))
         scale, zero = _qparams(padded.reshape(count, block, *moved.shape[1:]), 1, scheme)
         return np.moveaxis(scale, 0, axis), np.moveaxis(zero, 0, axis)
-    raise AssertionError("unreachable: _grouped covers every other plan")
+    raise AssertionError("unreachable: grouped covers every other plan")
 
 
 _Grouping = tuple[np.ndarray, int | tuple[int, ...] | None]
 
 
-def _grouped(values: np.ndarray, plan: WeightPlan) -> _Grouping | None:
+def grouped(values: np.ndarray, plan: WeightPlan) -> _Grouping | None:
     """`values` viewed so that each group of one scale is a reduction over the returned axes
     (None: the whole tensor); None for blocks that do not divide their axis (padded instead)."""
     scheme, axis = plan.scheme, plan.axis

@@ -116,8 +116,8 @@ def test_unknown_preset(cli) -> None:
 
 def test_presets_validate_and_show(cli) -> None:
     names = sorted(p.stem for p in PRESETS.glob("*.yaml"))
-    assert names == ["accuracy", "bfloat16", "default", "dynamic", "float16", "fp8", "llm-awq", "llm-int4", "llm-int8",
-                     "llm-mixed", "tensorrt", "weights-int4"]
+    assert names == ["accuracy", "bfloat16", "default", "dynamic", "float16", "fp8", "llm-awq", "llm-hqq", "llm-int4",
+                     "llm-int8", "llm-mixed", "tensorrt", "weights-int4"]
     for name in names:
         assert cli("config", "validate", name).exit_code == 0
     shown = yaml.safe_load(cli("config", "show", "--config", "tensorrt").stdout)
