@@ -81,7 +81,7 @@ def rounded(values: np.ndarray, wp: WeightPlan) -> Weight:
                                  for i in range(0, groups.shape[0], rows)])
     keep = _keeper(reduce)
     ints = np.clip(np.rint(groups / keep(solved)) + keep(zero), lo, hi).astype(q.dtype)
-    return ints.reshape(values.shape), solved, zero
+    return np.asarray(ints).reshape(values.shape), solved, zero
 
 
 def _solved(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, reduce: int | tuple[int, ...] | None,
@@ -96,7 +96,7 @@ def _solved(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, reduce: int | tu
     for _ in range(STEPS):
         c = np.clip(np.rint(w / keep(s)) + z, lo, hi) - z
         residual = w - c * keep(s)
-        size = np.abs(residual)
+        size = np.asarray(np.abs(residual))  # an array for a one-value weight too (`out=` below)
         error = np.square(size).sum(axis=reduce)
         better = error < least
         if not better.any():

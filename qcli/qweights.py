@@ -187,7 +187,7 @@ def _rounded_piece(values: np.ndarray, reduce: int | tuple[int, ...] | None, sch
     for full in (True, False):
         scale = choose_qparams(lo, hi, dtype, True, full=full)[0]
         steps = np.asarray(values / keep(scale), np.float32)
-        q = np.rint(steps)
+        q = np.asarray(np.rint(steps))  # an array for a one-value weight too (`out=` below)
         if full:
             np.minimum(q, dtype.qmax, out=q)
         steps -= q

@@ -65,6 +65,16 @@ def test_a_block_that_does_not_divide_its_axis_keeps_rounding_to_nearest() -> No
         assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", ["int4", "uint4", "int2"])
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1)])
+def test_a_one_value_weight_per_tensor(dtype: str, shape: tuple[int, ...]) -> None:
+    w = np.full(shape, 0.7, np.float32)
+    wp = WeightPlan("w", QuantScheme.of(dtype, "per_tensor", dtype != "uint4"), None)
+    for got, want in zip(rounded(w, wp), quantized_weight(w, wp), strict=True):
+        assert isinstance(got, np.ndarray) == isinstance(want, np.ndarray) and np.array_equal(got, want)
+    assert np.asarray(dequantize(*quantized_weight(w, wp))).ravel()[0] == pytest.approx(0.7, rel=1e-6)
+
+
 def test_a_large_weight_solved_in_pieces_is_the_whole_ones(monkeypatch) -> None:
     import qcli.hqq
 
