@@ -101,8 +101,8 @@ class Weights(Section):
         "the calibration samples (needs `--data`; qcli/gptq.py); `awq` per-block MatMul and Gemm weights of float "
         "inputs scaled up on the input channels that are large on the calibration samples (the input divided), "
         "then each block's range clipped, both by the error at the layer's output (needs `--data`; qcli/awq.py); `hqq` "
-        "each group's scale solved by HQQ's half-quadratic method for the least l_p (p 0.7) error on the weight "
-        "itself, zero points kept integer (no data; qcli/hqq.py)"))
+        "each group's scale moved by HQQ's half-quadratic steps (an l_p split, p 0.7, that lets a few large errors "
+        "stand) and kept where the weight's squared error is least, zero points integer (no data; qcli/hqq.py)"))
     embeddings: Literal["auto", "int8", "float"] = Field("auto", description=(
         "constant tables only a Gather reads (a decoder's token and position embeddings, untied): `int8` stores "
         "them int8 per column, the rows read dequantized after the Gather (only those rows: no Q/DQ on "

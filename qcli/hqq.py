@@ -20,8 +20,9 @@ Decisions:
   error instead gave the trained decoder's perplexity back a little: benchmarks page). The steps
   stop once no group improves. Pieces along the first axis (as qcli.qweights rounds) keep the
   temporaries in cache.
-- Every integer weight the plan quantizes statically is solved (any granularity; blocks that do
-  not divide their axis keep RTN's, as do dynamic nodes' weights), said in a note.
+- Every integer weight of the main graph the plan quantizes statically is solved (any
+  granularity; blocks that do not divide their axis keep RTN's, as do dynamic nodes' weights
+  and those inside If/Loop bodies), said in a note.
 """
 
 from __future__ import annotations
@@ -124,5 +125,6 @@ def notes(plan: Plan, rounded_names: set[str]) -> list[str]:
     said = [f"hqq: {len(rounded_names)} weight(s) rounded with scales solved by HQQ (no calibration data)"]
     if left:
         shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
-        said.append(f"hqq: rounded to nearest instead (dynamic nodes' weights): {shown}")
+        said.append(f"hqq: rounded to nearest instead (dynamic nodes' weights, weights inside If/Loop bodies): "
+                    f"{shown}")
     return said
