@@ -34,7 +34,7 @@ import onnx
 
 from qcli.lazy import tensor_array
 from qcli.plan import Plan, WeightPlan
-from qcli.qweights import Weight, grouped, quantized_weight
+from qcli.qweights import Weight, expander, grouped, pieces, quantized_weight
 from qcli.scheme import integer_range
 
 NORM, BETA, KAPPA, STEPS = 0.7, 10.0, 1.01, 20  # HQQ's defaults (its optimize_weights)
@@ -73,14 +73,10 @@ def rounded(values: np.ndarray, wp: WeightPlan) -> Weight:
         return q, scale, zero
     groups, reduce = view
     lo, hi = integer_range(wp.scheme.dtype, wp.scheme.symmetric)
-    axes = () if reduce is None else (reduce,) if isinstance(reduce, int) else reduce
-    if reduce is None or 0 in axes or groups.ndim == 0:
-        solved = _solved(groups, scale, zero, reduce, lo, hi)
-    else:
-        rows = max(1, PIECE * groups.shape[0] // max(groups.size, 1))
-        solved = np.concatenate([_solved(groups[i:i + rows], scale[i:i + rows], zero[i:i + rows], reduce, lo, hi)
-                                 for i in range(0, groups.shape[0], rows)])
-    keep = _keeper(reduce)
+    parts = pieces(groups, reduce, PIECE)
+    solved = (_solved(groups, scale, zero, reduce, lo, hi) if len(parts) == 1 else
+              np.concatenate([_solved(groups[r], scale[r], zero[r], reduce, lo, hi) for r in parts]))
+    keep = expander(reduce)
     ints = np.clip(np.rint(groups / keep(solved)) + keep(zero), lo, hi).astype(q.dtype)
     return np.asarray(ints).reshape(values.shape), solved, zero
 
@@ -89,7 +85,7 @@ def _solved(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, reduce: int | tu
             lo: int, hi: int) -> np.ndarray:
     """The scale of least squared error each group of `w` (over `reduce`) reaches from `scale`
     by HQQ's steps."""
-    keep = _keeper(reduce)
+    keep = expander(reduce)
     z = keep(zero).astype(np.float32)
     s = scale.astype(np.float32)
     best, least = s.copy(), np.full(s.shape, np.inf, np.float32)
@@ -112,10 +108,6 @@ def _solved(w: np.ndarray, scale: np.ndarray, zero: np.ndarray, reduce: int | tu
         s = np.where((den > 0) & (np.abs(fit) >= np.finfo(np.float32).tiny), fit, s).astype(np.float32)
         beta *= KAPPA
     return best.astype(np.float32)
-
-
-def _keeper(reduce: int | tuple[int, ...] | None):
-    return (lambda a: np.expand_dims(a, reduce)) if reduce is not None else (lambda a: a)
 
 
 def notes(plan: Plan, rounded_names: set[str]) -> list[str]:

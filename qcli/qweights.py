@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from types import EllipsisType
 from typing import TypeVar
 
 import numpy as np
@@ -164,15 +165,28 @@ _PIECE = 1 << 16  # values rounded at once: the two candidates' temporaries stay
 
 def _rounded(values: np.ndarray, reduce: int | tuple[int, ...] | None, scheme: QuantScheme) -> Weight:
     """A full-range scheme's integers, scale and zero point (`_qparams`), the integers those of
-    the scale each group chose (kept, not rounded a third time); in pieces along axis 0 when no
-    group spans it, so that the temporaries of a large weight stay in cache."""
-    axes = () if reduce is None else (reduce,) if isinstance(reduce, int) else reduce
-    if reduce is None or 0 in axes or values.ndim == 0 or values.size <= _PIECE:
-        return _rounded_piece(values, reduce, scheme)
-    rows = max(1, _PIECE * values.shape[0] // values.size)
-    pieces = [_rounded_piece(values[i:i + rows], reduce, scheme) for i in range(0, values.shape[0], rows)]
-    q, scale, zero = (np.concatenate(parts) for parts in zip(*pieces, strict=True))
+    the scale each group chose (kept, not rounded a third time), in `pieces`."""
+    parts = [_rounded_piece(values[rows], reduce, scheme) for rows in pieces(values, reduce, _PIECE)]
+    if len(parts) == 1:
+        return parts[0]
+    q, scale, zero = (np.concatenate(arrays) for arrays in zip(*parts, strict=True))
     return q, scale, zero
+
+
+def pieces(values: np.ndarray, reduce: int | tuple[int, ...] | None, size: int) -> list[slice | EllipsisType]:
+    """Rows of `values` along axis 0 of about `size` values each, when no group of one scale spans
+    that axis (each piece's groups then whole, and their scales the same rows of the scales'
+    axis 0), so that a large weight's temporaries stay in cache; else the whole of it (`...`)."""
+    axes = () if reduce is None else (reduce,) if isinstance(reduce, int) else reduce
+    if reduce is None or 0 in axes or values.ndim == 0 or values.size <= size:
+        return [...]
+    rows = max(1, size * values.shape[0] // values.size)
+    return [slice(i, i + rows) for i in range(0, values.shape[0], rows)]
+
+
+def expander(reduce: int | tuple[int, ...] | None) -> Callable[[np.ndarray], np.ndarray]:
+    """What makes a group's parameter (scale, zero point) broadcast against its values."""
+    return (lambda a: np.expand_dims(a, reduce)) if reduce is not None else (lambda a: a)
 
 
 def _rounded_piece(values: np.ndarray, reduce: int | tuple[int, ...] | None, scheme: QuantScheme) -> Weight:
@@ -182,7 +196,7 @@ def _rounded_piece(values: np.ndarray, reduce: int | tuple[int, ...] | None, sch
     one's on the largest, of either sign)."""
     lo, hi = values.min(axis=reduce), values.max(axis=reduce)
     dtype = scheme.dtype
-    keep = (lambda a: np.expand_dims(a, reduce)) if reduce is not None else (lambda a: a)
+    keep = expander(reduce)
     rounded, errors = [], []
     for full in (True, False):
         scale = choose_qparams(lo, hi, dtype, True, full=full)[0]
