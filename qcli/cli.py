@@ -180,6 +180,9 @@ def quantize(
     min_speedup: Annotated[
         float | None, typer.Option("--min-speedup", help="Auto-precision speed floor: float / quantized latency.")
     ] = None,
+    max_size_mb: Annotated[float | None, typer.Option(
+        "--max-size-mb", help="Auto-precision size budget in MB: int4 weights where they cost least, until it fits.")
+    ] = None,
     max_trials: Annotated[int | None, typer.Option("--max-trials", help="Candidate models the search may try.")] = None,
     time_budget: Annotated[float | None, typer.Option(
         "--time-budget", help="Seconds after which the summary says the search ran long (--max-trials stops it).")
@@ -216,7 +219,8 @@ def quantize(
         flags = QuantizeFlags(
             model, output, data, calib, CalibrationFlags(config, method, percentile, samples, batch_size, seq_len),
             strict=strict, force=force, eval_data=eval_data, max_accuracy_drop=max_accuracy_drop,
-            auto_precision=auto_precision, criteria=criteria, min_speedup=min_speedup, max_trials=max_trials,
+            auto_precision=auto_precision, criteria=criteria, min_speedup=min_speedup, max_size_mb=max_size_mb,
+            max_trials=max_trials,
             time_budget=time_budget, precision_out=precision_out, no_verify=no_verify, no_rescue=no_rescue,
             min_top1_agreement=min_top1_agreement, min_cosine=min_cosine, max_latency_ratio=max_latency_ratio,
             scale=ScaleFlags(executor, workers, ray_address),

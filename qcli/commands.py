@@ -213,10 +213,13 @@ def outcome_error(outcome: Outcome, output: Path) -> GateFailed | None:
             hint=_what_to_try(outcome, missed),
         )
     if outcome.search is not None and outcome.searched_for_goal and not outcome.goal_met:
+        ap = cfg.auto_precision
+        size = f", max size {ap.max_size_mb:g} MB" if ap.max_size_mb is not None else ""
         return GateFailed(
-            f"auto-precision could not meet its goal ({cfg.auto_precision.criteria}, max accuracy drop "
-            f"{cfg.auto_precision.max_accuracy_drop:g}); wrote the best model found: {output}",
-            hint="raise --max-accuracy-drop, add candidates (int16, float), or raise --max-trials/--time-budget",
+            f"auto-precision could not meet its goal ({ap.criteria}, max accuracy drop {ap.max_accuracy_drop:g}"
+            f"{size}); wrote the best model found: {output}",
+            hint="raise --max-accuracy-drop" + (" or --max-size-mb" if size else "")
+            + ", add candidates (int16, float), or raise --max-trials/--time-budget",
         )
     return None
 

@@ -291,12 +291,22 @@ class AutoPrecision(Section):
     candidates: list[Candidate] = Field(["int8", "dynamic", "int16", "float"], description=(
         "the promotions searched, dynamic (then float16/bfloat16) before float; `int8` is always the base; "
         "`int4`: 4-bit weights to shrink within the budget; `uint16`/`uint8` mean `int16`/`int8`"))
+    max_size_mb: float | None = Field(None, gt=0, description=(
+        "a size budget for the written model, in MB (10^6 bytes; `--max-size-mb`; needs `int4` among the "
+        "candidates): int4 weights on the layers whose 4-bit weights add the least noise per byte they save, "
+        "the fewest that fit, instead of as many as the accuracy budget allows; the budget and floors still gate"))
     samples: int = Field(256, ge=1, description=(
         "samples of `--eval-data` (or held back) measured per trial (and compared by `analyze --sensitivity`)"))
     max_trials: int = Field(200, ge=1, description=(
         "the search's budget, in trials (`--max-trials`; also `analyze --sensitivity`'s)"))
     time_budget: float = Field(600.0, gt=0, description="seconds: reported when passed, never a stop "
                                "(`--time-budget`)")
+
+    @model_validator(mode="after")
+    def _size_needs_int4(self) -> AutoPrecision:
+        if self.max_size_mb is not None and "int4" not in self.candidates:
+            raise ValueError("max_size_mb shrinks the model with int4 weights: add int4 to candidates")
+        return self
 
     @field_validator("candidates")
     @classmethod

@@ -127,6 +127,7 @@ class QuantizeFlags:
     auto_precision: bool = False
     criteria: str | None = None
     min_speedup: float | None = None
+    max_size_mb: float | None = None
     max_trials: int | None = None
     time_budget: float | None = None
     precision_out: Path | None = None
@@ -168,9 +169,11 @@ class QuantizeFlags:
                 "min_speedup": self.min_speedup, "max_trials": self.max_trials, "time_budget": self.time_budget,
             },
         )
-        if not config.auto_precision.enabled and (self.criteria or self.min_speedup or self.precision_out):
-            raise QcliError("--criteria, --min-speedup and --precision-out go with --auto-precision")
-        return config
+        if not config.auto_precision.enabled and (self.criteria or self.min_speedup or self.max_size_mb
+                                                  or self.precision_out):
+            raise QcliError("--criteria, --min-speedup, --max-size-mb and --precision-out go with --auto-precision")
+        # after that check: a budget without int4 among the candidates is the config's error
+        return config.merged(auto_precision={"max_size_mb": self.max_size_mb})
 
     def with_table(self, config: Config, table: CalibrationTable) -> Config:
         """`config` with the calibration file's own method, unless the flags or the config chose one."""

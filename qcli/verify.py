@@ -241,7 +241,8 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
     if ap.enabled:
         wanted = goal_of(config)
         ceiling = min((r for r in (wanted.max_latency_ratio, floors.max_latency_ratio) if r is not None), default=None)
-        goal = replace(floors, criterion=wanted.criterion, max_drop=wanted.max_drop, max_latency_ratio=ceiling)
+        goal = replace(floors, criterion=wanted.criterion, max_drop=wanted.max_drop, max_latency_ratio=ceiling,
+                       max_bytes=wanted.max_bytes)
     exact = trials.probe.predicts
     goal = tolerant(goal, exact)
     trials.ceiling = goal.max_latency_ratio

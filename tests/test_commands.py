@@ -46,8 +46,10 @@ def test_flags_lay_over_the_config(tmp_path: Path) -> None:
     config = flags.config()
     assert (config.calibration.method, config.calibration.samples) == ("kl", 64)
     assert not config.verify.enabled and config.verify.min_cosine == 0.5
-    with pytest.raises(QcliError, match="--criteria, --min-speedup and --precision-out go with --auto-precision"):
+    with pytest.raises(QcliError, match="--criteria, --min-speedup, --max-size-mb and --precision-out go with --auto-precision"):
         QuantizeFlags(MLP / "model.onnx", tmp_path / "q.onnx", data=MLP / "calib", criteria="accuracy").config()
+    with pytest.raises(QcliError, match="--max-size-mb and --precision-out go with --auto-precision"):
+        QuantizeFlags(MLP / "model.onnx", tmp_path / "q.onnx", data=MLP / "calib", max_size_mb=1.0).config()
     with pytest.raises(QcliError, match="command line: calibration.samples"):
         QuantizeFlags(MLP / "model.onnx", tmp_path / "q.onnx", calibration=CalibrationFlags(samples=0)).config()
 

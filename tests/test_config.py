@@ -58,6 +58,8 @@ def _error(cli, tmp_path: Path, text: str) -> str:
         ("auto_precision:\n  max_trials: 3\n  candidates: [float, bfloat16, float16]\n",
          ":3: auto_precision.candidates: Value error, float16 and bfloat16 both listed: a model runs in one 16-bit "
          "float type, choose one (got ['float', 'bfloat16', 'float16'])", None),
+        ("auto_precision:\n  max_size_mb: 2.5\n", ":1: auto_precision: Value error, max_size_mb shrinks the model "
+         "with int4 weights: add int4 to candidates", None),
         ("overrides:\n  - match: {tensors: [a]}\n    precision: float16\n",
          ":2: overrides[0]: Value error, precision float16 applies to nodes: give match.nodes or match.op_types", None),
         ("activations: {dtype: float8e4m3fn}\n",

@@ -303,3 +303,27 @@ def test_the_part_of_a_graph_computing_some_tensors_holds_only_what_they_need() 
     feeds = {"input_ids": ids, "position_ids": positions, "attention_mask": np.ones((2, 6), np.int64)}
     feeds |= {i.name: np.zeros((2, 4, 0, 16), np.float32) for i in whole.get_inputs() if i.name.startswith("past")}
     assert np.allclose(got, whole.run(["layers.0/ln1"], feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_llm_mixed_under_a_size_budget_writes_the_fewest_int4_layers_that_fit(cli, tmp_path: Path,
+                                                                             tiny: Path) -> None:
+    """`--max-size-mb` between llm-int8's size and llm-int4's: some layers int4 (4-bit blocks), the
+    file within the budget, the perplexity budget met; below what int4 everywhere writes: exit 1,
+    with that model (the smallest) written."""
+    args = ("--data", tiny / "text", "--seq-len", "16", "--config", "llm-mixed")
+    int8 = cli.json("quantize", tiny / "decoder.onnx", "-o", tmp_path / "int8.onnx", *args[:4], "--config", "llm-int8")
+    budget = 0.85 * int8["bytes_after"] / 1e6
+    out = tmp_path / "fits.onnx"
+    doc = cli.json("quantize", tiny / "decoder.onnx", "-o", out, *args, "--max-size-mb", f"{budget:.4f}")
+    int4 = [n for n, p in doc["precision"]["promoted"].items() if p["precision"] == "int4"]
+    assert doc["precision"]["goal_met"] and 0 < len(int4) < 13
+    assert doc["bytes_after"] <= budget * 1e6 < int8["bytes_after"]
+    assert doc["precision"]["steps"][-1]["action"].startswith(f"int4 weights on {len(int4)}, the fewest that fit")
+    blocks = [n for n in onnx.load(str(out)).graph.node if n.op_type == "DequantizeLinear" and n.input[0].endswith(
+        "_quantized") and any(a.name == "block_size" and a.i == 32 for a in n.attribute)]
+    assert len(blocks) == 13  # int4 and int8 alike in blocks of 32
+    result = cli("quantize", tiny / "decoder.onnx", "-o", tmp_path / "over.onnx", *args, "--max-size-mb", "0.05")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: auto-precision could not meet its goal (performance, max accuracy drop "
+                                    "0.003, max size 0.05 MB); wrote the best model found:")
+    assert "raise --max-accuracy-drop or --max-size-mb" in result.stderr

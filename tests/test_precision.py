@@ -787,3 +787,62 @@ def test_without_a_guess_the_blocks_rank_as_before() -> None:
     found = [search(us, t, Goal(max_drop=0.01), float_costs(us)) for t in (plain, unguessed)]
     assert [s.action for s in found[0].steps] == [s.action for s in found[1].steps] and plain.count == unguessed.count
     assert found[1].steps[1].action.endswith("no finer blocks")
+
+
+class SizedTrials(FakeTrials):
+    """int8 units add nothing; a unit with int4 weights adds its `int4` error. The model's size:
+    `fixed` bytes plus a byte per int8 weight, `per_int4` bytes per int4 weight."""
+
+    def __init__(self, int4: dict[str, float], params: dict[str, int], fixed: int = 100, per_int4: float = 0.5):
+        super().__init__(dict.fromkeys(int4, 0.0))
+        self.int4, self.params, self.fixed, self.per_int4 = int4, params, fixed, per_int4
+        self.sized: list[frozenset] = []
+
+    def _error(self, choices: dict[str, str]) -> float:
+        return sum(self.int4[n] for n, p in choices.items() if p == "int4")
+
+    def size(self, choices: dict[str, str]) -> int:
+        self.sized.append(frozenset(choices.items()))
+        return self.fixed + round(sum(self.params[n] * (self.per_int4 if choices.get(n) == "int4" else 1)
+                                      for n in self.params))
+
+
+def sized_units(params: dict[str, int]) -> list[Unit]:
+    return [replace(u, weighted=True, params=params[u.node]) for u in units(*params)]
+
+
+def test_a_size_budget_takes_int4_where_it_adds_the_least_noise_per_byte_saved() -> None:
+    """`big` adds more noise than `small` but far less per byte it saves: a budget 500 bytes under
+    all int8 takes `big` alone, where the perplexity-budget order (noise alone) starts at `small`."""
+    params = {"big": 1000, "small": 100, "mid": 400}
+    trials = SizedTrials({"big": 0.002, "small": 0.001, "mid": 0.004}, params)
+    us = sized_units(params)
+    found = search(us, trials, Goal(max_drop=0.01, max_bytes=1600 - 500), {}, shrink=True)
+    assert found.met and found.choices == {"big": "int4"}
+    assert found.steps[-1].action == "int4 weights on 1, the fewest that fit 0.0011 MB (0.0011 MB)"
+    assert trials.size(found.choices) <= 1100
+
+
+def test_a_size_budget_builds_further_while_the_estimate_falls_short() -> None:
+    """int4 saving less than the half byte a weight the estimate counts (scales, padding): the
+    next units in the order are added, built and counted until the model fits."""
+    params = dict.fromkeys("abcd", 100)
+    trials = SizedTrials(dict(zip("abcd", (0.001, 0.002, 0.003, 0.004), strict=True)), params, per_int4=0.7)
+    found = search(sized_units(params), trials, Goal(max_drop=0.1, max_bytes=500 - 70), {}, shrink=True)
+    assert found.met and found.choices == dict.fromkeys("abc", "int4")  # 70 bytes: 3 units at 30 each
+    assert len(set(trials.sized)) == 4  # all int8, all int4, the estimate's two units (60 bytes), then three
+
+
+@pytest.mark.parametrize(("budget", "met", "int4", "last"), [
+    (2000, True, 0, "fits 0.002 MB without int4 weights (0.0016 MB)"),
+    (800, False, 3, "int4 weights on all 3: 0.00085 MB, still over 0.0008 MB"),
+])
+def test_a_size_budget_met_as_is_or_out_of_reach_spends_no_ranking(budget: int, met: bool, int4: int,
+                                                                   last: str) -> None:
+    """Within the budget all int8: nothing more is measured. Over it even with every weight int4:
+    that model (the smallest), measured once, and the goal missed."""
+    params = {"big": 1000, "small": 100, "mid": 400}
+    trials = SizedTrials({"big": 0.002, "small": 0.001, "mid": 0.004}, params)
+    found = search(sized_units(params), trials, Goal(max_drop=0.01, max_bytes=budget), {}, shrink=True)
+    assert found.met is met and len(found.choices) == int4 and found.steps[-1].action == last
+    assert trials.count == 1 + (not met)  # all int8, and all int4 when out of reach

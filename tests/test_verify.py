@@ -390,7 +390,8 @@ def test_auto_precision_options_need_the_flag(cli, sensitive, tmp_path: Path) ->
     model, data = sensitive
     result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--criteria", "accuracy")
     assert result.exit_code == 2
-    assert result.stderr.startswith("error: --criteria, --min-speedup and --precision-out go with --auto-precision")
+    assert result.stderr.startswith("error: --criteria, --min-speedup, --max-size-mb and --precision-out go with "
+                                    "--auto-precision")
 
 
 def test_search_trials_on_two_local_workers_give_the_same_model(cli, sensitive, tmp_path: Path) -> None:

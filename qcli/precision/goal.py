@@ -4,9 +4,10 @@ An accuracy budget (the drop of the fidelity metric at most `max_drop`, or a sha
 verification floors (each output judged by its kind: `Fidelity.top1_agreement` is the lowest
 agreement of the outputs gated on one, `Fidelity.cosine` the lowest gated cosine, a regression's
 relative error under its ceiling, a language model's perplexity increase, next-token agreement and
-KL) and the `verify.metric` plug-in's own floor, and a ceiling on the latency ratio to the float
-model. A memory floor is not a goal: promotions only hold more weights (qcli.checks.memory_check).
-A Goal only judges measurements; it never measures.
+KL) and the `verify.metric` plug-in's own floor, a ceiling on the latency ratio to the float
+model, and a size budget (the written model's bytes). A memory floor is not a goal: promotions
+only hold more weights (qcli.checks.memory_check). A Goal only judges measurements; it never
+measures.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Goal:
     max_perplexity_increase: float | None = None  # language models' logits: their ceiling (verification)
     min_token_agreement: float | None = None  # language models: next-token agreement's floor (verification)
     max_token_kl: float | None = None  # language models: the next-token KL's ceiling (verification)
+    max_bytes: int | None = None  # the written model's size at most this (auto_precision.max_size_mb)
 
     def accurate(self, f: Fidelity | None, scale: float = 1.0) -> bool:
         """Whether `f` meets the floors (each gated figure by qcli.analyze.verdict's rule, which
@@ -50,6 +52,10 @@ class Goal:
         `latency.Ratio`; a plain float is its own interval)."""
         return self.max_latency_ratio is None or ratio is None or getattr(ratio, "low", ratio) <= self.max_latency_ratio
 
+    def small(self, size: int | None) -> bool:
+        """Whether a model of `size` bytes fits the size budget (None: not measured, no budget)."""
+        return self.max_bytes is None or (size is not None and size <= self.max_bytes)
+
 
 def goal_of(config: Config) -> Goal:
     """The auto-precision goal the config's `auto_precision` section describes."""
@@ -62,4 +68,5 @@ def goal_of(config: Config) -> Goal:
         criterion=ap.criteria,
         max_drop=None if ap.criteria == "accuracy" else ap.max_accuracy_drop,
         max_latency_ratio=1.0 / min_speedup if min_speedup else None,
+        max_bytes=round(ap.max_size_mb * 1e6) if ap.max_size_mb is not None else None,
     )

@@ -45,7 +45,8 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     the goal) ends the search there, unpruned (`_settle`)."""
     promotable = [u for u in units if u.node in costs]
     s = SearchState(trials, goal, costs, promotable, {u.node: u.index for u in units},
-                [u.node for u in units if u.weighted], instead=instead)
+                    [u.node for u in units if u.weighted], {u.node: u.params for u in units if u.weighted},
+                    instead=instead)
     best: Choice | None = "float" if candidates is not None and "float" in candidates else None
     accurate = {n: best or p for n, p in s.cheapest.items()}  # what the accuracy search promotes to
     timed = goal.max_latency_ratio is not None
@@ -55,7 +56,8 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     s.log(StepKind.ALL_INT8, start, [], here.choices, here.fidelity, here.ratio)
     met = goal.accurate(here.fidelity) and goal.fast(here.ratio)
     if (met and goal.criterion != "accuracy") or not promotable:  # not promotable: no candidate promotes a unit
-        return s.result(_shrink(s, here) if shrink and met else here, met)
+        here = _shrink(s, here) if shrink and met else here
+        return s.result(here, met and _met(s, here))
     if no_payoff is not None:
         everything = dict(accurate)
         better = instead(everything, True) if instead is not None else None  # taken: it replaces everything
@@ -64,7 +66,8 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
         return s.result(Point(everything, f), goal.accurate(f) and s.all_float(everything))
     dynamic = _all_dynamic(s, candidates) if dynamic_first else None
     if dynamic is not None:
-        return s.result(_shrink(s, dynamic) if shrink else dynamic, True)
+        here = _shrink(s, dynamic) if shrink else dynamic
+        return s.result(here, _met(s, here))
     if timed and not goal.fast(here.ratio):
         here = _speed_up(s, here)
     if not goal.accurate(here.fidelity) or goal.criterion == "accuracy":
@@ -74,9 +77,14 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
             here = replace(here, ratio=None if untimed else trials.latency(here.choices))
     if shrink and goal.accurate(here.fidelity) and goal.fast(here.ratio) and not trials.exhausted():
         here = _shrink(s, here)
-    # all float computes like the float model: as fast as it by construction
-    met = goal.accurate(here.fidelity) and (goal.fast(here.ratio) or s.all_float(here.choices))
-    return s.result(here, met)
+    return s.result(here, _met(s, here))
+
+
+def _met(s: SearchState, here: Point) -> bool:
+    """Whether `here` meets the goal: accurate, fast (all float computes like the float model:
+    as fast as it by construction) and within the size budget."""
+    return (s.goal.accurate(here.fidelity) and (s.goal.fast(here.ratio) or s.all_float(here.choices))
+            and s.small(here.choices))
 
 
 def _all_dynamic(s: SearchState, candidates: Collection[str] | None) -> Point | None:
@@ -172,18 +180,21 @@ def _shrink(s: SearchState, here: Point) -> Point:
     """int4 weights (`int4` among the candidates): with the goal met, the nodes whose int4
     weights add the least output noise (one quick trial each) go to int4, as many as keep the
     goal (bisection on the quick probe, confirmed on all samples, halving until it holds) and
-    the latency ceiling. Smaller files within the same budget."""
+    the latency ceiling. Smaller files within the same budget. A size budget: `_fit`."""
     choices = here.choices
     pool = [n for n in s.weighted if n not in choices]
-    if not pool:
-        return here
+    to: dict[str, Choice] = dict.fromkeys(pool, "int4")
+    if not pool or (s.goal.max_bytes is not None and not _needs_ranking(s, here, {**choices, **to})):
+        return here if not pool or s.small(here.choices) else _everything(s, here, {**choices, **to})
     base = s.trials.fidelity(choices, quick=True)
     found = s.trials.fidelity_many([{**choices, n: "int4"} for n in pool], quick=True)
     added = {n: (f.noise - base.noise) if f is not None and base is not None else float("inf")
              for n, f in zip(pool, found, strict=True)}
-    to: dict[str, Choice] = dict.fromkeys(pool, "int4")
-    int4 = Promotions(choices, to, sorted(pool, key=lambda n: (added[n], s.index[n])))
     s.log(StepKind.INT4, "int4 weights: noise each adds", [], choices, base, quick=True)
+    if s.goal.max_bytes is not None:
+        return _fit(s, here, Promotions(choices, to, sorted(
+            pool, key=lambda n: (added[n] / max(s.params.get(n, 0), 1), s.index[n]))), s.goal.max_bytes)
+    int4 = Promotions(choices, to, sorted(pool, key=lambda n: (added[n], s.index[n])))
     lo, hi = 0, len(int4.ranked)
     while lo < hi and not s.trials.exhausted():
         mid = (lo + hi + 1) // 2
@@ -203,6 +214,58 @@ def _shrink(s: SearchState, here: Point) -> Point:
             return Point(int4.prefix(k), f, r if r is not None else here.ratio)
         k //= 2
     return here
+
+
+def _needs_ranking(s: SearchState, here: Point, everything: Choices) -> bool:
+    """Whether the size budget needs some units int4, not none or all: `here` is over it and
+    int4 weights on every unit fit it (else logged: no trial spent on ranking the units)."""
+    budget, size = s.goal.max_bytes or 0, s.trials.size(here.choices)
+    if size <= budget:
+        s.log(StepKind.INT4, f"fits {_mb(budget)} without int4 weights ({_mb(size)})", [], here.choices,
+              here.fidelity, here.ratio)
+        return False
+    return s.trials.size(everything) <= budget
+
+
+def _everything(s: SearchState, here: Point, everything: Choices) -> Point:
+    """A size budget not even int4 weights on every unit meet: that model, the smallest, measured
+    (the search's best, which misses the goal)."""
+    f = s.trials.fidelity(everything)
+    r = s.trials.latency(everything) if s.goal.max_latency_ratio is not None else None
+    changed = [n for n in everything if n not in here.choices]
+    s.log(StepKind.INT4, f"int4 weights on all {len(changed)}: {_mb(s.trials.size(everything))}, still over "
+          f"{_mb(s.goal.max_bytes or 0)}", changed, everything, f, r)
+    return Point(everything, f, r if r is not None else here.ratio)
+
+
+def _fit(s: SearchState, here: Point, int4: Promotions, budget: int) -> Point:
+    """A size budget: int4 weights on the first units of `int4` (ranked by the noise each adds
+    per weight, so per byte it saves), the fewest that bring the written model within `budget`
+    bytes (`_needs_ranking`: some but not all). How far is estimated at half a byte saved per
+    weight, then built and counted (a build, not a trial), further while it does not fit. The
+    result is measured on all samples and judged like any other (it may miss the accuracy budget:
+    then nothing that fits meets it)."""
+    k, size = 0, s.trials.size(here.choices)
+    while size > budget:  # ends: every unit int4 fits (`_needs_ranking`)
+        saved, short = 0.0, size - budget
+        while k < len(int4.ranked) and saved < short:
+            saved, k = saved + s.params.get(int4.ranked[k], 0) / 2, k + 1
+        size = s.trials.size(int4.prefix(k))
+    chosen = int4.prefix(k)
+    f = s.trials.fidelity(chosen)
+    r = s.trials.latency(chosen) if s.goal.max_latency_ratio is not None else None
+    s.log(StepKind.INT4, f"int4 weights on {k}, the fewest that fit {_mb(budget)} ({_mb(size)})", int4.ranked[:k],
+          chosen, f, r)
+    return Point(chosen, f, r if r is not None else here.ratio)
+
+
+def _mb(size: int) -> str:
+    """Bytes in MB (10^6), as the size budget is given.
+
+    >>> _mb(3_012_345)
+    '3.01 MB'
+    """
+    return f"{size / 1e6:.3g} MB"
 
 
 def _shortest_prefix(s: SearchState, ranking: Promotions, quick: bool = False) -> int | None:

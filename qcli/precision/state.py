@@ -51,6 +51,7 @@ class SearchState:
     units: list[Unit]  # the promotable ones (a candidate precision exists), in graph order
     index: dict[str, int]  # unit -> graph position (steps list units in graph order)
     weighted: list[str] = field(default_factory=list)  # units with a constant weight (int4 candidates)
+    params: dict[str, int] = field(default_factory=dict)  # weighted unit -> its weights' elements
     scale: float = 1.0
     instead: Callable[[Choices, bool], Fidelity | None] | None = None  # the caller's better model's (settled?)
     missed: Choices | None = None  # the candidate `_needs_most` found missing the goal (quick): no finer blocks
@@ -80,6 +81,10 @@ class SearchState:
         return {u.node: "dynamic" if dynamic and u.dynamic
                 else half if half and cheapest[u.node] == "float" and not (u.half or u.table)
                 else cheapest[u.node] for u in self.units}
+
+    def small(self, choices: Choices) -> bool:
+        """Whether `choices` fit the size budget (built and counted only when there is one)."""
+        return self.goal.max_bytes is None or self.goal.small(self.trials.size(choices))
 
     def all_float(self, choices: Choices) -> bool:
         """Whether `choices` promote every unit to float (computing like the float model)."""

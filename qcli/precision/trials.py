@@ -35,6 +35,8 @@ from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
 from qcli.dynamic import NODE_SUFFIXES, QUANTIZER_SUFFIX
 from qcli.errors import CalibrationError, InternalError, ModelError
+from qcli.lazy import deferred_bytes
+from qcli.model import serialized_size
 from qcli.phases import phase
 from qcli.precision.simulated import Simulator
 from qcli.precision.units import PROMOTIONS, Choices, Costs, Unit, alone, find_units, promoted_config
@@ -98,6 +100,7 @@ class Trials:
     _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict, init=False)
     _latency: dict[frozenset, tuple[Ratio, int]] = field(default_factory=dict, init=False)  # ratio, timings
     _demoted: dict[Alone | frozenset, int] = field(default_factory=dict, init=False)
+    _size: dict[frozenset, int] = field(default_factory=dict, init=False)  # bytes as written
     _shared: _Context | None = field(default=None, init=False)  # what workers set up from
     _built: dict[Alone | frozenset, QuantizeResult] = field(default_factory=dict, init=False)  # recent, by choices
     _same: dict[tuple[bytes, bool], tuple] = field(default_factory=dict, init=False)  # (digest, quick) -> key
@@ -312,6 +315,15 @@ class Trials:
                     ratio, timings = ratio.retimed(self.probe.latency_ratio(model, fresh=True)), timings + 1
             self._latency[key] = (ratio, timings)
         return ratio
+
+    def size(self, choices: Choices) -> int:
+        """The candidate's bytes as written (the size budget's measure): its protobuf plus the
+        weights it leaves in the input's external data. A build, not a trial: nothing runs."""
+        key = frozenset(choices.items())
+        if key not in self._size:
+            model = self.build(choices).model
+            self._size[key] = serialized_size(model) + deferred_bytes(model)
+        return self._size[key]
 
     def costs(self, candidates: Collection[str], base: Choices | None = None) -> Costs:
         """Per unit: the promotion among `candidates` with the least measured cost, and that

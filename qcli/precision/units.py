@@ -7,15 +7,15 @@ sharing its table's scale) is a unit too, whose only promotion is float (its Gat
 nothing), and so is a node the config runs in float16/bfloat16 that computes (`half`: promoted,
 it runs in float32; data movement and clipping are exact in any float type, and the ops
 qcli.half keeps float32 by rule are float32 already).
-Nodes that read one constant weight (an unrolled decoder's steps sharing a cell's weights) are
-one unit, so that the weight is stored once, in one precision. A unit stays int8 (the config's
+Nodes that read one constant weight (an unrolled decoder's steps sharing a cell's weights) are one
+unit, so that the weight is stored once, in one precision. A unit stays int8 (the config's
 default) or is promoted (`dynamic`: int8 weights, activations quantized at run time, for ops with
 a dynamic form; `int16` activations, A16W8, or under a weight-only config (activations float)
-int16 weights; `float16`/`bfloat16`, the node in that type; or `float`), or gets `int4`
-weights. Every choice is an ordinary override on the nodes' names, appended after the user's,
-so the choices are a config that `qcli quantize --config` reproduces exactly. `alone` cuts a
-plan down to one unit: what it costs on its own (the sensitivity report,
-qcli.precision.sensitivity).
+int16 weights; `float16`/`bfloat16`, the node in that type; or `float`), or gets `int4` weights
+(per channel; under a per-block config, its blocks). Every choice is an
+ordinary override on the nodes' names, appended after the user's, so the choices are a config that
+`qcli quantize --config` reproduces exactly. `alone` cuts a plan down to one unit: what it costs
+on its own (the sensitivity report, qcli.precision.sensitivity).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from typing import Literal
 import onnx
 
 from qcli.config import HALF_PRECISIONS, ActivationDtype, Activations, Config, Match, Override, Weights
+from qcli.graph import iter_graphs
 from qcli.half import moves_only, subgraph_reads
+from qcli.info import element_count
 from qcli.plan import Plan
 from qcli.rules import FLOAT32_IN_HALF, dynamic_rule, rule_for, weight_only_rule
 
@@ -51,6 +53,7 @@ class Unit:
     mates: tuple[str, ...] = ()  # the other nodes reading its weight: they take its precision
     table: bool = False  # an int8 embedding table (a Gather): float is its only promotion
     half: bool = False  # runs in float16/bfloat16: float (float32) is its only promotion
+    params: int = 0  # elements of its constant weights (what int4 stores in half a byte each instead of one)
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -71,6 +74,8 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
     half = set(plan.half)
     float_constants = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
     tables = {g.constant for g in plan.groups if g.constant is not None}
+    # every graph's initializers (a Loop body's weights too): a unit's `params`
+    elements = {t.name: element_count(t.dims) for _, g in iter_graphs(graph) for t in g.initializer}
     for d in plan.nodes:
         node = graph.node[d.index]
         rule = rule_for(node)
@@ -83,7 +88,8 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
             continue
         if d.index in plan.control_flow:  # weights only its bodies read (qcli.plan.controlflow)
             weights = plan.control_flow[d.index]
-            units.append(Unit(d.name, d.op_type, d.index, frozenset([*weights, *(t for t in node.output if t)]), True))
+            units.append(Unit(d.name, d.op_type, d.index, frozenset([*weights, *(t for t in node.output if t)]), True,
+                              params=sum(elements.get(w, 0) for w in weights)))
             continue
         if d.index in half:
             if _rounds_in_half(node, float_constants):
@@ -100,7 +106,7 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
             tensors |= set(graph.node[j].output)
         weights = [node.input[k] for k in form.weights if k < len(node.input) and node.input[k] in inits]
         unit = Unit(d.name, d.op_type, d.index, frozenset(t for t in tensors if t), bool(weights),
-                    not d.dynamic and _has_dynamic_form(node, inits))
+                    not d.dynamic and _has_dynamic_form(node, inits), params=sum(elements.get(w, 0) for w in weights))
         shared = next((owner[w] for w in weights if w in owner), None)
         if shared is None:
             owner.update(dict.fromkeys(weights, len(units)))
@@ -182,7 +188,12 @@ def promoted_config(config: Config, choices: Choices, units: list[Unit]) -> Conf
 
 def _override(config: Config, precision: Choice, match: Match) -> Override:
     """The override giving the matched nodes `precision`."""
-    if precision == "int4":
+    if precision == "int4":  # a block config's blocks (a language model's), by its algorithm; else per channel
+        base = config.weights
+        if base.granularity == "per_block":
+            four = "uint4" if base.dtype.startswith("u") else "int4"
+            return Override(match=match, weights=Weights(dtype=four, symmetric=base.symmetric, granularity="per_block",
+                                                         block_size=base.block_size))
         return Override(match=match, weights=Weights(dtype="int4", symmetric=True, granularity="per_channel"))
     if precision in ("float", "dynamic", *HALF_PRECISIONS):
         return Override(match=match, precision=precision)
