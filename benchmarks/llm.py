@@ -27,6 +27,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -138,7 +139,7 @@ def size(path: Path) -> int:
 def run_qcli(model: Path, calib: Path, out: Path, preset: str) -> tuple[str, float]:
     began = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "qcli.cli", "quantize", str(model), "-o", str(out), "--data",
-                             str(calib), "--seq-len", str(SEQ_LEN), "--config", preset, "--json", "--quiet"],
+                             str(calib), "--seq-len", str(SEQ_LEN), "--config", *preset.split(), "--json", "--quiet"],
                             capture_output=True, text=True)
     took = time.perf_counter() - began
     if result.returncode not in (0, 1):
@@ -243,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="a folder with model.onnx and text/")
     parser.add_argument("--presets", nargs="+",
-                        default=["weights-int4", "llm-int4", "llm-awq", "llm-hqq", "llm-int8", "llm-mixed"],
-                        help="qcli presets or config files, each run as --config")
+                        default=["weights-int4", "llm-int4", "llm-awq", "llm-hqq", "llm-int8", "llm-mixed",
+                                 "llm-mixed --max-size-mb 4"],
+                        help="qcli presets or config files, each run as --config (flags may follow: quote both)")
     parser.add_argument("--rounds", type=int, default=31, help="A/B rounds of the speed measure")
     parser.add_argument("--large", action="store_true", help="also the 368M-parameter decoder (random weights, "
                         "generated here): wall time and peak memory of each tool, about 15 minutes")
@@ -267,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="qcli-bench-llm-") as tmp:
         paths, how = {"float": model}, {"float": ("", 0.0)}
         for preset in args.presets:
-            out = Path(tmp) / f"qcli.{preset}.onnx"
+            out = Path(tmp) / ("qcli." + re.sub(r"[^\w.-]+", "_", preset) + ".onnx")
             page.print(f"qcli --config {preset} ...")
             how[f"qcli {preset}"] = run_qcli(model, args.model / "text" / "calib", out, preset)
             paths[f"qcli {preset}"] = out

@@ -791,9 +791,10 @@ def test_without_a_guess_the_blocks_rank_as_before() -> None:
 
 class SizedTrials(FakeTrials):
     """int8 units add nothing; a unit with int4 weights adds its `int4` error. The model's size:
-    `fixed` bytes plus a byte per int8 weight, `per_int4` bytes per int4 weight."""
+    `fixed` bytes plus a byte per int8 weight, `per_int4` bytes (or the unit's) per int4 weight."""
 
-    def __init__(self, int4: dict[str, float], params: dict[str, int], fixed: int = 100, per_int4: float = 0.5):
+    def __init__(self, int4: dict[str, float], params: dict[str, int], fixed: int = 100,
+                 per_int4: float | dict[str, float] = 0.5):
         super().__init__(dict.fromkeys(int4, 0.0))
         self.int4, self.params, self.fixed, self.per_int4 = int4, params, fixed, per_int4
         self.sized: list[frozenset] = []
@@ -803,7 +804,8 @@ class SizedTrials(FakeTrials):
 
     def size(self, choices: dict[str, str]) -> int:
         self.sized.append(frozenset(choices.items()))
-        return self.fixed + round(sum(self.params[n] * (self.per_int4 if choices.get(n) == "int4" else 1)
+        per = self.per_int4 if isinstance(self.per_int4, dict) else dict.fromkeys(self.params, self.per_int4)
+        return self.fixed + round(sum(self.params[n] * (per[n] if choices.get(n) == "int4" else 1)
                                       for n in self.params))
 
 
@@ -811,26 +813,27 @@ def sized_units(params: dict[str, int]) -> list[Unit]:
     return [replace(u, weighted=True, params=params[u.node]) for u in units(*params)]
 
 
-def test_a_size_budget_takes_int4_where_it_adds_the_least_noise_per_byte_saved() -> None:
-    """`big` adds more noise than `small` but far less per byte it saves: a budget 500 bytes under
-    all int8 takes `big` alone, where the perplexity-budget order (noise alone) starts at `small`."""
-    params = {"big": 1000, "small": 100, "mid": 400}
-    trials = SizedTrials({"big": 0.002, "small": 0.001, "mid": 0.004}, params)
-    us = sized_units(params)
-    found = search(us, trials, Goal(max_drop=0.01, max_bytes=1600 - 500), {}, shrink=True)
-    assert found.met and found.choices == {"big": "int4"}
-    assert found.steps[-1].action == "int4 weights on 1, the fewest that fit 0.0011 MB (0.0011 MB)"
-    assert trials.size(found.choices) <= 1100
+def test_a_size_budget_takes_the_int4_weights_of_least_summed_noise_that_fit() -> None:
+    """300 bytes to save: `head` alone (the least noise per byte) adds 0.003, three quiet layers
+    0.0024; `t`, the quietest, saves almost nothing. The knapsack takes the three, where a ranking
+    by noise per byte takes `head` and one by noise alone takes `t` along."""
+    params = {"head": 1000, "a": 250, "b": 250, "c": 250, "t": 10}
+    trials = SizedTrials({"head": 0.003, "a": 0.0008, "b": 0.0008, "c": 0.0008, "t": 0.0001}, params)
+    found = search(sized_units(params), trials, Goal(max_drop=0.01, max_bytes=1860 - 300), {}, shrink=True)
+    assert found.met and found.choices == dict.fromkeys("abc", "int4")
+    assert found.steps[-1].action == "int4 weights on 3, the least noise that fits 0.00156 MB (0.00148 MB)"
 
 
-def test_a_size_budget_builds_further_while_the_estimate_falls_short() -> None:
-    """int4 saving less than the half byte a weight the estimate counts (scales, padding): the
-    next units in the order are added, built and counted until the model fits."""
-    params = dict.fromkeys("abcd", 100)
-    trials = SizedTrials(dict(zip("abcd", (0.001, 0.002, 0.003, 0.004), strict=True)), params, per_int4=0.7)
-    found = search(sized_units(params), trials, Goal(max_drop=0.1, max_bytes=500 - 70), {}, shrink=True)
-    assert found.met and found.choices == dict.fromkeys("abc", "int4")  # 70 bytes: 3 units at 30 each
-    assert len(set(trials.sized)) == 4  # all int8, all int4, the estimate's two units (60 bytes), then three
+def test_a_size_budget_saves_more_while_the_estimate_falls_short() -> None:
+    """The estimate (every unit saving the mean bytes a weight) is wrong when the quiet units save
+    little (a..d: 10 bytes each, e..h: 90): the bytes still over are added to what the choice must
+    save, until it fits."""
+    params = dict.fromkeys("abcdefgh", 100)
+    trials = SizedTrials({n: 0.001 * (k + 1) for k, n in enumerate(params)}, params,
+                         per_int4={n: 0.9 if n in "abcd" else 0.1 for n in params})
+    found = search(sized_units(params), trials, Goal(max_drop=0.1, max_bytes=900 - 100), {}, shrink=True)
+    assert found.met and found.choices == dict.fromkeys("abcde", "int4")  # 4 x 10 + 90 bytes: the fifth fits
+    assert len(set(trials.sized)) == 2 + 3  # all int8, all int4, then a and b, a..d, a..e
 
 
 @pytest.mark.parametrize(("budget", "met", "int4", "last"), [

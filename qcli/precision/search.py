@@ -18,6 +18,7 @@ from dataclasses import replace
 from qcli.analyze.fidelity import Fidelity
 from qcli.precision.goal import Goal
 from qcli.precision.ranking import rank
+from qcli.precision.sizebudget import all_int4, fit, needs_int4
 from qcli.precision.state import Point, Promotions, SearchState
 from qcli.precision.steps import SearchResult, SearchTrials, StepKind
 from qcli.precision.trials import SPEED_TIE
@@ -180,20 +181,19 @@ def _shrink(s: SearchState, here: Point) -> Point:
     """int4 weights (`int4` among the candidates): with the goal met, the nodes whose int4
     weights add the least output noise (one quick trial each) go to int4, as many as keep the
     goal (bisection on the quick probe, confirmed on all samples, halving until it holds) and
-    the latency ceiling. Smaller files within the same budget. A size budget: `_fit`."""
+    the latency ceiling. Smaller files within the same budget. A size budget: qcli.precision.sizebudget."""
     choices = here.choices
     pool = [n for n in s.weighted if n not in choices]
     to: dict[str, Choice] = dict.fromkeys(pool, "int4")
-    if not pool or (s.goal.max_bytes is not None and not _needs_ranking(s, here, {**choices, **to})):
-        return here if not pool or s.small(here.choices) else _everything(s, here, {**choices, **to})
+    if not pool or (s.goal.max_bytes is not None and not needs_int4(s, here, {**choices, **to})):
+        return here if not pool or s.small(here.choices) else all_int4(s, here, {**choices, **to})
     base = s.trials.fidelity(choices, quick=True)
     found = s.trials.fidelity_many([{**choices, n: "int4"} for n in pool], quick=True)
     added = {n: (f.noise - base.noise) if f is not None and base is not None else float("inf")
              for n, f in zip(pool, found, strict=True)}
     s.log(StepKind.INT4, "int4 weights: noise each adds", [], choices, base, quick=True)
     if s.goal.max_bytes is not None:
-        return _fit(s, here, Promotions(choices, to, sorted(
-            pool, key=lambda n: (added[n] / max(s.params.get(n, 0), 1), s.index[n]))), s.goal.max_bytes)
+        return fit(s, here, added, s.goal.max_bytes)
     int4 = Promotions(choices, to, sorted(pool, key=lambda n: (added[n], s.index[n])))
     lo, hi = 0, len(int4.ranked)
     while lo < hi and not s.trials.exhausted():
@@ -214,58 +214,6 @@ def _shrink(s: SearchState, here: Point) -> Point:
             return Point(int4.prefix(k), f, r if r is not None else here.ratio)
         k //= 2
     return here
-
-
-def _needs_ranking(s: SearchState, here: Point, everything: Choices) -> bool:
-    """Whether the size budget needs some units int4, not none or all: `here` is over it and
-    int4 weights on every unit fit it (else logged: no trial spent on ranking the units)."""
-    budget, size = s.goal.max_bytes or 0, s.trials.size(here.choices)
-    if size <= budget:
-        s.log(StepKind.INT4, f"fits {_mb(budget)} without int4 weights ({_mb(size)})", [], here.choices,
-              here.fidelity, here.ratio)
-        return False
-    return s.trials.size(everything) <= budget
-
-
-def _everything(s: SearchState, here: Point, everything: Choices) -> Point:
-    """A size budget not even int4 weights on every unit meet: that model, the smallest, measured
-    (the search's best, which misses the goal)."""
-    f = s.trials.fidelity(everything)
-    r = s.trials.latency(everything) if s.goal.max_latency_ratio is not None else None
-    changed = [n for n in everything if n not in here.choices]
-    s.log(StepKind.INT4, f"int4 weights on all {len(changed)}: {_mb(s.trials.size(everything))}, still over "
-          f"{_mb(s.goal.max_bytes or 0)}", changed, everything, f, r)
-    return Point(everything, f, r if r is not None else here.ratio)
-
-
-def _fit(s: SearchState, here: Point, int4: Promotions, budget: int) -> Point:
-    """A size budget: int4 weights on the first units of `int4` (ranked by the noise each adds
-    per weight, so per byte it saves), the fewest that bring the written model within `budget`
-    bytes (`_needs_ranking`: some but not all). How far is estimated at half a byte saved per
-    weight, then built and counted (a build, not a trial), further while it does not fit. The
-    result is measured on all samples and judged like any other (it may miss the accuracy budget:
-    then nothing that fits meets it)."""
-    k, size = 0, s.trials.size(here.choices)
-    while size > budget:  # ends: every unit int4 fits (`_needs_ranking`)
-        saved, short = 0.0, size - budget
-        while k < len(int4.ranked) and saved < short:
-            saved, k = saved + s.params.get(int4.ranked[k], 0) / 2, k + 1
-        size = s.trials.size(int4.prefix(k))
-    chosen = int4.prefix(k)
-    f = s.trials.fidelity(chosen)
-    r = s.trials.latency(chosen) if s.goal.max_latency_ratio is not None else None
-    s.log(StepKind.INT4, f"int4 weights on {k}, the fewest that fit {_mb(budget)} ({_mb(size)})", int4.ranked[:k],
-          chosen, f, r)
-    return Point(chosen, f, r if r is not None else here.ratio)
-
-
-def _mb(size: int) -> str:
-    """Bytes in MB (10^6), as the size budget is given.
-
-    >>> _mb(3_012_345)
-    '3.01 MB'
-    """
-    return f"{size / 1e6:.3g} MB"
 
 
 def _shortest_prefix(s: SearchState, ranking: Promotions, quick: bool = False) -> int | None:

@@ -12,7 +12,7 @@ unit, so that the weight is stored once, in one precision. A unit stays int8 (th
 default) or is promoted (`dynamic`: int8 weights, activations quantized at run time, for ops with
 a dynamic form; `int16` activations, A16W8, or under a weight-only config (activations float)
 int16 weights; `float16`/`bfloat16`, the node in that type; or `float`), or gets `int4` weights
-(per channel; under a per-block config, its blocks). Every choice is an
+(per channel). Every choice is an
 ordinary override on the nodes' names, appended after the user's, so the choices are a config that
 `qcli quantize --config` reproduces exactly. `alone` cuts a plan down to one unit: what it costs
 on its own (the sensitivity report, qcli.precision.sensitivity).
@@ -188,12 +188,7 @@ def promoted_config(config: Config, choices: Choices, units: list[Unit]) -> Conf
 
 def _override(config: Config, precision: Choice, match: Match) -> Override:
     """The override giving the matched nodes `precision`."""
-    if precision == "int4":  # a block config's blocks (a language model's), by its algorithm; else per channel
-        base = config.weights
-        if base.granularity == "per_block":
-            four = "uint4" if base.dtype.startswith("u") else "int4"
-            return Override(match=match, weights=Weights(dtype=four, symmetric=base.symmetric, granularity="per_block",
-                                                         block_size=base.block_size))
+    if precision == "int4":
         return Override(match=match, weights=Weights(dtype="int4", symmetric=True, granularity="per_channel"))
     if precision in ("float", "dynamic", *HALF_PRECISIONS):
         return Override(match=match, precision=precision)
