@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import normal_folder, parse_model, save
+from conftest import SAMPLE_MODELS, normal_folder, parse_model, save
 from qcli.errors import ConfigError
 from qcli.target import Profile, load_profile, predict, priced, resolve, shipped
 from qcli.target.executed import executed
@@ -252,6 +252,16 @@ def test_the_verdict_says_what_it_rests_on(cli, tmp_path: Path) -> None:
     assert target.endswith("batch 1, latency predicted against your model file as given")
     check = next(c for c in doc["verification"]["checks"] if c["name"] == "latency ratio")
     assert check["how"] == "predicted by the target profile"
+    # written weight-only (its int8 weights folded to float at load): the original's kernels, not timed again
+    assert doc["notes"][-1].startswith("weight-only: the rescue's") and doc["verification"]["measured_latency"] is None
+
+
+def test_the_clock_is_reported_beside_the_prediction_for_int8_compute(cli, tmp_path: Path) -> None:
+    cnn = SAMPLE_MODELS / "cnn"
+    doc = cli.json("quantize", cnn / "model.onnx", "-o", tmp_path / "q.onnx", "--data", cnn / "calib")
+    measured = doc["verification"]["measured_latency"]
+    assert doc["verification"]["latency_ratio"] < 0.8 and measured["rounds"] >= 12
+    assert measured["how"] == "this machine, A/B at the target's batch; reported, never decides"
 
 
 REDUCE_MEAN = """
