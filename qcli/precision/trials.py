@@ -59,6 +59,14 @@ class Alone:
 Candidate = Choices | Alone  # a candidate model: the config with these choices, or one unit alone
 
 
+def _reads_no_ranges(built: QuantizeResult, config: Config) -> bool:
+    """Whether a candidate's model takes nothing from the calibration table, so that every
+    fold's is the same (a mostly-float or weight-only candidate): no calibrated or observed
+    tensor, and no weight rounding or recovery step that reads the calibration statistics."""
+    return (not built.plan.observed_tensors and not config.recovery.steps
+            and config.weights.algorithm not in ("gptq", "awq"))
+
+
 def _key(candidate: Candidate) -> Alone | frozenset:
     return candidate if isinstance(candidate, Alone) else frozenset(candidate.items())
 
@@ -153,8 +161,9 @@ class Trials:
         """What `probe` measures of the candidate: the model built with `table`, or (k-fold:
         `table.folds`, the probe's batches tagged by fold) the function building fold k's
         model from the table without that fold, as the probe asks for it (the first fold's
-        built already); the function giving one of them built (for its plan); and the digest
-        of the first model the probe runs (module docstring)."""
+        built already), or that model alone when it reads no ranges (`_reads_no_ranges`: every
+        fold's is the same, one session runs them all); the function giving one of them built
+        (for its plan); and the digest of the first model the probe runs (module docstring)."""
         if not self.table.folds:
             built = self.build(choices)
             return built.model, lambda: built, _digest(built.model)
@@ -166,7 +175,11 @@ class Trials:
                 folds[k] = self._quantize(choices, self.table.folds[k], lean=True)  # measured, never kept
             return folds[k].model
 
-        return fold_model, lambda: next(iter(folds.values())), _digest(fold_model(probe.folds[0] if probe.folds else 0))
+        first = fold_model(probe.folds[0] if probe.folds else 0)
+        built = next(iter(folds.values()))
+        if _reads_no_ranges(built, self.config):  # every fold's model is this one: one session for all
+            return first, lambda: built, _digest(first)
+        return fold_model, lambda: next(iter(folds.values())), _digest(first)
 
     def seed(self, int8: QuantizeResult) -> None:
         """The all-int8 candidate (choices {}) when the caller built it already."""
