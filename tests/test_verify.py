@@ -573,7 +573,11 @@ def test_the_quick_probe_takes_the_first_samples_across_batches() -> None:
     assert head.batches[1].sources == ["3.npy", "4.npy"]
     np.testing.assert_array_equal(head.batches[1].inputs["x"], x[3:5])
     assert probe.head(9) is probe
-    assert head._float_session is probe._float_session  # one float session: it holds the weights
+    assert probe._held is None and head._held is None  # predicted latency: no float session kept for the clock
+    from qcli.config import Verify
+
+    timed = Probe(model, batches, model_inputs(model), verify=Verify(latency="measured"))
+    assert timed.head(5)._float_session is timed._float_session  # one float session: it holds the weights
     single = Probe(model, [Batch({"x": x[i: i + 1]}, None, None, [f"{i}.npy"]) for i in range(9)], model_inputs(model))
     assert [b.size for b in single.head(4).batches] == [1, 1, 1, 1]
     assert probe.ranking(5).samples == 5  # not folded: the first n

@@ -122,9 +122,11 @@ class Probe:
         if self.outputs is not None:
             self.reference, self._held = self.outputs, self.session
         else:
-            session = self.session or make_session(self.float_model, self.threads, pass_only=True)
+            # held for the clock's timings (`verify.latency: measured`); else a frugal one, dropped
+            held = vf.latency == "measured" and weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES
+            session = self.session or make_session(self.float_model, self.threads, pass_only=True, frugal=not held)
             self.reference = _reference(session, self.names, self.batches)
-            self._held = session if weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES else None
+            self._held = session if held else None
         self._float_ms: float | None = None
         self._reference: Prediction | None = None  # the float model's predicted latency
         self._feeds: dict[str, np.ndarray] | None = None  # what latency is judged on (`feeds`)
@@ -138,9 +140,10 @@ class Probe:
 
     @property
     def _float_session(self) -> Any:
-        """The float model's session: the one the reference outputs came from, kept for timings
-        and `head` probes while its weights are under HELD_SESSION_BYTES; a bigger model's is made
-        again when asked for (a decoder's 1.5 GB of weights, held beside each candidate's)."""
+        """The float model's session: the one the reference outputs came from, kept for the
+        clock's timings (`verify.latency: measured`) and `head` probes while its weights are under
+        HELD_SESSION_BYTES; otherwise made again when asked for (a decoder's 1.5 GB of weights,
+        held beside each candidate's; nakdimon's 21 MB, whose session held 80 MB)."""
         return self._held or make_session(self.float_model, self.threads)
 
     @property
@@ -210,7 +213,8 @@ class Probe:
                 session, extra = candidate.session, candidate.feeds(fold)
             else:
                 model = candidate(fold) if callable(candidate) else candidate
-                session = make_session(model, 1 if parallel > 1 and len(group) > 1 else self.threads, pass_only=True)
+                session = make_session(model, 1 if parallel > 1 and len(group) > 1 else self.threads, pass_only=True,
+                                       frugal=True)
                 extra = {}
             for w in range(0, len(group), parallel):
                 window = group[w: w + parallel]

@@ -47,7 +47,7 @@ def session_with_outputs(model: onnx.ModelProto, names: list[str], threads: int 
     kept = len(model.graph.output)
     model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(names) if n not in existing)
     try:
-        return make_session(model, threads=threads, pass_only=True)
+        return make_session(model, threads=threads, pass_only=True, frugal=True)
     finally:
         del model.graph.output[kept:]
 
@@ -58,7 +58,7 @@ def rows_of(model: onnx.ModelProto, names: list[str], folders: Sequence[DataFold
     `folders`, in order: one pass of a session of the part of the graph that computes them
     (`qcli.graph.computing`: onnxruntime runs every node whatever a run fetches, and holds every
     graph output; a decoder's logits were 131 MB a batch), big weights unpacked (`pass_only`)."""
-    session = make_session(computing(model, names), pass_only=True)
+    session = make_session(computing(model, names), pass_only=True, frugal=True)
     wanted = {i.name for i in session.get_inputs()}
     for batch in (b for f in folders for b in f.batches(batch_size)):
         feeds = {k: v for k, v in batch.inputs.items() if k in wanted}

@@ -43,7 +43,8 @@ def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int | Non
     """One run of `model` on `feeds`: its kernel calls and the weights onnxruntime holds."""
     with tempfile.TemporaryDirectory(prefix="qcli-target-") as tmp:
         optimized = Path(tmp) / "optimized.onnx"
-        session = make_session(model, threads, profile=Path(tmp) / "profile", timing=True, optimized=optimized)
+        session = make_session(model, threads, profile=Path(tmp) / "profile", timing=True, optimized=optimized,
+                               frugal=True)
         session.run(None, feeds)
         events = json.loads(Path(session.end_profiling()).read_text())
         written = onnx.load(str(optimized), load_external_data=False)
