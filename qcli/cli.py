@@ -29,10 +29,13 @@ from qcli.cliparts import (
     JsonOpt,
     MethodOpt,
     PercentileOpt,
+    PrecisionOutOpt,
     QuietOpt,
     RayAddressOpt,
     SamplesOpt,
+    SearchTimeOpt,
     SeqLenOpt,
+    SizeOpt,
     StrictOpt,
     WorkersOpt,
     guard,
@@ -180,16 +183,10 @@ def quantize(
     min_speedup: Annotated[
         float | None, typer.Option("--min-speedup", help="Auto-precision speed floor: float / quantized latency.")
     ] = None,
-    max_size_mb: Annotated[float | None, typer.Option(
-        "--max-size-mb", help="Auto-precision size budget in MB: int4 weights where they cost least, until it fits.")
-    ] = None,
+    max_size_mb: SizeOpt = None,
     max_trials: Annotated[int | None, typer.Option("--max-trials", help="Candidate models the search may try.")] = None,
-    time_budget: Annotated[float | None, typer.Option(
-        "--time-budget", help="Seconds after which the summary says the search ran long (--max-trials stops it).")
-    ] = None,
-    precision_out: Annotated[
-        Path | None, typer.Option("--precision-out", help="Where to write the chosen precisions (YAML config).")
-    ] = None,
+    time_budget: SearchTimeOpt = None,
+    precision_out: PrecisionOutOpt = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the comparison with the float model.")] = False,
     no_rescue: Annotated[
         bool, typer.Option("--no-rescue", help="When a floor is missed, fail without searching precisions.")
@@ -220,10 +217,9 @@ def quantize(
             model, output, data, calib, CalibrationFlags(config, method, percentile, samples, batch_size, seq_len),
             strict=strict, force=force, eval_data=eval_data, max_accuracy_drop=max_accuracy_drop,
             auto_precision=auto_precision, criteria=criteria, min_speedup=min_speedup, max_size_mb=max_size_mb,
-            max_trials=max_trials,
-            time_budget=time_budget, precision_out=precision_out, no_verify=no_verify, no_rescue=no_rescue,
-            min_top1_agreement=min_top1_agreement, min_cosine=min_cosine, max_latency_ratio=max_latency_ratio,
-            scale=ScaleFlags(executor, workers, ray_address),
+            max_trials=max_trials, time_budget=time_budget, precision_out=precision_out, no_verify=no_verify,
+            no_rescue=no_rescue, min_top1_agreement=min_top1_agreement, min_cosine=min_cosine,
+            max_latency_ratio=max_latency_ratio, scale=ScaleFlags(executor, workers, ray_address),
         )
         run = commands.quantize_command(flags, progress=_progress(quiet or json_out))
         if json_out:

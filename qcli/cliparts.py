@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -29,6 +30,12 @@ DropOpt = Annotated[
     float | None,
     typer.Option("--max-accuracy-drop", help="Gate: largest allowed top-1 drop as a fraction (0.01 = 1 point)."),
 ]
+SearchTimeOpt = Annotated[float | None, typer.Option(
+    "--time-budget", help="Seconds after which the summary says the search ran long (--max-trials stops it).")]
+PrecisionOutOpt = Annotated[
+    Path | None, typer.Option("--precision-out", help="Where to write the chosen precisions (YAML config).")]
+SizeOpt = Annotated[float | None, typer.Option(
+    "--max-size-mb", help="Auto-precision size budget in MB: int4 weights where they cost least, until it fits.")]
 StrictOpt = Annotated[bool, typer.Option("--strict", help="A config rule that matches nothing is an error.")]
 
 MethodOpt = Annotated[

@@ -279,7 +279,8 @@ def make_session(
     had run peaked at 2.75 GB; unpacked, the weights stay the file's pages (1.34 GB), the pass
     12% slower. `frugal`: a session for one pass, never timed nor kept: no memory arena and no
     memory pattern, whose blocks, planned per input shape, outlive the run (nakdimon's sentences
-    of 12-52 characters, a pattern each: its peak 500 -> 413 MB, wall unchanged)."""
+    of 12-52 characters, a pattern each: its peak 500 -> 368-392 MB with the float reference's
+    session not kept, wall unchanged)."""
     options = session_options(threads)
     if frugal:
         options.enable_cpu_mem_arena = False

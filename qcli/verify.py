@@ -189,13 +189,13 @@ def _verified(outcome: Outcome, model: onnx.ModelProto, prepared: PrepareResult,
         trials.seed(result)  # the all-int8 candidate is the model just made
         base, ratio, floors = _measure_and_rescue(outcome, trials)
     if vf.enabled:
-        outcome.verification = verification_of(plan, probe, base, ratio, floors, config, _all_float(result, outcome))
+        all_float = _all_float(result, outcome)
+        outcome.verification = verification_of(plan, probe, base, ratio, floors, config, all_float)
         if vf.min_memory_reduction is not None:  # a gate only: promotions would hold more, not less
             outcome.verification.checks.append(memory_check(probe, outcome.result.model, vf.min_memory_reduction))
         # the clock's figure beside the prediction's, never deciding; none for a model computing in
         # float like the user's (nothing quantized, or weight-only: its weights folded at load)
-        computes_in_float = _all_float(result, outcome) is not None or outcome.weight_only
-        if probe.predicts and ratio is not None and not computes_in_float:
+        if probe.predicts and ratio is not None and all_float is None and not outcome.weight_only:
             with phase("verify"), phase("time"):
                 outcome.verification.measured = probe.timed_ratio(outcome.result.model)
     return outcome

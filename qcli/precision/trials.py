@@ -108,7 +108,7 @@ class Trials:
     _fidelity: dict[tuple, Fidelity | None] = field(default_factory=dict, init=False)
     _latency: dict[frozenset, tuple[Ratio, int]] = field(default_factory=dict, init=False)  # ratio, timings
     _demoted: dict[Alone | frozenset, int] = field(default_factory=dict, init=False)
-    _size: dict[frozenset, int] = field(default_factory=dict, init=False)  # bytes as written
+    _size: dict[Alone | frozenset, int] = field(default_factory=dict, init=False)  # bytes as written
     _shared: _Context | None = field(default=None, init=False)  # what workers set up from
     _built: dict[Alone | frozenset, QuantizeResult] = field(default_factory=dict, init=False)  # recent, by choices
     _same: dict[tuple[bytes, bool], tuple] = field(default_factory=dict, init=False)  # (digest, quick) -> key
@@ -332,7 +332,7 @@ class Trials:
     def size(self, choices: Choices) -> int:
         """The candidate's bytes as written (the size budget's measure): its protobuf plus the
         weights it leaves in the input's external data. A build, not a trial: nothing runs."""
-        key = frozenset(choices.items())
+        key = _key(choices)
         if key not in self._size:
             model = self.build(choices).model
             self._size[key] = serialized_size(model) + deferred_bytes(model)

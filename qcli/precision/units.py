@@ -12,10 +12,10 @@ unit, so that the weight is stored once, in one precision. A unit stays int8 (th
 default) or is promoted (`dynamic`: int8 weights, activations quantized at run time, for ops with
 a dynamic form; `int16` activations, A16W8, or under a weight-only config (activations float)
 int16 weights; `float16`/`bfloat16`, the node in that type; or `float`), or gets `int4` weights
-(per channel). Every choice is an
-ordinary override on the nodes' names, appended after the user's, so the choices are a config that
-`qcli quantize --config` reproduces exactly. `alone` cuts a plan down to one unit: what it costs
-on its own (the sensitivity report, qcli.precision.sensitivity).
+(per channel). Every choice is an ordinary override on the nodes' names, appended after the
+user's, so the choices are a config that `qcli quantize --config` reproduces exactly. `alone` cuts
+a plan down to one unit: what it costs on its own (the sensitivity report,
+qcli.precision.sensitivity).
 """
 
 from __future__ import annotations
