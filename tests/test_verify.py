@@ -590,6 +590,29 @@ def test_the_quick_probe_takes_the_first_samples_across_batches() -> None:
     assert head.measure(model).outputs[0].predicted_agreement == 1.0
 
 
+def test_a_miss_on_a_mask_stops_once_its_iou_cannot_reach_the_floor() -> None:
+    """`Probe.measure(stop_below=)` on a mask output: each sample's IoU short of 1 is lost for
+    good (a mean of figures of at most 1), so a candidate whose masks lose half their elements
+    stops at the first sample, whose IoU alone sinks the mean over 16 below 0.99; without
+    `stop_below` every sample is compared."""
+    from onnx import parser
+
+    from qcli.analyze.probe import Probe
+    from qcli.config import Verify
+    from qcli.data import Batch, model_inputs
+
+    head = '<ir_version: 8, opset_import: ["" : 17]> g (float[N, 8] x) => (float[N, 8] y) '
+    model = parser.parse_model(head + "{ y = Sigmoid(x) }")
+    shifted = parser.parse_model(head + "{ four = Constant <value = float {4.0}> () h = Sub(x, four) y = Sigmoid(h) }")
+    x = np.tile(np.array([[3, 3, 6, 6, -3, -3, -3, -3]], np.float32), (16, 1))  # the 3s go off: IoU 0.5
+    batches = [Batch({"x": x[i: i + 1]}, None, None, [f"{i}.npy"]) for i in range(16)]
+    probe = Probe(model, batches, model_inputs(model), verify=Verify(outputs={"y": "mask"}))
+    whole, stopped = probe.measure(shifted), probe.measure(shifted, stop_below=0.99)
+    assert (whole.outputs[0].samples, whole.outputs[0].mask_iou) == (16, 0.5)
+    assert (stopped.outputs[0].samples, stopped.outputs[0].mask_iou) == (1, 0.5)
+    assert probe.measure(model, stop_below=0.99).outputs[0].samples == 16  # nothing lost: measured whole
+
+
 def test_a_probe_runs_batches_in_parallel_with_the_figures_of_one_at_a_time(monkeypatch) -> None:
     """`Probe.measure` runs a fold's batches on single-threaded sessions, two at once here; the
     figures are those of one batch after another (updated in batch order), each batch on its

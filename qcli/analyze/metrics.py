@@ -275,6 +275,18 @@ class FidelityAccumulator:
             return self.sequence.samples - self.sequence.same
         return None
 
+    def lost(self) -> float | None:
+        """How far the gated agreement's sum over the samples so far is below theirs: the
+        samples changed (top-1, sequence), or the sum of 1 - each row's IoU (a mask's or a
+        map's: a mean of per-row figures of at most 1); None for the rest. Nothing the samples
+        still to come can win it back. An output without a batch axis has a row per batch, so
+        this is counted in fewer rows than the samples and a floor over the samples is judged
+        on the safe side."""
+        if (changed := self.changed()) is not None:
+            return changed
+        per = self.mask or self.map
+        return None if per is None else per.samples - per.per_sample.total
+
     @property
     def predicted_agreement(self) -> float | None:
         """The agreement unseen samples would keep (top-1, sequence), as the decisions' margins

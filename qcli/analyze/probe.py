@@ -161,10 +161,10 @@ class Probe:
         function giving the candidate of each fold, each run on its own fold's batches (the
         folds one after another: one fold's model and session in memory at a time), into one
         set of figures; or `Simulated`: run on the simulation, fed each fold's inputs
-        (qcli.simulation). `stop_below`: an agreement floor; the batches stop once a top-1 or
-        sequence output has changed so many samples that its agreement over all of them must
-        end below it (a miss by the verdict rule, qcli.analyze.verdict), and the figures are
-        those of the samples compared so far."""
+        (qcli.simulation). `stop_below`: an agreement floor; the batches stop once an output
+        has lost so much agreement (`_doomed`: samples changed, IoU short of 1) that its
+        agreement over all of them must end below it (a miss by the verdict rule,
+        qcli.analyze.verdict), and the figures are those of the samples compared so far."""
         assert self.kinds is not None  # set in __post_init__
         accs = [FidelityAccumulator(self.kinds[n], pool=(self.pools or {}).get(n), z=self._z) for n in self.names]
         topk: tuple[TopKAccumulator, TopKAccumulator] | None = None
@@ -437,15 +437,20 @@ class _Column(Sequence[np.ndarray]):
 
 
 def _doomed(accs: list[FidelityAccumulator], total: int, floor: float) -> bool:
-    """Whether an output's samples changed so far leave its agreement over `total` samples
-    below `floor` whatever the rest do.
+    """Whether an output's agreement lost so far (samples changed; a mask's or map's IoU
+    short of 1, `FidelityAccumulator.lost`) leaves its agreement over `total` samples below
+    `floor` whatever the rest do.
 
     >>> acc = FidelityAccumulator(OutputKind(Kind.TOP1, "class scores"))
     >>> acc.update(np.eye(3), np.eye(3)[[1, 1, 2]], 3)  # the first sample's class changed
     >>> _doomed([acc], 32, 0.99), _doomed([acc], 100, 0.99), _doomed([acc], 101, 0.99)
     (True, False, False)
+    >>> mask = FidelityAccumulator(OutputKind(Kind.MASK, "mask"))
+    >>> mask.update(np.array([[0.9, 0.9]] * 3), np.array([[0.9, 0.1]] * 3), 3)  # each IoU 0.5
+    >>> _doomed([mask], 100, 0.99), _doomed([mask], 200, 0.99)
+    (True, False)
     """
-    return any((changed := acc.changed()) is not None and total - changed < floor * total for acc in accs)
+    return any((lost := acc.lost()) is not None and total - lost < floor * total for acc in accs)
 
 
 def node_runs(models: list[onnx.ModelProto], feeds: dict[str, np.ndarray], runs: int = 20,
