@@ -96,9 +96,10 @@ class Weights(Section):
         "one scale per tensor, per output channel (Conv out-channels, Gemm's N axis, a MatMul matrix's columns), "
         "or per block of `block_size` along the reduction axis"))
     algorithm: Literal["rtn", "gptq", "awq", "hqq"] = Field("rtn", description=(
-        "how integer weights are rounded: `rtn` each value to its nearest; `gptq` MatMul and Gemm weights one input "
-        "row at a time, each rounding error spread onto the rows left by the Gram matrix of the layer's inputs on "
-        "the calibration samples (needs `--data`; qcli/gptq.py); `awq` per-block MatMul and Gemm weights of float "
+        "how integer weights are rounded: `rtn` each value to its nearest; `gptq` MatMul, Gemm and Conv weights one "
+        "input row at a time, each rounding error spread onto the rows left by the Gram matrix of the layer's inputs "
+        "(a Conv's: of its input's patches) on the calibration samples (needs `--data`; qcli/gptq.py); `awq` "
+        "per-block MatMul and Gemm weights of float "
         "inputs scaled up on the input channels that are large on the calibration samples (the input divided), "
         "then each block's range clipped, both by the error at the layer's output (needs `--data`; qcli/awq.py); `hqq` "
         "each group's scale moved by HQQ's half-quadratic steps (an l_p split, p 0.7, that lets a few large errors "

@@ -26,7 +26,8 @@ Decisions:
 - Dampening: 1% of the mean diagonal added to it (GPTQ's percdamp 0.01); an input that is 0 on
   every calibration row gets a diagonal of 1: its weights are rounded to nearest and kept (GPTQ
   zeroes them; unseen data may use them).
-- Other weights (Conv, a MatMul whose weight is its first input, a weight several inputs
+- Conv weights: each group on the Gram matrix of its input's patches (qcli.gptqconv). Other
+  weights (ConvTranspose, a MatMul whose weight is its first input, a weight several inputs
   read) keep RTN, said in a note.
 """
 
@@ -40,18 +41,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from qcli.calibrate.collect import rows_of
+from qcli.calibrate.collect import values_of
 from qcli.data import DataFolder
 from qcli.errors import QcliError
+from qcli.gptqconv import Patches, add_patches, conv_reader
+from qcli.gptqconv import rounded as conv_rounded
+from qcli.gptqcore import RATIOS, round_rows
 from qcli.graph import GraphIndex
 from qcli.lazy import tensor_array
 from qcli.plan import Plan, WeightPlan
 from qcli.qweights import Weight, quantized_weight, weight_qparams
 from qcli.scheme import PerBlock, integer_range
 
-DAMP = 0.01  # of the Gram diagonal's mean, added to it
-RATIOS = tuple(1.0 - 0.025 * i for i in range(13))  # the clipped ranges `searched` tries: 1.0 .. 0.7
-BLOCK_ROWS = 128  # rows rounded between two updates of the rest (GPTQ's lazy batch)
 PASS_BYTES = 256 << 20  # Gram matrices one pass over the data sums at most (`passes`)
 
 
@@ -88,14 +89,23 @@ def needs_data() -> QcliError:
         hint="give --data DIR instead of --calib FILE, or set weights.algorithm: rtn")
 
 
-def targets(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = None) -> dict[str, str]:
-    """weight -> the input tensor whose Gram matrix GPTQ rounds it by: integer weights that only
-    MatMul (as its second input) or Gemm (as B) nodes read, all on one input tensor."""
+Source = str | Patches  # what a weight's Gram matrix is over: a MatMul's input tensor, a Conv's patches
+
+
+def targets(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = None) -> dict[str, Source]:
+    """weight -> what GPTQ rounds it by the Gram matrix of: integer weights that only MatMul (as
+    its second input) or Gemm (as B) nodes read, all on one input tensor (that tensor), and
+    Conv weights (their patches, qcli.gptqconv)."""
     index = index or GraphIndex.of(model)
-    found = {}
+    found: dict[str, Source] = {}
     for name, wp in plan.weights.items():
         tensor = index.initializers.get(name)
-        if wp.scheme.dtype.is_float or wp.axis is None or tensor is None or len(tensor.dims) != 2:
+        if wp.scheme.dtype.is_float or wp.axis is None or tensor is None:
+            continue
+        if (patches := conv_reader(model, index, name, wp)) is not None:
+            found[name] = patches
+            continue
+        if len(tensor.dims) != 2:
             continue
         uses = index.read_at.get(name, ())
         readers = [model.graph.node[i] for i, position in uses if position == 1]
@@ -111,13 +121,14 @@ def _transposed_a(node: onnx.NodeProto) -> bool:
     return any(a.name == "transA" and a.i for a in node.attribute)
 
 
-def passes(model: onnx.ModelProto, tensors: Iterable[str]) -> list[list[str]]:
+def passes(model: onnx.ModelProto, tensors: Iterable[Source]) -> list[list[Source]]:
     """`tensors` in groups whose Gram matrices hold at most PASS_BYTES together (one a group
     past it): one pass over the data each, so memory holds one group's, not all (a 368M-parameter
     decoder's 97 matrices: 3.8 GB)."""
     index = GraphIndex.of(model)
-    sizes = {n: _width(index, n) ** 2 * 4 for n in sorted(set(tensors))}
-    groups: list[list[str]] = []
+    sizes = {n: n.gram_bytes if isinstance(n, Patches) else _width(index, n) ** 2 * 4
+             for n in sorted(set(tensors), key=_order)}
+    groups: list[list[Source]] = []
     held = 0
     for name, size in sizes.items():
         if not groups or held + size > PASS_BYTES:
@@ -139,26 +150,44 @@ def _width(index: GraphIndex, name: str) -> int:
     return 0
 
 
-def measure(model: onnx.ModelProto, tensors: Iterable[str], folders: Sequence[DataFolder], batch_size: int,
-            progress: Callable[[int], None] | None = None) -> dict[str, Gram]:
-    """The Gram matrix of each of `tensors` (last axis: K), one pass of `folders` a group of
-    them (`passes`); with several groups, each group's stored in a temporary folder once summed
-    (it goes with the last Gram that refers to it)."""
+def _order(source: Source) -> tuple:
+    return (source, "") if isinstance(source, str) else (source.input, repr(source))
+
+
+def measure(model: onnx.ModelProto, tensors: Iterable[Source], folders: Sequence[DataFolder], batch_size: int,
+            progress: Callable[[int], None] | None = None) -> dict[Source, Gram]:
+    """The Gram matrix of each of `tensors` (a tensor's last axis: K x K; a Conv's patches: one
+    per group, qcli.gptqconv), one pass of `folders` a group of them (`passes`); with several
+    groups, each group's stored in a temporary folder once summed (it goes with the last Gram
+    that refers to it)."""
     groups = passes(model, tensors)
     if not groups:
         return {}
-    grams: dict[str, Gram] = {}
+    grams: dict[Source, Gram] = {}
     folder = _Folder() if len(groups) > 1 else None
-    for names in groups:  # each pass's session ends with it: two would hold the weights twice
-        for name, x in rows_of(model, names, folders, batch_size, progress):
-            gram = grams.setdefault(name, Gram(np.zeros((x.shape[1], x.shape[1]), np.float32)))
-            assert gram.held is not None
-            gram.held += x.T @ x
-            gram.rows += x.shape[0]
+    for sources in groups:  # each pass's session ends with it: two would hold the weights twice
+        inputs = list(dict.fromkeys(s if isinstance(s, str) else s.input for s in sources))
+        for name, x in values_of(model, inputs, folders, batch_size, progress):
+            for source in (s for s in sources if (s if isinstance(s, str) else s.input) == name):
+                _add(grams, source, x)
         if folder is not None:
-            for name in names:
-                grams[name].store(folder)
+            for source in sources:
+                grams[source].store(folder)
     return grams
+
+
+def _add(grams: dict[Source, Gram], source: Source, x: np.ndarray) -> None:
+    """One batch of values `x` added to `source`'s Gram matrix."""
+    if isinstance(source, Patches):
+        gram = grams.setdefault(source, Gram(np.zeros((source.group, source.width, source.width), np.float32)))
+        assert gram.held is not None
+        gram.rows += add_patches(gram.held, x, source)
+        return
+    rows = x.reshape(-1, x.shape[-1])
+    gram = grams.setdefault(source, Gram(np.zeros((rows.shape[1], rows.shape[1]), np.float32)))
+    assert gram.held is not None
+    gram.held += rows.T @ rows
+    gram.rows += rows.shape[0]
 
 
 class _Folder:
@@ -185,7 +214,7 @@ def rounded(values: np.ndarray, wp: WeightPlan, gram: Gram) -> Weight:
     s, z = (np.moveaxis(_per_value(p, wp, values.shape), reduce_axis, -1).reshape(w.shape).astype(np.float64)
             for p in (scale, zero))
     lo, hi = integer_range(wp.scheme.dtype, wp.scheme.symmetric)
-    ints = _gptq(w, h, s, z, lo, hi)
+    ints = round_rows(w, h, s, z, lo, hi)
     shaped = np.moveaxis(ints.reshape(np.moveaxis(values, reduce_axis, -1).shape), -1, reduce_axis)
     return shaped.astype(wp.scheme.dtype.numpy_dtype), scale, zero
 
@@ -265,51 +294,7 @@ def _per_value(param: np.ndarray, wp: WeightPlan, shape: tuple[int, ...]) -> np.
     return np.broadcast_to(np.asarray(param).reshape(view), shape)
 
 
-def _gptq(w: np.ndarray, h: np.ndarray, s: np.ndarray, z: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """Integers for `w` [N, K] with scales and zero points `s`, `z` (per value) on Gram `h` [K, K].
-    Worked on as [K, N] in float32 (GPTQ's own precision), so that each input row is contiguous:
-    over a column of [N, K] a 4096 x 1024 weight took 8 s, over a row 1 s."""
-    h = h.copy()
-    dead = np.diag(h) == 0
-    h[dead, dead] = 1.0
-    h[np.diag_indices_from(h)] += DAMP * float(np.mean(np.diag(h)))
-    order = np.argsort(-np.diag(h), kind="stable")
-    rows = np.ascontiguousarray(w[:, order].T, np.float32)  # [K, N], rows in act-order
-    scale = np.ascontiguousarray(s[:, order].T, np.float32)
-    zero = np.ascontiguousarray(z[:, order].T, np.float32)
-    hinv = _upper_cholesky_of_inverse(h[np.ix_(order, order)]).astype(np.float32)
-    k = rows.shape[0]
-    ints = np.zeros_like(rows)
-    for start in range(0, k, BLOCK_ROWS):
-        stop = min(start + BLOCK_ROWS, k)
-        errors = np.zeros((stop - start, rows.shape[1]), np.float32)
-        for j in range(start, stop):
-            q = np.clip(np.rint(rows[j] / scale[j]) + zero[j], lo, hi)
-            ints[j] = q
-            err = (rows[j] - (q - zero[j]) * scale[j]) / hinv[j, j]
-            rows[j + 1:stop] -= np.outer(hinv[j, j + 1:stop], err)
-            errors[j - start] = err
-        rows[stop:] -= hinv[start:stop, stop:].T @ errors
-    out = np.empty_like(ints.T)
-    out[:, order] = ints.T
-    return out
-
-
-def _upper_cholesky_of_inverse(h: np.ndarray) -> np.ndarray:
-    """U with Uᵀ U = H⁻¹ (GPTQ's Hinv), more dampening until H is positive definite (float64:
-    float32 measured no faster here)."""
-    damp = DAMP * float(np.mean(np.diag(h)))
-    for _ in range(8):
-        try:
-            inverse = np.linalg.inv(h)
-            return np.linalg.cholesky(inverse).T
-        except np.linalg.LinAlgError:
-            h = h + np.asarray(damp * np.eye(h.shape[0]), h.dtype)
-            damp *= 10
-    raise np.linalg.LinAlgError("the Gram matrix stays singular after dampening")
-
-
-def solve(model: onnx.ModelProto, plan: Plan, grams: Mapping[str, Gram], names: Iterable[str]
+def solve(model: onnx.ModelProto, plan: Plan, grams: Mapping[Source, Gram], names: Iterable[str]
           ) -> Iterator[tuple[str, Weight]]:
     """The weights among `names` that GPTQ rounds (`targets` with a Gram matrix), rounded one by
     one, in the graph's order."""
@@ -317,8 +302,9 @@ def solve(model: onnx.ModelProto, plan: Plan, grams: Mapping[str, Gram], names: 
     wanted = {n for n in names if n in found and found[n] in grams}
     for t in model.graph.initializer:
         if t.name in wanted:
-            values = tensor_array(t).astype(np.float32)
-            yield t.name, rounded(values, plan.weights[t.name], grams[found[t.name]])
+            values, gram, wp = tensor_array(t).astype(np.float32), grams[found[t.name]], plan.weights[t.name]
+            yield t.name, (conv_rounded(values, wp, gram.matrix, gram.rows) if isinstance(found[t.name], Patches)
+                           else rounded(values, wp, gram))
 
 
 def notes(model: onnx.ModelProto, plan: Plan) -> list[str]:
@@ -327,6 +313,7 @@ def notes(model: onnx.ModelProto, plan: Plan) -> list[str]:
     rest = sorted(n for n, w in plan.weights.items() if n not in found and not w.scheme.dtype.is_float)
     said = [f"gptq: {len(found)} weight(s) rounded by the Gram matrices of their layers' inputs"]
     if rest:
-        said.append(f"gptq: {len(rest)} weight(s) rounded to nearest (not a MatMul or Gemm weight on one input): "
+        said.append(f"gptq: {len(rest)} weight(s) rounded to nearest (not a MatMul, Gemm or Conv weight on one "
+                    "input): "
                     + ", ".join(rest[:5]) + (", ..." if len(rest) > 5 else ""))
     return said

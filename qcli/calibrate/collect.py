@@ -55,16 +55,23 @@ def session_with_outputs(model: onnx.ModelProto, names: list[str], threads: int 
 def rows_of(model: onnx.ModelProto, names: list[str], folders: Sequence[DataFolder], batch_size: int,
             progress: Callable[[int], None] | None = None) -> Iterator[tuple[str, np.ndarray]]:
     """(name, its values as rows [-1, last axis] float32) of each of `names` for every batch of
-    `folders`, in order: one pass of a session of the part of the graph that computes them
-    (`qcli.graph.computing`: onnxruntime runs every node whatever a run fetches, and holds every
-    graph output; a decoder's logits were 131 MB a batch), big weights unpacked (`pass_only`)."""
+    `folders`, in order (`values_of`)."""
+    for name, x in values_of(model, names, folders, batch_size, progress):
+        yield name, x.reshape(-1, x.shape[-1])
+
+
+def values_of(model: onnx.ModelProto, names: list[str], folders: Sequence[DataFolder], batch_size: int,
+              progress: Callable[[int], None] | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, its values float32) of each of `names` for every batch of `folders`, in order:
+    one pass of a session of the part of the graph that computes them (`qcli.graph.computing`:
+    onnxruntime runs every node whatever a run fetches, and holds every graph output; a
+    decoder's logits were 131 MB a batch), big weights unpacked (`pass_only`)."""
     session = make_session(computing(model, names), pass_only=True, frugal=True)
     wanted = {i.name for i in session.get_inputs()}
     for batch in (b for f in folders for b in f.batches(batch_size)):
         feeds = {k: v for k, v in batch.inputs.items() if k in wanted}
         for name, value in zip(names, session.run(names, feeds), strict=True):
-            x = np.asarray(value, np.float32)
-            yield name, x.reshape(-1, x.shape[-1])
+            yield name, np.asarray(value, np.float32)
         if progress is not None:
             progress(batch.size)
 
