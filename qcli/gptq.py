@@ -41,10 +41,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from qcli.calibrate.collect import values_of
+from qcli.calibrate.collect import values_by_folder
 from qcli.data import DataFolder
 from qcli.errors import QcliError
-from qcli.gptqconv import Patches, add_patches, conv_reader
+from qcli.gptqconv import ROWS_PER_WIDTH, Patches, add_patches, conv_reader
 from qcli.gptqconv import rounded as conv_rounded
 from qcli.gptqcore import RATIOS, round_rows
 from qcli.graph import GraphIndex
@@ -100,8 +100,8 @@ def targets(model: onnx.ModelProto, plan: Plan, index: GraphIndex | None = None)
     found: dict[str, Source] = {}
     for name, wp in plan.weights.items():
         tensor = index.initializers.get(name)
-        if wp.scheme.dtype.is_float or wp.axis is None or tensor is None:
-            continue
+        if wp.scheme.dtype.is_float or wp.scheme.dtype.bits > 8 or wp.axis is None or tensor is None:
+            continue  # 16-bit weights: a step 256x finer than int8's leaves GPTQ nothing to gain
         if (patches := conv_reader(model, index, name, wp)) is not None:
             found[name] = patches
             continue
@@ -160,28 +160,63 @@ def measure(model: onnx.ModelProto, tensors: Iterable[Source], folders: Sequence
     per group, qcli.gptqconv), one pass of `folders` a group of them (`passes`); with several
     groups, each group's stored in a temporary folder once summed (it goes with the last Gram
     that refers to it)."""
+    return measure_parts(model, tensors, [folders], batch_size, progress)[0]
+
+
+def measure_parts(model: onnx.ModelProto, tensors: Iterable[Source], parts: Sequence[Sequence[DataFolder]],
+                  batch_size: int, progress: Callable[[int], None] | None = None) -> list[dict[Source, Gram]]:
+    """`measure` of each part of the samples (k-fold verification's folds), in one pass a
+    group of `tensors`: a fold's model rounds on the sum of the other folds' (`summed`)."""
     groups = passes(model, tensors)
+    grams: list[dict[Source, Gram]] = [{} for _ in parts]
     if not groups:
-        return {}
-    grams: dict[Source, Gram] = {}
+        return grams
+    folders = [folder for part in parts for folder in part]
+    which = [k for k, part in enumerate(parts) for _ in part]
+    samples = max(1, sum(len(f) for f in folders))
     folder = _Folder() if len(groups) > 1 else None
     for sources in groups:  # each pass's session ends with it: two would hold the weights twice
         inputs = list(dict.fromkeys(s if isinstance(s, str) else s.input for s in sources))
-        for name, x in values_of(model, inputs, folders, batch_size, progress):
+        for k, name, x in values_by_folder(model, inputs, folders, batch_size, progress):
             for source in (s for s in sources if (s if isinstance(s, str) else s.input) == name):
-                _add(grams, source, x)
+                _add(grams[which[k]], source, x, samples)
         if folder is not None:
-            for source in sources:
-                grams[source].store(folder)
+            for part in grams:
+                for source in sources:
+                    if source in part:
+                        part[source].store(folder)
     return grams
 
 
-def _add(grams: dict[Source, Gram], source: Source, x: np.ndarray) -> None:
-    """One batch of values `x` added to `source`'s Gram matrix."""
+def summed(parts: Sequence[dict[Source, Gram]], leave_out: int | None = None) -> dict[Source, Gram]:
+    """The Gram matrices of the parts but `leave_out` together, each summed when it is read
+    (`Summed`: the k folds' sums would otherwise hold k + 1 more copies of every matrix)."""
+    kept = [part for k, part in enumerate(parts) if k != leave_out]
+    return {source: Summed(None, sum(p[source].rows for p in kept), parts=[p[source] for p in kept])
+            for source in (kept[0] if kept else {})}
+
+
+@dataclass
+class Summed(Gram):
+    """A Gram matrix that is the sum of others', added up each time it is read."""
+
+    parts: list[Gram] = field(default_factory=list)
+
+    @property
+    def matrix(self) -> np.ndarray:
+        total = np.array(self.parts[0].matrix, np.float32)
+        for part in self.parts[1:]:
+            total += part.matrix
+        return total
+
+
+def _add(grams: dict[Source, Gram], source: Source, x: np.ndarray, samples: int) -> None:
+    """One batch of values `x` added to `source`'s Gram matrix (a Conv's: about ROWS_PER_WIDTH x K
+    positions over the `samples`, qcli.gptqconv)."""
     if isinstance(source, Patches):
         gram = grams.setdefault(source, Gram(np.zeros((source.group, source.width, source.width), np.float32)))
         assert gram.held is not None
-        gram.rows += add_patches(gram.held, x, source)
+        gram.rows += add_patches(gram.held, x, source, -(-ROWS_PER_WIDTH * source.width // samples))
         return
     rows = x.reshape(-1, x.shape[-1])
     gram = grams.setdefault(source, Gram(np.zeros((rows.shape[1], rows.shape[1]), np.float32)))
@@ -310,7 +345,8 @@ def solve(model: onnx.ModelProto, plan: Plan, grams: Mapping[Source, Gram], name
 def notes(model: onnx.ModelProto, plan: Plan) -> list[str]:
     """How many weights GPTQ rounds, and which integer weights it leaves to round to nearest."""
     found = targets(model, plan)
-    rest = sorted(n for n, w in plan.weights.items() if n not in found and not w.scheme.dtype.is_float)
+    rest = sorted(n for n, w in plan.weights.items()
+                  if n not in found and not w.scheme.dtype.is_float and w.scheme.dtype.bits <= 8)
     said = [f"gptq: {len(found)} weight(s) rounded by the Gram matrices of their layers' inputs"]
     if rest:
         said.append(f"gptq: {len(rest)} weight(s) rounded to nearest (not a MatMul, Gemm or Conv weight on one "

@@ -14,6 +14,10 @@ Decisions:
   their scale chosen by output error and little else.
 - Patches are taken one sample at a time, in slices of output rows of at most PATCH_VALUES
   values: the 640 x 640 detector's first layers would otherwise copy its input 9 times over.
+- A Gram matrix sums at most about ROWS_PER_WIDTH x K positions over the samples (each sample's
+  on an even grid of its output positions): a sum over every position costs positions x K² per
+  sample, where the layout model's 3 x 3 convolutions over 200 x 152 maps took 76 s for 32 pages
+  (GPTQ on a language model sums 64 x K rows: 128 chunks of 2048 tokens at K = 4096).
 - The input's values are the float model's (GPTQ's choice, qcli.gptq): one pass over the data.
 """
 
@@ -32,6 +36,7 @@ from qcli.qweights import Weight, quantized_weight, weight_qparams
 from qcli.scheme import PerBlock, integer_range
 
 PATCH_VALUES = 1 << 24  # values of one slice of patches (64 MB in float32)
+ROWS_PER_WIDTH = 64  # positions a conv's Gram matrix sums, at most about this many times K
 
 
 @dataclass(frozen=True)
@@ -85,13 +90,15 @@ def conv_reader(model: onnx.ModelProto, index: GraphIndex, name: str, wp: Weight
     return found.pop() if len(found) == 1 and None not in found else None
 
 
-def add_patches(gram: np.ndarray, x: np.ndarray, p: Patches) -> int:
-    """Σ patch patchᵀ of every output position of `x` [N, C, spatial...] added to `gram`
-    [G, K, K] (float32); returns how many positions."""
+def add_patches(gram: np.ndarray, x: np.ndarray, p: Patches, cap: int | None = None) -> int:
+    """Σ patch patchᵀ over the output positions of `x` [N, C, spatial...] added to `gram`
+    [G, K, K] (float32): every position, or with `cap` at most about that many of each sample's,
+    on an even grid (every k-th row and column); returns how many positions."""
     n = len(p.kernel)
     pads = _pads(x.shape[2:], p)
     x = np.asarray(x, np.float32)
-    if all(k == 1 for k in p.kernel) and not any(pads) and all(s == 1 for s in p.strides):  # pointwise: x itself
+    pointwise = all(k == 1 for k in p.kernel) and not any(pads) and all(s == 1 for s in p.strides)
+    if pointwise and (cap is None or int(np.prod(x.shape[2:])) <= cap):  # the patches are x itself
         cols = x.reshape(x.shape[0], p.group, p.channels, -1).transpose(1, 0, 3, 2).reshape(p.group, -1, p.channels)
         gram += np.matmul(cols.transpose(0, 2, 1), cols)
         return cols.shape[1]
@@ -102,6 +109,8 @@ def add_patches(gram: np.ndarray, x: np.ndarray, p: Patches) -> int:
         view = sliding_window_view(padded, span, axis=tuple(range(1, 1 + n)))
         view = view[(slice(None),) + tuple(slice(None, None, s) for s in p.strides)
                     + tuple(slice(None, None, d) for d in p.dilations)]  # [C, out..., kernel...]
+        every = _grid(view.shape[1:1 + n], cap)
+        view = view[(slice(None),) + tuple(slice(None, None, e) for e in every)]
         outs = view.shape[1:1 + n]
         per_row = int(np.prod(outs[1:])) * p.group * p.width
         step = max(1, PATCH_VALUES // max(per_row, 1))
@@ -112,6 +121,20 @@ def add_patches(gram: np.ndarray, x: np.ndarray, p: Patches) -> int:
             gram += np.matmul(cols.transpose(0, 2, 1), cols)
             rows += count
     return rows
+
+
+def _grid(outs: tuple[int, ...], cap: int | None) -> tuple[int, ...]:
+    """The step along each output axis that keeps at most about `cap` of the positions, the
+    same on every axis (1: all).
+
+    >>> _grid((200, 152), 4096), _grid((20, 15), 4096), _grid((1000,), 100)
+    ((3, 3), (1, 1), (10,))
+    """
+    total = int(np.prod(outs))
+    if cap is None or total <= cap:
+        return (1,) * len(outs)
+    step = int(np.ceil((total / cap) ** (1 / len(outs))))
+    return (step,) * len(outs)
 
 
 def _pads(spatial: tuple[int, ...], p: Patches) -> tuple[int, ...]:

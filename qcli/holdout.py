@@ -36,6 +36,7 @@ from qcli.prepare import PrepareResult
 from qcli.prepare.shapes import activation_bytes
 from qcli.quantize import (
     calibrate,
+    fold_grams,
     gptq_weights,
     gram_passes,
     hqq_weights,
@@ -180,10 +181,15 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
                           executor=executor, folds=folds)
     parts = [[folder], *(_other_folds(folder, fold) for fold in folds)]
     algorithm = config.weights.algorithm
-    if algorithm in ("gptq", "awq"):
-        passes = gram_passes(config, prepared)
-        with progress("measuring Gram matrices" + (" (gptq)" if algorithm == "gptq" else " and |x| (awq)"),
-                      (len(folder) * len(parts) - sum(f.samples for f in folds)) * passes) as advance:
+    if algorithm == "gptq":  # one pass for every fold: a fold's model sums the other folds' (qcli.gptq.summed)
+        with progress("measuring Gram matrices (gptq)", len(folder) * gram_passes(config, prepared)) as advance:
+            each = [[folder.window(f.first, f.samples)] for f in folds] or [[folder]]
+            table.grams, fold_parts = fold_grams(config, each, prepared=prepared, progress=advance)
+            for t, grams in zip(table.folds, fold_parts, strict=True):
+                t.grams = grams
+    if algorithm == "awq":
+        with progress("measuring Gram matrices and |x| (awq)", len(folder) * len(parts) - sum(f.samples for f in folds)
+                      ) as advance:
             for t, part in zip([table, *table.folds], parts, strict=True):
                 measure_grams(model, config, t, part, prepared=prepared, progress=advance)
     if algorithm == "gptq":

@@ -321,6 +321,20 @@ def measure_grams(model: onnx.ModelProto, config: Config, table: CalibrationTabl
                                progress)
 
 
+def fold_grams(config: Config, parts: Sequence[Sequence[DataFolder]], *, prepared: PrepareResult,
+               progress: Callable[[int], None] | None = None) -> tuple[dict, list[dict]]:
+    """GPTQ's Gram matrices for `config`'s weights over all of `parts` (the model written), and
+    over all but each part (its fold's model, when there are several), in one pass of each
+    group (qcli.gptq.measure_parts); ({}, []) when GPTQ rounds none of them."""
+    work = prepared.model
+    found = gptq.targets(work, make_plan(work, config))
+    if not found:
+        return {}, []
+    each = gptq.measure_parts(work, found.values(), parts, config.calibration.batch_size, progress)
+    folds = [gptq.summed(each, k) for k in range(len(each))] if len(each) > 1 else []
+    return gptq.summed(each), folds
+
+
 def gram_passes(config: Config, prepared: PrepareResult) -> int:
     """How many passes over the data `measure_grams` makes (qcli.gptq.passes)."""
     work = prepared.model

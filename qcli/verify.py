@@ -282,12 +282,14 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
 
     int8 = outcome.result  # the rescue replaces outcome.result with what it found
     stores = not ap.enabled and _dynamic_scheme(config)
-    if no_payoff is not None:  # everything float: one model for every fold, whose ranges it never reads
+    rounds = config.weights.algorithm in ("gptq", "awq")  # weight-only models from each fold's data too
+    if no_payoff is not None and not rounds:  # everything float: one model for every fold, whose ranges it never reads
         outcome.table.folds = []
     found = _rescue(outcome, trials, goal, no_payoff, instead if stores else None)
     # only the search's candidates are built from the fold tables: their histograms go now
     # (what follows builds from the whole table; tashkeel's peak 196-202 -> 185-187 MB)
-    outcome.table.folds = []
+    if not rounds:
+        outcome.table.folds = []
     if found.choices:
         if found.fidelity is None:
             raise InternalError("the search chose a candidate it could not measure")

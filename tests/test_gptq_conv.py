@@ -120,3 +120,61 @@ def test_weight_only_gptq_on_the_sample_cnn_rounds_every_conv_and_beats_rtn(cli,
         report = cli("analyze", cnn / "model.onnx", out, "--data", cnn / "eval", "--json")
         noise[algorithm] = json.loads(report.stdout)["fidelity"][0]["sqnr_db"]
     assert noise["gptq"] > noise["rtn"] + 3.0  # dB
+
+
+def smooth_folder(folder: Path, n: int, seed: int) -> Path:
+    """`n` samples of smooth maps [1, 4, 16, 16] (neighbouring values alike, as images are)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    for i in range(n):
+        x = np.cumsum(np.cumsum(rng.normal(size=(1, 4, 16, 16)), axis=2), axis=3) / 10
+        np.savez(folder / f"{i:03d}.npz", x=x.astype(np.float32))
+    return folder
+
+
+def two_convs(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(5)
+    w1 = (rng.normal(size=(8, 4, 3, 3)) * np.linspace(0.2, 2.0, 8)[:, None, None, None]).astype(np.float32)
+    w2 = (rng.normal(size=(8, 8, 3, 3)) / 4).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4, 16, 16])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 8, 16, 16])],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    path = tmp_path / "two_convs.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_the_rescue_s_weight_only_model_takes_gptq_s_int8_weights_where_rtn_needs_16_bits(cli, tmp_path: Path) -> None:
+    """A cosine floor between the errors of int8 weights rounded to nearest and by GPTQ (each
+    measured first, weight-only, on held-out samples). The default rescue's weight-only model
+    misses it with int8 weights and writes 16-bit ones; with `weights: {algorithm: gptq}` it
+    writes int8 weights rounded by GPTQ (each fold's model on the other folds' Gram matrices,
+    measured in one pass), said in the note and reproduced by the precision config."""
+    model, calib, held = two_convs(tmp_path), smooth_folder(tmp_path / "calib", 48, 0), smooth_folder(
+        tmp_path / "held", 32, 1)
+    error = {}
+    for algorithm in ("rtn", "gptq"):
+        config = tmp_path / f"{algorithm}.yaml"
+        config.write_text(f"activations: {{dtype: float}}\nweights: {{algorithm: {algorithm}}}\n")
+        assert cli("quantize", model, "-o", tmp_path / f"{algorithm}.onnx", "--data", calib, "--config", config,
+                   "--no-verify").exit_code == 0
+        report = json.loads(cli("analyze", model, tmp_path / f"{algorithm}.onnx", "--data", held, "--json").stdout)
+        error[algorithm] = 1.0 - report["fidelity"][0]["cosine"]
+    assert error["gptq"] < 0.5 * error["rtn"]
+    floors = f"verify: {{min_cosine: {1.0 - (error['gptq'] * error['rtn']) ** 0.5:.8f}, outputs: {{y: cosine}}}}\n"
+    written = {}
+    for algorithm in ("rtn", "gptq"):
+        (tmp_path / "floors.yaml").write_text(floors + f"weights: {{algorithm: {algorithm}}}\n")
+        result = cli("quantize", model, "-o", tmp_path / f"q_{algorithm}.onnx", "--data", calib, "--config",
+                     tmp_path / "floors.yaml", "--json")
+        assert result.exit_code == 0, result.stderr
+        written[algorithm] = next(n for n in json.loads(result.stdout)["notes"] if n.startswith("weight-only:"))
+        weights = {t.name: t.data_type for t in onnx.load(str(tmp_path / f"q_{algorithm}.onnx")).graph.initializer
+                   if t.name.endswith("_quantized")}
+        wanted = onnx.TensorProto.INT8 if algorithm == "gptq" else onnx.TensorProto.INT16
+        assert sorted(weights.values()) == [wanted] * 2, weights
+    assert "the model with int16 weights and float activations" in written["rtn"]
+    assert "the model with int8 weights rounded by GPTQ and float activations" in written["gptq"]
+    assert (tmp_path / "q_gptq.precision.yaml").read_text().count("algorithm: gptq") == 1

@@ -62,18 +62,27 @@ def rows_of(model: onnx.ModelProto, names: list[str], folders: Sequence[DataFold
 
 def values_of(model: onnx.ModelProto, names: list[str], folders: Sequence[DataFolder], batch_size: int,
               progress: Callable[[int], None] | None = None) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, its values float32) of each of `names` for every batch of `folders`, in order:
-    one pass of a session of the part of the graph that computes them (`qcli.graph.computing`:
-    onnxruntime runs every node whatever a run fetches, and holds every graph output; a
-    decoder's logits were 131 MB a batch), big weights unpacked (`pass_only`)."""
+    """(name, its values float32) of each of `names` for every batch of `folders`, in order
+    (`values_by_folder`)."""
+    for _, name, x in values_by_folder(model, names, folders, batch_size, progress):
+        yield name, x
+
+
+def values_by_folder(model: onnx.ModelProto, names: list[str], folders: Sequence[DataFolder], batch_size: int,
+                     progress: Callable[[int], None] | None = None) -> Iterator[tuple[int, str, np.ndarray]]:
+    """(which folder, name, its values float32) of each of `names` for every batch of `folders`,
+    in order: one pass of a session of the part of the graph that computes them
+    (`qcli.graph.computing`: onnxruntime runs every node whatever a run fetches, and holds every
+    graph output; a decoder's logits were 131 MB a batch), big weights unpacked (`pass_only`)."""
     session = make_session(computing(model, names), pass_only=True, frugal=True)
     wanted = {i.name for i in session.get_inputs()}
-    for batch in (b for f in folders for b in f.batches(batch_size)):
-        feeds = {k: v for k, v in batch.inputs.items() if k in wanted}
-        for name, value in zip(names, session.run(names, feeds), strict=True):
-            yield name, np.asarray(value, np.float32)
-        if progress is not None:
-            progress(batch.size)
+    for k, folder in enumerate(folders):
+        for batch in folder.batches(batch_size):
+            feeds = {key: v for key, v in batch.inputs.items() if key in wanted}
+            for name, value in zip(names, session.run(names, feeds), strict=True):
+                yield k, name, np.asarray(value, np.float32)
+            if progress is not None:
+                progress(batch.size)
 
 
 def observing_session(model: onnx.ModelProto, tensors: list[str], channels: dict[str, int] | None = None,

@@ -29,6 +29,12 @@ screens a unit alone: its few samples flatter (PP-LCNet: 13 units held on 8 samp
 beside 16-bit weights, only when they save a quarter of the 16-bit model's bytes (`_partial`),
 else the model is 16-bit throughout. The units are the weight-only plan's: recurrent cells
 (LSTM, GRU, RNN) store their weights there too (rules.WEIGHT_ONLY).
+
+With `weights.algorithm: gptq` (or `awq`) the weights come from the calibration samples, so
+the weight-only candidates are built per fold like any other (`_own_trials`), each fold's
+model rounded on the other folds' Gram matrices. The rescue does not switch to GPTQ on its own
+(docs/guides/verification.md: measured on the exported models, its int8 weights held where
+rounding to nearest needed 16 bits on magika alone, for 4-15 s more on the others).
 """
 
 from __future__ import annotations
@@ -101,7 +107,9 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
         # against a rescue's model that computes in float too, as fast by construction: untimed
         timed = goal.max_latency_ratio is not None and current.plan.quantizes
         ratio = trials.probe.latency_ratio(result.model) if timed else None
-    widths = _widths(choices, sum(u.weighted for u in wo.units))
+    weighted = sum(u.weighted for u in wo.units)
+    widths = _widths(choices, weighted) + (  # int8 units' weights; 16-bit ones round to nearest (qcli.gptq)
+        " rounded by GPTQ" if wo.config.weights.algorithm == "gptq" and len(choices) < weighted else "")
     note = (f"weight-only: the rescue's model kept most weights float ({now / float_bytes:.2f} of the float "
             f"model's weight bytes); the model with {widths} and float activations (computed in float, its "
             f"weights folded at load) meets the floors in {after / float_bytes:.2f} of them and is written instead")
@@ -134,9 +142,11 @@ def _own_trials(trials: Trials, stored: Config) -> Trials:
     """`trials` for the weight-only config `stored`: their own units (its plan's: recurrent
     cells store weights there, rules.WEIGHT_ONLY, as a worker finds them), caches (empty after
     `replace`) and budget (the whole model in 8 and in 16 bits, then PARTIAL_TRIALS), no folds
-    (float activations need no ranges: one model serves every fold)."""
+    (float activations need no ranges: one model serves every fold) unless the weights are
+    rounded from the calibration samples (GPTQ, AWQ: each fold's model on its own)."""
     units = find_units(trials.prepared.model, make_plan(trials.prepared.model, stored))
-    return replace(trials, config=stored, units=units, table=replace(trials.table, folds=[]), count=0,
+    folds = trials.table.folds if stored.weights.algorithm in ("gptq", "awq") else []  # weights from the data
+    return replace(trials, config=stored, units=units, table=replace(trials.table, folds=folds), count=0,
                    max_trials=2 + PARTIAL_TRIALS, stopped=None)
 
 
