@@ -25,10 +25,11 @@ into calib/, verify/ and holdout/ with nothing in common):
 
 Rows (`ROWS`, one `Variant` each: a key for --rows, a label, and what writes the model): float;
 `qcli quantize M -o OUT --data calib --no-verify` (all int8); int8 weights with float
-activations; all int8 with equalization and bias correction; all int8 with SmoothQuant and bias
+activations; the same with the weights rounded by GPTQ (qcli.gptq: MatMul, Gemm and Conv), and
+all int8 with GPTQ's weights; all int8 with equalization and bias correction; all int8 with SmoothQuant and bias
 correction; all int8 with mse ranges; int8 weights with 16-bit activations; the default path
 (`--data calib --eval-data verify`: verification, then rescue); the default path with mse
-ranges; `--config dynamic --eval-data verify` (no calibration data); onnxruntime's
+ranges; the default path with GPTQ's weights; `--config dynamic --eval-data verify` (no calibration data); onnxruntime's
 `quant_pre_process` + `quantize_static` (QDQ, per channel, MinMax, QUInt8 activations, QInt8
 weights, the same calibration samples; a model of opset < 13 converted to 13 first, as
 per-channel QDQ needs) and `quantize_dynamic(per_channel=True)` (on
@@ -175,6 +176,10 @@ ROWS = [
     Variant("int8", "qcli all-int8 (--no-verify)", qcli("--no-verify")),
     Variant("weights", "qcli int8 weights, float activations (--no-verify)",
             qcli("--no-verify", config="activations: {dtype: float}\n")),
+    Variant("weights-gptq", "qcli int8 weights rounded by GPTQ, float activations (--no-verify)",
+            qcli("--no-verify", config="activations: {dtype: float}\nweights: {algorithm: gptq}\n")),
+    Variant("gptq", "qcli all-int8, weights rounded by GPTQ (--no-verify)",
+            qcli("--no-verify", config="weights: {algorithm: gptq}\n")),
     Variant("cle-bc", "qcli all-int8 + equalization + bias correction (--no-verify)",
             qcli("--no-verify", config="recovery: [equalization, bias_correction]\n")),
     Variant("sq-bc", "qcli all-int8 + SmoothQuant (alpha auto) + bias correction (--no-verify)",
@@ -184,6 +189,8 @@ ROWS = [
             qcli("--no-verify", config="activations: {dtype: uint16}\n")),
     Variant("default", "qcli default (verify + rescue)", qcli(eval_data=True)),
     Variant("mse-default", "qcli default with mse ranges (verify + rescue)", qcli("--method", "mse", eval_data=True)),
+    Variant("gptq-default", "qcli default, weights rounded by GPTQ (verify + rescue)",
+            qcli(eval_data=True, config="weights: {algorithm: gptq}\n")),
     Variant("dynamic", "qcli --config dynamic", qcli("--config", "dynamic", data=False, eval_data=True)),
     Variant("ort-static", "ort quantize_static (QDQ, per-channel, MinMax)", ort_static),
     Variant("ort-dynamic", "ort quantize_dynamic (per-channel)", ort_dynamic),
