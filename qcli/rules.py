@@ -151,6 +151,10 @@ WEIGHT_ONLY: dict[str, OpRule] = {
     op: OpRule("compute", activations=(), weights=(1, 2), channel_axis=1, anchor=True, constant_weight=True)
     for op in ("LSTM", "GRU", "RNN")
 }
+#: Under float activations, an Einsum's constant operands (a speech enhancer's projections) are
+#: weights too, one scale each (which axis is a channel depends on the equation): `weight_only_rule`
+#: makes its rule from which inputs are constants.
+WEIGHT_ONLY_OPERANDS = ("Einsum",)
 
 #: Mul of a tensor by itself: x**2 as JAX/TensorFlow exports spell it (the E[x**2] of a
 #: LayerNorm that computes the variance as E[x**2] - E[x]**2, where 8 bits on the square cancel
@@ -258,10 +262,17 @@ def rule_for(node: onnx.NodeProto) -> OpRule | None:
     return RULES.get(node.op_type)
 
 
-def weight_only_rule(node: onnx.NodeProto) -> OpRule | None:
-    """The rule of a node under float activations (weight-only): its own, else `WEIGHT_ONLY`'s."""
+def weight_only_rule(node: onnx.NodeProto, constants: Container[str] = ()) -> OpRule | None:
+    """The rule of a node under float activations (weight-only): its own, else `WEIGHT_ONLY`'s,
+    or for an op of WEIGHT_ONLY_OPERANDS reading `constants` (initializer names), one whose
+    weights are those inputs, per tensor."""
     rule = rule_for(node)
-    return rule if rule is not None or node.domain not in ("", "ai.onnx") else WEIGHT_ONLY.get(node.op_type)
+    if rule is not None or node.domain not in ("", "ai.onnx"):
+        return rule
+    if node.op_type in WEIGHT_ONLY_OPERANDS:
+        read = tuple(k for k, name in enumerate(node.input) if name and name in constants)
+        return OpRule("compute", activations=(), weights=read, anchor=True, constant_weight=True) if read else None
+    return WEIGHT_ONLY.get(node.op_type)
 
 
 def is_kind(node: onnx.NodeProto, kind: Kind) -> bool:

@@ -130,6 +130,38 @@ def test_recurrent_weights_are_stored_weight_only(cli, tmp_path: Path) -> None:
     np.testing.assert_allclose(_run(out, x), _run(model, x), atol=1e-4)
 
 
+EINSUM = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[N, 6] x) => (float[N, 5] y) <float[5, 6] w = {W}> {
+    h = Einsum <equation = "ij,nj->ni"> (w, x)
+    y = Einsum <equation = "ni,ni->ni"> (h, h)
+}
+"""
+
+
+def test_an_einsum_s_constant_operand_is_stored_weight_only(cli, tmp_path: Path) -> None:
+    """Einsum has no int8 kernel; under float activations its constant operand (here the first)
+    is stored as integers all the same, one scale (the equation decides which axis would be a
+    channel), and folds at load: exactly what onnxruntime computes with the dequantized weight.
+    An Einsum of two activations stays as it is."""
+    model = save(parse_model(EINSUM.replace("{W}", _values(30, 3))), tmp_path / "m.onnx")
+    config = tmp_path / "c.yaml"
+    config.write_text("version: 1\nverify: {enabled: false}\nactivations: {dtype: float}\n")
+    out = tmp_path / "q.onnx"
+    doc = cli.json("quantize", model, "-o", out, "--data", normal_folder(tmp_path / "calib", 4, x=(3, 6)),
+                   "--config", config)
+    assert doc["precisions"]["Einsum"] == {"float act, int8 weights": 1}  # not the one of two activations
+    written = onnx.load(str(out))
+    assert [n.op_type for n in written.graph.node].count("Einsum") == 2
+    assert {t.name: list(t.dims) for t in written.graph.initializer if t.name.endswith("_scale")} == {"w_scale": []}
+    assert not {"Cast", "Mul"} & set(fused_op_counts(out, tmp_path))
+    reference = onnx.load(str(model))
+    reference.graph.initializer[0].CopyFrom(numpy_helper.from_array(_dequantized(written, "w"), "w"))
+    x = np.random.default_rng(0).normal(size=(7, 6)).astype(np.float32)
+    np.testing.assert_array_equal(_run(out, x), _run(reference, x))
+    np.testing.assert_allclose(_run(out, x), _run(model, x), rtol=0.05, atol=0.05)
+
+
 def test_asymmetric_weights_subtract_their_zero_point(cli, tmp_path: Path) -> None:
     out = _quantize(cli, tmp_path, "{dtype: uint8, symmetric: false, granularity: per_tensor}")
     ops = op_counts(out)

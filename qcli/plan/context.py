@@ -31,8 +31,9 @@ class Context:
     def of(cls, model: onnx.ModelProto, config: Config, index: GraphIndex | None = None) -> Context:
         index = index if index is not None else GraphIndex.of(model)
         names = node_names(model)
-        ruling = weight_only_rule if config.activations.dtype == "float" else rule_for
-        rules = [ruling(node) for node in model.graph.node]
+        weight_only = config.activations.dtype == "float"
+        rules = [weight_only_rule(node, index.initializers) if weight_only else rule_for(node)
+                 for node in model.graph.node]
         return cls(index, names, rules, config, Selections.of(config, names, index), float_readers(model.graph))
 
     def node(self, i: int) -> onnx.NodeProto:

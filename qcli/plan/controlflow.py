@@ -42,7 +42,7 @@ def control_flow_weights(ctx: Context, planned: Collection[str]) -> dict[int, di
             local = {t.name for g in graphs for t in g.initializer}
             producers = {o: n for g in graphs for n in g.node for o in n.output}
             for n in (n for g in graphs for n in g.node):
-                rule = weight_only_rule(n)
+                rule = weight_only_rule(n, ctx.index.initializers.keys() | local)
                 if rule is None or rule.kind != "compute":
                     continue
                 for k in rule.weights:

@@ -97,7 +97,7 @@ def find_units(model: onnx.ModelProto, plan: Plan) -> list[Unit]:
             continue
         # which inputs are weights: the dynamic form's (an LSTM has no static rule), else the op's
         # (a recurrent cell the plan quantized statically: weight-only, rules.WEIGHT_ONLY)
-        rule = rule or (weight_only_rule(node) if d.quantized and not d.dynamic else None)
+        rule = rule or (weight_only_rule(node, inits) if d.quantized and not d.dynamic else None)
         form = dynamic_rule(node)[0] if d.dynamic else rule if rule is not None and rule.kind == "compute" else None
         if not d.quantized or d.reason or form is None:
             continue
