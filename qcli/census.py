@@ -10,8 +10,9 @@ from collections import Counter
 
 import onnx
 
-from qcli.graph import node_names
+from qcli.graph import iter_graphs, node_names
 from qcli.half import HalfResult
+from qcli.info import element_count, tensor_bytes
 from qcli.plan import DynamicNode, Plan
 from qcli.quantize import QuantizeResult
 from qcli.scheme import PerBlock, PerChannel, QuantScheme
@@ -29,9 +30,8 @@ def summary(result: QuantizeResult) -> dict:
     folded = Counter(d.op_type for d in plan.nodes if d.quantized and d.reason)
     half = result.half
     converted = set(half.converted) if half else set()
-    floats: Counter[tuple[str, str]] = Counter(
-        (d.op_type, bare.get(d.name) or _float_reason(d.name, d.reason, half))
-        for d in plan.nodes if (not d.quantized or d.name in bare) and d.name not in converted)
+    kept_float = _float_nodes(result, bare, half)
+    floats: Counter[tuple[str, str]] = Counter((d.op_type, why) for d, why in kept_float)
     precisions: dict[str, Counter[str]] = {}
     for d in plan.nodes:
         if d.quantized and not d.reason and d.name not in bare:
@@ -56,9 +56,52 @@ def summary(result: QuantizeResult) -> dict:
         "groups": len(plan.groups),
         "weight_tensors": len(weights),
         "weights": dict(sorted(Counter(_scheme_text(w.scheme) for w in weights).items())),
+        "float_weights": float_weights(result.model, {d.name: f"{d.op_type}: {why}" for d, why in kept_float},
+                                       result.planned or result.model),
         "notes": result.notes,
         **({"recovery": result.recovery} if result.recovery else {}),
     }
+
+
+def _float_nodes(result: QuantizeResult, bare: dict[str, str], half: HalfResult | None) -> list[tuple]:
+    converted = set(half.converted) if half else set()
+    return [(d, bare.get(d.name) or _float_reason(d.name, d.reason, half)) for d in result.plan.nodes
+            if (not d.quantized or d.name in bare) and d.name not in converted]
+
+
+FLOAT_WEIGHT_MIN = 1024  # elements from which a float constant counts as a weight left float (not a bias or a shape)
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
+
+
+def float_weights(model: onnx.ModelProto, reasons: dict[str, str], planned: onnx.ModelProto) -> dict:
+    """The float constants of `model` (initializers of every graph, and Constant nodes of the
+    bodies) of FLOAT_WEIGHT_MIN elements or more: how many, their bytes and share of all the
+    weights' bytes, and why, grouped: a reader's op type and reason for staying float (`reasons`,
+    by node name in `planned`, the graph the plan names), or the body that holds it (qcli stores
+    only the main graph's constants smaller)."""
+    names = node_names(planned)
+    readers: dict[str, list[str]] = {}
+    for i, node in enumerate(planned.graph.node):
+        for t in node.input:
+            readers.setdefault(t, []).append(names[i])
+    total, kept, why, count = 0, 0, Counter[str](), Counter[str]()
+    for owner, graph in iter_graphs(model.graph):
+        tensors = [*graph.initializer, *(a.t for n in graph.node if n.op_type == "Constant" and owner
+                                         for a in n.attribute if a.name == "value")]
+        for t in tensors:
+            size = tensor_bytes(t.data_type, element_count(t.dims))
+            total += size
+            if t.data_type not in _FLOAT_TYPES or element_count(t.dims) < FLOAT_WEIGHT_MIN:
+                continue
+            kept += size
+            read = [r for r in readers.get(t.name, []) if r in reasons] if not owner else []
+            reason = (f"inside {owner.rsplit('.', 1)[0]}'s body" if owner else reasons[read[0]] if read
+                      else "not read as a weight")
+            why[reason] += size
+            count[reason] += 1
+    return {"bytes": kept, "share": round(kept / total, 4) if total else 0.0,
+            "why": [{"reason": r, "tensors": count[r], "bytes": b}
+                    for r, b in sorted(why.items(), key=lambda kv: (-kv[1], kv[0]))]}
 
 
 def _float_reason(name: str, reason: str, half: HalfResult | None) -> str:

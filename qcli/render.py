@@ -241,6 +241,12 @@ def quantization(console: Console, doc: dict) -> None:
         f"activations: {_counts(doc['activations']) or half}; weights: {_counts(doc['weights']) or half}; "
         f"ranges by {doc['method']}"
     )
+    left = doc.get("float_weights") or {}
+    if left.get("bytes"):
+        console.print(f"weights left float: {human_bytes(left['bytes'])} ({left['share']:.0%} of the weights): "
+                      + "; ".join(f"{w['tensors']} read by {w['reason']}" if not w["reason"].startswith("inside")
+                                  else f"{w['tensors']} {w['reason']}" for w in left["why"][:3])
+                      + ("; ..." if len(left["why"]) > 3 else ""))
     console.print(
         f"wrote {doc['output']}: {human_bytes(doc['bytes_before'])} -> {human_bytes(doc['bytes_after'])} "
         f"({size_change(doc['compression'])})"
