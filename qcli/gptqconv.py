@@ -1,14 +1,14 @@
 """GPTQ for convolutions (qcli.gptq): a Conv's weight [Cout, Cin/G, k...] is G matrices
 [Cout/G, K] (K = Cin/G x the kernel's elements) multiplying the input's patches, so each group
-is rounded as a MatMul weight on the Gram matrix of its patches, Σ p pᵀ over every output
-position of every calibration sample (im2col).
+is rounded as a MatMul weight on the Gram matrix of its patches, Σ p pᵀ over the output
+positions of the calibration samples (im2col).
 
 Decisions:
 - A weight is rounded this way when every reader is a Conv reading it as its weight, all on
   one input with the same geometry (kernel, strides, pads, dilations, group), quantized per
   output channel; else RTN (qcli.gptq's note). ConvTranspose keeps RTN (its weight is laid out
   by input channel).
-- Each channel's scale is the clipped range (qcli.gptq.RATIOS: 1 to 0.7) whose rounding error
+- Each channel's scale is the clipped range (qcli.gptqcore.RATIOS: 1 to 0.7) whose rounding error
   on the layer's output, dᵀ H d over its group's Gram matrix, is least (ratio 1 is RTN's scale);
   then GPTQ rounds with it. Depthwise convolutions (K = the kernel's 9 or 25 elements) get
   their scale chosen by output error and little else.
