@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 
 from tests.conftest import _values, parse_model, save
 
@@ -26,8 +28,9 @@ net (float[N, 32] x, int64 trips, bool cond) => (float[N, 32] y, float[N, 32] z)
 
 
 def test_the_summary_says_which_weights_stay_float_and_why(cli, tmp_path: Path) -> None:
-    """A MatMul's weight int8; an Einsum's (no int8 kernel) and a Loop body's own constant float:
-    their bytes, share and reasons in `--json` and in the summary."""
+    """A MatMul's weight int8; the Loop body's own weight moved to the main graph and stored as
+    integers too (qcli.prepare.hoist); the Einsum's (no int8 kernel) float: its bytes, share and
+    reason in `--json` and in the summary. The Loop computes as before, from the folded weight."""
     text = MODEL.replace("{M}", _values(1024, 1)).replace("{E}", _values(1024, 2)).replace("{W}", _values(1024, 3))
     model = save(parse_model(text), tmp_path / "m.onnx")
     data = tmp_path / "calib"
@@ -37,9 +40,16 @@ def test_the_summary_says_which_weights_stay_float_and_why(cli, tmp_path: Path) 
         np.savez(data / f"{i:03d}.npz", x=x, trips=np.array(2, np.int64), cond=np.array(True))
     result = cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", data, "--no-verify", "--json")
     assert result.exit_code == 0, result.stderr
-    left = json.loads(result.stdout)["float_weights"]
-    assert left["bytes"] == 2 * 4096 and 0.85 < left["share"] < 0.9  # beside the int8 weight's 1024 bytes and scales
-    assert {(w["reason"], w["tensors"]) for w in left["why"]} == {
-        ("Einsum: no int8 kernel for this op", 1), ("inside Loop's body", 1)}
+    doc = json.loads(result.stdout)
+    assert any(n.startswith("moved 1 weight(s) (0.00 MB) out of Loop/Scan/If bodies") for n in doc["notes"])
+    left = doc["float_weights"]
+    assert left["bytes"] == 4096 and 0.5 < left["share"] < 0.7  # beside two int8 weights of 1024 bytes and scales
+    assert left["why"] == [{"reason": "Einsum: no int8 kernel for this op", "tensors": 1, "bytes": 4096}]
+    written = onnx.load(str(tmp_path / "q.onnx"))
+    assert {t.name for t in written.graph.initializer if t.data_type == onnx.TensorProto.INT8} >= {"w_1_quantized"}
+    feeds = {"x": np.ones((2, 32), np.float32), "trips": np.array(2, np.int64), "cond": np.array(True)}
+    got, want = (ort.InferenceSession(str(m), providers=["CPUExecutionProvider"]).run(["z"], feeds)[0]
+                 for m in (tmp_path / "q.onnx", model))
+    np.testing.assert_allclose(got, want, rtol=0.1, atol=0.5)
     text = " ".join(cli("quantize", model, "-o", tmp_path / "q2.onnx", "--data", data, "--no-verify").stdout.split())
-    assert "weights left float: 8.0 KiB" in text and "1 read by Einsum: no int8 kernel for this op" in text
+    assert "weights left float: 4.0 KiB" in text and "1 read by Einsum: no int8 kernel for this op" in text

@@ -19,7 +19,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from conftest import fused_op_counts, save, write_npz
+from conftest import _values, fused_op_counts, parse_model, save, write_npz
 from qcli.errors import ModelError
 from qcli.model import max_ir_version
 from qcli.prepare import (
@@ -944,7 +944,7 @@ def test_shape_inference_failure_is_a_note(monkeypatch: pytest.MonkeyPatch) -> N
 def test_passes_are_listed_in_order() -> None:
     assert [p.__name__ for p in PASSES] == [
         "refuse_quantized", "inline_functions", "upgrade_opset", "fold_constants", "canonicalize", "fold_batchnorm",
-        "inline_constant_if", "infer_shapes",
+        "inline_constant_if", "hoist_body_weights", "infer_shapes",
     ]
 
 
@@ -1193,3 +1193,36 @@ def test_a_hardswish_written_out_becomes_a_hardsigmoid_gate(tail: str, rewritten
         final = result.model.graph.node[-1]
         assert (final.op_type, final.output[0]) == ("Mul", "y")  # the graph output keeps its name
     assert_same_outputs(model, result.model, rtol=1e-5, atol=1e-5)
+
+
+def test_a_body_s_own_weights_move_to_the_main_graph_and_compute_the_same() -> None:
+    """qcli.prepare.hoist: a Loop body's Constant weight moves to a main-graph initializer under
+    a fresh name the body reads from the outer scope; a small constant (a bias) stays; the
+    model computes the same bits."""
+    from qcli.prepare.hoist import hoist_body_weights
+
+    model = parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    net (float[2, 32] x, int64 trips, bool cond) => (float[2, 32] z) {
+        z = Loop (trips, cond, x) <body = g (int64 i, bool c, float[2, 32] s) => (bool c2, float[2, 32] s2) {
+            w = Constant <value = float[32, 32] {W}> ()
+            b = Constant <value = float[32] {B}> ()
+            c2 = Identity (c)
+            h = MatMul (s, w)
+            s2 = Add (h, b)
+        }>
+    }""".replace("{W}", _values(1024, 1)).replace("{B}", _values(32, 2)))
+    before = model.SerializeToString()
+    result = hoist_body_weights(model)
+    assert result.modified and result.notes == [
+        "moved 1 weight(s) (0.00 MB) out of Loop/Scan/If bodies into the main graph, which the bodies read them "
+        "from (stored like its weights)"]
+    assert [t.name for t in model.graph.initializer] == ["w_1"]
+    body = model.graph.node[0].attribute[0].g
+    assert [n.op_type for n in body.node] == ["Constant", "Identity", "MatMul", "Add"]  # the bias stays
+    assert body.node[2].input[1] == "w_1"
+    onnx.checker.check_model(model)
+    feeds = {"x": np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32), "trips": np.array(3, np.int64),
+             "cond": np.array(True)}
+    got, want = (ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+                 for m in (model.SerializeToString(), before))
+    np.testing.assert_array_equal(got, want)

@@ -36,6 +36,9 @@ Decisions (and why):
 - After an If is inlined, constant folding, canonicalization and BatchNormalization folding
   run again so the inlined branch is treated like the rest of the graph (notes are not
   repeated).
+- A Loop/Scan/If body's own float weights (1024 values or more) move to the main graph, which
+  the body reads them from (`hoist`): the quantizer stores the weights bodies read from the
+  outer scope as integers folded at load, and left a body's own constants float.
 - Shape inference never fails the run: on error, the model is kept and a note says so.
 """
 
@@ -53,6 +56,7 @@ from qcli.prepare.canonicalize import canonicalize
 from qcli.prepare.constants import fold_constants
 from qcli.prepare.functions import inline_functions
 from qcli.prepare.guard import refuse_quantized
+from qcli.prepare.hoist import hoist_body_weights
 from qcli.prepare.opset import upgrade_opset
 from qcli.prepare.shapes import infer_shapes
 from qcli.prepare.subgraphs import inline_constant_if
@@ -68,6 +72,7 @@ PASSES: list[Pass] = [
     canonicalize,  # Sum -> Add, Dropout/Identity removed, per-channel Mul/Add -> the Conv before
     fold_batchnorm,  # BatchNormalization -> the Conv/ConvTranspose/Gemm before it
     inline_constant_if,  # If with a constant condition -> the taken branch
+    hoist_body_weights,  # a body's own float weights -> main-graph initializers the body reads
     infer_shapes,  # value_info for every tensor
 ]
 
