@@ -132,6 +132,12 @@ class Weights(Section):
                              "weights only as MatMulNBits, which reads blocks")
         return self
 
+    @property
+    def from_data(self) -> bool:
+        """Whether the weights are rounded from the calibration samples (GPTQ, AWQ): a k-fold
+        verification then builds each fold's model from its own samples, weight-only ones too."""
+        return self.algorithm in ("gptq", "awq")
+
 
 def check_float8(dtype: str, symmetric: bool) -> None:
     """A float8 scheme is symmetric: its zero point is 0 (scale = range / the type's largest)."""

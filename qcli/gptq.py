@@ -154,6 +154,11 @@ def _order(source: Source) -> tuple:
     return (source, "") if isinstance(source, str) else (source.input, repr(source))
 
 
+def _input(source: Source) -> str:
+    """The tensor a source's Gram matrix is over the values of."""
+    return source if isinstance(source, str) else source.input
+
+
 def measure(model: onnx.ModelProto, tensors: Iterable[Source], folders: Sequence[DataFolder], batch_size: int,
             progress: Callable[[int], None] | None = None) -> dict[Source, Gram]:
     """The Gram matrix of each of `tensors` (a tensor's last axis: K x K; a Conv's patches: one
@@ -176,9 +181,9 @@ def measure_parts(model: onnx.ModelProto, tensors: Iterable[Source], parts: Sequ
     samples = max(1, sum(len(f) for f in folders))
     folder = _Folder() if len(groups) > 1 else None
     for sources in groups:  # each pass's session ends with it: two would hold the weights twice
-        inputs = list(dict.fromkeys(s if isinstance(s, str) else s.input for s in sources))
+        inputs = list(dict.fromkeys(_input(s) for s in sources))
         for k, name, x in values_by_folder(model, inputs, folders, batch_size, progress):
-            for source in (s for s in sources if (s if isinstance(s, str) else s.input) == name):
+            for source in (s for s in sources if _input(s) == name):
                 _add(grams[which[k]], source, x, samples)
         if folder is not None:
             for part in grams:
@@ -192,6 +197,8 @@ def summed(parts: Sequence[dict[Source, Gram]], leave_out: int | None = None) ->
     """The Gram matrices of the parts but `leave_out` together, each summed when it is read
     (`Summed`: the k folds' sums would otherwise hold k + 1 more copies of every matrix)."""
     kept = [part for k, part in enumerate(parts) if k != leave_out]
+    if len(kept) == 1:  # nothing to add up
+        return dict(kept[0])
     return {source: Summed(None, sum(p[source].rows for p in kept), parts=[p[source] for p in kept])
             for source in (kept[0] if kept else {})}
 

@@ -282,7 +282,7 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
 
     int8 = outcome.result  # the rescue replaces outcome.result with what it found
     stores = not ap.enabled and _dynamic_scheme(config)
-    rounds = config.weights.algorithm in ("gptq", "awq")  # weight-only models from each fold's data too
+    rounds = config.weights.from_data  # weight-only models from each fold's data too
     if no_payoff is not None and not rounds:  # everything float: one model for every fold, whose ranges it never reads
         outcome.table.folds = []
     found = _rescue(outcome, trials, goal, no_payoff, instead if stores else None)

@@ -55,17 +55,9 @@ def session_with_outputs(model: onnx.ModelProto, names: list[str], threads: int 
 def rows_of(model: onnx.ModelProto, names: list[str], folders: Sequence[DataFolder], batch_size: int,
             progress: Callable[[int], None] | None = None) -> Iterator[tuple[str, np.ndarray]]:
     """(name, its values as rows [-1, last axis] float32) of each of `names` for every batch of
-    `folders`, in order (`values_of`)."""
-    for name, x in values_of(model, names, folders, batch_size, progress):
-        yield name, x.reshape(-1, x.shape[-1])
-
-
-def values_of(model: onnx.ModelProto, names: list[str], folders: Sequence[DataFolder], batch_size: int,
-              progress: Callable[[int], None] | None = None) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, its values float32) of each of `names` for every batch of `folders`, in order
-    (`values_by_folder`)."""
+    `folders`, in order (`values_by_folder`)."""
     for _, name, x in values_by_folder(model, names, folders, batch_size, progress):
-        yield name, x
+        yield name, x.reshape(-1, x.shape[-1])
 
 
 def values_by_folder(model: onnx.ModelProto, names: list[str], folders: Sequence[DataFolder], batch_size: int,

@@ -40,9 +40,10 @@ def control_flow_weights(ctx: Context, planned: Collection[str]) -> dict[int, di
         for body in node_subgraphs(node):
             graphs = [g for _, g in iter_graphs(body)]
             local = {t.name for g in graphs for t in g.initializer}
+            constants = ctx.index.initializers.keys() | local
             producers = {o: n for g in graphs for n in g.node for o in n.output}
             for n in (n for g in graphs for n in g.node):
-                rule = weight_only_rule(n, ctx.index.initializers.keys() | local)
+                rule = weight_only_rule(n, constants)
                 if rule is None or rule.kind != "compute":
                     continue
                 for k in rule.weights:

@@ -64,7 +64,7 @@ def _reads_no_ranges(built: QuantizeResult, config: Config) -> bool:
     fold's is the same (a mostly-float or weight-only candidate): no calibrated or observed
     tensor, and no weight rounding or recovery step that reads the calibration statistics."""
     return (not built.plan.observed_tensors and not config.recovery.steps
-            and config.weights.algorithm not in ("gptq", "awq"))
+            and not config.weights.from_data)
 
 
 def _key(candidate: Candidate) -> Alone | frozenset:
