@@ -45,6 +45,21 @@ class Check:
         within = f" [{self.interval[0]:.4f}, {self.interval[1]:.4f}] on {self.samples}" if self.interval else ""
         return f"{self.name} {self.value:.4f}{within} (floor {sign} {self.floor:g}): {verdict}"
 
+    @property
+    def missed(self) -> str:
+        """Why a failed check failed, in words: by how much its value misses the floor, or, a value
+        on the right side of it, how the verdict refused it (its interval reaches past the floor).
+
+        >>> Check("top-1 agreement", 0.95, 0.99, True, False).missed
+        'top-1 agreement 0.9500 misses its floor 0.99 by 0.0400'
+        >>> Check("boxes matched", 1.0, 0.99, True, False, how="its interval reaches below the floor").missed
+        'boxes matched 1.0000 is not shown to meet its floor 0.99: its interval reaches below the floor'
+        """
+        short = self.value < self.floor if self.at_least else self.value > self.floor
+        if short or not self.how:
+            return f"{self.name} {self.value:.4f} misses its floor {self.floor:g} by {abs(self.value - self.floor):.4f}"
+        return f"{self.name} {self.value:.4f} is not shown to meet its floor {self.floor:g}: {self.how}"
+
 
 @dataclass
 class Verification:

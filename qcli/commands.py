@@ -207,9 +207,7 @@ def outcome_error(outcome: Outcome, output: Path) -> GateFailed | None:
     if outcome.verification is not None and not outcome.verification.passed:
         missed = [c for c in outcome.verification.checks if not c.passed]
         return GateFailed(
-            "verification failed: " + "; ".join(
-                f"{c.name} {c.value:.4f} misses its floor {c.floor:g} by {abs(c.value - c.floor):.4f}" for c in missed
-            ) + f" (wrote the best model found: {output})",
+            "verification failed: " + "; ".join(c.missed for c in missed) + f" (wrote the best model found: {output})",
             hint=_what_to_try(outcome, missed),
         )
     if outcome.search is not None and outcome.searched_for_goal and not outcome.goal_met:
