@@ -36,7 +36,7 @@ correction; all int8 with mse ranges; int8 weights with 16-bit activations; the 
 ranges; the default path with GPTQ's weights; `--config dynamic --eval-data verify` (no calibration data); onnxruntime's
 `quant_pre_process` + `quantize_static` (QDQ, per channel, MinMax, QUInt8 activations, QInt8
 weights, the same calibration samples; a model of opset < 13 converted to 13 first, as
-per-channel QDQ needs) and `quantize_dynamic(per_channel=True)` (on
+per-channel QDQ needs; per-tensor weights where per-channel raises, noted) and `quantize_dynamic(per_channel=True)` (on
 `quant_pre_process`'s output where the model as exported fails; both noted). When qcli exits 1
 (a floor missed) it has written the best model it found: that model is measured, the exit noted.
 A qcli row may carry a YAML config text
@@ -68,7 +68,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import heldout  # noqa: E402  (benchmarks/heldout.py: the other exported models' users' metrics)
 import inputs  # noqa: E402  (benchmarks/inputs.py)
-from ort_quantize import calibration_reader, error_line, ort_preprocess, quiet, run_quantize_static  # noqa: E402
+from ort_quantize import (  # noqa: E402
+    PER_TENSOR,
+    calibration_reader,
+    error_line,
+    ort_preprocess,
+    quiet,
+    run_quantize_static,
+)
 from quantize import optimized_ops, time_round  # noqa: E402  (benchmarks/quantize.py)
 from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 from usermetrics import Judge, Judgement, ctc_string, samples  # noqa: E402  (benchmarks/usermetrics.py)
@@ -164,8 +171,13 @@ def ort_static(task: Task, folders: dict[str, Path], out: Path) -> str | None:
         model, note = out.with_suffix(".opset13.onnx"), f"opset {opset} converted to 13 first"
         onnx.save(version_converter.convert_version(onnx.load(str(task.model)), 13), str(model))
     source, _ = ort_preprocess(model, out.with_suffix(".pre.onnx"))
-    run_quantize_static(source, partial(calibration_reader, task.model, folders["calib"], task.calib_per_call),
-                        out, "MinMax")
+    reader = partial(calibration_reader, task.model, folders["calib"], task.calib_per_call)
+    try:
+        run_quantize_static(source, reader, out, "MinMax")
+    except Exception as exc:  # benchmarks/quantize.py's fallback: per-tensor weights (magika: onnxruntime 1.32's
+        # int32-bias scale adjustment raises on per-channel scales), said in the row
+        run_quantize_static(source, reader, out, "MinMax", **PER_TENSOR[1])
+        note = "; ".join(filter(None, [note, f"per-channel failed ({error_line(exc)[:60]}): per-tensor weights"]))
     return note
 
 
