@@ -14,6 +14,7 @@ from qcli.graph import iter_graphs, node_names
 from qcli.half import HalfResult
 from qcli.info import element_count, tensor_bytes
 from qcli.plan import DynamicNode, Plan
+from qcli.prepare.hoist import HOIST_MIN  # elements from which a float constant is a weight (not a bias or a shape)
 from qcli.quantize import QuantizeResult
 from qcli.scheme import PerBlock, PerChannel, QuantScheme
 from qcli.weightonly import folded_integers
@@ -30,7 +31,7 @@ def summary(result: QuantizeResult) -> dict:
     folded = Counter(d.op_type for d in plan.nodes if d.quantized and d.reason)
     half = result.half
     converted = set(half.converted) if half else set()
-    kept_float = _float_nodes(result, bare, half)
+    kept_float = _float_nodes(result, bare, half, converted)
     floats: Counter[tuple[str, str]] = Counter((d.op_type, why) for d, why in kept_float)
     precisions: dict[str, Counter[str]] = {}
     for d in plan.nodes:
@@ -63,19 +64,19 @@ def summary(result: QuantizeResult) -> dict:
     }
 
 
-def _float_nodes(result: QuantizeResult, bare: dict[str, str], half: HalfResult | None) -> list[tuple]:
-    converted = set(half.converted) if half else set()
+def _float_nodes(result: QuantizeResult, bare: dict[str, str], half: HalfResult | None,
+                 converted: set[str]) -> list[tuple]:
+    """The nodes that stay float (not those converted to float16/bfloat16), each with why."""
     return [(d, bare.get(d.name) or _float_reason(d.name, d.reason, half)) for d in result.plan.nodes
             if (not d.quantized or d.name in bare) and d.name not in converted]
 
 
-FLOAT_WEIGHT_MIN = 1024  # elements from which a float constant counts as a weight left float (not a bias or a shape)
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
 
 
 def float_weights(model: onnx.ModelProto, reasons: dict[str, str], planned: onnx.ModelProto) -> dict:
     """The float constants of `model` (initializers of every graph, and Constant nodes of the
-    bodies) of FLOAT_WEIGHT_MIN elements or more: how many, their bytes and share of all the
+    bodies) of HOIST_MIN elements or more: how many, their bytes and share of all the
     weights' bytes, and why, grouped: a reader's op type and reason for staying float (`reasons`,
     by node name in `planned`, the graph the plan names), or the body that holds it (qcli stores
     only the main graph's constants smaller)."""
@@ -91,7 +92,7 @@ def float_weights(model: onnx.ModelProto, reasons: dict[str, str], planned: onnx
         for t in tensors:
             size = tensor_bytes(t.data_type, element_count(t.dims))
             total += size
-            if t.data_type not in _FLOAT_TYPES or element_count(t.dims) < FLOAT_WEIGHT_MIN:
+            if t.data_type not in _FLOAT_TYPES or element_count(t.dims) < HOIST_MIN:
                 continue
             kept += size
             read = [r for r in readers.get(t.name, []) if r in reasons] if not owner else []

@@ -6,10 +6,10 @@ layer's inputs, so that the layer's outputs on the calibration data move least
 Decisions:
 - The Gram matrix X^T X of a quantized MatMul's (or Gemm's) input, over every row of it (each
   token of each calibration sample), comes from an extra pass over the calibration samples
-  (`measure`) through the prepared float graph, summed in float32 (GPTQ's own precision): one
+  (`measure_parts`) through the prepared float graph, summed in float32 (GPTQ's own precision): one
   K x K matrix per input tensor (q, k and v read one); one pass a group of PASS_BYTES of
   matrices, each pass a session of the part of the graph that computes its group's tensors
-  (`qcli.calibrate.collect.rows_of`: a 368M-parameter decoder's 97 inputs were 0.7 GB a batch of
+  (`qcli.calibrate.collect.values_by_folder`: a 368M-parameter decoder's 97 inputs were 0.7 GB a batch of
   8 x 128 tokens as outputs of one session), each group's moved to a temporary folder once
   summed when there are several (`passes`). They live on the calibration
   table for the run only, as bias correction's shifts do: with `--calib FILE` the run is
@@ -159,19 +159,13 @@ def _input(source: Source) -> str:
     return source if isinstance(source, str) else source.input
 
 
-def measure(model: onnx.ModelProto, tensors: Iterable[Source], folders: Sequence[DataFolder], batch_size: int,
-            progress: Callable[[int], None] | None = None) -> dict[Source, Gram]:
-    """The Gram matrix of each of `tensors` (a tensor's last axis: K x K; a Conv's patches: one
-    per group, qcli.gptqconv), one pass of `folders` a group of them (`passes`); with several
-    groups, each group's stored in a temporary folder once summed (it goes with the last Gram
-    that refers to it)."""
-    return measure_parts(model, tensors, [folders], batch_size, progress)[0]
-
-
 def measure_parts(model: onnx.ModelProto, tensors: Iterable[Source], parts: Sequence[Sequence[DataFolder]],
                   batch_size: int, progress: Callable[[int], None] | None = None) -> list[dict[Source, Gram]]:
-    """`measure` of each part of the samples (k-fold verification's folds), in one pass a
-    group of `tensors`: a fold's model rounds on the sum of the other folds' (`summed`)."""
+    """The Gram matrix of each of `tensors` (a tensor's last axis: K x K; a Conv's patches: one
+    per group, qcli.gptqconv) over each part of the samples (k-fold verification's folds: a
+    fold's model rounds on the sum of the other folds', `summed`), one pass of every part a
+    group of them (`passes`); with several groups, each group's stored in a temporary folder
+    once summed (it goes with the last Gram that refers to it)."""
     groups = passes(model, tensors)
     grams: list[dict[Source, Gram]] = [{} for _ in parts]
     if not groups:

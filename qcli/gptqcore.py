@@ -15,10 +15,7 @@ def round_rows(w: np.ndarray, h: np.ndarray, s: np.ndarray, z: np.ndarray, lo: i
     """Integers for `w` [N, K] with scales and zero points `s`, `z` (per value) on Gram `h` [K, K].
     Worked on as [K, N] in float32 (GPTQ's own precision), so that each input row is contiguous:
     over a column of [N, K] a 4096 x 1024 weight took 8 s, over a row 1 s."""
-    h = h.copy()
-    dead = np.diag(h) == 0
-    h[dead, dead] = 1.0
-    h[np.diag_indices_from(h)] += DAMP * float(np.mean(np.diag(h)))
+    h = damped(h)
     order = np.argsort(-np.diag(h), kind="stable")
     rows = np.ascontiguousarray(w[:, order].T, np.float32)  # [K, N], rows in act-order
     scale = np.ascontiguousarray(s[:, order].T, np.float32)
@@ -39,6 +36,17 @@ def round_rows(w: np.ndarray, h: np.ndarray, s: np.ndarray, z: np.ndarray, lo: i
     out = np.empty_like(ints.T)
     out[:, order] = ints.T
     return out
+
+
+def damped(h: np.ndarray) -> np.ndarray:
+    """A copy of the Gram matrix `h` [..., K, K] with GPTQ's dampening: a diagonal of 1 where it
+    is 0 (an input 0 on every calibration row: rounded to nearest), then DAMP x the diagonal's
+    mean added to it."""
+    h = h.copy()
+    diag = np.einsum("...kk->...k", h)  # a view: writes go to h
+    diag[diag == 0] = 1.0
+    diag += DAMP * diag.mean(axis=-1, keepdims=True)
+    return h
 
 
 def upper_cholesky_of_inverse(h: np.ndarray) -> np.ndarray:
@@ -63,11 +71,8 @@ def round_groups(w: np.ndarray, s: np.ndarray, z: np.ndarray, h: np.ndarray, lo:
     group at once: `w`, `s`, `z` [G, P, K] on `h` [G, K, K], one input row at a time over all
     groups (a depthwise conv's 512 groups of 9 rows, one by one, took a second)."""
     groups, k = h.shape[0], h.shape[1]
-    h = h.copy()
-    diag = np.einsum("gkk->gk", h)  # a view: writes go to h
-    diag[diag == 0] = 1.0
-    diag += DAMP * diag.mean(axis=1, keepdims=True)
-    order = np.argsort(-diag, axis=1, kind="stable")  # [G, K]
+    h = damped(h)
+    order = np.argsort(-np.einsum("gkk->gk", h), axis=1, kind="stable")  # [G, K]
     take = np.arange(groups)[:, None]
     ordered = h[take[:, :, None], order[:, :, None], order[:, None, :]]
     try:

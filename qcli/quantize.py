@@ -309,16 +309,12 @@ def measure_bias_shifts(model: onnx.ModelProto, config: Config, table: Calibrati
 
 def measure_grams(model: onnx.ModelProto, config: Config, table: CalibrationTable, folders: Sequence[DataFolder],
                   *, prepared: PrepareResult, progress: Callable[[int], None] | None = None) -> None:
-    """GPTQ's Gram matrices (qcli.gptq) of the inputs of the weights `config` quantizes, over
-    `folders` (the samples `table` was calibrated on), through the prepared float graph; kept on
-    `table` for every later `quantize` with it."""
+    """AWQ's Gram matrices and mean |x| (qcli.awq) of the inputs of the weights `config`
+    quantizes, over `folders` (the samples `table` was calibrated on), through the prepared float
+    graph; kept on `table` for every later `quantize` with it (GPTQ's: `fold_grams`)."""
     work = prepared.model
     plan = make_plan(work, config)
-    if config.weights.algorithm == "awq":
-        table.grams = awq.measure(work, awq.requests(awq.targets(work, plan), plan), folders, progress)
-        return
-    table.grams = gptq.measure(work, gptq.targets(work, plan).values(), folders, config.calibration.batch_size,
-                               progress)
+    table.grams = awq.measure(work, awq.requests(awq.targets(work, plan), plan), folders, progress)
 
 
 def fold_grams(config: Config, parts: Sequence[Sequence[DataFolder]], *, prepared: PrepareResult,
@@ -336,7 +332,8 @@ def fold_grams(config: Config, parts: Sequence[Sequence[DataFolder]], *, prepare
 
 
 def gram_passes(config: Config, prepared: PrepareResult) -> int:
-    """How many passes over the data `measure_grams` makes (qcli.gptq.passes)."""
+    """How many passes over the data `measure_grams` (AWQ) or `fold_grams` (GPTQ) makes
+    (qcli.gptq.passes)."""
     work = prepared.model
     if config.weights.algorithm == "awq":
         return 1
