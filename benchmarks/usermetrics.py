@@ -131,6 +131,34 @@ def strings(output: str, reference: Outputs, got: Outputs, held_out: Samples, tr
                      detail=f"{len(pairs) - same} of {len(pairs)} differ; CER {cer:.4f}")
 
 
+def table_tokens(probs: np.ndarray) -> tuple[int, ...]:
+    """rapid_table's decoding of SLANet's structure [1, steps, tokens]: the best token a step,
+    up to the end token (the last; at step 0 it does not end), the start and end tokens left out."""
+    ids, end = probs[0].argmax(1), probs.shape[-1] - 1
+    out = []
+    for step, i in enumerate(ids):
+        if step > 0 and i == end:
+            break
+        if i not in (0, end):
+            out.append(int(i))
+    return tuple(out)
+
+
+def structures(output: str, cells: str, reference: Outputs, got: Outputs, held_out: Samples,
+               floor: float = 0.99) -> Judgement:
+    """The share of tables whose structure tokens (rows, cells, spans) are float's, as a table
+    recognizer is right or not; the token error rate and the cells' box error (mean absolute, in
+    the box output's units: a share of the image) where the structures agree in the details."""
+    pairs = [(table_tokens(r[output]), table_tokens(g[output])) for r, g in zip(reference, got, strict=True)]
+    same = [a == b for a, b in pairs]
+    ter = sum(edit_distance(a, b) for a, b in pairs) / max(1, sum(len(a) for a, _ in pairs))
+    box = [float(np.abs(r[cells][0, :len(a)] - g[cells][0, :len(a)]).mean())
+           for (a, _), r, g, ok in zip(pairs, reference, got, same, strict=True) if ok and a]
+    return Judgement("table structures equal", sum(same) / len(pairs), floor,
+                     detail=f"{len(pairs) - sum(same)} of {len(pairs)} differ; token error {ter:.4f}; "
+                            f"cell boxes {np.mean(box) if box else 0:.4f} apart")
+
+
 def cosine(output: str, reference: Outputs, got: Outputs, held_out: Samples, floor: float = 0.99) -> Judgement:
     """Mean cosine of each sample's vector with float's (the least in the details)."""
     cos = [float(np.dot(r[output].ravel(), g[output].ravel())
@@ -257,6 +285,27 @@ def yolov8_boxes(output: str, o: dict[str, np.ndarray], candidate: float = 0.2, 
     xy, wh = rows[:, :2], rows[:, 2:4]
     corners = np.concatenate([xy - wh / 2, xy + wh / 2], axis=1)
     return [(int(rows[i, 4:].argmax()), float(best[i]), corners[i]) for i in nms(corners, best, overlap)]
+
+
+def yolox_boxes(output: str, o: dict[str, np.ndarray], size: int = 416, score: float = 0.1,
+                overlap: float = 0.45) -> Boxes:
+    """ddddocr's decoding of its YOLOX detector's [1, cells, 4 + 1 + classes] (`demo_postprocess`,
+    `multiclass_nms_class_agnostic`): centres (offset + cell) x stride and sizes exp() x stride over
+    strides 8, 16, 32; score = objectness x best class > 0.1; NMS over every class at IoU 0.45."""
+    rows = o[output][0].astype(np.float64)
+    grids, strides = [], []
+    for stride in (8, 16, 32):
+        yy, xx = np.meshgrid(np.arange(size // stride), np.arange(size // stride), indexing="ij")
+        grids.append(np.stack([xx.ravel(), yy.ravel()], axis=1))
+        strides.append(np.full((xx.size, 1), stride))
+    grid, stride_of = np.concatenate(grids), np.concatenate(strides)
+    xy, wh = (rows[:, :2] + grid) * stride_of, np.exp(rows[:, 2:4]) * stride_of
+    scores = rows[:, 4:5] * rows[:, 5:]
+    best, cls = scores.max(1), scores.argmax(1)
+    on = best > score
+    corners = np.concatenate([xy - wh / 2, xy + wh / 2], axis=1)[on]
+    return [(int(c), float(b), box) for c, b, box in
+            ((cls[on][i], best[on][i], corners[i]) for i in nms(corners, best[on], overlap))]
 
 
 PICODET_LEVELS = (("transpose_0.tmp_0", "transpose_1.tmp_0", 8), ("transpose_2.tmp_0", "transpose_3.tmp_0", 16),

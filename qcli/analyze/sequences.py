@@ -144,7 +144,8 @@ def decisions(x: np.ndarray, y: np.ndarray, blank: int | None) -> tuple[np.ndarr
     """The float margins of a sequence's decisions (module docstring) and their changes in the
     quantized model, from both models' `[N, T, C]` log scores (overwritten): every position
     (its class and the `_harmless` ones against the rest), then, with a blank, every character
-    run. Without a blank, every position against the rest.
+    run. Without a blank, every position against the rest. A position where float scores every
+    class alike decides nothing: its margin is infinite (left out of the predictions).
 
     >>> x = np.log(np.eye(3)[[[1, 0, 2, 0]]] * 0.8 + 0.1)  # "12": a run each, blanks between
     >>> y = np.log(np.eye(3)[[[0, 1, 2, 0]]] * 0.8 + 0.1)  # the 1 moved one position on
@@ -155,6 +156,7 @@ def decisions(x: np.ndarray, y: np.ndarray, blank: int | None) -> tuple[np.ndarr
     2
     """
     ids = x.argmax(axis=-1)
+    tied = x.max(axis=-1) == x.min(axis=-1)  # every class alike (a Loop's unwritten step): no decision
     margins, moved = _runs(x, y, ids, blank) if blank is not None else (np.empty(0), np.empty(0))
     own = ids[..., None] if blank is None else np.concatenate([ids[..., None], _harmless(ids, blank)], axis=-1)
     n, t = np.indices(ids.shape)
@@ -169,9 +171,12 @@ def decisions(x: np.ndarray, y: np.ndarray, blank: int | None) -> tuple[np.ndarr
             a[n[has], t[has], c[has]] = -np.inf
         with np.errstate(invalid="ignore"):
             found.append(inside - a.max(axis=-1))  # inf where no class could change the sequence
+    found[0][tied] = np.inf  # its change: 0 (below)
     m = np.concatenate([found[0].ravel(), margins])
     with np.errstate(invalid="ignore"):
-        return m, np.concatenate([found[1].ravel(), moved]) - m
+        changes = np.concatenate([found[1].ravel(), moved]) - m
+    changes[:tied.size][tied.ravel()] = 0.0
+    return m, changes
 
 
 @dataclass
@@ -220,6 +225,28 @@ class SequenceAccumulator:
         self.decided += margins.size
         self.kept += int(np.count_nonzero(~(margins + changes < 0)))  # a tie or an infinite margin stays
         return margins, changes
+
+    def reshaped(self, reference: np.ndarray, value: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
+        """A batch whose sequences are not as long as float's (a decoding Loop that stopped at
+        another step): each sample counts as changed; the steps both have are compared as
+        `update` compares them (positions and decisions), the steps one alone has are positions
+        changed. Other shapes (another number of classes): samples changed, nothing else.
+
+        >>> acc = SequenceAccumulator()
+        >>> x, y = np.eye(3)[[[1, 2, 0]]], np.eye(3)[[[1, 2, 2, 0]]]  # "12" then the end 0, one step later
+        >>> _ = acc.reshaped(x, y, 1); acc.agreement, acc.position_agreement
+        (0.0, 0.5)
+        """
+        x, y = as_sequences(reference, batch), as_sequences(value, batch)
+        if x.shape[0] != y.shape[0] or x.shape[2] != y.shape[2]:
+            self.samples += batch
+            return np.zeros(0), np.zeros(0)
+        steps = min(x.shape[1], y.shape[1])
+        same = self.same
+        decisions = self.update(x[:, :steps], y[:, :steps], x.shape[0])
+        self.same = same
+        self.positions += (max(x.shape[1], y.shape[1]) - steps) * x.shape[0]
+        return decisions
 
     @property
     def agreement(self) -> float | None:
