@@ -140,7 +140,8 @@ def verification_of(plan: DataPlan, probe: Probe, f: Fidelity, ratio: float | No
     model has no quantized node left, if so."""
     vf = config.verify
     checks = fidelity_checks(f, vf.min_top1_agreement, vf.min_cosine, vf.confidence, vf.max_relative_error,
-                             vf.max_perplexity_increase, vf.min_token_agreement, vf.max_token_kl)
+                             vf.max_perplexity_increase, vf.min_token_agreement, vf.max_token_kl,
+                             vf.min_spatial_agreement)
     notes: list[str] = []
     if all_float:
         notes.append(all_float)
@@ -188,13 +189,14 @@ def memory_check(probe: Probe, model: onnx.ModelProto, floor: float) -> Check:
 
 def fidelity_checks(f: Fidelity, min_agreement: float, min_cosine: float, confidence: float = DEFAULT,
                     max_error: float | None = None, max_perplexity: float | None = None,
-                    min_tokens: float | None = None, max_kl: float | None = None) -> list[Check]:
+                    min_tokens: float | None = None, max_kl: float | None = None,
+                    min_spatial: float | None = None) -> list[Check]:
     """One check per metric the outputs are gated on (agreements against `min_agreement`,
     cosines against `min_cosine`, relative errors under `max_error`, each by
     qcli.analyze.verdict's rule), on the output of its kind that misses, else the worst, with
     what a share of samples can show at `confidence`; then the plug-in's."""
     checks = []
-    found = verdicts(f, min_agreement, min_cosine, max_error, max_perplexity, min_tokens, max_kl)
+    found = verdicts(f, min_agreement, min_cosine, max_error, max_perplexity, min_tokens, max_kl, min_spatial)
     changed = {o.name: o.changed for o in f.outputs}
     for metric in (*AGREEMENT.values(), "cosine", "relative error", "perplexity increase", "next-token agreement",
                    "next-token KL"):

@@ -197,6 +197,9 @@ def quantize(
     min_cosine: Annotated[
         float | None, typer.Option("--min-cosine", help="Verification floor for other outputs.")
     ] = None,
+    min_spatial_agreement: Annotated[
+        float | None, typer.Option("--min-spatial-agreement", help="Verification floor for maps and boxes.")
+    ] = None,
     max_latency_ratio: Annotated[
         float | None, typer.Option("--max-latency-ratio", help="Verification ceiling: quantized / float latency.")
     ] = None,
@@ -219,7 +222,8 @@ def quantize(
             auto_precision=auto_precision, criteria=criteria, min_speedup=min_speedup, max_size_mb=max_size_mb,
             max_trials=max_trials, time_budget=time_budget, precision_out=precision_out, no_verify=no_verify,
             no_rescue=no_rescue, min_top1_agreement=min_top1_agreement, min_cosine=min_cosine,
-            max_latency_ratio=max_latency_ratio, scale=ScaleFlags(executor, workers, ray_address),
+            min_spatial_agreement=min_spatial_agreement, max_latency_ratio=max_latency_ratio,
+            scale=ScaleFlags(executor, workers, ray_address),
         )
         run = commands.quantize_command(flags, progress=_progress(quiet or json_out))
         if json_out:

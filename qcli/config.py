@@ -235,8 +235,12 @@ class Verify(Section):
     latency: Literal["predicted", "measured"] = Field("predicted", description=(
         "latency verdicts from the target profile (the same on any machine) or this machine's A/B timing"))
     min_top1_agreement: float = Field(0.99, ge=0, le=1, description=(
-        "the floor of agreements with the float model: top-1, sequence, per-element outputs and a mask's IoU "
-        "(`--min-top1-agreement`)"))
+        "the floor of agreements with the float model: top-1, sequence, per-element outputs, and the IoU of "
+        "a mask that is not a map (multi-label scores, one probability per sample) (`--min-top1-agreement`)"))
+    min_spatial_agreement: float | None = Field(0.95, ge=0, le=1, description=(
+        "the floor of outputs that say where: a map's IoU (a Sigmoid map's thresholded mask, a per-pixel "
+        "class map, a dense map's top region) and a detector's boxes matched (F1); `null`: "
+        "`min_top1_agreement`'s (`--min-spatial-agreement`)"))
     min_cosine: float = Field(0.99, ge=-1, le=1, description="the floor of mean cosines: embeddings and other "
                               "float outputs (`--min-cosine`)")
     max_relative_error: float = Field(0.1, gt=0, description=(

@@ -135,6 +135,7 @@ class QuantizeFlags:
     no_rescue: bool = False
     min_top1_agreement: float | None = None
     min_cosine: float | None = None
+    min_spatial_agreement: float | None = None
     max_latency_ratio: float | None = None
     scale: ScaleFlags = field(default_factory=ScaleFlags)
 
@@ -161,7 +162,7 @@ class QuantizeFlags:
             verify={
                 "enabled": False if self.no_verify else None, "rescue": False if self.no_rescue else None,
                 "min_top1_agreement": self.min_top1_agreement, "min_cosine": self.min_cosine,
-                "max_latency_ratio": self.max_latency_ratio,
+                "min_spatial_agreement": self.min_spatial_agreement, "max_latency_ratio": self.max_latency_ratio,
             },
             auto_precision={
                 "enabled": True if self.auto_precision else None, "criteria": self.criteria,

@@ -420,7 +420,8 @@ def _floors(config: Config, probe: Probe) -> Goal:
     if ceiling is not None and probe.float_ms() < vf.min_float_ms:
         ceiling = None
     return Goal("performance", None, vf.min_top1_agreement, vf.min_cosine, ceiling, vf.max_relative_error,
-                vf.max_perplexity_increase, vf.min_token_agreement, vf.max_token_kl)
+                vf.max_perplexity_increase, vf.min_token_agreement, vf.max_token_kl,
+                min_spatial_agreement=vf.min_spatial_agreement)
 
 
 def _explain(outcome: Outcome, why_of: dict[str, tuple[Why, str]], half: set[str]) -> None:

@@ -319,7 +319,7 @@ def _greedy(wo: _Holds, saves=lambda k: True) -> tuple[int, str]:
 
     class Goal:
         accurate = staticmethod(bool)
-        min_top1_agreement = 0.99
+        min_top1_agreement = stop_below = 0.99
 
     order = list(wo.units)
     k = _greedy(wo, Goal(), lambda j: dict.fromkeys(order[j:], "int16"), saves, order)  # type: ignore[arg-type]

@@ -52,6 +52,7 @@ class OutputFidelity:
     perplexity_interval: tuple[float, float] | None = None  # its interval
     token_agreement: float | None = None  # tokens: positions whose next-token argmax agrees (detail)
     kl: float | None = None  # tokens: mean KL of the quantized next-token distribution from float's, nats
+    spatial: bool = False  # a map or a detector's boxes: gated on verify.min_spatial_agreement
 
     @property
     def gated_agreement(self) -> float | None:
@@ -169,4 +170,5 @@ def output_fidelity(name: str, acc: FidelityAccumulator) -> OutputFidelity:
         perplexity_increase=tokens.increase if tokens else None,
         perplexity_interval=tokens.interval() if tokens else None,
         token_agreement=tokens.agreement if tokens else None, kl=tokens.kl.value if tokens else None,
+        spatial=acc.spatial,
     )

@@ -174,6 +174,7 @@ class FidelityAccumulator:
     equal_rows: Mean = field(default_factory=Mean)  # per-element outputs: each sample's share of elements equal
     floating: bool | None = None
     reshaped: int = 0  # samples whose quantized output is not shaped as float's (`_reshaped`)
+    spatial: bool = False  # says where: a map or a detector's boxes (`_start`; verify.min_spatial_agreement)
 
     def __post_init__(self) -> None:
         self.sqnr = SqnrAccumulator()
@@ -240,10 +241,15 @@ class FidelityAccumulator:
             self.margins.update(x64, y64, reference.shape[-1] if reference.ndim else 1)
 
     def _start(self, reference: np.ndarray) -> None:
-        """The first batch's float values decide the kind (when not given) and its figures."""
+        """The first batch's float values decide the kind (when not given) and its figures; a
+        mask is a map (`spatial`) when two of its axes past the batch's have more than one element
+        ([N, 1, H, W], a note transcriber's [N, frames, pitches]), not one probability or a set of
+        labels per sample."""
         self.floating = bool(np.issubdtype(reference.dtype, np.floating))
         if self.kind is None:
             self.kind = decide("", [reference], None, None)
+        self.spatial = self.kind.kind in (Kind.MAP, Kind.BOXES) or (self.kind.kind is Kind.MASK and (
+            self.kind.classes is not None or sum(d > 1 for d in reference.shape[1:]) >= 2))
         if self.kind.kind is Kind.SEQUENCE and self.floating:
             self.sequence = SequenceAccumulator(self.kind.blank, self.kind.trim)
         if self.kind.kind in MARGIN_KINDS and self.floating:

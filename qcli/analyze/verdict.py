@@ -103,12 +103,15 @@ def error_verdict(o: OutputFidelity, value: float, ceiling: float, metric: str =
 
 def verdicts(f: Fidelity, min_agreement: float | None, min_cosine: float | None,
              max_error: float | None = None, max_perplexity: float | None = None,
-             min_tokens: float | None = None, max_kl: float | None = None) -> list[Verdict]:
+             min_tokens: float | None = None, max_kl: float | None = None,
+             min_spatial: float | None = None) -> list[Verdict]:
     """One verdict per gated figure of every output (agreements, cosines, relative errors, then
-    a language model's perplexity increases, next-token agreements and KL divergences)."""
+    a language model's perplexity increases, next-token agreements and KL divergences); a map's
+    or a detector's agreement against `min_spatial` when given (`OutputFidelity.spatial`)."""
     out = []
     if min_agreement is not None:
-        out += [agreement_verdict(o, AGREEMENT[o.kind], a, min_agreement, min_cosine)
+        out += [agreement_verdict(o, AGREEMENT[o.kind], a, min_spatial if o.spatial and min_spatial is not None
+                                  else min_agreement, min_cosine)
                 for o in f.outputs if (a := o.gated_agreement) is not None]
     if min_cosine is not None:
         out += [cosine_verdict(o, c, min_cosine) for o in f.outputs if (c := o.gated_cosine) is not None]
@@ -135,7 +138,8 @@ def _point(o: OutputFidelity, metric: str, value: float, bound: float, at_least:
 
 
 def meets(f: Fidelity, min_agreement: float | None, min_cosine: float | None, max_error: float | None = None,
-          max_perplexity: float | None = None, min_tokens: float | None = None, max_kl: float | None = None) -> bool:
+          max_perplexity: float | None = None, min_tokens: float | None = None, max_kl: float | None = None,
+          min_spatial: float | None = None) -> bool:
     """Whether every gated figure of `f` meets its floor by the rule (the plug-in's score aside)."""
     return all(v.passed for v in verdicts(f, min_agreement, min_cosine, max_error, max_perplexity, min_tokens,
-                                          max_kl))
+                                          max_kl, min_spatial))

@@ -34,6 +34,7 @@ class Goal:
     min_token_agreement: float | None = None  # language models: next-token agreement's floor (verification)
     max_token_kl: float | None = None  # language models: the next-token KL's ceiling (verification)
     max_bytes: int | None = None  # the written model's size at most this (auto_precision.max_size_mb)
+    min_spatial_agreement: float | None = None  # maps' and boxes' floor (verification; None: min_top1_agreement)
 
     def accurate(self, f: Fidelity | None, scale: float = 1.0) -> bool:
         """Whether `f` meets the floors (each gated figure by qcli.analyze.verdict's rule, which
@@ -43,9 +44,17 @@ class Goal:
         if self.max_drop is not None and f.drop > self.max_drop * scale + 1e-12:
             return False
         if not meets(f, self.min_top1_agreement, self.min_cosine, self.max_relative_error,
-                     self.max_perplexity_increase, self.min_token_agreement, self.max_token_kl):
+                     self.max_perplexity_increase, self.min_token_agreement, self.max_token_kl,
+                     self.min_spatial_agreement):
             return False
         return f.custom is None or f.custom.passed
+
+    @property
+    def stop_below(self) -> float | None:
+        """The lowest agreement floor: a trial measured in part stops once an output's agreement
+        must end below it (`Trials.fidelity`); a higher floor is then judged on the whole."""
+        floors = [f for f in (self.min_top1_agreement, self.min_spatial_agreement) if f is not None]
+        return min(floors) if floors else None
 
     def fast(self, ratio: float | None) -> bool:
         """Whether `ratio` is not measurably above the ceiling: its interval reaches it (a

@@ -105,13 +105,18 @@ def _made(model: onnx.ModelProto) -> set[str]:
 
 
 def _relative_error(q: np.ndarray, f: np.ndarray) -> float:
-    """|q - f|^2 / |f|^2 (0 for a float tensor of zeros, or one that is not float).
+    """|q - f|^2 / |f|^2 (0 for a float tensor of zeros, or one that is not float); 1 where `q`
+    is not shaped as `f` (a decoding Loop that stopped at another step): as far off as zeros.
 
     >>> _relative_error(np.array([1.0, 2.0]), np.array([1.0, 1.0]))
     0.5
+    >>> _relative_error(np.ones(3), np.ones(2))
+    1.0
     """
-    if q.shape != f.shape or f.dtype.kind != "f":
+    if f.dtype.kind != "f":
         return 0.0
+    if q.shape != f.shape:
+        return 1.0
     f64 = f.ravel().astype(np.float64)
     d = q.ravel().astype(np.float64) - f64
     signal = float(np.dot(f64, f64))

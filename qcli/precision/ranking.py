@@ -164,7 +164,7 @@ def _needs_most(s: SearchState, measured: list[tuple[float, list[str]]], promote
         if 2 * len(top) >= total:
             break
         top += block
-    f = s.trials.fidelity(promote.promoting(top), quick=quick, stop_below=None if quick else s.goal.min_top1_agreement)
+    f = s.trials.fidelity(promote.promoting(top), quick=quick, stop_below=None if quick else s.goal.stop_below)
     if s.accurate(f):
         return False
     s.missed = promote.promoting(top)

@@ -51,8 +51,8 @@ def search(units: list[Unit], trials: SearchTrials, goal: Goal, costs: Costs, sh
     best: Choice | None = "float" if candidates is not None and "float" in candidates else None
     accurate = {n: best or p for n, p in s.cheapest.items()}  # what the accuracy search promotes to
     timed = goal.max_latency_ratio is not None
-    # no payoff: everything goes float whatever the all-int8 latency (the caller timed it once)
-    here = Point({}, trials.fidelity({}), trials.latency({}) if timed and no_payoff is None else None)
+    # no payoff: everything goes float when all int8 misses the goal, its latency alone included
+    here = Point({}, trials.fidelity({}), trials.latency({}) if timed else None)
     start = "all int8" if not units or not all(u.half for u in units) else "as configured (16-bit float)"
     s.log(StepKind.ALL_INT8, start, [], here.choices, here.fidelity, here.ratio)
     met = goal.accurate(here.fidelity) and goal.fast(here.ratio)
@@ -279,7 +279,7 @@ def _prune(s: SearchState, ranking: Promotions, chosen: Choices, order: list[str
         chunk = chunks.pop(0)
         trial = ({k: v for k, v in chosen.items() if k not in chunk} if cheaper is None
                  else {**chosen, **{n: cheaper[n] for n in chunk}})
-        f = s.trials.fidelity(trial, quick=quick, stop_below=None if quick else s.goal.min_top1_agreement)
+        f = s.trials.fidelity(trial, quick=quick, stop_below=None if quick else s.goal.stop_below)
         ok = s.accurate(f)
         if cheaper is None:
             s.log(StepKind.PRUNE, s.back(chunk), chunk, trial if ok else chosen, f, kept=ok, quick=quick)
@@ -317,7 +317,7 @@ def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | No
     while True:
         if s.instead is not None and (better := s.instead(ranking.prefix(k), False)) is not None:
             return Point(ranking.prefix(k), better)
-        f = s.trials.fidelity(ranking.prefix(k), stop_below=s.goal.min_top1_agreement)  # a miss: in part
+        f = s.trials.fidelity(ranking.prefix(k), stop_below=s.goal.stop_below)  # a miss: in part
         ok = s.accurate(f)
         s.log(StepKind.CONFIRM, f"confirm top {k} on all samples", [], ranking.prefix(k), f, kept=ok)
         if ok:
@@ -332,7 +332,7 @@ def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | No
         order = [n for n in ranking.ranked[:k][::-1] if n in chosen]
         changed = _prune(s, ranking, chosen, order, quick=True, cheaper=change)
         if changed != chosen:
-            f = s.trials.fidelity(changed, stop_below=s.goal.min_top1_agreement)
+            f = s.trials.fidelity(changed, stop_below=s.goal.stop_below)
             ok = s.accurate(f)
             s.log(StepKind.CONFIRM, f"confirm {what} on all samples", [], changed if ok else chosen, f, kept=ok)
             redo = [n for n in order if changed.get(n) != chosen.get(n)]  # what the quick prune changed

@@ -102,11 +102,18 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
         after = weight_bytes(result.model)[0]
         if after > SAVES * now:
             return None
+        # against a rescue's model that computes in float too, as fast by construction when
+        # every weight folds at load: untimed
+        timed = goal.max_latency_ratio is not None and (current.plan.quantizes or not folds_at_load(result))
+        ratio: float | None = trials.probe.latency_ratio(result.model) if timed else None
+        if timed and not current.plan.quantizes and not goal.fast(ratio):
+            choices, result, ratio = _tables_float(wo, trials, choices, ratio)
+            if weight_bytes(result.model)[0] > SAVES * now:
+                return None
+            after = weight_bytes(result.model)[0]
         f = wo.fidelity(choices)
-        assert f is not None  # measured by `_partial`
-        # against a rescue's model that computes in float too, as fast by construction: untimed
-        timed = goal.max_latency_ratio is not None and current.plan.quantizes
-        ratio = trials.probe.latency_ratio(result.model) if timed else None
+        if f is None or not goal.accurate(f):
+            return None
     weighted = sum(u.weighted for u in wo.units)
     widths = _widths(choices, weighted) + (  # int8 units' weights; 16-bit ones round to nearest (qcli.gptq)
         " rounded by GPTQ" if wo.config.weights.algorithm == "gptq" and len(choices) < weighted else "")
@@ -117,6 +124,28 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
         current_ratio, "high", current_ratio)
     return Stored(result, promoted_config(stored, choices, wo.units), f, ratio, note) if goal.fast(
         ratio) and not slower else None
+
+
+def folds_at_load(result: QuantizeResult) -> bool:
+    """Whether every integer weight of a weight-only model is a Cast and Mul of constants, which
+    onnxruntime folds when it loads the model (it then computes as the float model does). An
+    int8 table read by Gather is not: its DequantizeLinear runs on every call, and onnxruntime
+    may move it past a Transpose by quantizing again there (arabic-name-romanizer's encoder:
+    1.25x its float latency, its GRU weights folded)."""
+    return not any(n.op_type in ("DequantizeLinear", "QuantizeLinear") for n in result.model.graph.node)
+
+
+def _tables_float(wo: Trials, trials: Trials, choices: Choices, ratio: float | None
+                  ) -> tuple[Choices, QuantizeResult, float | None]:
+    """The weight-only model with its Gather tables float, when it missed the latency floor
+    (`folds_at_load`): its other weights still fold at load."""
+    ops = {n.name: n.op_type for n in trials.prepared.model.graph.node}
+    tables: dict[str, Choice] = {u.node: "float" for u in wo.units if ops.get(u.node) == "Gather"}
+    if not tables:
+        return choices, wo.build(choices), ratio
+    choices = {**choices, **tables}
+    result = wo.build(choices)
+    return choices, result, None if folds_at_load(result) else trials.probe.latency_ratio(result.model)
 
 
 def _widths(choices: Choices, units: int) -> str:
@@ -178,7 +207,7 @@ def _partial(wo: Trials, goal: Goal, needed: float) -> Choices | None:
     int8 units are kept only when they cut the 16-bit model's unit bytes to SAVES of them
     (each int8 unit risks a decision on unseen data; tashkeel's few int8 units saved 1% and
     changed 3 of 256 held-out sequences): else the model is 16-bit throughout."""
-    floor = goal.min_top1_agreement  # a trial stops once it must miss this (`Trials.fidelity`)
+    floor = goal.stop_below  # a trial stops once it must miss this (`Trials.fidelity`)
     if goal.accurate(wo.fidelity({}, stop_below=floor)):
         return {}
     sizes = {t.name: tensor_bytes(t.data_type, element_count(t.dims)) for t in wo.prepared.model.graph.initializer}
@@ -222,7 +251,7 @@ def _greedy(wo: Trials, goal: Goal, rest_wide: Callable[[int], Choices], saves: 
     def holds(j: int) -> bool:
         if j == k + 1 and not goal.accurate(wo.fidelity(rest_wide(j), quick=True)):
             return False
-        return goal.accurate(wo.fidelity(rest_wide(j), stop_below=goal.min_top1_agreement))
+        return goal.accurate(wo.fidelity(rest_wide(j), stop_below=goal.stop_below))
 
     while k < end and missed < 2 and saves(end) and not wo.exhausted():
         lo, hi, step = 0, end - k - (1 if end == len(order) else 0), 1
