@@ -223,7 +223,8 @@ def held_out(model: Path, quantized: Path, folder: Path, verify: dict | None = N
     specs = model_inputs(float_model)
     vf = Verify(**(verify or {}))
     probe = Probe(float_model, list(DataFolder(folder, specs).batches(32)), specs, verify=vf)
-    return verdicts(probe.measure(onnx.load(quantized)), vf.min_top1_agreement, vf.min_cosine)
+    return verdicts(probe.measure(onnx.load(quantized)), vf.min_top1_agreement, vf.min_cosine, vf.max_relative_error,
+                    min_spatial=vf.min_spatial_agreement)
 
 
 def figure(metric: str, output: str | None, value: float, interval, samples, passed: bool | None = None) -> str:
@@ -237,6 +238,14 @@ def users(name: str, quantized: Path, folder: Path) -> um.Judgement:
     model = MODELS[name]
     held_out = um.samples(folder)
     return model.judge(um.run(model.path, held_out, model.state), um.run(quantized, held_out, model.state), held_out)
+
+
+def _within(v) -> bool:
+    """The value on the right side of its bound: a floor, or a ceiling (an error, an increase)."""
+    return v.value <= v.floor if v.metric in CEILINGS else v.value >= v.floor
+
+
+CEILINGS = ("relative error", "perplexity increase", "next-token KL")
 
 
 def kept(doc: dict) -> str:
@@ -284,9 +293,9 @@ def row(name: str, work: Path, folds: int | None, method: str | None, recovery: 
     if not out.is_file():
         return Row((*head, said, "[red]no model written[/red]"), code, None)
     found = held_out(model, out, folders["holdout"], VERIFY.get(name))
-    holds = all(v.value >= v.floor for v in found)
+    holds = all(_within(v) for v in found)
     by_rule = all(v.passed for v in found)
-    lines = [figure(v.metric, v.output, v.value, v.interval, v.samples, v.value >= v.floor) for v in found]
+    lines = [figure(v.metric, v.output, v.value, v.interval, v.samples, _within(v)) for v in found]
     verdict = "holds" + (" by the rule" if by_rule else " (not by the rule)") if holds else "[red]does not hold[/red]"
     size = f"\n{doc['compression']:.2f}x smaller" if doc and doc.get("compression") else ""
     size += f"\n{kept(doc)}" if doc else ""
