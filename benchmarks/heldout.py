@@ -242,10 +242,9 @@ def users(name: str, quantized: Path, folder: Path) -> um.Judgement:
 
 def _within(v) -> bool:
     """The value on the right side of its bound: a floor, or a ceiling (an error, an increase)."""
+    from qcli.analyze.verdict import CEILINGS
+
     return v.value <= v.floor if v.metric in CEILINGS else v.value >= v.floor
-
-
-CEILINGS = ("relative error", "perplexity increase", "next-token KL")
 
 
 def kept(doc: dict) -> str:

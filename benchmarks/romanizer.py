@@ -53,10 +53,16 @@ def names(sizes: dict[str, int]) -> dict[str, list[tuple[str, str, str]]]:
     return out
 
 
+@cache
+def vocabulary() -> dict[str, int]:
+    """The package's tokens (vocab.json) by id."""
+    tokens = json.loads((HOME / "vocab.json").read_text(encoding="utf-8"))["tokens"]
+    return {t: i for i, t in enumerate(tokens)}
+
+
 def encoded(arabic: str, country: str, role: str) -> dict[str, np.ndarray]:
     """The encoder's inputs for one name, as `encode_source_ids` makes them."""
-    tokens = json.loads((HOME / "vocab.json").read_text(encoding="utf-8"))["tokens"]
-    index = {t: i for i, t in enumerate(tokens)}
+    index = vocabulary()
     prefix = [f"<{country.upper()}>" if country else "<UNK_COUNTRY>", f"<ROLE_{(role or 'unknown').upper()}>"]
     ids = [index.get(t, 3) for t in prefix] + [index.get(ch, 3) for ch in arabic] + [EOS]
     return {"src": np.array([ids], np.int64), "src_mask": np.zeros((1, len(ids)), bool)}  # True: padding

@@ -13,7 +13,7 @@ from qcli.analyze.fidelity import AGREEMENT, Fidelity
 from qcli.analyze.latency import Ratio
 from qcli.analyze.probe import Probe
 from qcli.analyze.report import rounded_pair
-from qcli.analyze.verdict import verdicts
+from qcli.analyze.verdict import CEILINGS, verdicts
 from qcli.config import Config
 from qcli.holdout import DataPlan
 from qcli.precision import Goal
@@ -202,7 +202,7 @@ def fidelity_checks(f: Fidelity, min_agreement: float, min_cosine: float, confid
                    "next-token KL"):
         mine = [v for v in found if v.metric == metric]
         if mine:
-            at_least = metric not in ("relative error", "perplexity increase", "next-token KL")
+            at_least = metric not in CEILINGS
             v = min(mine, key=lambda v: (v.passed, v.value if at_least else -v.value))
             k = changed.get(v.output) if metric in AGREEMENT.values() else None
             shows = Shows(v.samples, k, v.floor, confidence) if k is not None else None

@@ -27,7 +27,11 @@ from qcli.cliparts import (
     DropOpt,
     ExecutorOpt,
     JsonOpt,
+    MaxLatencyOpt,
     MethodOpt,
+    MinCosineOpt,
+    MinSpatialOpt,
+    MinTop1Opt,
     PercentileOpt,
     PrecisionOutOpt,
     QuietOpt,
@@ -191,18 +195,10 @@ def quantize(
     no_rescue: Annotated[
         bool, typer.Option("--no-rescue", help="When a floor is missed, fail without searching precisions.")
     ] = False,
-    min_top1_agreement: Annotated[
-        float | None, typer.Option("--min-top1-agreement", help="Verification floor for class-score outputs.")
-    ] = None,
-    min_cosine: Annotated[
-        float | None, typer.Option("--min-cosine", help="Verification floor for other outputs.")
-    ] = None,
-    min_spatial_agreement: Annotated[
-        float | None, typer.Option("--min-spatial-agreement", help="Verification floor for maps and boxes.")
-    ] = None,
-    max_latency_ratio: Annotated[
-        float | None, typer.Option("--max-latency-ratio", help="Verification ceiling: quantized / float latency.")
-    ] = None,
+    min_top1_agreement: MinTop1Opt = None,
+    min_cosine: MinCosineOpt = None,
+    min_spatial_agreement: MinSpatialOpt = None,
+    max_latency_ratio: MaxLatencyOpt = None,
     executor: ExecutorOpt = "local",
     workers: WorkersOpt = None,
     ray_address: RayAddressOpt = None,

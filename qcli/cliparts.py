@@ -59,6 +59,14 @@ WorkersOpt = Annotated[
     typer.Option("--workers", help="Calibration shards (and search trials) run at once (local default 1; ray "
                  "default: the cluster's CPUs)."),
 ]
+# verify's floors (`verify.*` in the config)
+MinTop1Opt = Annotated[
+    float | None, typer.Option("--min-top1-agreement", help="Verification floor for class-score outputs.")]
+MinCosineOpt = Annotated[float | None, typer.Option("--min-cosine", help="Verification floor for other outputs.")]
+MinSpatialOpt = Annotated[
+    float | None, typer.Option("--min-spatial-agreement", help="Verification floor for maps and boxes.")]
+MaxLatencyOpt = Annotated[
+    float | None, typer.Option("--max-latency-ratio", help="Verification ceiling: quantized / float latency.")]
 RayAddressOpt = Annotated[
     str | None,
     typer.Option("--ray-address", help="Ray cluster to use (host:port or 'auto'; default: start a local one)."),

@@ -238,9 +238,8 @@ class Verify(Section):
         "the floor of agreements with the float model: top-1, sequence, per-element outputs, and the IoU of "
         "a mask that is not a map (multi-label scores, one probability per sample) (`--min-top1-agreement`)"))
     min_spatial_agreement: float | None = Field(0.95, ge=0, le=1, description=(
-        "the floor of outputs that say where: a map's IoU (a Sigmoid map's thresholded mask, a per-pixel "
-        "class map, a dense map's top region) and a detector's boxes matched (F1); `null`: "
-        "`min_top1_agreement`'s (`--min-spatial-agreement`)"))
+        "the floor of maps' IoU (masks, class maps, a dense map's top region) and detectors' boxes matched "
+        "(F1); `null`: `min_top1_agreement`'s (`--min-spatial-agreement`)"))
     min_cosine: float = Field(0.99, ge=-1, le=1, description="the floor of mean cosines: embeddings and other "
                               "float outputs (`--min-cosine`)")
     max_relative_error: float = Field(0.1, gt=0, description=(
@@ -435,8 +434,7 @@ class Config(Section):
 
 def parse_config(raw: Any, source: str = "config", lines: dict[tuple, int] | None = None) -> Config:
     """Validate a mapping (parsed YAML); errors name `source`, the line and the key path."""
-    if raw is None:
-        raw = {}
+    raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(raw).__name__}")
     try:
@@ -490,8 +488,7 @@ def config_document(config: Config) -> dict:
     if steps:  # only when a step is on: models made without recovery keep their bytes
         doc["recovery"] = steps
     if config.data.preprocess is not None:
-        pre = config.data.preprocess.model_dump(mode="json", exclude_none=True)
-        doc["data"] = {"preprocess": pre}
+        doc["data"] = {"preprocess": config.data.preprocess.model_dump(mode="json", exclude_none=True)}
     for weights in [doc["weights"], *(o["weights"] for o in doc["overrides"] if o.get("weights"))]:
         for key, default in (("algorithm", "rtn"), ("embeddings", "auto")):
             if weights.get(key) == default:  # the default: models made before it existed keep their bytes

@@ -32,6 +32,7 @@ from qcli.analyze.fidelity import AGREEMENT, Fidelity, OutputFidelity
 from qcli.analyze.kinds import Kind
 
 Interval = tuple[float, float]
+CEILINGS = ("relative error", "perplexity increase", "next-token KL")  # the verdicts whose bound is a ceiling
 
 
 @dataclass(frozen=True)

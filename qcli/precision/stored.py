@@ -107,10 +107,13 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
         timed = goal.max_latency_ratio is not None and (current.plan.quantizes or not folds_at_load(result))
         ratio: float | None = trials.probe.latency_ratio(result.model) if timed else None
         if timed and not current.plan.quantizes and not goal.fast(ratio):
-            choices, result, ratio = _tables_float(wo, trials, choices, ratio)
-            if weight_bytes(result.model)[0] > SAVES * now:
+            tabled = _tables_float(wo, trials, choices)
+            if tabled is None:  # slower, and no table to blame
                 return None
+            choices, result, ratio = tabled
             after = weight_bytes(result.model)[0]
+            if after > SAVES * now:
+                return None
         f = wo.fidelity(choices)
         if f is None or not goal.accurate(f):
             return None
@@ -135,14 +138,13 @@ def folds_at_load(result: QuantizeResult) -> bool:
     return not any(n.op_type in ("DequantizeLinear", "QuantizeLinear") for n in result.model.graph.node)
 
 
-def _tables_float(wo: Trials, trials: Trials, choices: Choices, ratio: float | None
-                  ) -> tuple[Choices, QuantizeResult, float | None]:
+def _tables_float(wo: Trials, trials: Trials, choices: Choices) -> tuple[Choices, QuantizeResult, float | None] | None:
     """The weight-only model with its Gather tables float, when it missed the latency floor
-    (`folds_at_load`): its other weights still fold at load."""
+    (`folds_at_load`): its other weights still fold at load. None: it has no table."""
     ops = {n.name: n.op_type for n in trials.prepared.model.graph.node}
     tables: dict[str, Choice] = {u.node: "float" for u in wo.units if ops.get(u.node) == "Gather"}
     if not tables:
-        return choices, wo.build(choices), ratio
+        return None
     choices = {**choices, **tables}
     result = wo.build(choices)
     return choices, result, None if folds_at_load(result) else trials.probe.latency_ratio(result.model)
