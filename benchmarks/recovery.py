@@ -32,10 +32,12 @@ into calib/, verify/ and holdout/ with nothing in common):
 Rows (`ROWS`, one `Variant` each: a key for --rows, a label, and what writes the model): float;
 `qcli quantize M -o OUT --data calib --no-verify` (all int8); int8 weights with float
 activations; the same with the weights rounded by GPTQ (qcli.gptq: MatMul, Gemm and Conv), and
-all int8 with GPTQ's weights; all int8 with equalization and bias correction; all int8 with SmoothQuant and bias
+all int8 with GPTQ's weights; all int8 with seq_mse's scales, with AdaRound's rounding, and with both
+(qcli.recovery.rounding); all int8 with equalization and bias correction; all int8 with SmoothQuant and bias
 correction; all int8 with mse ranges; int8 weights with 16-bit activations; the default path
 (`--data calib --eval-data verify`: verification, then rescue); the default path with mse
-ranges; the default path with GPTQ's weights; `--config dynamic --eval-data verify` (no calibration data); onnxruntime's
+ranges; the default path with GPTQ's weights; the default path with seq_mse and AdaRound;
+`--config dynamic --eval-data verify` (no calibration data); onnxruntime's
 `quant_pre_process` + `quantize_static` (QDQ, per channel, MinMax, QUInt8 activations, QInt8
 weights, the same calibration samples; a model of opset < 13 converted to 13 first, as
 per-channel QDQ needs; per-tensor weights where per-channel raises, noted) and `quantize_dynamic(per_channel=True)` (on
@@ -220,6 +222,12 @@ ROWS = [
             qcli("--no-verify", config="activations: {dtype: float}\nweights: {algorithm: gptq}\n")),
     Variant("gptq", "qcli all-int8, weights rounded by GPTQ (--no-verify)",
             qcli("--no-verify", config="weights: {algorithm: gptq}\n")),
+    Variant("seq-mse", "qcli all-int8, weight scales by seq_mse (--no-verify)",
+            qcli("--no-verify", config="recovery: [seq_mse]\n")),
+    Variant("adaround", "qcli all-int8, weights rounded by AdaRound (--no-verify)",
+            qcli("--no-verify", config="recovery: [adaround]\n")),
+    Variant("seq-mse-adaround", "qcli all-int8, seq_mse scales, AdaRound rounding (--no-verify)",
+            qcli("--no-verify", config="recovery: [seq_mse, adaround]\n")),
     Variant("cle-bc", "qcli all-int8 + equalization + bias correction (--no-verify)",
             qcli("--no-verify", config="recovery: [equalization, bias_correction]\n")),
     Variant("sq-bc", "qcli all-int8 + SmoothQuant (alpha auto) + bias correction (--no-verify)",
@@ -231,6 +239,8 @@ ROWS = [
     Variant("mse-default", "qcli default with mse ranges (verify + rescue)", qcli("--method", "mse", eval_data=True)),
     Variant("gptq-default", "qcli default, weights rounded by GPTQ (verify + rescue)",
             qcli(eval_data=True, config="weights: {algorithm: gptq}\n")),
+    Variant("adaround-default", "qcli default, seq_mse scales and AdaRound rounding (verify + rescue)",
+            qcli(eval_data=True, config="recovery: [seq_mse, adaround]\n")),
     Variant("dynamic", "qcli --config dynamic", qcli("--config", "dynamic", data=False, eval_data=True)),
     Variant("ort-static", "ort quantize_static (QDQ, per-channel, MinMax)", ort_static),
     Variant("ort-dynamic", "ort quantize_dynamic (per-channel)", ort_dynamic),

@@ -19,7 +19,7 @@ import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from qcli.configerrors import config_error, key_path
-from qcli.configparts import Prepare, Recovery, Section, Target
+from qcli.configparts import ROUNDING, Prepare, Recovery, Section, Target
 from qcli.data import Preprocess, Reading
 from qcli.data.text import DEFAULT_SEQ_LEN
 from qcli.errors import ConfigError
@@ -369,7 +369,7 @@ class Config(Section):
     recovery: Recovery = Field(Recovery(), description=(
         "Optional steps that keep int8 accurate without going float, all off by default. Written as a list of "
         "step names or one-key mappings with their knobs (`[equalization, {smoothquant: {alpha: auto}}]`); "
-        "they run in a fixed order (equalization, smoothquant, bias_correction), not the list's."))
+        "they run in a fixed order (equalization, smoothquant, seq_mse, adaround, bias_correction), not the list's."))
     data: Data = Field(Data(), description="How the samples of a data folder become model inputs.")
     prepare: Prepare = Field(Prepare(), description=(
         "The float model's preparation: the passes left out (a verified run leaves out the ones predicted to "
@@ -391,8 +391,7 @@ class Config(Section):
     def _algorithm_alone(self) -> Config:
         # GPTQ and AWQ round the prepared graph's weights on their inputs' statistics; these steps
         # change both (a smoothed weight is scaled, its input divided): they would not match
-        steps = [name for name in ("smoothquant", "equalization", "bias_correction")
-                 if getattr(self.recovery, name) is not None]
+        steps = [s for s in ("smoothquant", "equalization", *ROUNDING, "bias_correction") if s in self.recovery.steps]
         if self.weights.algorithm != "rtn" and steps:  # HQQ: its weights are solved once, on the prepared graph
             raise ValueError(f"weights.algorithm {self.weights.algorithm} does not combine with recovery step "
                              f"{steps[0]}: drop one of the two")

@@ -20,7 +20,8 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # .nan/.inf: no setting means them
 
 
-RECOVERY_STEPS = ("smoothquant", "bias_correction", "equalization")
+RECOVERY_STEPS = ("smoothquant", "bias_correction", "equalization", "adaround", "seq_mse")
+ROUNDING = ("seq_mse", "adaround")  # the steps that round weights from the calibration samples
 
 
 class SmoothQuant(Section):
@@ -57,10 +58,29 @@ class Equalization(Section):
     iterations: int = Field(1, ge=1, le=100, description="passes over the chains (each balances every pair once)")
 
 
+class SeqMse(Section):
+    """Sequential MSE (docs/guides/recovery.md): each output channel's weight scale clipped to the
+    ratio of its range whose rounding moves the layer's output on the calibration data least."""
+
+    candidates: int = Field(20, ge=1, le=100, description=(
+        "ratios of the full range tried, 1, (c-1)/c, ..., 1/c (AIMET's 20)"))
+
+
+class AdaRound(Section):
+    """AdaRound (docs/guides/recovery.md): each weight value rounded down or up, the choice learned
+    for the layer's output on the calibration data."""
+
+    iterations: int = Field(1000, ge=10, le=100000, description=(
+        "Adam steps per weight, each over every calibration row (the Gram matrix of the layer's input)"))
+    reg_param: float = Field(0.01, gt=0, le=10, description=(
+        "lambda, the weight of the regulariser that pushes each value to down or up (AIMET's 0.01)"))
+
+
 class Recovery(Section):
     """The `recovery:` steps, each absent (off) or with its knobs. Written in YAML as a list of
     step names or one-key mappings (`[smoothquant, {equalization: {iterations: 2}}]`) or as a
-    mapping; the order they run in is fixed (equalization, smoothquant, bias correction), not
+    mapping; the order they run in is fixed (equalization, smoothquant, seq_mse, adaround, bias
+    correction), not
     the list's."""
 
     smoothquant: SmoothQuant | None = Field(None, description=(
@@ -70,6 +90,12 @@ class Recovery(Section):
         "the bias (needs `--data`)"))
     equalization: Equalization | None = Field(None, description=(
         "cross-layer equalization of Conv -> Conv pairs (through Relu/LeakyRelu/PRelu), depthwise included"))
+    seq_mse: SeqMse | None = Field(None, description=(
+        "weight scales chosen per output channel by the layer's output error on the calibration data "
+        "(needs `--data`)"))
+    adaround: AdaRound | None = Field(None, description=(
+        "weights rounded down or up as learned for the layer's output on the calibration data, with seq_mse's "
+        "scales when it is on too (needs `--data`)"))
 
     @model_validator(mode="before")
     @classmethod
@@ -94,14 +120,29 @@ class Recovery(Section):
             steps[name] = {} if knobs is None else knobs
         return steps
 
+    @model_validator(mode="after")
+    def _rounding_alone(self) -> Recovery:
+        # seq_mse and adaround round on the Gram matrices of the unsmoothed graph's inputs
+        rounds = [s for s in ROUNDING if getattr(self, s) is not None]
+        if rounds and self.smoothquant is not None:
+            raise ValueError(f"recovery step {rounds[0]} does not combine with smoothquant: drop one of the two")
+        return self
+
     @property
     def steps(self) -> list[str]:
         """The steps that are on, in the order they run.
 
-        >>> Recovery.model_construct(bias_correction=BiasCorrection(), equalization=Equalization()).steps
-        ['equalization', 'bias_correction']
+        >>> Recovery.model_construct(bias_correction=BiasCorrection(), equalization=Equalization(),
+        ...                          adaround=AdaRound()).steps
+        ['equalization', 'adaround', 'bias_correction']
         """
-        return [s for s in ("equalization", "smoothquant", "bias_correction") if getattr(self, s) is not None]
+        order = ("equalization", "smoothquant", "seq_mse", "adaround", "bias_correction")
+        return [s for s in order if getattr(self, s) is not None]
+
+    @property
+    def rounds(self) -> bool:
+        """Whether a step rounds the weights from the calibration samples (seq_mse, adaround)."""
+        return any(getattr(self, s) is not None for s in ROUNDING)
 
 
 class Prepare(Section):

@@ -82,11 +82,13 @@ class Gram:
         self.held = None
 
 
-def needs_data() -> QcliError:
+def needs_data(step: str | None = None) -> QcliError:
+    """The error of GPTQ (or the recovery `step` that rounds on its matrices) without samples."""
     return QcliError(
-        "weights.algorithm gptq needs --data DIR: it reads the Gram matrices of the layers' inputs on the "
-        "calibration samples, which a calibration file does not hold",
-        hint="give --data DIR instead of --calib FILE, or set weights.algorithm: rtn")
+        f"{f'recovery step {step!r}' if step else 'weights.algorithm gptq'} needs --data DIR: it reads the Gram "
+        "matrices of the layers' inputs on the calibration samples, which a calibration file does not hold",
+        hint="give --data DIR instead of --calib FILE, or " + (
+            f"drop {step} from recovery:" if step else "set weights.algorithm: rtn"))
 
 
 Source = str | Patches  # what a weight's Gram matrix is over: a MatMul's input tensor, a Conv's patches
@@ -255,8 +257,9 @@ def rounded(values: np.ndarray, wp: WeightPlan, gram: Gram) -> Weight:
     return shaped.astype(wp.scheme.dtype.numpy_dtype), scale, zero
 
 
-def searched(values: np.ndarray, wp: WeightPlan, energy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Scale and zero point per block (or channel) from the range clipped by the ratio of `RATIOS`
+def searched(values: np.ndarray, wp: WeightPlan, energy: np.ndarray, ratios: Sequence[float] = RATIOS
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and zero point per block (or channel) from the range clipped by the ratio of `ratios` (RATIOS)
     whose rounding error, weighted by each input's `energy` (the Gram diagonal: a weight on an
     input that is often large costs more), is least: the outliers of a 32-value block otherwise
     set a step too coarse for the other 31. `energy` may instead be the Gram matrix's diagonal
@@ -274,15 +277,15 @@ def searched(values: np.ndarray, wp: WeightPlan, energy: np.ndarray) -> tuple[np
     weight = energy.astype(np.float32)
     best = np.full((w.shape[0], groups), np.inf, np.float32)
     pick = np.zeros((w.shape[0], groups), np.int64)
-    for i, ratio in enumerate(RATIOS):
+    for i, ratio in enumerate(ratios):
         step = s * np.float32(ratio)
         q = np.clip(np.rint(w / step) + z, lo, hi)
         err = _block_errors(w - (q - z) * step, weight, groups, block)
         better = err < best
         best, pick = np.where(better, err, best), np.where(better, i, pick)
-    ratios = np.asarray(RATIOS, np.float32)[pick]  # [N, groups]
+    picked = np.asarray(ratios, np.float32)[pick]  # [N, groups]
     blocked = isinstance(wp.scheme.granularity, PerBlock)
-    clipped = _layout(scale, axis, w.shape[0], groups, blocked).astype(np.float32) * ratios
+    clipped = _layout(scale, axis, w.shape[0], groups, blocked).astype(np.float32) * picked
     return _unlayout(clipped, scale, axis, blocked).astype(scale.dtype), zero
 
 
@@ -330,27 +333,35 @@ def _per_value(param: np.ndarray, wp: WeightPlan, shape: tuple[int, ...]) -> np.
     return np.broadcast_to(np.asarray(param).reshape(view), shape)
 
 
-def solve(model: onnx.ModelProto, plan: Plan, grams: Mapping[Source, Gram], names: Iterable[str]
-          ) -> Iterator[tuple[str, Weight]]:
+Rounder = Callable[[str, np.ndarray, WeightPlan, Gram, bool], Weight]  # name, values, plan, Gram, a Conv's
+
+
+def solve(model: onnx.ModelProto, plan: Plan, grams: Mapping[Source, Gram], names: Iterable[str],
+          rounder: Rounder | None = None) -> Iterator[tuple[str, Weight]]:
     """The weights among `names` that GPTQ rounds (`targets` with a Gram matrix), rounded one by
-    one, in the graph's order."""
+    one, in the graph's order: by GPTQ, or by `rounder` (the recovery steps that round on the
+    same matrices, qcli.recovery.rounding)."""
     found = targets(model, plan)
     wanted = {n for n in names if n in found and found[n] in grams}
     for t in model.graph.initializer:
         if t.name in wanted:
             values, gram, wp = tensor_array(t).astype(np.float32), grams[found[t.name]], plan.weights[t.name]
-            yield t.name, (conv_rounded(values, wp, gram.matrix, gram.rows) if isinstance(found[t.name], Patches)
-                           else rounded(values, wp, gram))
+            conv = isinstance(found[t.name], Patches)
+            if rounder is not None:
+                yield t.name, rounder(t.name, values, wp, gram, conv)
+            else:
+                yield t.name, conv_rounded(values, wp, gram.matrix, gram.rows) if conv else rounded(values, wp, gram)
 
 
-def notes(model: onnx.ModelProto, plan: Plan) -> list[str]:
-    """How many weights GPTQ rounds, and which integer weights it leaves to round to nearest."""
+def notes(model: onnx.ModelProto, plan: Plan, by: str = "gptq") -> list[str]:
+    """How many weights GPTQ (or the recovery steps `by`) rounds, and which integer weights it
+    leaves to round to nearest."""
     found = targets(model, plan)
     rest = sorted(n for n, w in plan.weights.items()
                   if n not in found and not w.scheme.dtype.is_float and w.scheme.dtype.bits <= 8)
-    said = [f"gptq: {len(found)} weight(s) rounded by the Gram matrices of their layers' inputs"]
+    said = [f"{by}: {len(found)} weight(s) rounded by the Gram matrices of their layers' inputs"]
     if rest:
-        said.append(f"gptq: {len(rest)} weight(s) rounded to nearest (not a MatMul, Gemm or Conv weight on one "
+        said.append(f"{by}: {len(rest)} weight(s) rounded to nearest (not a MatMul, Gemm or Conv weight on one "
                     "input): "
                     + ", ".join(rest[:5]) + (", ..." if len(rest) > 5 else ""))
     return said

@@ -23,6 +23,7 @@ Decisions:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,19 +164,10 @@ def rounded(values: np.ndarray, wp: WeightPlan, gram: np.ndarray, rows: int) -> 
     if rows == 0 or cout % groups or gram.shape[1:] != (w.shape[1], w.shape[1]):
         return quantized_weight(values, wp)
     h = gram.astype(np.float64) / rows
-    scale, zero = weight_qparams(values, wp)
-    s0 = np.asarray(scale, np.float64).reshape(cout, 1)
+    chosen, zero = output_scales(values, wp, h, RATIOS)
     z = np.asarray(zero, np.float64).reshape(cout, 1)
     lo, hi = integer_range(wp.scheme.dtype, wp.scheme.symmetric)
     per = cout // groups
-    best, pick = np.full(cout, np.inf), np.ones(cout)
-    for ratio in RATIOS:
-        step = s0 * ratio
-        d = (w - (np.clip(np.rint(w / step) + z, lo, hi) - z) * step).reshape(groups, per, -1)
-        err = np.einsum("gpk,gpk->gp", np.matmul(d, h), d).reshape(cout)  # dᵀ H d, each channel on its group's
-        better = err < best
-        best, pick = np.where(better, err, best), np.where(better, ratio, pick)
-    chosen = (s0[:, 0] * pick).astype(np.asarray(scale).dtype)
     s = np.broadcast_to(chosen.reshape(cout, 1).astype(np.float64), w.shape)
     zz = np.broadcast_to(z, w.shape)
     if w.shape[1] <= SMALL_WIDTH:  # depthwise and small groups: all groups at once
@@ -186,6 +178,27 @@ def rounded(values: np.ndarray, wp: WeightPlan, gram: np.ndarray, rows: int) -> 
         for g in range(groups):
             part = slice(g * per, (g + 1) * per)
             ints[part] = round_rows(w[part], h[g], s[part], zz[part], lo, hi)
-    return (ints.reshape(values.shape).astype(wp.scheme.dtype.numpy_dtype), chosen.reshape(np.shape(scale)),
-            np.asarray(zero))
+    return ints.reshape(values.shape).astype(wp.scheme.dtype.numpy_dtype), chosen, np.asarray(zero)
 
+
+def output_scales(values: np.ndarray, wp: WeightPlan, h: np.ndarray, ratios: Sequence[float]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Each output channel's scale (shaped as `weight_qparams` gives it), the full range's clipped
+    by the ratio among `ratios` whose output error dᵀ H d, rounded to nearest, is least on its
+    group's Gram matrix of `h` [G, K, K] (normalised); and the zero points."""
+    groups, cout = h.shape[0], values.shape[0]
+    w = values.reshape(cout, -1).astype(np.float64)
+    scale, zero = weight_qparams(values, wp)
+    s0 = np.asarray(scale, np.float64).reshape(cout, 1)
+    z = np.asarray(zero, np.float64).reshape(cout, 1)
+    lo, hi = integer_range(wp.scheme.dtype, wp.scheme.symmetric)
+    per = cout // groups
+    best, pick = np.full(cout, np.inf), np.ones(cout)
+    for ratio in ratios:
+        step = s0 * ratio
+        d = (w - (np.clip(np.rint(w / step) + z, lo, hi) - z) * step).reshape(groups, per, -1)
+        err = np.einsum("gpk,gpk->gp", np.matmul(d, h), d).reshape(cout)  # dᵀ H d, each channel on its group's
+        better = err < best
+        best, pick = np.where(better, err, best), np.where(better, ratio, pick)
+    chosen = (s0[:, 0] * pick).astype(np.asarray(scale).dtype)
+    return chosen.reshape(np.shape(scale)), np.asarray(zero)

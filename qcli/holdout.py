@@ -30,6 +30,7 @@ from qcli.analyze.probe import Probe
 from qcli.calibrate.shards import Fold, plan_folds
 from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
+from qcli.configparts import ROUNDING
 from qcli.data import DataFolder, InputSpec, model_inputs
 from qcli.phases import ProgressFactory, no_progress
 from qcli.prepare import PrepareResult
@@ -181,8 +182,9 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
                           executor=executor, folds=folds)
     parts = [[folder], *(_other_folds(folder, fold) for fold in folds)]
     algorithm = config.weights.algorithm
-    if algorithm == "gptq":  # one pass for every fold: a fold's model sums the other folds' (qcli.gptq.summed)
-        with progress("measuring Gram matrices (gptq)", len(folder) * gram_passes(config, prepared)) as advance:
+    by = "gptq" if algorithm == "gptq" else ", ".join(s for s in config.recovery.steps if s in ROUNDING)
+    if by:  # one pass for every fold: a fold's model sums the other folds' (qcli.gptq.summed)
+        with progress(f"measuring Gram matrices ({by})", len(folder) * gram_passes(config, prepared)) as advance:
             each = [[folder.window(f.first, f.samples)] for f in folds] or [[folder]]
             table.grams, fold_parts = fold_grams(config, each, prepared=prepared, progress=advance)
             for t, grams in zip(table.folds, fold_parts, strict=True):
@@ -192,9 +194,9 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
                       ) as advance:
             for t, part in zip([table, *table.folds], parts, strict=True):
                 measure_grams(model, config, t, part, prepared=prepared, progress=advance)
-    if algorithm == "gptq":
+    if by:
         weights = gptq_weights(config, prepared)
-        with progress("rounding weights (gptq)", weights * (1 + len(table.folds)), unit="weights") as advance:
+        with progress(f"rounding weights ({by})", weights * (1 + len(table.folds)), unit="weights") as advance:
             for t in [table, *table.folds]:
                 round_gptq(config, t, prepared=prepared, progress=advance)
     if algorithm == "hqq":

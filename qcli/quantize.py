@@ -41,6 +41,7 @@ from qcli.qdq import materialize
 from qcli.qweights import WeightMemo
 from qcli.recovery import bias, check_table, graph_steps
 from qcli.recovery.equalize import equalize
+from qcli.recovery.rounding import Rounding
 from qcli.recovery.smoothquant import channel_requests, find_targets, smooth
 from qcli.scheme import FLOAT8_OPSET, TWO_BIT_OPSET, PerBlock
 
@@ -160,8 +161,11 @@ def quantize(
     recovery = {**prepared.recovery, **smoothed}
     source = correct_biases(work, plan, config, table, recovery, notes)
     memo = prepared.quantized if reused and source is prepared.model else None  # weights changed: no memo
-    if config.weights.algorithm == "gptq":
-        memo = _gptq_rounded(source, plan, table, notes)
+    rounding = Rounding.of(config)
+    if config.weights.algorithm == "gptq" or rounding is not None:
+        memo = _gptq_rounded(source, plan, table, notes, rounding=rounding)
+        if rounding is not None:
+            recovery[rounding.steps[-1]] = rounding.report(table.rounding_sqnr, plan)
     elif config.weights.algorithm == "hqq":
         memo = _hqq_rounded(source, plan, prepared.quantized if source is prepared.model else WeightMemo(), notes)
     elif scaled is not None:
@@ -349,7 +353,8 @@ def round_gptq(config: Config, table: CalibrationTable, *, prepared: PrepareResu
                progress: Callable[[int], None]) -> None:
     """Round now, by GPTQ on `table`'s Gram matrices, every weight `config`'s plan gives it
     (`progress(1)` after each), for the builds with `table` to take."""
-    _gptq_rounded(prepared.model, make_plan(prepared.model, config), table, [], lambda: progress(1))
+    _gptq_rounded(prepared.model, make_plan(prepared.model, config), table, [], lambda: progress(1),
+                  Rounding.of(config))
 
 
 def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: CalibrationTable, recovery: dict,
@@ -372,20 +377,21 @@ def correct_biases(work: onnx.ModelProto, plan: Plan, config: Config, table: Cal
 
 
 def _gptq_rounded(source: onnx.ModelProto, plan: Plan, table: CalibrationTable, notes: list[str],
-                  done: Callable[[], None] | None = None) -> WeightMemo:
-    """`table`'s memo (`rounded`) holding the weights GPTQ rounds (qcli.gptq) on its Gram
-    matrices under their plans, which the build takes instead of rounding to nearest; each
-    solved once per table and plan (`done()` after each). A memo of the table's own: a fold's
-    table rounds on its own samples' matrices."""
+                  done: Callable[[], None] | None = None, rounding: Rounding | None = None) -> WeightMemo:
+    """`table`'s memo (`rounded`) holding the weights GPTQ (or `rounding`'s recovery steps,
+    their SQNRs on `table`) rounds on its Gram matrices under their plans, which the build
+    takes instead of rounding to nearest; each solved once per table and plan (`done()` after
+    each). A memo of the table's own: a fold's table rounds on its own samples' matrices."""
     if table.grams is None:
-        raise gptq.needs_data()
+        raise gptq.needs_data(rounding.steps[0] if rounding else None)
     memo = table.rounded = table.rounded or WeightMemo()
     wanted = {name for name, wp in plan.weights.items() if ("qdq", wp) not in memo.weights}
-    for name, weight in gptq.solve(source, plan, table.grams, wanted):
+    rounder = rounding.rounder(table.rounding_sqnr) if rounding else None
+    for name, weight in gptq.solve(source, plan, table.grams, wanted, rounder):
         memo.put(("qdq", plan.weights[name]), weight, plan.weights[name])
         if done is not None:
             done()
-    notes.extend(gptq.notes(source, plan))
+    notes.extend(gptq.notes(source, plan, ", ".join(rounding.steps) if rounding else "gptq"))
     return memo
 
 

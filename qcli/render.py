@@ -236,6 +236,7 @@ def quantization(console: Console, doc: dict) -> None:
     console.print(table)
     smoothquant(console, doc.get("recovery", {}).get("smoothquant", []))
     awq(console, doc.get("recovery", {}).get("awq", []))
+    rounding(console, doc.get("recovery", {}).get("adaround") or doc.get("recovery", {}).get("seq_mse"))
     half = doc.get("half", {}).get("type", "float")
     console.print(
         f"activations: {_counts(doc['activations']) or half}; weights: {_counts(doc['weights']) or half}; "
@@ -287,6 +288,28 @@ def awq(console: Console, layers: list[dict]) -> None:
     readers' rounding error at their outputs is than round-to-nearest's."""
     _scaled(console, "AWQ", layers, "error vs RTN", lambda layer: (
         "" if layer["gain_db"] is None else f"-{layer['gain_db']:.2f} dB"))
+
+
+def rounding(console: Console, done: dict | None) -> None:
+    """seq_mse's and AdaRound's weights (qcli.recovery.rounding): the SMOOTHED_ROWS with the
+    lowest output SQNR after, each before -> after, and the means."""
+    from rich import box
+
+    if not done or not done["weights"]:
+        return
+    title = " + ".join({"seq_mse": "seq_mse", "adaround": "AdaRound"}[s] for s in done["steps"])
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left", pad_edge=False)
+    table.add_column("weight", overflow="fold")
+    table.add_column("layer output SQNR dB, nearest -> chosen", justify="right")
+    worst = sorted(done["sqnr_db"].items(), key=lambda item: (item[1][1], item[0]))
+    for name, (before, after) in worst[:SMOOTHED_ROWS]:
+        table.add_row(name + (" (nearest: past AdaRound's budget)" if name in done.get("nearest", []) else ""),
+                      f"{before:.1f} -> {after:.1f}")
+    console.print(table)
+    before, after = done["mean_sqnr_db"]
+    more = len(worst) - SMOOTHED_ROWS
+    console.print(f"{done['weights']} weight(s), mean SQNR {before:.1f} -> {after:.1f} dB on the calibration data"
+                  + (f"; ... {more} more (all with --json)" if more > 0 else ""))
 
 
 def _scaled(console: Console, title: str, layers: list[dict], last: str, cell: Callable[[dict], str]) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import onnx
 
+from qcli import gptq
 from qcli.analyze.fidelity import Fidelity
 from qcli.analyze.kinds import check_outputs
 from qcli.analyze.plugin import load_metric
@@ -51,6 +52,7 @@ from qcli.checks import (
     verification_of,
 )
 from qcli.config import Config
+from qcli.configparts import ROUNDING
 from qcli.data import InputSpec, model_inputs
 from qcli.errors import InternalError, QcliError
 from qcli.holdout import DataPlan, calibrate_planned, deployment_feeds, make_probe, plan_samples
@@ -126,6 +128,8 @@ def quantize_checked(
         raise ValueError("give at most one of data or table")
     if config.recovery.bias_correction is not None and data is None:
         raise bias_needs_data()
+    if config.recovery.rounds and data is None:
+        raise gptq.needs_data(next(s for s in config.recovery.steps if s in ROUNDING))
     ap, vf = config.auto_precision, config.verify
     check_outputs(model, vf.outputs)
     kept: list[str] = []  # notes on the target and the preparation
@@ -282,7 +286,7 @@ def _measure_and_rescue(outcome: Outcome, trials: Trials) -> tuple[Fidelity, flo
 
     int8 = outcome.result  # the rescue replaces outcome.result with what it found
     stores = not ap.enabled and _dynamic_scheme(config)
-    rounds = config.weights.from_data  # weight-only models from each fold's data too
+    rounds = config.weights.from_data or config.recovery.rounds  # weight-only models from each fold's data too
     if no_payoff is not None and not rounds:  # everything float: one model for every fold, whose ranges it never reads
         outcome.table.folds = []
     found = _rescue(outcome, trials, goal, no_payoff, instead if stores else None)

@@ -12,8 +12,8 @@ weights that are not constants), and on models whose HardSwish qcli writes as in
 (PP-LCNet) it ranks candidates apart from their real models.
 
 The simulation is used only where it computes what the build writes: weights rounded to
-nearest (`weights.algorithm: rtn`), no SmoothQuant or bias correction (they change the float
-graph or its biases per build), and a plan with quantized activations. A candidate it does not
+nearest (`weights.algorithm: rtn`, no seq_mse or adaround), no SmoothQuant or bias correction
+(they change the float graph or its biases per build), and a plan with quantized activations. A candidate it does not
 emulate (`Simulation.feeds` None) is measured on its real model, as before.
 """
 
@@ -43,7 +43,8 @@ def emulable(config: Config) -> bool:
     """Whether every build under `config` is a plan materialized on the prepared graph, its
     weights rounded to nearest (module docstring)."""
     steps = config.recovery
-    return config.weights.algorithm == "rtn" and steps.smoothquant is None and steps.bias_correction is None
+    return (config.weights.algorithm == "rtn" and steps.smoothquant is None and steps.bias_correction is None
+            and not steps.rounds)
 
 
 @dataclass(frozen=True)

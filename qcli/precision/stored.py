@@ -176,7 +176,7 @@ def _own_trials(trials: Trials, stored: Config) -> Trials:
     (float activations need no ranges: one model serves every fold) unless the weights are
     rounded from the calibration samples (GPTQ, AWQ: each fold's model on its own)."""
     units = find_units(trials.prepared.model, make_plan(trials.prepared.model, stored))
-    folds = trials.table.folds if stored.weights.from_data else []
+    folds = trials.table.folds if stored.weights.from_data or stored.recovery.rounds else []
     return replace(trials, config=stored, units=units, table=replace(trials.table, folds=folds), count=0,
                    max_trials=2 + PARTIAL_TRIALS, stopped=None)
 

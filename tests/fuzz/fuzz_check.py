@@ -133,6 +133,7 @@ TRUE_BLAME = (
     "gate needs latency runs",  # a min_speedup gate with analyze.runs 0
     "the model has no inputs",  # nothing to feed, calibrate or compare (docs/guides/data-folders.md, rules)
     "needs --data DIR: it measures",  # recovery: [bias_correction] with --calib and no --data
+    "needs --data DIR: it reads the Gram",  # recovery: [seq_mse] or [adaround] with --calib and no --data
 )
 
 
