@@ -32,7 +32,8 @@ into calib/, verify/ and holdout/ with nothing in common):
 Rows (`ROWS`, one `Variant` each: a key for --rows, a label, and what writes the model): float;
 `qcli quantize M -o OUT --data calib --no-verify` (all int8); int8 weights with float
 activations; the same with the weights rounded by GPTQ (qcli.gptq: MatMul, Gemm and Conv), and
-all int8 with GPTQ's weights; all int8 with seq_mse's scales, with AdaRound's rounding, and with both
+all int8 with GPTQ's weights; int8 weights by seq_mse, and by seq_mse and AdaRound, with float
+activations; all int8 with seq_mse's scales, with AdaRound's rounding, and with both
 (qcli.recovery.rounding); all int8 with equalization and bias correction; all int8 with SmoothQuant and bias
 correction; all int8 with mse ranges; int8 weights with 16-bit activations; the default path
 (`--data calib --eval-data verify`: verification, then rescue); the default path with mse
@@ -220,6 +221,10 @@ ROWS = [
             qcli("--no-verify", config="activations: {dtype: float}\n")),
     Variant("weights-gptq", "qcli int8 weights rounded by GPTQ, float activations (--no-verify)",
             qcli("--no-verify", config="activations: {dtype: float}\nweights: {algorithm: gptq}\n")),
+    Variant("weights-seq-mse", "qcli int8 weights by seq_mse, float activations (--no-verify)",
+            qcli("--no-verify", config="activations: {dtype: float}\nrecovery: [seq_mse]\n")),
+    Variant("weights-adaround", "qcli int8 weights by seq_mse and AdaRound, float activations (--no-verify)",
+            qcli("--no-verify", config="activations: {dtype: float}\nrecovery: [seq_mse, adaround]\n")),
     Variant("gptq", "qcli all-int8, weights rounded by GPTQ (--no-verify)",
             qcli("--no-verify", config="weights: {algorithm: gptq}\n")),
     Variant("seq-mse", "qcli all-int8, weight scales by seq_mse (--no-verify)",

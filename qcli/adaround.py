@@ -13,7 +13,8 @@ Decisions:
 - AIMET's defaults: h the rectified sigmoid (ζ 1.1, γ −0.1), V set so that h(V) is the value's
   fractional part (the soft form of rounding to nearest), λ 0.01, β falling linearly from 20 to
   2 after a warm start of 20% of the iterations without the regulariser, Adam at 0.01.
-  `iterations` (default 1000, where AIMET's 10000 draw batches) is the config's knob.
+  `iterations` is the config's knob: 500 by default (on a 64 x 288 layer, 96% of 1000's gain
+  over nearest), where AIMET's 10000 draw batches.
 - A value whose floor or ceiling is outside the integer range is clipped as nearest rounding
   clips it, not learned.
 - The inputs are the float model's (qcli.gptq's choice, AIMET's `symfp`): one pass, and each layer

@@ -70,7 +70,7 @@ class AdaRound(Section):
     """AdaRound (docs/guides/recovery.md): each weight value rounded down or up, the choice learned
     for the layer's output on the calibration data."""
 
-    iterations: int = Field(1000, ge=10, le=100000, description=(
+    iterations: int = Field(500, ge=10, le=100000, description=(
         "Adam steps per weight, each over every calibration row (the Gram matrix of the layer's input)"))
     reg_param: float = Field(0.01, gt=0, le=10, description=(
         "lambda, the weight of the regulariser that pushes each value to down or up (AIMET's 0.01)"))
