@@ -165,3 +165,34 @@ def test_bad_rounding_configs_are_refused_with_file_line_and_key(cli, tmp_path: 
     result = cli("config", "validate", config(tmp_path, text))
     assert result.exit_code == 2, result.stdout
     assert result.stderr.startswith(f"error: {tmp_path / 'c.yaml'}{message}"), result.stderr
+
+
+def test_the_rescue_s_weight_only_model_takes_adaround_s_int8_weights_where_rtn_needs_16_bits(cli,
+                                                                                         tmp_path: Path) -> None:
+    """A cosine floor between the held-out errors of int8 weights rounded to nearest and by
+    seq_mse and AdaRound (weight-only, each measured first): the rescue's weight-only model
+    writes 16-bit weights rounded to nearest, and int8 ones with the two steps on, said in the
+    note and reproduced by the precision config."""
+    model, calib, held = two_convs(tmp_path), smooth_folder(tmp_path / "calib", 48, 0), smooth_folder(
+        tmp_path / "held", 32, 1)
+    steps = {"rtn": "", "ada": "recovery: [seq_mse, adaround]\n"}
+    error = {}
+    for name, text in steps.items():
+        assert cli("quantize", model, "-o", tmp_path / f"{name}.onnx", "--data", calib, "--no-verify", "--config",
+                   config(tmp_path, "activations: {dtype: float}\n" + text)).exit_code == 0
+        report = json.loads(cli("analyze", model, tmp_path / f"{name}.onnx", "--data", held, "--json").stdout)
+        error[name] = 1.0 - report["fidelity"][0]["cosine"]
+    assert error["ada"] < 0.5 * error["rtn"]
+    floors = f"verify: {{min_cosine: {1.0 - (error['ada'] * error['rtn']) ** 0.5:.8f}, outputs: {{y: cosine}}}}\n"
+    for name, text in steps.items():
+        result = cli("quantize", model, "-o", tmp_path / f"q_{name}.onnx", "--data", calib, "--json",
+                     "--config", config(tmp_path, floors + text))
+        assert result.exit_code == 0, result.stderr
+        note = next(n for n in json.loads(result.stdout)["notes"] if n.startswith("weight-only:"))
+        weights = {t.name: t.data_type for t in onnx.load(str(tmp_path / f"q_{name}.onnx")).graph.initializer
+                   if t.name.endswith("_quantized")}
+        wanted = onnx.TensorProto.INT8 if text else onnx.TensorProto.INT16
+        assert sorted(weights.values()) == [wanted] * 2, weights
+        assert ("int8 weights rounded by seq_mse + adaround and float activations" if text
+                else "the model with int16 weights and float activations") in note, note
+    assert "adaround:" in (tmp_path / "q_ada.precision.yaml").read_text()

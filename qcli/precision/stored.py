@@ -46,6 +46,7 @@ from dataclasses import dataclass, replace
 from qcli.analyze.fidelity import Fidelity
 from qcli.analyze.size import weight_bytes
 from qcli.config import Activations, Config
+from qcli.configparts import ROUNDING
 from qcli.info import element_count, tensor_bytes
 from qcli.phases import phase
 from qcli.plan import make_plan
@@ -118,8 +119,10 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
         if f is None or not goal.accurate(f):
             return None
     weighted = sum(u.weighted for u in wo.units)
+    rounding = "GPTQ" if wo.config.weights.algorithm == "gptq" else " + ".join(
+        s for s in wo.config.recovery.steps if s in ROUNDING)
     widths = _widths(choices, weighted) + (  # int8 units' weights; 16-bit ones round to nearest (qcli.gptq)
-        " rounded by GPTQ" if wo.config.weights.algorithm == "gptq" and len(choices) < weighted else "")
+        f" rounded by {rounding}" if rounding and len(choices) < weighted else "")
     note = (f"weight-only: the rescue's model kept most weights float ({now / float_bytes:.2f} of the float "
             f"model's weight bytes); the model with {widths} and float activations (computed in float, its "
             f"weights folded at load) meets the floors in {after / float_bytes:.2f} of them and is written instead")
