@@ -259,13 +259,14 @@ def rounded(values: np.ndarray, wp: WeightPlan, gram: Gram) -> Weight:
 
 def searched(values: np.ndarray, wp: WeightPlan, energy: np.ndarray, ratios: Sequence[float] = RATIOS
              ) -> tuple[np.ndarray, np.ndarray]:
-    """Scale and zero point per block (or channel) from the range clipped by the ratio of `ratios` (RATIOS)
-    whose rounding error, weighted by each input's `energy` (the Gram diagonal: a weight on an
-    input that is often large costs more), is least: the outliers of a 32-value block otherwise
-    set a step too coarse for the other 31. `energy` may instead be the Gram matrix's diagonal
-    blocks [groups, block, block] (qcli.awq): each block's error is then its output error on the
-    data, dᵀ H d, AWQ's clip objective. A clipped range's scale is the ratio times the full
-    range's, its zero point the same (float32 throughout: a 32000 x 1024 head in 2 s)."""
+    """Scale and zero point per block (or channel) from the range clipped by the ratio of
+    `ratios` (RATIOS; the first wins ties) whose rounding error, weighted by each input's
+    `energy` (the Gram diagonal: a weight on an input that is often large costs more), is
+    least: the outliers of a 32-value block otherwise set a step too coarse for the other 31.
+    `energy` may instead be the Gram matrix's diagonal blocks [groups, block, block] (qcli.awq):
+    each block's error is then its output error on the data, dᵀ H d, AWQ's clip objective. A
+    clipped range's scale is the ratio times the full range's, its zero point the same (float32
+    throughout: a 32000 x 1024 head in 2 s)."""
     axis = _reduction_axis(values, wp)
     w = np.moveaxis(values.astype(np.float32), axis, -1).reshape(-1, values.shape[axis])  # [N, K]
     scale, zero = weight_qparams(values, wp)

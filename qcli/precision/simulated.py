@@ -13,8 +13,9 @@ weights that are not constants), and on models whose HardSwish qcli writes as in
 
 The simulation is used only where it computes what the build writes: weights rounded to
 nearest (`weights.algorithm: rtn`, no seq_mse or adaround), no SmoothQuant or bias correction
-(they change the float graph or its biases per build), and a plan with quantized activations. A candidate it does not
-emulate (`Simulation.feeds` None) is measured on its real model, as before.
+(they change the float graph or its biases per build), and a plan with quantized activations.
+A candidate it does not emulate (`Simulation.feeds` None) is measured on its real model, as
+before.
 """
 
 from __future__ import annotations
