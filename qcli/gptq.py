@@ -44,7 +44,7 @@ import onnx
 from qcli.calibrate.collect import values_by_folder
 from qcli.data import DataFolder
 from qcli.errors import QcliError
-from qcli.gptqconv import ROWS_PER_WIDTH, Patches, add_patches, conv_reader
+from qcli.gptqconv import MIN_POSITIONS, ROWS_PER_WIDTH, Patches, add_patches, conv_reader
 from qcli.gptqconv import rounded as conv_rounded
 from qcli.gptqcore import RATIOS, round_rows
 from qcli.graph import GraphIndex
@@ -219,7 +219,8 @@ def _add(grams: dict[Source, Gram], source: Source, x: np.ndarray, samples: int)
     if isinstance(source, Patches):
         gram = grams.setdefault(source, Gram(np.zeros((source.group, source.width, source.width), np.float32)))
         assert gram.held is not None
-        gram.rows += add_patches(gram.held, x, source, -(-ROWS_PER_WIDTH * source.width // samples))
+        cap = max(ROWS_PER_WIDTH * source.width, MIN_POSITIONS)
+        gram.rows += add_patches(gram.held, x, source, -(-cap // samples))
         return
     rows = x.reshape(-1, x.shape[-1])
     gram = grams.setdefault(source, Gram(np.zeros((rows.shape[1], rows.shape[1]), np.float32)))

@@ -303,7 +303,8 @@ def rounding(console: Console, done: dict | None) -> None:
     table.add_column("layer output SQNR dB, nearest -> chosen", justify="right")
     worst = sorted(done["sqnr_db"].items(), key=lambda item: (item[1][1], item[0]))
     for name, (before, after) in worst[:SMOOTHED_ROWS]:
-        table.add_row(name + (" (nearest: past AdaRound's budget)" if name in done.get("nearest", []) else ""),
+        why = done.get("nearest", {}).get(name)
+        table.add_row(name + (f" (nearest: {why})" if why else ""),
                       f"{before:.1f} -> {after:.1f}")
     console.print(table)
     before, after = done["mean_sqnr_db"]
