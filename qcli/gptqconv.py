@@ -15,8 +15,8 @@ Decisions:
 - Patches are taken one sample at a time, in slices of output rows of at most PATCH_VALUES
   values: the 640 x 640 detector's first layers would otherwise copy its input 9 times over.
 - A Gram matrix sums at most about ROWS_PER_WIDTH x K positions over the samples, or
-  MIN_POSITIONS when that is more (each sample's on a grid of its output positions, the longest
-  axes thinned first: `_grid`): a sum over every position costs positions x K² per sample,
+  MIN_POSITIONS when that is more (each sample's an even lattice of its output positions:
+  `_lattice`): a sum over every position costs positions x K² per sample,
   where the layout model's 3 x 3 convolutions over 200 x 152 maps took 76 s for 32 pages (GPTQ
   on a language model sums 64 x K rows: 128 chunks of 2048 tokens at K = 4096).
 - The input's values are the float model's (GPTQ's choice, qcli.gptq): one pass over the data.
@@ -95,8 +95,8 @@ def conv_reader(model: onnx.ModelProto, index: GraphIndex, name: str, wp: Weight
 
 def add_patches(gram: np.ndarray, x: np.ndarray, p: Patches, cap: int | None = None) -> int:
     """Σ patch patchᵀ over the output positions of `x` [N, C, spatial...] added to `gram`
-    [G, K, K] (float32): every position, or with `cap` at most about that many of each sample's,
-    on an even grid (every k-th row and column); returns how many positions."""
+    [G, K, K] (float32): every position, or with `cap` at most that many of each sample's, on
+    an even lattice (`_lattice`); returns how many positions."""
     n = len(p.kernel)
     pads = _pads(x.shape[2:], p)
     x = np.asarray(x, np.float32)
@@ -112,9 +112,16 @@ def add_patches(gram: np.ndarray, x: np.ndarray, p: Patches, cap: int | None = N
         view = sliding_window_view(padded, span, axis=tuple(range(1, 1 + n)))
         view = view[(slice(None),) + tuple(slice(None, None, s) for s in p.strides)
                     + tuple(slice(None, None, d) for d in p.dilations)]  # [C, out..., kernel...]
-        every = _grid(view.shape[1:1 + n], cap)
-        view = view[(slice(None),) + tuple(slice(None, None, e) for e in every)]
         outs = view.shape[1:1 + n]
+        picked = _lattice(outs, cap)
+        if picked is not None:  # a lattice of the positions: gathered, at most `cap`
+            where: tuple = (slice(None), *np.unravel_index(picked, outs))
+            part = view[where]  # [C, count, kernel...]
+            cols = part.reshape(p.group, p.channels, len(picked), -1).transpose(0, 2, 1, 3).reshape(
+                p.group, len(picked), p.width)
+            gram += np.matmul(cols.transpose(0, 2, 1), cols)
+            rows += len(picked)
+            continue
         per_row = int(np.prod(outs[1:])) * p.group * p.width
         step = max(1, PATCH_VALUES // max(per_row, 1))
         for start in range(0, outs[0], step):
@@ -126,25 +133,25 @@ def add_patches(gram: np.ndarray, x: np.ndarray, p: Patches, cap: int | None = N
     return rows
 
 
-def _grid(outs: tuple[int, ...], cap: int | None) -> tuple[int, ...]:
-    """The step along each output axis that keeps at most `cap` of the positions (1: all), the
-    axis with the most positions kept stepped first: a short axis keeps every position as long
-    as it can. One step on every axis left a 2 x 96 map (a text line's) its first row alone,
-    whose kernel taps over the second row then read as never used: the clipped scales chosen
-    on it cost the direction classifier 37 -> 15 dB held-out.
+def _lattice(outs: tuple[int, ...], cap: int | None) -> np.ndarray | None:
+    """At most `cap` of the output positions (flat indices), every k-th of them with k coprime
+    to the last axis, so that every row and every column is sampled alike; None: all of them.
+    Each axis stepped alike left a 2 x 96 map (a text line's) its first row alone, whose kernel
+    taps over the second row then read as unused (the direction classifier's clipped scales: 37
+    -> 15 dB held-out); the longest axis thinned first instead cost the recognizer's lines.
 
-    >>> _grid((200, 152), 4096), _grid((20, 15), 4096), _grid((1000,), 100), _grid((2, 96), 18)
-    ((3, 3), (1, 1), (10,), (1, 11))
+    >>> _lattice((2, 96), 18)[:4], len(_lattice((2, 96), 18)), _lattice((20, 15), 4096)
+    (array([ 0, 11, 22, 33]), 18, None)
+    >>> sorted({int(i) // 96 for i in _lattice((2, 96), 18)})
+    [0, 1]
     """
-    steps = [1] * len(outs)
-    if cap is None:
-        return tuple(steps)
-    kept = list(outs)
-    while int(np.prod(kept)) > max(cap, 1):
-        axis = max(range(len(outs)), key=lambda i: (kept[i], -i))
-        steps[axis] += 1
-        kept[axis] = -(-outs[axis] // steps[axis])
-    return tuple(steps)
+    total = int(np.prod(outs))
+    if cap is None or total <= cap:
+        return None
+    k = -(-total // max(cap, 1))
+    while np.gcd(k, outs[-1]) != 1:
+        k += 1
+    return np.arange(0, total, k)
 
 
 def _pads(spatial: tuple[int, ...], p: Patches) -> tuple[int, ...]:
