@@ -123,9 +123,9 @@ class Recovery(Section):
     @model_validator(mode="after")
     def _rounding_alone(self) -> Recovery:
         # seq_mse and adaround round on the Gram matrices of the unsmoothed graph's inputs
-        rounds = [s for s in ROUNDING if getattr(self, s) is not None]
-        if rounds and self.smoothquant is not None:
-            raise ValueError(f"recovery step {rounds[0]} does not combine with smoothquant: drop one of the two")
+        if self.rounding and self.smoothquant is not None:
+            raise ValueError(f"recovery step {self.rounding[0]} does not combine with smoothquant: drop one of "
+                             "the two")
         return self
 
     @property
@@ -140,9 +140,14 @@ class Recovery(Section):
         return [s for s in order if getattr(self, s) is not None]
 
     @property
+    def rounding(self) -> list[str]:
+        """The steps that are on and round the weights from the calibration samples, in the
+        order they run (seq_mse, adaround)."""
+        return [s for s in ROUNDING if getattr(self, s) is not None]
+
+    @property
     def rounds(self) -> bool:
-        """Whether a step rounds the weights from the calibration samples (seq_mse, adaround)."""
-        return any(getattr(self, s) is not None for s in ROUNDING)
+        return bool(self.rounding)
 
 
 class Prepare(Section):

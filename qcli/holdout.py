@@ -30,7 +30,6 @@ from qcli.analyze.probe import Probe
 from qcli.calibrate.shards import Fold, plan_folds
 from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
-from qcli.configparts import ROUNDING
 from qcli.data import DataFolder, InputSpec, model_inputs
 from qcli.phases import ProgressFactory, no_progress
 from qcli.prepare import PrepareResult
@@ -182,7 +181,7 @@ def calibrate_planned(model: onnx.ModelProto, config: Config, data: Path, plan: 
                           executor=executor, folds=folds)
     parts = [[folder], *(_other_folds(folder, fold) for fold in folds)]
     algorithm = config.weights.algorithm
-    by = "gptq" if algorithm == "gptq" else ", ".join(s for s in config.recovery.steps if s in ROUNDING)
+    by = "gptq" if algorithm == "gptq" else ", ".join(config.recovery.rounding)
     if by:  # one pass for every fold: a fold's model sums the other folds' (qcli.gptq.summed)
         with progress(f"measuring Gram matrices ({by})", len(folder) * gram_passes(config, prepared)) as advance:
             each = [[folder.window(f.first, f.samples)] for f in folds] or [[folder]]

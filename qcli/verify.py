@@ -52,7 +52,6 @@ from qcli.checks import (
     verification_of,
 )
 from qcli.config import Config
-from qcli.configparts import ROUNDING
 from qcli.data import InputSpec, model_inputs
 from qcli.errors import InternalError, QcliError
 from qcli.holdout import DataPlan, calibrate_planned, deployment_feeds, make_probe, plan_samples
@@ -129,7 +128,7 @@ def quantize_checked(
     if config.recovery.bias_correction is not None and data is None:
         raise bias_needs_data()
     if config.recovery.rounds and data is None:
-        raise gptq.needs_data(next(s for s in config.recovery.steps if s in ROUNDING))
+        raise gptq.needs_data(config.recovery.rounding[0])
     ap, vf = config.auto_precision, config.verify
     check_outputs(model, vf.outputs)
     kept: list[str] = []  # notes on the target and the preparation

@@ -53,7 +53,7 @@ class CalibrationTable:
     # table's, not shared with its folds')
     grams: dict | None = None
     rounded: Any = None
-    rounding_sqnr: dict = field(default_factory=dict)  # weight -> SQNR before, after (qcli.recovery.rounding)
+    rounding_sqnr: dict = field(default_factory=dict)  # weight -> its SQNRs (qcli.recovery.rounding.Sqnr)
     # the recovery steps that changed the float graph before it was observed (equalization):
     # a table is valid only for a config running the same ones (qcli.recovery.graph_steps)
     graph_steps: tuple[str, ...] = ()

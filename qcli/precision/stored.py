@@ -46,7 +46,6 @@ from dataclasses import dataclass, replace
 from qcli.analyze.fidelity import Fidelity
 from qcli.analyze.size import weight_bytes
 from qcli.config import Activations, Config
-from qcli.configparts import ROUNDING
 from qcli.info import element_count, tensor_bytes
 from qcli.phases import phase
 from qcli.plan import make_plan
@@ -119,8 +118,7 @@ def weight_only(trials: Trials, goal: Goal, current: QuantizeResult, current_rat
         if f is None or not goal.accurate(f):
             return None
     weighted = sum(u.weighted for u in wo.units)
-    rounding = "GPTQ" if wo.config.weights.algorithm == "gptq" else " + ".join(
-        s for s in wo.config.recovery.steps if s in ROUNDING)
+    rounding = "GPTQ" if wo.config.weights.algorithm == "gptq" else " + ".join(wo.config.recovery.rounding)
     widths = _widths(choices, weighted) + (  # int8 units' weights; 16-bit ones round to nearest (qcli.gptq)
         f" rounded by {rounding}" if rounding and len(choices) < weighted else "")
     note = (f"weight-only: the rescue's model kept most weights float ({now / float_bytes:.2f} of the float "

@@ -108,26 +108,23 @@ class Rounding:
             layout = layout.grouped(h.shape[0])
         if layout.w.shape[0] != h.shape[0] or layout.w.shape[2] != h.shape[2]:
             return quantized_weight(values, wp), None
+        full = weight_qparams(values, wp)  # round to nearest's scale and zero point
+        lo, hi = integer_range(wp.scheme.dtype, wp.scheme.symmetric)
+        s0, z0 = (layout.per_value(p, wp) for p in full)
+        before = _sqnr(layout.w, adaround.nearest(layout.w, s0, z0, lo, hi), s0, z0, h)
         if gram.rows < ROWS_PER_INPUT * h.shape[2]:  # H of low rank: the choice would fit these rows alone
-            rtn = quantized_weight(values, wp)
-            s0, z0 = (layout.per_value(p, wp) for p in rtn[1:])
-            sqnr = _sqnr(layout.w, adaround.nearest(layout.w, s0, z0, *integer_range(wp.scheme.dtype,
-                                                                                    wp.scheme.symmetric)), s0, z0, h)
-            return rtn, (sqnr, sqnr, FEW_ROWS)
+            return quantized_weight(values, wp), (before, before, FEW_ROWS)
         if self.candidates is None:
-            scale, zero = weight_qparams(values, wp)
+            scale, zero = full
         elif conv:
             scale, zero = output_scales(values, wp, h, self.ratios)
         else:
             scale, zero = searched(values, wp, _diagonal_blocks(h[0], wp), self.ratios)
         s, z = layout.per_value(scale, wp), layout.per_value(zero, wp)
-        lo, hi = integer_range(wp.scheme.dtype, wp.scheme.symmetric)
         iterations = min(self.iterations or 0, int(WORK // (2 * layout.w.size * h.shape[2])))
         learns = self.iterations is not None and iterations >= MIN_ITERATIONS
         ints = (adaround.rounded(layout.w, s, z, h, lo, hi, iterations, self.reg) if learns
                 else adaround.nearest(layout.w, s, z, lo, hi))
-        s0, z0 = (layout.per_value(p, wp) for p in weight_qparams(values, wp))
-        before = _sqnr(layout.w, adaround.nearest(layout.w, s0, z0, lo, hi), s0, z0, h)
         weight = layout.back(ints).astype(wp.scheme.dtype.numpy_dtype), scale, zero
         why = PAST_BUDGET if self.iterations is not None and not learns else ""
         return weight, (before, _sqnr(layout.w, ints, s, z, h), why)
