@@ -33,7 +33,7 @@ from qcli.config import Config
 from qcli.data import DataFolder, InputSpec, model_inputs
 from qcli.phases import ProgressFactory, no_progress
 from qcli.prepare import PrepareResult
-from qcli.prepare.shapes import activation_bytes
+from qcli.prepare.shapes import batch_within
 from qcli.quantize import (
     calibrate,
     fold_grams,
@@ -49,7 +49,6 @@ from qcli.target.deployment import Deployment
 
 MIN_SAMPLES = 16
 PROBE_BATCH = 32  # samples per probe batch, at most
-PROBE_RUN_BYTES = 64 << 20  # a probe batch's intermediate tensors, at most (but one sample's)
 
 
 @dataclass(frozen=True)
@@ -141,15 +140,12 @@ def make_probe(model: onnx.ModelProto, inputs: list[InputSpec], config: Config, 
 
 def probe_batch(model: onnx.ModelProto, folder: DataFolder) -> int:
     """Samples per probe batch: PROBE_BATCH, fewer when one sample's intermediate tensors (as
-    shape inference sizes them on the folder's first) pass PROBE_RUN_BYTES. A probe runs a batch
-    per core at once, on its float session and each candidate's, and a session keeps the memory
-    of its largest run: the speech-quality CNN's 9 s clips (367 MB of tensors each) held 3.1 GB
-    in batches of 32; its runs take as long per sample one at a time."""
+    shape inference sizes them on the folder's first) pass RUN_BYTES (`batch_within`). A probe
+    runs a batch per core at once, on its float session and each candidate's."""
     first = next(iter(folder.batches(1)), None)
     if first is None:
         return PROBE_BATCH
-    per_sample = activation_bytes(model, {name: array.shape for name, array in first.inputs.items()})
-    return max(1, min(PROBE_BATCH, PROBE_RUN_BYTES // max(per_sample, 1)))
+    return batch_within(model, {name: array.shape for name, array in first.inputs.items()}, PROBE_BATCH)
 
 
 def deployment_feeds(model: onnx.ModelProto, plan: DataPlan, inputs: list[InputSpec],

@@ -419,3 +419,45 @@ def test_the_layer_pass_runs_large_outputs_in_parts(report, quantized, monkeypat
     whole = {t.tensor: t.sqnr_db for t in report.layers.tensors}
     for t in parted.layers.tensors:
         assert t.sqnr_db == pytest.approx(whole[t.tensor], abs=1e-3)
+
+
+def test_a_run_holds_what_memory_affords_and_the_figures_stay(tmp_path):
+    """Samples of 4 x 2**18 floats (2 x 4 MB of intermediate tensors each) are evaluated in
+    runs that keep under 64 MB (7 samples), not the 32 asked, with a note; the figures are those
+    of runs of one sample. The speech-quality CNN's 9 s clips at 32 per run held 7.6 GB."""
+    from conftest import write_npz
+    from qcli.prepare.shapes import RUN_BYTES
+
+    wide = parse_model("""
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[N, 4, S] x) => (float[N, 4] y) {
+        r = Relu (x)
+        t = Tanh (r)
+        y = ReduceMax <axes = [2], keepdims = 0> (t)
+    }
+    """)
+    rounded = parse_model("""
+    <ir_version: 8, opset_import: ["" : 13]>
+    net (float[N, 4, S] x) => (float[N, 4] y) {
+        r = Relu (x)
+        t = Tanh (r)
+        m = ReduceMax <axes = [2], keepdims = 0> (t)
+        s = Constant <value = float {0.05}> ()
+        d = Div (m, s)
+        k = Round (d)
+        y = Mul (k, s)
+    }
+    """)
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(10):
+        write_npz(data / f"{i}.npz", x=rng.standard_normal((1, 4, 1 << 18)).astype(np.float32))
+    seen = []
+    r = evaluate(wide, rounded, data, batch_size=32, progress=seen.append)
+    assert RUN_BYTES // (2 * 4 * 4 * (1 << 18) + 16) == 7 and seen == [7, 3]
+    assert r.settings.batch_size == r.data.batch_size == 7
+    assert "batches of 7 sample(s), not 32: a run's intermediate tensors are kept under 64 MB" in " ".join(r.notes)
+    one = evaluate(wide, rounded, data, batch_size=1)
+    figures = [[dataclasses.replace(f, reason="") for f in report.fidelity] for report in (r, one)]  # reason: a shape
+    assert figures[0] == figures[1] and not any("batches of" in n for n in one.notes)

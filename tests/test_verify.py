@@ -776,16 +776,16 @@ net (float[N, 4, S] x) => (float[N, 4] y) {
 def test_a_probe_batch_holds_what_its_runs_can_afford(tmp_path: Path) -> None:
     """Samples per probe batch: PROBE_BATCH for small tensors; fewer when one sample's
     intermediate tensors (shape inference's bytes: r and t, 4 x S floats each, and y) pass
-    PROBE_RUN_BYTES, so a session's memory is bounded by the model and one batch."""
+    RUN_BYTES, so a session's memory is bounded by the model and one batch."""
     from onnx import parser
 
     from qcli.data import DataFolder, model_inputs
-    from qcli.holdout import PROBE_BATCH, PROBE_RUN_BYTES, probe_batch
-    from qcli.prepare.shapes import activation_bytes
+    from qcli.holdout import PROBE_BATCH, probe_batch
+    from qcli.prepare.shapes import RUN_BYTES, activation_bytes
 
     model = parser.parse_model(WIDE)
     assert activation_bytes(model, {"x": (1, 4, 100)}) == 2 * 4 * 100 * 4 + 4 * 4
-    for length, expected in ((100, PROBE_BATCH), (1 << 16, PROBE_RUN_BYTES // (2 * 4 * 4 * (1 << 16) + 16)),
+    for length, expected in ((100, PROBE_BATCH), (1 << 16, RUN_BYTES // (2 * 4 * 4 * (1 << 16) + 16)),
                              (1 << 20, 1)):
         folder = tmp_path / f"s{length}"
         folder.mkdir()

@@ -31,6 +31,7 @@ from qcli.analyze.latency import measure, timed_inputs
 from qcli.analyze.layers import QuantizedTensor, quantized_tensors
 from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, TopKAccumulator, as_array
 from qcli.analyze.options import AnalyzeOptions
+from qcli.analyze.pairing import check_compatible, run_batch
 from qcli.analyze.predicted import predicted as predicted_by
 from qcli.analyze.records import accuracy_record, fidelity_record, layer_record
 from qcli.analyze.report import (
@@ -52,6 +53,7 @@ from qcli.config import Verify
 from qcli.data import Batch, DataFolder, InputSpec, Reading, model_inputs
 from qcli.errors import DataError, ModelError, QcliError
 from qcli.model import external_data_files, fingerprint, load_model
+from qcli.prepare.shapes import RUN_BYTES
 from qcli.runtime import make_session
 from qcli.twin import holds_half
 
@@ -116,13 +118,17 @@ def analyze(
     if gates.min_speedup is not None and opts.runs == 0 and not predicts:
         raise QcliError("the min_speedup gate needs latency runs", hint="set runs to at least 1 (default 50)")
     fm, qm = _load(float_model), _load(quantized_model)
-    inputs = _check_compatible(fm, qm)
+    inputs = check_compatible(fm, qm)
     folder = open_data(data, inputs, labels=labels, reading=reading, samples=opts.samples)
     if verify is not None:
         check_outputs(fm.proto, verify.outputs)
+    asked, opts = opts.batch_size, opts.model_copy(update={"batch_size": run_batch(fm.proto, folder, opts.batch_size)})
     sessions = _Sessions.open(fm, qm, inputs, opts, verify or Verify())
     first = _one_pass(sessions, folder, opts.batch_size, progress)
     notes = sessions.measures.notes()
+    if opts.batch_size < asked:
+        notes.append(f"batches of {opts.batch_size} sample(s), not {asked}: a run's intermediate tensors are kept "
+                     f"under {RUN_BYTES >> 20} MB (shape inference's sizes); the figures do not depend on the batch")
     if opts.layers and not sessions.measures.pairs:
         notes.append(f"{qm.label} has no quantized activations (QuantizeLinear -> DequantizeLinear pairs)")
     speed, decode, latency_notes = _latency(sessions, first, inputs, opts)
@@ -437,39 +443,6 @@ def _reference_outputs(refs: dict[str, np.ndarray], names: list[str]) -> dict[st
     if len(refs) <= len(names):
         return {names[i]: v for i, v in enumerate(refs.values())}
     return {}
-
-
-# --------------------------------------------------------------------------- models
-
-
-def _check_compatible(fm: _Model, qm: _Model) -> list[InputSpec]:
-    """The float model's inputs, after checking the quantized model takes and gives the same."""
-    fin, qin = model_inputs(fm.proto), model_inputs(qm.proto)
-    fnames, qnames = [s.name for s in fin], [s.name for s in qin]
-    if sorted(fnames) != sorted(qnames):
-        raise ModelError(
-            f"the models take different inputs: {fm.label} takes {', '.join(fnames)}; "
-            f"{qm.label} takes {', '.join(qnames)}",
-            hint="compare a quantized model with the float model it was made from",
-        )
-    qspec = {s.name: s for s in qin}
-    for f in fin:
-        q = qspec[f.name]
-        if f.dtype != q.dtype or len(f.shape) != len(q.shape):
-            raise ModelError(
-                f"input {f.name!r} differs: {fm.label} expects {f.dtype} {f.shape_text()}, "
-                f"{qm.label} expects {q.dtype} {q.shape_text()}",
-                hint="compare a quantized model with the float model it was made from",
-            )
-    fout = [o.name for o in fm.proto.graph.output]
-    qout = {o.name for o in qm.proto.graph.output}
-    missing = [n for n in fout if n not in qout]
-    if missing:
-        raise ModelError(
-            f"{qm.label} lacks output(s) {', '.join(map(repr, missing))} of {fm.label}",
-            hint="compare a quantized model with the float model it was made from",
-        )
-    return fin
 
 
 def _run(session, names: list[str], feeds: dict[str, np.ndarray], where: str, model: _Model) -> list:

@@ -22,7 +22,8 @@ class AnalyzeOptions(Section):
     # the title names it in errors
     samples: int | None = Field(None, ge=1, title="the number of samples", description=(
         "the first N samples of the data (`null`: all)"))
-    batch_size: int = Field(32, ge=1, description="samples per inference batch")
+    batch_size: int = Field(32, ge=1, description="samples per inference batch, at most: fewer when one run's "
+                            "intermediate tensors would pass 64 MB (a note says so)")
     runs: int = Field(50, ge=0, description="timed runs per model, alternating between them (0: no timing)")
     warmup: int = Field(5, ge=0, description="untimed runs first")
     # onnxruntime takes a 32-bit count

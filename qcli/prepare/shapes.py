@@ -71,6 +71,26 @@ def activation_bytes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]])
     return sum(tensor_sizes(model, shapes).values())
 
 
+RUN_BYTES = 64 << 20  # one run's intermediate tensors, at most (but one sample's): `batch_within`
+
+
+def batch_within(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], most: int,
+                 budget: int = RUN_BYTES) -> int:
+    """Samples per run: `most`, fewer when one sample's intermediate tensors (`activation_bytes`
+    on one sample of these `shapes`) pass `budget`; at least one. A session keeps the memory of
+    its largest run: the speech-quality CNN's 9 s clips (367 MB of tensors each) held 3.1 GB in
+    batches of 32 per session, and a clip's run takes as long per sample alone.
+
+    >>> import onnx.parser
+    >>> m = onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+    ...     g (float[N, 1000] x) => (float[N, 1000] y) { y = Relu(x) }''')
+    >>> batch_within(m, {"x": (1, 1000)}, 32), batch_within(m, {"x": (1, 1000)}, 32, budget=10_000)
+    (32, 2)
+    """
+    per_sample = activation_bytes(model, shapes)
+    return max(1, min(most, budget // max(per_sample, 1)))
+
+
 def tensor_sizes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
     """Tensor -> its bytes in one run with inputs of these `shapes`, for the main graph's
     intermediate tensors and outputs shape inference can size (none when it fails)."""
