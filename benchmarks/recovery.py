@@ -35,7 +35,9 @@ activations; the same with the weights rounded by GPTQ (qcli.gptq: MatMul, Gemm 
 all int8 with GPTQ's weights; int8 weights by seq_mse, and by seq_mse and AdaRound, with float
 activations; all int8 with seq_mse's scales, with AdaRound's rounding, and with both
 (qcli.recovery.rounding); all int8 with equalization and bias correction; all int8 with SmoothQuant and bias
-correction; all int8 with mse ranges; int8 weights with 16-bit activations; the default path
+correction; all int8 with mse ranges; all int8 with the ranges of the tensors weighted layers read
+chosen by those layers' output error (benchmarks/consumer_ranges.py: measured, not built into
+qcli); int8 weights with 16-bit activations; the default path
 (`--data calib --eval-data verify`: verification, then rescue); the default path with mse
 ranges; the default path with GPTQ's weights; the default path with seq_mse and AdaRound;
 `--config dynamic --eval-data verify` (no calibration data); onnxruntime's
@@ -73,6 +75,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import heldout  # noqa: E402  (benchmarks/heldout.py: the other exported models' users' metrics)
 import inputs  # noqa: E402  (benchmarks/inputs.py)
+from consumer_ranges import quantizer as consumer_ranges  # noqa: E402  (benchmarks/consumer_ranges.py)
 from ort_quantize import (  # noqa: E402
     PER_TENSOR,
     calibration_reader,
@@ -238,6 +241,8 @@ ROWS = [
     Variant("sq-bc", "qcli all-int8 + SmoothQuant (alpha auto) + bias correction (--no-verify)",
             qcli("--no-verify", config="recovery: [smoothquant, bias_correction]\n")),
     Variant("mse", "qcli all-int8, mse ranges (--no-verify)", qcli("--no-verify", "--method", "mse")),
+    Variant("consumer-ranges", "qcli all-int8, ranges by the reading layer's output error (measured, not built)",
+            consumer_ranges),
     Variant("a16", "qcli int8 weights, 16-bit activations (--no-verify)",
             qcli("--no-verify", config="activations: {dtype: uint16}\n")),
     Variant("default", "qcli default (verify + rescue)", qcli(eval_data=True)),
