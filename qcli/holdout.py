@@ -27,6 +27,7 @@ import onnx
 
 from qcli.analyze.latency import timed_inputs
 from qcli.analyze.probe import Probe
+from qcli.analyze.spilled import HeldBatches
 from qcli.calibrate.shards import Fold, plan_folds
 from qcli.calibrate.table import CalibrationTable
 from qcli.config import Config
@@ -124,15 +125,15 @@ def make_probe(model: onnx.ModelProto, inputs: list[InputSpec], config: Config, 
     """The probe comparing candidates with the float model on the samples `plan` holds back;
     k-fold: each fold's share, its batches tagged with the fold."""
     assert plan.verify_path is not None  # checked by the caller
-    batches, tags = [], []
+    batches, tags = HeldBatches(), []  # inputs past INPUTS_HELD_BYTES read from a temporary folder
     size = None
     for k, (start, count) in enumerate(plan.compared):
         folder = DataFolder(plan.verify_path, inputs, reading=config.data.reading, samples=count, start=start,
                             labels=labels)
         size = size or probe_batch(model, folder)
-        part = list(folder.batches(size))
-        batches += part
-        tags += [k] * len(part)
+        for batch in folder.batches(size):
+            batches.append(batch)
+            tags.append(k)
     return Probe(model, batches, inputs, source=plan.description, verify=config.verify,
                  deployment=Deployment.of(config),
                  folds=tags if plan.spans else None)

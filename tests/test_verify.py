@@ -773,6 +773,24 @@ net (float[N, 4, S] x) => (float[N, 4] y) {
 """
 
 
+def test_a_probe_reads_back_the_inputs_it_spilled(cli, sensitive, tmp_path: Path, monkeypatch) -> None:
+    """A probe keeps its samples' inputs past INPUTS_HELD_BYTES in a temporary folder and reads
+    each batch back when it is compared: with every batch spilled the rescue takes the same
+    steps and writes the same bytes (the layout detector's 64 pages held 373 MB in memory)."""
+    import qcli.analyze.spilled as spilled
+
+    model, data = sensitive
+    held = cli.json("quantize", model, "-o", tmp_path / "held.onnx", "--data", data)
+    reads = []
+    original = spilled.Spilled.__getitem__
+    monkeypatch.setattr(spilled, "INPUTS_HELD_BYTES", 0)
+    monkeypatch.setattr(spilled.Spilled, "__getitem__", lambda self, j: reads.append(j) or original(self, j))
+    spilt = cli.json("quantize", model, "-o", tmp_path / "spilt.onnx", "--data", data)
+    assert (tmp_path / "held.onnx").read_bytes() == (tmp_path / "spilt.onnx").read_bytes()
+    assert spilt["precision"]["steps"] == held["precision"]["steps"] and len(reads) > 20
+    assert spilt["verification"]["checks"] == held["verification"]["checks"]
+
+
 def test_a_probe_batch_holds_what_its_runs_can_afford(tmp_path: Path) -> None:
     """Samples per probe batch: PROBE_BATCH for small tensors; fewer when one sample's
     intermediate tensors (shape inference's bytes: r and t, 4 x S floats each, and y) pass

@@ -1,8 +1,9 @@
 """Quick, repeated comparisons of candidate models with the float model, for verification and
 automatic mixed precision (which try many candidates on the same few samples).
 
-A `Probe` holds a small set of batches in memory (the held-back samples: tens to a few hundred)
-and the float model's outputs on them, computed once. `measure(candidate)` runs a candidate on
+A `Probe` holds a small set of batches (the held-back samples: tens to a few hundred; their
+inputs past INPUTS_HELD_BYTES in a temporary folder, `HeldBatches`) and the float model's
+outputs on them, computed once. `measure(candidate)` runs a candidate on
 the same batches and returns a `Fidelity` summary:
 
 - per output, the metric of its kind (qcli.analyze.kinds, decided once from the graph and the
@@ -47,7 +48,7 @@ from qcli.analyze.metrics import MARGIN_KINDS, FidelityAccumulator, TopKAccumula
 from qcli.analyze.plugin import load_metric
 from qcli.analyze.predicted import served
 from qcli.analyze.size import weight_bytes
-from qcli.analyze.spilled import Spilled
+from qcli.analyze.spilled import HeldBatches, Spilled
 from qcli.config import Verify
 from qcli.data import Batch, InputSpec
 from qcli.errors import DataError
@@ -89,7 +90,7 @@ class Probe:
     """The float model and its outputs on `batches`, for measuring candidates against."""
 
     float_model: onnx.ModelProto
-    batches: list[Batch]
+    batches: Sequence[Batch]  # held as `HeldBatches`
     inputs: list[InputSpec]
     threads: int | None = None
     source: str = ""  # where the samples come from, for messages and summaries
@@ -112,6 +113,8 @@ class Probe:
     reference: Sequence[list[np.ndarray]] = field(init=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.batches, HeldBatches):
+            self.batches = HeldBatches(self.batches)
         if not self.batches:
             raise DataError(f"no samples to verify on{' in ' + self.source if self.source else ''}")
         vf = self.verify or Verify()
@@ -124,7 +127,8 @@ class Probe:
         else:
             # held for the clock's timings (`verify.latency: measured`); else a frugal one, dropped
             held = vf.latency == "measured" and weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES
-            session = self.session or make_session(self.float_model, self.threads, pass_only=True, frugal=not held)
+            session = self.session or make_session(self.float_model, self.threads, pass_only=True, frugal=not held,
+                                                   one_shape=self._one_shape)
             self.reference = _reference(session, self.names, self.batches)
             self._held = session if held else None
         self._float_ms: float | None = None
@@ -147,8 +151,15 @@ class Probe:
         return self._held or make_session(self.float_model, self.threads)
 
     @property
+    def _one_shape(self) -> bool:
+        """Whether every batch's inputs have the same shapes (a frugal session then plans its
+        memory pattern: `make_session`)."""
+        return self.batches.one_shape if isinstance(self.batches, HeldBatches) else False
+
+    @property
     def samples(self) -> int:
-        return sum(b.size for b in self.batches)
+        assert isinstance(self.batches, HeldBatches)  # __post_init__
+        return sum(self.batches.sizes)
 
     @property
     def fold_indices(self) -> list[int]:
@@ -214,7 +225,7 @@ class Probe:
             else:
                 model = candidate(fold) if callable(candidate) else candidate
                 session = make_session(model, 1 if parallel > 1 and len(group) > 1 else self.threads, pass_only=True,
-                                       frugal=True)
+                                       frugal=True, one_shape=self._one_shape)
                 extra = {}
             for w in range(0, len(group), parallel):
                 window = group[w: w + parallel]
@@ -230,7 +241,8 @@ class Probe:
         more than the first fold holds, so a quick trial builds and loads one fold's model, not
         two (32 samples in 4 folds: 8; docs/guides/mixed-precision.md)."""
         if self.folds is not None:
-            n = min(n, sum(b.size for b, f in zip(self.batches, self.folds, strict=True) if f == self.folds[0]))
+            sizes = self.batches.sizes if isinstance(self.batches, HeldBatches) else [b.size for b in self.batches]
+            n = min(n, sum(size for size, f in zip(sizes, self.folds, strict=True) if f == self.folds[0]))
         return self.head(n)
 
     def head(self, n: int) -> Probe:
@@ -403,16 +415,17 @@ class Probe:
             return node_runs(models, self.feeds(), runs, self.threads)
 
 
-def _reference(session: Any, names: list[str], batches: list[Batch]) -> Sequence[list[np.ndarray]]:
+def _reference(session: Any, names: list[str], batches: Sequence[Batch]) -> Sequence[list[np.ndarray]]:
     """The float outputs of each batch: in memory, or `Spilled` when the first batch's times the
     batches pass REFERENCE_HELD_BYTES (a decoder's logits: 16 MB a 128-token chunk)."""
     first = [as_array(v) for v in session.run(names, batches[0].inputs)]
+    rest = (batches[j] for j in range(1, len(batches)))  # one batch read back at a time (`HeldBatches`)
     if sum(a.nbytes for a in first) * len(batches) <= REFERENCE_HELD_BYTES:
-        return [first, *([as_array(v) for v in session.run(names, b.inputs)] for b in batches[1:])]
+        return [first, *([as_array(v) for v in session.run(names, b.inputs)] for b in rest)]
     spilled = Spilled()
     spilled.append(first)
     del first
-    for batch in batches[1:]:
+    for batch in rest:
         spilled.append([as_array(v) for v in session.run(names, batch.inputs)])
     return spilled
 

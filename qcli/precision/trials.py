@@ -279,7 +279,7 @@ class Trials:
 
             quick = self.quick_probe.samples if self.quick_probe is not None else self.probe.samples
             self._shared = _Context(uuid.uuid4().hex, inlined(self.model).SerializeToString(), self.config, self.table,
-                                    self.probe.batches, self.probe.inputs, quick, self.force, self.probe.folds)
+                                    list(self.probe.batches), self.probe.inputs, quick, self.force, self.probe.folds)
         return self._shared
 
     def unit_noise(self, choices: Choices, nodes: list[str]) -> dict[str, float] | None:
