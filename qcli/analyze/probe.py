@@ -128,7 +128,7 @@ class Probe:
             # held for the clock's timings (`verify.latency: measured`); else a frugal one, dropped
             held = vf.latency == "measured" and weight_bytes(self.float_model)[0] < HELD_SESSION_BYTES
             session = self.session or make_session(self.float_model, self.threads, pass_only=True, frugal=not held,
-                                                   one_shape=self._one_shape)
+                                                   one_shape=self._batches.one_shape)
             self.reference = _reference(session, self.names, self.batches)
             self._held = session if held else None
         self._float_ms: float | None = None
@@ -151,15 +151,13 @@ class Probe:
         return self._held or make_session(self.float_model, self.threads)
 
     @property
-    def _one_shape(self) -> bool:
-        """Whether every batch's inputs have the same shapes (a frugal session then plans its
-        memory pattern: `make_session`)."""
-        return self.batches.one_shape if isinstance(self.batches, HeldBatches) else False
+    def _batches(self) -> HeldBatches:
+        assert isinstance(self.batches, HeldBatches)  # __post_init__
+        return self.batches
 
     @property
     def samples(self) -> int:
-        assert isinstance(self.batches, HeldBatches)  # __post_init__
-        return sum(self.batches.sizes)
+        return sum(self._batches.sizes)
 
     @property
     def fold_indices(self) -> list[int]:
@@ -225,7 +223,7 @@ class Probe:
             else:
                 model = candidate(fold) if callable(candidate) else candidate
                 session = make_session(model, 1 if parallel > 1 and len(group) > 1 else self.threads, pass_only=True,
-                                       frugal=True, one_shape=self._one_shape)
+                                       frugal=True, one_shape=self._batches.one_shape)
                 extra = {}
             for w in range(0, len(group), parallel):
                 window = group[w: w + parallel]
@@ -241,8 +239,7 @@ class Probe:
         more than the first fold holds, so a quick trial builds and loads one fold's model, not
         two (32 samples in 4 folds: 8; docs/guides/mixed-precision.md)."""
         if self.folds is not None:
-            sizes = self.batches.sizes if isinstance(self.batches, HeldBatches) else [b.size for b in self.batches]
-            n = min(n, sum(size for size, f in zip(sizes, self.folds, strict=True) if f == self.folds[0]))
+            n = min(n, sum(size for size, f in zip(self._batches.sizes, self.folds, strict=True) if f == self.folds[0]))
         return self.head(n)
 
     def head(self, n: int) -> Probe:
