@@ -49,7 +49,7 @@ from qcli.quantize import (
 from qcli.target.deployment import Deployment
 
 MIN_SAMPLES = 16
-PROBE_BATCH = 32  # samples per probe batch, at most
+PROBE_BATCH = 32  # samples per probe batch, at most (fewer where a sample is large: `batch_within`)
 
 
 @dataclass(frozen=True)
@@ -130,23 +130,13 @@ def make_probe(model: onnx.ModelProto, inputs: list[InputSpec], config: Config, 
     for k, (start, count) in enumerate(plan.compared):
         folder = DataFolder(plan.verify_path, inputs, reading=config.data.reading, samples=count, start=start,
                             labels=labels)
-        size = size or probe_batch(model, folder)
+        size = size or batch_within(model, folder, PROBE_BATCH)
         for batch in folder.batches(size):
             batches.append(batch)
             tags.append(k)
     return Probe(model, batches, inputs, source=plan.description, verify=config.verify,
                  deployment=Deployment.of(config),
                  folds=tags if plan.spans else None)
-
-
-def probe_batch(model: onnx.ModelProto, folder: DataFolder) -> int:
-    """Samples per probe batch: PROBE_BATCH, fewer when one sample's intermediate tensors (as
-    shape inference sizes them on the folder's first) pass RUN_BYTES (`batch_within`). A probe
-    runs a batch per core at once, on its float session and each candidate's."""
-    first = next(iter(folder.batches(1)), None)
-    if first is None:
-        return PROBE_BATCH
-    return batch_within(model, {name: array.shape for name, array in first.inputs.items()}, PROBE_BATCH)
 
 
 def deployment_feeds(model: onnx.ModelProto, plan: DataPlan, inputs: list[InputSpec],
@@ -157,7 +147,8 @@ def deployment_feeds(model: onnx.ModelProto, plan: DataPlan, inputs: list[InputS
     start, count = plan.compared[0]
     folder = DataFolder(plan.verify_path, inputs, reading=config.data.reading, samples=count or None,
                         start=start)
-    feeds, _ = timed_inputs(next(iter(folder.batches(probe_batch(model, folder)))), inputs, config.target.batch)
+    first = next(iter(folder.batches(batch_within(model, folder, PROBE_BATCH))))
+    feeds, _ = timed_inputs(first, inputs, config.target.batch)
     return feeds
 
 

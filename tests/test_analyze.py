@@ -425,29 +425,18 @@ def test_a_run_holds_what_memory_affords_and_the_figures_stay(tmp_path):
     """Samples of 4 x 2**18 floats (2 x 4 MB of intermediate tensors each) are evaluated in
     runs that keep under 64 MB (7 samples), not the 32 asked, with a note; the figures are those
     of runs of one sample. The speech-quality CNN's 9 s clips at 32 per run held 7.6 GB."""
+    from test_verify import WIDE
+
     from conftest import write_npz
     from qcli.prepare.shapes import RUN_BYTES
 
-    wide = parse_model("""
-    <ir_version: 8, opset_import: ["" : 13]>
-    net (float[N, 4, S] x) => (float[N, 4] y) {
-        r = Relu (x)
-        t = Tanh (r)
-        y = ReduceMax <axes = [2], keepdims = 0> (t)
-    }
-    """)
-    rounded = parse_model("""
-    <ir_version: 8, opset_import: ["" : 13]>
-    net (float[N, 4, S] x) => (float[N, 4] y) {
-        r = Relu (x)
-        t = Tanh (r)
+    wide = parse_model(WIDE)  # ReduceMax over Tanh(Relu(x)); the "quantized" one rounds it to 0.05
+    rounded = parse_model(WIDE.replace("y = ReduceMax <axes = [2], keepdims = 0> (t)", """
         m = ReduceMax <axes = [2], keepdims = 0> (t)
         s = Constant <value = float {0.05}> ()
         d = Div (m, s)
         k = Round (d)
-        y = Mul (k, s)
-    }
-    """)
+        y = Mul (k, s)"""))
     data = tmp_path / "data"
     data.mkdir()
     rng = np.random.default_rng(0)

@@ -798,8 +798,8 @@ def test_a_probe_batch_holds_what_its_runs_can_afford(tmp_path: Path) -> None:
     from onnx import parser
 
     from qcli.data import DataFolder, model_inputs
-    from qcli.holdout import PROBE_BATCH, probe_batch
-    from qcli.prepare.shapes import RUN_BYTES, activation_bytes
+    from qcli.holdout import PROBE_BATCH
+    from qcli.prepare.shapes import RUN_BYTES, activation_bytes, batch_within
 
     model = parser.parse_model(WIDE)
     assert activation_bytes(model, {"x": (1, 4, 100)}) == 2 * 4 * 100 * 4 + 4 * 4
@@ -808,4 +808,4 @@ def test_a_probe_batch_holds_what_its_runs_can_afford(tmp_path: Path) -> None:
         folder = tmp_path / f"s{length}"
         folder.mkdir()
         write_npz(folder / "0.npz", x=np.zeros((1, 4, length), np.float32))
-        assert probe_batch(model, DataFolder(folder, model_inputs(model))) == expected
+        assert batch_within(model, DataFolder(folder, model_inputs(model)), PROBE_BATCH) == expected

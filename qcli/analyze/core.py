@@ -31,7 +31,7 @@ from qcli.analyze.latency import measure, timed_inputs
 from qcli.analyze.layers import QuantizedTensor, quantized_tensors
 from qcli.analyze.metrics import FidelityAccumulator, SqnrAccumulator, TopKAccumulator, as_array
 from qcli.analyze.options import AnalyzeOptions
-from qcli.analyze.pairing import check_compatible, run_batch
+from qcli.analyze.pairing import check_compatible
 from qcli.analyze.predicted import predicted as predicted_by
 from qcli.analyze.records import accuracy_record, fidelity_record, layer_record
 from qcli.analyze.report import (
@@ -53,7 +53,7 @@ from qcli.config import Verify
 from qcli.data import Batch, DataFolder, InputSpec, Reading, model_inputs
 from qcli.errors import DataError, ModelError, QcliError
 from qcli.model import external_data_files, fingerprint, load_model
-from qcli.prepare.shapes import RUN_BYTES
+from qcli.prepare.shapes import RUN_BYTES, batch_within
 from qcli.runtime import make_session
 from qcli.twin import holds_half
 
@@ -122,7 +122,8 @@ def analyze(
     folder = open_data(data, inputs, labels=labels, reading=reading, samples=opts.samples)
     if verify is not None:
         check_outputs(fm.proto, verify.outputs)
-    asked, opts = opts.batch_size, opts.model_copy(update={"batch_size": run_batch(fm.proto, folder, opts.batch_size)})
+    asked = opts.batch_size
+    opts = opts.model_copy(update={"batch_size": batch_within(fm.proto, folder, asked)})
     sessions = _Sessions.open(fm, qm, inputs, opts, verify or Verify())
     first = _one_pass(sessions, folder, opts.batch_size, progress)
     notes = sessions.measures.notes()

@@ -1,5 +1,5 @@
-"""What the two models of an analysis read: the inputs both take (`check_compatible`), and how
-many samples one run of each takes (`run_batch`)."""
+"""What the two models of an analysis must share: the inputs both take and the outputs the
+float model gives (`check_compatible`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from typing import Protocol
 
 import onnx
 
-from qcli.data import DataFolder, InputSpec, model_inputs
+from qcli.data import InputSpec, model_inputs
 from qcli.errors import ModelError
-from qcli.prepare.shapes import batch_within
 
 
 class Labelled(Protocol):
@@ -20,14 +19,6 @@ class Labelled(Protocol):
 
     @property
     def label(self) -> str: ...
-
-
-def run_batch(model: onnx.ModelProto, folder: DataFolder, asked: int) -> int:
-    """Samples per run: `asked`, fewer when one sample's intermediate tensors pass RUN_BYTES
-    (`batch_within`): each session keeps the memory of its largest run, and the speech-quality
-    CNN's 9 s clips at the default 32 held 7.6 GB in `quantize --eval-data`'s evaluation."""
-    first = next(iter(folder.batches(1)), None)
-    return asked if first is None else batch_within(model, {n: a.shape for n, a in first.inputs.items()}, asked)
 
 
 def check_compatible(fm: Labelled, qm: Labelled) -> list[InputSpec]:

@@ -15,6 +15,7 @@ import math
 import onnx
 from onnx import helper
 
+from qcli.data import DataFolder
 from qcli.graph import iter_graphs
 from qcli.info import tensor_bytes
 from qcli.prepare._graph import Options, PassResult, light_copy
@@ -74,20 +75,27 @@ def activation_bytes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]])
 RUN_BYTES = 64 << 20  # one run's intermediate tensors, at most (but one sample's): `batch_within`
 
 
-def batch_within(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], most: int,
-                 budget: int = RUN_BYTES) -> int:
-    """Samples per run: `most`, fewer when one sample's intermediate tensors (`activation_bytes`
-    on one sample of these `shapes`) pass `budget`; at least one. A session keeps the memory of
-    its largest run: the speech-quality CNN's 9 s clips (367 MB of tensors each) held 3.1 GB in
-    batches of 32 per session, and a clip's run takes as long per sample alone.
+def batch_within(model: onnx.ModelProto, folder: DataFolder, most: int, budget: int = RUN_BYTES) -> int:
+    """Samples per run over `folder`: `most`, fewer when one sample's intermediate tensors
+    (`activation_bytes` at its first sample's input shapes) pass `budget`; at least one. A
+    session keeps the memory of its largest run: the speech-quality CNN's 9 s clips (367 MB of
+    tensors each) held 3.1 GB in batches of 32 per session, and a clip's run takes as long per
+    sample alone. Verification's probe and `analyze` size their runs so.
 
-    >>> import onnx.parser
+    >>> import numpy as np, onnx.parser
+    >>> from qcli.data import model_inputs
     >>> m = onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
     ...     g (float[N, 1000] x) => (float[N, 1000] y) { y = Relu(x) }''')
-    >>> batch_within(m, {"x": (1, 1000)}, 32), batch_within(m, {"x": (1, 1000)}, 32, budget=10_000)
+    >>> root = getfixture("tmp_path")
+    >>> np.save(root / "0.npy", np.zeros((1, 1000), np.float32))
+    >>> folder = DataFolder(root, model_inputs(m))
+    >>> batch_within(m, folder, 32), batch_within(m, folder, 32, budget=10_000)
     (32, 2)
     """
-    per_sample = activation_bytes(model, shapes)
+    first = next(iter(folder.batches(1)), None)
+    if first is None:
+        return most
+    per_sample = activation_bytes(model, {name: array.shape for name, array in first.inputs.items()})
     return max(1, min(most, budget // max(per_sample, 1)))
 
 
