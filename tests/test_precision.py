@@ -188,6 +188,31 @@ def test_when_the_goal_needs_most_units_the_blocks_are_not_refined() -> None:
     assert found.met and len(found.choices) == 30 and trials.count <= 30
 
 
+def test_when_the_goal_needs_most_units_the_missed_half_is_tried_beside_the_dynamic_forms() -> None:
+    """DNSMOS's shape: one unit int8 (its STFT) hides every other error, so the dynamic forms,
+    judged together against all int8, seem to gain nothing; the MatMuls' static int8 needs
+    most units promoted. The half that missed the goal with every other unit dynamic holds; its
+    units are pruned back to int8 on all samples (least sensitive first) while the goal holds,
+    and the caller's model is asked about the result, not about everything promoted."""
+    us = [Unit("a", "Conv", 0, frozenset({"x", "s"}), weighted=True)] + [
+        replace(u, index=u.index + 1, weighted=True, dynamic=True) for u in units("m1", "m2", "m3", "m4")]
+    trials = MaskingTrials({"m1": 0.01, "m2": 0.011, "m3": 0.012, "m4": 0.013}, max_trials=14)  # `a` int8: error 1
+    # (the budget ranks by blocks: one trial per unit and dynamic form does not fit)
+    asked: list = []
+    found = search(us, trials, Goal(max_drop=0.015), float_costs(us), candidates=["dynamic", "float"],
+                   dynamic_first=True, instead=lambda choices, settled: asked.append(dict(choices)))
+    actions = [s.action for s in found.steps]
+    assert actions[1] == "every unit with a dynamic form dynamic" and not found.steps[1].kept
+    beside = actions.index("the half that missed, every other unit with a dynamic form dynamic, on all samples")
+    assert found.steps[beside].kept
+    # the half: a, m1, m2 (a masks the others' gains: graph order); m2 goes back to int8 (0.011),
+    # m1 and a cannot
+    assert found.met and found.choices == {"a": "float", "m1": "float", "m3": "dynamic", "m4": "dynamic"}
+    assert [(s.changed, s.kept) for s in found.steps[beside + 1:]] == [(["m2"], True), (["m1"], False),
+                                                                        (["a"], False)]
+    assert asked == [found.choices]  # about the pruned model, not about everything promoted
+
+
 def test_when_the_goal_needs_most_units_the_callers_better_model_is_asked_before_the_prefix() -> None:
     """The rescue's `instead` (its weight-only model) is asked about everything promoted as
     soon as the blocks show that the goal needs most units, before the prefix search: the

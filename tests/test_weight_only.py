@@ -209,11 +209,15 @@ def test_the_rescue_writes_the_model_weight_only_when_int8_activations_cannot_ho
     assert any(n.startswith("weight-only: the rescue's model kept most weights float") for n in doc["notes"])
     assert doc["verification"]["passed"] and op_counts(out)["Cast"] == 2 and op_counts(out)["QuantizeLinear"] == 0
     assert doc["verification"].get("measured_latency") is None  # folded at load: the original's kernels, untimed
-    # the noisiest half (one of the two units) promoted misses the goal on all samples: weight-only
-    # tried against everything promoted and held, so no unit was measured alone, confirmed or pruned
+    # the noisiest half (the unit reading the loud channel) promoted misses the goal on all
+    # samples; beside the other unit's dynamic form it holds, and cannot go back to int8; that
+    # model is mostly float, so the weight-only one is taken: no unit measured alone or confirmed
     steps = doc["precision"]["steps"]
-    assert steps[-1]["action"].endswith("(the noisiest half misses it on all samples)")
-    assert doc["precision"]["trials"] == 4  # all int8, all dynamic, all int8 quick, the half: 7 before
+    assert [(s["action"].split(" (")[0], s["changed"], s["kept"]) for s in steps[2:]] == [
+        ("sensitivity by each unit's own noise", [], True),
+        ("the half that missed, every other unit with a dynamic form dynamic, on all samples", ["MatMul_2"], True),
+        ("back to int8", ["MatMul_0"], False)]
+    assert doc["precision"]["trials"] == 6  # all int8, all dynamic, all int8 quick, the half, beside, back
     assert not any(s["action"].startswith(("confirm", "promote")) for s in steps)
     float_top, kept_top = (_run(m, _loud(7, 4000)).argmax(axis=1) for m in (model, out))
     assert (float_top == kept_top).mean() >= 0.99  # the truth on samples nothing read

@@ -155,6 +155,8 @@ def _accuracy(s: SearchState, here: Point, promote: Promotions, cheaper: dict[st
     if s.goal.criterion == "accuracy":
         return _most_within_speed(s, ranking, here)
     if s.missed is not None and s.instead is not None:  # the goal needs most units: see `_settle`
+        if (mixed := _beside_dynamic(s, ranking, cheaper)) is not None:
+            return replace(mixed, ratio=here.ratio)
         everything = ranking.prefix(len(ranked))
         if (better := s.instead(everything, True)) is not None:
             return Point(everything, better, here.ratio)
@@ -328,15 +330,53 @@ def _settle(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice] | No
     chosen = ranking.prefix(k)
     if s.instead is not None and (better := s.instead(chosen, True)) is not None:
         return Point(chosen, better)
+    chosen = _pruned(s, ranking, chosen, ranking.ranked[:k][::-1], cheaper)
+    return Point(chosen, s.trials.fidelity(chosen))
+
+
+def _pruned(s: SearchState, ranking: Promotions, chosen: Choices, order: list[str],
+            cheaper: dict[str, Choice] | None = None, quick: bool = True) -> Choices:
+    """`chosen` pruned (its units in `order`, least useful first), then with `cheaper` each
+    promoted unit tried in its cheaper promotion: each on the quick probe, confirmed on all
+    samples, redone on all samples over the units it changed when that misses (`_settle`)."""
     for what, change in [("the prune", None)] + ([("the cheaper promotions", cheaper)] if cheaper else []):
-        order = [n for n in ranking.ranked[:k][::-1] if n in chosen]
-        changed = _prune(s, ranking, chosen, order, quick=True, cheaper=change)
-        if changed != chosen:
+        todo = [n for n in order if n in chosen]
+        changed = _prune(s, ranking, chosen, todo, quick=quick, cheaper=change)
+        if changed != chosen and quick:
             f = s.trials.fidelity(changed, stop_below=s.goal.stop_below)
             ok = s.accurate(f)
             s.log(StepKind.CONFIRM, f"confirm {what} on all samples", [], changed if ok else chosen, f, kept=ok)
-            redo = [n for n in order if changed.get(n) != chosen.get(n)]  # what the quick prune changed
-            chosen = changed if ok else _prune(s, ranking, chosen, redo, cheaper=change)
+            redo = [n for n in todo if changed.get(n) != chosen.get(n)]  # what the quick prune changed
+            changed = changed if ok else _prune(s, ranking, chosen, redo, cheaper=change)
+        chosen = changed
+    return chosen
+
+
+def _beside_dynamic(s: SearchState, ranking: Promotions, cheaper: dict[str, Choice]) -> Point | None:
+    """When the goal needs most units (`s.missed`, the promoted half that missed it), that half
+    with every other unit that has a dynamic form dynamic (one trial on all samples), pruned
+    (least sensitive first) when it meets the goal; None when it misses or no other unit has a
+    dynamic form. The dynamic forms were judged together against all int8 (`_all_dynamic`),
+    where a worse unit's error can hide their gain (DNSMOS's STFT convolutions:
+    docs/guides/mixed-precision.md). Pruned on all samples: the quick probe's few samples
+    cannot show a regression's ceiling (DNSMOS kept two more convolutions float). The caller's
+    model (`s.instead`) is asked about the pruned one, as about a settled prefix."""
+    missed = s.missed
+    assert missed is not None
+    half = [n for n in ranking.ranked if missed.get(n) != ranking.fixed.get(n)]
+    dynamic = {n: c for n, c in cheaper.items() if c == "dynamic" and n not in half and n not in ranking.fixed}
+    if not dynamic:
+        return None
+    chosen = {**dynamic, **missed}
+    f = s.trials.fidelity(chosen, stop_below=s.goal.stop_below)
+    ok = s.accurate(f)
+    s.log(StepKind.CONFIRM, "the half that missed, every other unit with a dynamic form dynamic, on all samples",
+          list(dynamic), chosen if ok else missed, f, kept=ok)
+    if not ok:
+        return None
+    chosen = _pruned(s, ranking, chosen, half[::-1], quick=False)
+    if s.instead is not None and (better := s.instead(chosen, True)) is not None:
+        return Point(chosen, better)
     return Point(chosen, s.trials.fidelity(chosen))
 
 
