@@ -338,7 +338,8 @@ def _pruned(s: SearchState, ranking: Promotions, chosen: Choices, order: list[st
             cheaper: dict[str, Choice] | None = None, quick: bool = True) -> Choices:
     """`chosen` pruned (its units in `order`, least useful first), then with `cheaper` each
     promoted unit tried in its cheaper promotion: each on the quick probe, confirmed on all
-    samples, redone on all samples over the units it changed when that misses (`_settle`)."""
+    samples, redone on all samples over the units it changed when that misses (`_settle`);
+    without `quick`, on all samples from the start."""
     for what, change in [("the prune", None)] + ([("the cheaper promotions", cheaper)] if cheaper else []):
         todo = [n for n in order if n in chosen]
         changed = _prune(s, ranking, chosen, todo, quick=quick, cheaper=change)
