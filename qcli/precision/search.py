@@ -372,7 +372,7 @@ def _beside_dynamic(s: SearchState, ranking: Promotions, cheaper: dict[str, Choi
     f = s.trials.fidelity(chosen, stop_below=s.goal.stop_below)
     ok = s.accurate(f)
     s.log(StepKind.CONFIRM, "the half that missed, every other unit with a dynamic form dynamic, on all samples",
-          list(dynamic), chosen if ok else missed, f, kept=ok)
+          list(dynamic), chosen if ok else ranking.fixed, f, kept=ok)  # missed: nothing held
     if not ok:
         return None
     chosen = _pruned(s, ranking, chosen, half[::-1], quick=False)
